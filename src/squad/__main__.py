@@ -1,0 +1,3 @@
+from squad.cli import main
+
+main()

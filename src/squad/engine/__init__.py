@@ -1,0 +1,1 @@
+"""Everything between squad and the llama-server process: binary, models, launcher, attach."""

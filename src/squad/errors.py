@@ -1,0 +1,183 @@
+"""Every error squad raises, in one tree.
+
+```
+SquadError                         base of everything below
+├── UserError (ValueError)         the user can fix it: bad input, a bad pin, a bad path
+│   ├── RecipeError                a recipe file is wrong; carries file, line, column, field path
+│   ├── MentionError               an @mention names no known agent
+│   └── PlanError                  the workload cannot be planned (budget above n_ctx_train, ...)
+├── EngineError (RuntimeError)     getting, starting or talking to llama-server failed
+│   ├── EngineNotFound             no llama-server binary could be resolved
+│   ├── EngineBuildError           building llama-server from the PyPI sdist failed
+│   ├── EngineStartError           the process exited while loading; carries the log tail
+│   ├── EngineLoadTimeout          still "Loading model" (503) after the deadline
+│   ├── PlanMismatch               /props read back something other than the plan
+│   └── EngineGone                 connection refused / process died mid-run
+├── ModelError (RuntimeError)      a model could not be found, fetched or verified
+└── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
+    ├── AdmissionError             the call can never fit (pool or the agent's budget)
+    ├── ContextExceeded            the engine said "Context size has been exceeded."
+    ├── PromptTooLong              HTTP 400 exceed_context_size_error
+    ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
+    ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
+    └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
+```
+
+Every message a user can cause says what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SquadError",
+    "UserError",
+    "RecipeError",
+    "MentionError",
+    "PlanError",
+    "EngineError",
+    "EngineNotFound",
+    "EngineBuildError",
+    "EngineStartError",
+    "EngineLoadTimeout",
+    "PlanMismatch",
+    "EngineGone",
+    "ModelError",
+    "AgentRunError",
+    "AdmissionError",
+    "ContextExceeded",
+    "PromptTooLong",
+    "TruncatedStream",
+    "ReasoningBudgetExhausted",
+    "AgentCancelled",
+]
+
+
+class SquadError(Exception):
+    """Base of every squad error."""
+
+
+class UserError(SquadError, ValueError):
+    """Something the user gave is wrong; the message says what to change."""
+
+
+class RecipeError(UserError):
+    """A recipe file is invalid.
+
+    Attributes: ``file`` (path or None), ``line`` and ``column`` (1-based or None),
+    ``field`` (dotted path such as ``flow[2].agent``), ``problem`` (the bare message).
+    ``str()`` gives ``file:line:col: field: problem``.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.column = column
+        self.field = field
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.file:
+            where = self.file
+            if self.line is not None:
+                where += f":{self.line}"
+                if self.column is not None:
+                    where += f":{self.column}"
+            where += ": "
+        field = f"{self.field}: " if self.field else ""
+        return f"{where}{field}{self.problem}"
+
+
+class MentionError(UserError):
+    """An @mention names no known agent."""
+
+
+class PlanError(UserError):
+    """The workload cannot be planned as asked."""
+
+
+class EngineError(SquadError, RuntimeError):
+    """Getting, starting or talking to llama-server failed."""
+
+
+class EngineNotFound(EngineError):
+    """No llama-server binary could be resolved."""
+
+
+class EngineBuildError(EngineError):
+    """Building llama-server from source failed."""
+
+
+class EngineStartError(EngineError):
+    """llama-server exited before it was ready. ``log_tail`` holds its last log lines."""
+
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None) -> None:
+        self.log_tail = log_tail
+        self.log_path = log_path
+        super().__init__(message)
+
+
+class EngineLoadTimeout(EngineError):
+    """llama-server still answered 503 "Loading model" when the deadline passed."""
+
+
+class PlanMismatch(EngineError):
+    """The engine applied something other than the plan (read back from ``/props``)."""
+
+
+class EngineGone(EngineError):
+    """The engine stopped answering (connection refused, process died)."""
+
+
+class ModelError(SquadError, RuntimeError):
+    """A model could not be found, fetched or verified."""
+
+
+class AgentRunError(SquadError, RuntimeError):
+    """One agent call failed. ``agent`` names the agent (or None)."""
+
+    def __init__(self, message: str, *, agent: str | None = None) -> None:
+        self.agent = agent
+        super().__init__(message)
+
+
+class AdmissionError(AgentRunError):
+    """The call can never be admitted: it alone exceeds the pool or its agent's budget."""
+
+
+class ContextExceeded(AgentRunError):
+    """llama-server failed the request with "Context size has been exceeded." (pool full)."""
+
+
+class PromptTooLong(AgentRunError):
+    """llama-server rejected the prompt: HTTP 400 ``exceed_context_size_error``."""
+
+
+class TruncatedStream(AgentRunError):
+    """The stream ended without a finish_reason, or with an error frame; partial text is kept
+    in ``partial`` but never used as an answer."""
+
+    def __init__(self, message: str, *, agent: str | None = None, partial: str = "") -> None:
+        self.partial = partial
+        super().__init__(message, agent=agent)
+
+
+class ReasoningBudgetExhausted(AgentRunError):
+    """The model spent max_tokens on reasoning and produced no answer."""
+
+
+class AgentCancelled(AgentRunError):
+    """The agent was cancelled; ``reason`` says why (e.g. "sibling 'style' failed")."""
+
+    def __init__(self, reason: str, *, agent: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(f"cancelled: {reason}", agent=agent)
