@@ -1,7 +1,7 @@
 """The ``squad`` command line. Each area registers its commands on the shared app:
 
-- ``engine.py``: ``squad engine install|info|start|stop|status``, ``squad models pull|list``,
-  ``squad verify``
+- ``engine.py``: ``squad engine install|info``, ``squad models pull|list|info``
+- ``launch.py``: ``squad engine start|stop|status``, ``squad verify``
 - ``plan.py``: ``squad plan``
 - ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from squad.cli._app import app, main
 from squad.cli import engine as _engine  # noqa: F401  (registers commands)
+from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
 
