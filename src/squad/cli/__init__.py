@@ -4,6 +4,7 @@
 - ``launch.py``: ``squad engine start|stop|status``, ``squad verify``
 - ``plan.py``: ``squad plan``
 - ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``
+- ``trace.py``: ``squad trace show|plot``
 """
 
 from __future__ import annotations
@@ -13,5 +14,6 @@ from squad.cli import engine as _engine  # noqa: F401  (registers commands)
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
+from squad.cli import trace as _trace  # noqa: F401
 
 __all__ = ["app", "main"]
