@@ -1,0 +1,172 @@
+"""Agents: who they are, what they may hold, what they may call.
+
+An :class:`Agent` is a pydantic model with ``extra="forbid"`` so a recipe file and Python
+code build the same thing with the same errors. It is pure data; the runtime
+(:mod:`squad.runtime`) runs it.
+
+Fields and units:
+
+- ``name``: letters, digits, ``-`` and ``_``, starting with a letter (how it is @mentioned).
+- ``description``: what it is for; shown to a main agent that may call it.
+- ``instructions``: a jinja2 template (sandboxed, StrictUndefined) for its system message.
+  Variables: ``name``, ``description``, ``agents`` (list of ``{name, description}`` of its
+  sub-agents) and whatever the caller passes.
+- ``budget``: context tokens one conversation of this agent may hold (prompt + answer).
+  The planner sums budgets to size the engine; the client refuses a call above it.
+- ``max_tokens``: tokens one model turn may generate; must be below ``budget``.
+- ``sampling``: :class:`Sampling` (temperature, top_p, ...), sent with every call.
+- ``tools``: names of function tools registered with the squad.
+- ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
+- ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from squad.errors import UserError
+
+__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error"]
+
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+"""An agent name: a letter, then letters, digits, ``-`` or ``_`` (what ``@name`` can spell)."""
+
+
+class Sampling(BaseModel):
+    """Per-call sampling settings, sent to llama-server as request fields.
+
+    ``None`` means "the engine's default". ``stop`` is a list of stop strings.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0)
+    seed: int | None = None
+    stop: list[str] | None = None
+
+    def as_params(self) -> dict[str, Any]:
+        """The fields that are set, as request parameters."""
+        return self.model_dump(exclude_none=True)
+
+
+class Agent(BaseModel):
+    """One agent's definition (see the module docstring for each field)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    description: str = ""
+    instructions: str = ""
+    budget: int = Field(default=2048, gt=0, description="context tokens this agent may hold")
+    max_tokens: int = Field(default=256, gt=0, description="tokens one turn may generate")
+    sampling: Sampling = Field(default_factory=Sampling)
+    tools: tuple[str, ...] = ()
+    agents: tuple[str, ...] = ()
+    sub_agent_tools: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "Agent":
+        if self.max_tokens >= self.budget:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be below budget ({self.budget}) so the "
+                f"prompt has room: raise budget or lower max_tokens"
+            )
+        if self.name in self.agents:
+            raise ValueError(f"agent {self.name!r} lists itself in agents")
+        for field in ("tools", "agents"):
+            values = getattr(self, field)
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            if dupes:
+                raise ValueError(f"{field} lists {', '.join(dupes)} more than once")
+        return self
+
+    @classmethod
+    def build(cls, **fields: Any) -> "Agent":
+        """Like ``Agent(**fields)`` but raises :class:`~squad.errors.UserError` with a readable
+        message instead of pydantic's ``ValidationError``."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise agent_error(exc, fields.get("name")) from None
+
+    def system_prompt(self, sub_agents: Sequence["Agent"] = (), variables: Mapping[str, Any] | None = None) -> str:
+        """Render ``instructions`` with the sandboxed template environment.
+
+        Raises the template module's error (a :class:`~squad.errors.UserError`) for an unknown
+        variable or a syntax error; the message names this agent.
+        """
+        from squad.templates import render_template
+
+        values: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "agents": [{"name": a.name, "description": a.description} for a in sub_agents],
+        }
+        values.update(variables or {})
+        return render_template(self.instructions, values, where=f"agent {self.name!r} instructions")
+
+
+def agent_error(exc: ValidationError, name: Any = None) -> UserError:
+    """Turn a pydantic error about an agent into one readable :class:`UserError`."""
+    who = f"agent {name!r}" if isinstance(name, str) else "agent"
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(agent)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "string_pattern_mismatch":
+            msg = "use letters, digits, '-' or '_', starting with a letter"
+        lines.append(f"{loc}: {msg}")
+    return UserError(f"{who} is invalid: " + "; ".join(lines))
+
+
+def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = ()) -> dict[str, Agent]:
+    """Check that agents work together: unique names, known sub-agents and tools, no cycles.
+
+    Returns the agents by name. Raises :class:`UserError` naming the agent and what to fix.
+    """
+    by_name: dict[str, Agent] = {}
+    for agent in agents:
+        if agent.name in by_name:
+            raise UserError(f"two agents are named {agent.name!r}: names must be unique")
+        by_name[agent.name] = agent
+    known_tools = set(tool_names)
+    for agent in agents:
+        for sub in agent.agents:
+            if sub not in by_name:
+                raise UserError(
+                    f"agent {agent.name!r} lists sub-agent {sub!r}, which is not in the squad "
+                    f"(agents: {', '.join(sorted(by_name))})"
+                )
+        for tool in agent.tools:
+            if tool not in known_tools:
+                have = ", ".join(sorted(known_tools)) or "none"
+                raise UserError(
+                    f"agent {agent.name!r} lists tool {tool!r}, which is not registered "
+                    f"(registered tools: {have}); pass it with tools=[...]"
+                )
+    _check_cycles(by_name)
+    return by_name
+
+
+def _check_cycles(by_name: Mapping[str, Agent]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join([*path[path.index(name):], name])
+            raise UserError(f"sub-agents form a cycle: {cycle}; an agent cannot (indirectly) call itself")
+        state[name] = 1
+        for sub in by_name[name].agents:
+            visit(sub, [*path, name])
+        state[name] = 2
+
+    for name in by_name:
+        visit(name, [])

@@ -1,0 +1,180 @@
+"""Function tools: plain Python functions (sync or async) the model may call.
+
+The JSON schema of a tool's arguments comes from pydantic (a model built with
+``create_model`` from the function's signature and type hints); parameter descriptions
+come from the docstring (Google, NumPy or reST style, parsed by ``docstring_parser``).
+
+A tool never crashes a run: bad JSON, arguments that fail validation and exceptions
+raised by the function all become the tool's result text, which goes back to the model.
+Several tool calls of one model turn run concurrently in one task group; sync functions
+run in a worker thread (``anyio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, Sequence, get_type_hints
+
+import anyio
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from squad.errors import UserError
+
+__all__ = ["Tool", "tool", "ToolOutcome", "run_tool_calls"]
+
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call.
+
+    - ``name``: the function name the model sees (letters, digits, ``_``, ``-``).
+    - ``description``: what it does (the docstring's description by default).
+    - ``args_model``: pydantic model of the arguments; ``parameters()`` is its JSON schema.
+    - ``fn``: the callable, sync or async, called with the validated arguments as keywords.
+    """
+
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    fn: Callable[..., Any]
+
+    @classmethod
+    def from_function(
+        cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+    ) -> "Tool":
+        """Build a tool from ``fn``'s signature, type hints and docstring.
+
+        Raises :class:`UserError` for ``*args``/``**kwargs`` parameters or a bad name.
+        Parameters without a type hint accept any JSON value.
+        """
+        tool_name = name or fn.__name__
+        if not tool_name or not set(tool_name) <= _NAME_OK:
+            raise UserError(f"tool name {tool_name!r}: use letters, digits, '_' or '-'")
+        doc = docstring_parser.parse(inspect.getdoc(fn) or "")
+        param_docs = {p.arg_name: p.description for p in doc.params}
+        hints = get_type_hints(fn)
+        fields: dict[str, Any] = {}
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise UserError(f"tool {tool_name!r}: *args/**kwargs cannot be described to a model")
+            annotation = hints.get(param.name, Any)
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (annotation, Field(default, description=param_docs.get(param.name)))
+        args_model = create_model(
+            f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        text = description
+        if text is None:
+            text = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
+        return cls(name=tool_name, description=text or tool_name, args_model=args_model, fn=fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the underlying function directly (as if undecorated)."""
+        return self.fn(*args, **kwargs)
+
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (an ``object`` schema)."""
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return schema
+
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI chat ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters()},
+        }
+
+    async def call(self, arguments: str) -> "ToolOutcome":
+        """Validate ``arguments`` (a JSON object as text) and run the function.
+
+        Never raises for a bad call or a failing function: the outcome carries the error text.
+        Cancellation propagates.
+        """
+        try:
+            args = self.args_model.model_validate_json(arguments or "{}")
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            return ToolOutcome(self.name, f"error: bad arguments for {self.name}: {problems}", ok=False)
+        kwargs = {k: getattr(args, k) for k in type(args).model_fields}
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                value = await self.fn(**kwargs)
+            else:
+                value = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+                if inspect.isawaitable(value):
+                    value = await value
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model
+            return ToolOutcome(self.name, f"error: {self.name} raised {type(exc).__name__}: {exc}", ok=False)
+        return ToolOutcome(self.name, _as_text(value), ok=True)
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one tool call gave back: ``text`` goes to the model; ``ok`` is False for errors."""
+
+    name: str
+    text: str
+    ok: bool
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+    """Decorator: ``@tool`` or ``@tool(name=..., description=...)`` turns a function into a
+    :class:`Tool` (the decorated name is bound to the Tool; call the function as ``t.fn``)."""
+    if fn is None:
+        return lambda f: Tool.from_function(f, name=name, description=description)
+    return Tool.from_function(fn, name=name, description=description)
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+async def run_tool_calls(
+    tools: Mapping[str, Tool],
+    calls: Sequence[Any],
+    *,
+    on_outcome: Callable[[Any, ToolOutcome], Awaitable[None] | None] | None = None,
+) -> list[ToolOutcome]:
+    """Run the tool calls of one model turn concurrently; outcomes in the calls' order.
+
+    ``calls`` have ``.name`` and ``.arguments`` (JSON text), like the client's ``ToolCall``.
+    An unknown tool name becomes an error outcome naming the tools that exist.
+    """
+    outcomes: list[ToolOutcome | None] = [None] * len(calls)
+
+    async def one(i: int, call: Any) -> None:
+        found = tools.get(call.name)
+        if found is None:
+            have = ", ".join(sorted(tools)) or "none"
+            outcome = ToolOutcome(call.name, f"error: no tool named {call.name!r} (tools: {have})", ok=False)
+        else:
+            outcome = await found.call(call.arguments)
+        outcomes[i] = outcome
+        if on_outcome is not None:
+            maybe = on_outcome(call, outcome)
+            if inspect.isawaitable(maybe):
+                await maybe
+
+    async with anyio.create_task_group() as tg:
+        for i, call in enumerate(calls):
+            tg.start_soon(one, i, call)
+    return [o for o in outcomes if o is not None]
