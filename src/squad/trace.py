@@ -4,22 +4,56 @@ Event kinds (``Event.kind``) used across squad:
 ``engine.loaded`` (data: the read-back plan), ``agent.started``, ``call.queued``
 (data: tokens, position), ``call.admitted`` (data: reserved tokens, in_flight, pool_used),
 ``call.first_token``, ``call.finished`` (data: usage, timings), ``call.failed``
-(data: error, retry), ``call.retried``, ``agent.finished``, ``agent.failed``,
-``agent.cancelled`` (data: reason).
+(data: error, retry), ``call.retried``, ``call.released``, ``agent.finished``,
+``agent.failed``, ``agent.cancelled`` (data: reason).
+
+Optional data keys that this module understands when present: ``call`` (an id that ties
+the events of one call together; without it calls are matched first-in-first-out per
+agent), ``slot`` (the engine slot id), ``pool``/``n_ctx``/``slots`` on ``engine.loaded``.
+
+A trace on disk is JSON Lines, one object per event::
+
+    {"kind": "call.admitted", "agent": "style", "t": 0.512, "wall": 1764470000.1, "data": {...}}
+
+``t`` is seconds since the first event of the trace; ``wall`` is Unix time in seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable
 
-__all__ = ["Event", "EventSink", "emit_to"]
+from squad.errors import UserError
+
+__all__ = [
+    "Event",
+    "EventSink",
+    "emit_to",
+    "JsonlTrace",
+    "default_trace_path",
+    "load_trace",
+    "summarize",
+    "jsonable",
+    "TraceSummary",
+    "AgentSummary",
+    "CallSpan",
+    "EngineLoad",
+]
 
 
 @dataclass(frozen=True)
 class Event:
-    """One run event. ``t`` is ``time.monotonic()`` seconds; ``wall`` is ``time.time()``."""
+    """One run event. ``t`` is ``time.monotonic()`` seconds; ``wall`` is ``time.time()``.
+
+    Events read back by :func:`load_trace` carry ``t`` relative to the trace's first event.
+    """
 
     kind: str
     agent: str | None = None
@@ -38,3 +72,449 @@ def emit_to(sinks: list[EventSink], event: Event) -> None:
             sink(event)
         except Exception:  # noqa: BLE001 - a display bug must not kill agents
             pass
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made JSON-safe: dataclasses and pydantic models become dicts, exceptions
+    become ``"TypeName: message"``, paths and enums become strings, anything else unknown
+    becomes its ``str()``. Non-finite floats become None."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    dump = getattr(value, "model_dump", None)  # pydantic models
+    if callable(dump):
+        try:
+            return jsonable(dump())
+        except Exception:  # noqa: BLE001
+            pass
+    return str(value)
+
+
+def default_trace_path() -> Path:
+    """A fresh trace path: ``state_dir()/traces/run-YYYYmmdd-HHMMSS-ffffff.jsonl``
+    (the directory is created; the file is not)."""
+    from squad.dirs import state_dir
+
+    folder = state_dir() / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"run-{datetime.now():%Y%m%d-%H%M%S-%f}.jsonl"
+
+
+class JsonlTrace:
+    """An :data:`EventSink` that appends each event as one JSON line to ``path``.
+
+    Use as a context manager (``with JsonlTrace(p) as sink: squad(on_event=sink)``) or call
+    :meth:`close` yourself. The file is opened on entry (or on the first event), parent
+    directories are created, and every line is flushed as it is written, so a crash leaves
+    a readable trace. ``t`` in the file is seconds since the first event written.
+    Events arriving after :meth:`close` are dropped.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+        self._t0: float | None = None
+        self._closed = False
+        self.count = 0
+        """Events written so far."""
+
+    def __enter__(self) -> "JsonlTrace":
+        self._open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _open(self) -> IO[str]:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        return self._file
+
+    def __call__(self, event: Event) -> None:
+        if self._closed:
+            return
+        if self._t0 is None:
+            self._t0 = event.t
+        record = {
+            "kind": event.kind,
+            "agent": event.agent,
+            "t": round(event.t - self._t0, 6),
+            "wall": event.wall,
+            "data": jsonable(event.data),
+        }
+        out = self._open()
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        """Close the file; later events are dropped."""
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_trace(path: Path | str) -> list[Event]:
+    """Read a JSONL trace written by :class:`JsonlTrace`; ``t`` stays relative to its start.
+
+    A torn last line (the run crashed mid-write) is skipped. Raises :class:`UserError` when
+    the file is missing or a line is not a trace event.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such trace file; traces are written to {default_trace_dir()}") from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a squad trace (JSON Lines) file: {exc}") from None
+    events: list[Event] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            events.append(
+                Event(
+                    kind=str(record["kind"]),
+                    agent=record.get("agent"),
+                    data=dict(record.get("data") or {}),
+                    t=float(record["t"]),
+                    wall=float(record.get("wall", 0.0)),
+                )
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):  # torn last line after a crash
+                break
+            raise UserError(
+                f"{path}:{number}: not a squad trace event ({exc}); expected one JSON object per line "
+                'with "kind" and "t"'
+            ) from None
+    return events
+
+
+def default_trace_dir() -> Path:
+    """Where :func:`default_trace_path` puts traces."""
+    from squad.dirs import state_dir
+
+    return state_dir() / "traces"
+
+
+# --------------------------------------------------------------------------- summarizing
+
+
+@dataclass
+class CallSpan:
+    """One engine call, seconds relative to the trace start.
+
+    ``queued`` is when the call asked for admission (None when it was admitted without a
+    ``call.queued`` event), ``admitted`` when it got a slot and its reservation, ``first_token``
+    and ``end`` when the stream produced its first token and ended. ``slot`` is the engine
+    slot id when the events carry one, else the lowest lane free at admission (squad's view
+    of which slot it held). ``error`` is set for failed calls.
+    """
+
+    agent: str
+    call: str | None = None
+    queued: float | None = None
+    admitted: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+    slot: int | None = None
+    reserved: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    retried: bool = False
+
+    @property
+    def start(self) -> float:
+        """When the call began (queued, else admitted, else first token)."""
+        for t in (self.queued, self.admitted, self.first_token, self.end):
+            if t is not None:
+                return t
+        return 0.0
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds spent in squad's admission queue."""
+        if self.queued is None or self.admitted is None:
+            return 0.0
+        return max(0.0, self.admitted - self.queued)
+
+
+@dataclass
+class AgentSummary:
+    """What one agent did: times in seconds from the trace start, tokens from usage."""
+
+    name: str
+    started: float | None = None
+    ended: float | None = None
+    status: str = "running"
+    """``running`` (no end event: the run crashed or is still going), ``done``, ``failed``
+    or ``cancelled``."""
+    calls: int = 0
+    queued_s: float = 0.0
+    """Total seconds its calls waited in squad's admission queue."""
+    first_token: float | None = None
+    """When its first call's first token arrived."""
+    ttft_s: float | None = None
+    """Seconds from its first call's start to that first token."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    slots: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    reason: str | None = None
+
+
+@dataclass
+class EngineLoad:
+    """An ``engine.loaded`` event: when, and what the engine reported it applied."""
+
+    t: float
+    slots: int | None
+    n_ctx: int | None
+    pool: int | None
+    data: dict[str, Any]
+
+
+@dataclass
+class TraceSummary:
+    """A trace digested: per-agent rows, calls as spans, engine loads, peak concurrency."""
+
+    agents: dict[str, AgentSummary]
+    calls: list[CallSpan]
+    engine_loads: list[EngineLoad]
+    max_in_flight: int
+    duration_s: float
+    events: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``squad trace show --json``)."""
+        return jsonable(self)
+
+
+def _find(data: Any, key: str) -> Any:
+    """The first value stored under ``key`` in nested dicts (breadth first)."""
+    queue = [data]
+    while queue:
+        item = queue.pop(0)
+        if isinstance(item, dict):
+            if key in item and item[key] is not None:
+                return item[key]
+            queue.extend(v for v in item.values() if isinstance(v, dict))
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class _CallMatcher:
+    """Ties call.* events to spans: by ``data["call"]`` when present, else FIFO per agent."""
+
+    def __init__(self) -> None:
+        self.spans: list[CallSpan] = []
+        self._by_id: dict[str, CallSpan] = {}
+
+    def _open(self, agent: str, call_id: str | None) -> list[CallSpan]:
+        return [s for s in self.spans if s.agent == agent and s.end is None and s.call == call_id]
+
+    def get(self, event: Event, *, create: bool, need: str | None = None) -> CallSpan | None:
+        agent = event.agent or "?"
+        call_id = event.data.get("call")
+        call_id = None if call_id is None else str(call_id)
+        if call_id is not None and call_id in self._by_id and self._by_id[call_id].end is None:
+            return self._by_id[call_id]
+        candidates = self._open(agent, call_id)
+        if need is not None:
+            candidates = [s for s in candidates if getattr(s, need) is None] or candidates
+        if candidates and not create:
+            return candidates[0]
+        if not create and not candidates:
+            create = True  # an event for a call we never saw begin: start one
+        span = CallSpan(agent=agent, call=call_id)
+        self.spans.append(span)
+        if call_id is not None:
+            self._by_id[call_id] = span
+        return span
+
+
+def summarize(events: Iterable[Event]) -> TraceSummary:
+    """Digest events (live or from :func:`load_trace`) into a :class:`TraceSummary`.
+
+    Times are made relative to the first event. Unknown kinds are ignored.
+    """
+    events = sorted(events, key=lambda e: e.t)
+    t0 = events[0].t if events else 0.0
+    agents: dict[str, AgentSummary] = {}
+    loads: list[EngineLoad] = []
+    calls = _CallMatcher()
+    peak_reported = 0
+
+    def agent(name: str | None) -> AgentSummary:
+        key = name or "?"
+        if key not in agents:
+            agents[key] = AgentSummary(name=key)
+        return agents[key]
+
+    for ev in events:
+        t = ev.t - t0
+        kind, data = ev.kind, ev.data
+        if kind == "engine.loaded":
+            loads.append(
+                EngineLoad(
+                    t=t,
+                    slots=_int(_find(data, "slots")),
+                    n_ctx=_int(_find(data, "n_ctx")),
+                    pool=_int(_find(data, "pool")),
+                    data=data,
+                )
+            )
+        elif kind == "agent.started":
+            a = agent(ev.agent)
+            a.started = t if a.started is None else a.started
+        elif kind in ("agent.finished", "agent.failed", "agent.cancelled"):
+            a = agent(ev.agent)
+            a.ended = t
+            a.status = {"agent.finished": "done", "agent.failed": "failed"}.get(kind, "cancelled")
+            reason = data.get("reason") or data.get("error")
+            if reason:
+                a.reason = str(reason)
+                if kind == "agent.failed":
+                    _add_error(a.errors, str(reason))
+        elif kind == "call.queued":
+            span = calls.get(ev, create=True)
+            span.queued = t
+            agent(ev.agent)
+        elif kind == "call.admitted":
+            span = calls.get(ev, create=False, need="admitted")
+            span.admitted = t
+            span.reserved = _int(data.get("reserved") or data.get("tokens"))
+            span.slot = _int(data.get("slot"))
+            peak_reported = max(peak_reported, _int(data.get("in_flight")) or 0)
+        elif kind == "call.first_token":
+            span = calls.get(ev, create=False, need="first_token")
+            span.first_token = t
+            if span.slot is None:
+                span.slot = _int(data.get("slot"))
+        elif kind in ("call.finished", "call.failed"):
+            span = calls.get(ev, create=False, need="end")
+            span.end = t
+            if span.slot is None:
+                span.slot = _int(data.get("slot"))
+            usage = data.get("usage") or {}
+            if isinstance(usage, dict):
+                span.prompt_tokens = _int(usage.get("prompt_tokens"))
+                span.completion_tokens = _int(usage.get("completion_tokens"))
+            if kind == "call.failed":
+                span.error = str(data.get("error") or "failed")
+                span.retried = bool(data.get("retry"))
+        elif kind == "call.retried":
+            pass  # the retried call opens a new span with its next call.queued/admitted
+
+    _assign_lanes(calls.spans)
+    for span in calls.spans:
+        a = agent(span.agent)
+        a.calls += 1
+        a.queued_s += span.wait_s
+        if span.first_token is not None and a.first_token is None:
+            a.first_token = span.first_token
+            a.ttft_s = span.first_token - span.start
+        a.prompt_tokens += span.prompt_tokens or 0
+        a.completion_tokens += span.completion_tokens or 0
+        if span.slot is not None and span.slot not in a.slots:
+            a.slots.append(span.slot)
+        if span.error and not span.retried:
+            _add_error(a.errors, span.error)
+        if a.started is None:
+            a.started = span.start
+    for a in agents.values():
+        if a.ended is None and a.calls:
+            ends = [s.end for s in calls.spans if s.agent == a.name and s.end is not None]
+            if ends and a.status == "running" and not any(s.end is None for s in calls.spans if s.agent == a.name):
+                a.ended = max(ends)
+                a.status = "failed" if a.errors else "done"
+    duration = (events[-1].t - t0) if events else 0.0
+    return TraceSummary(
+        agents=agents,
+        calls=calls.spans,
+        engine_loads=loads,
+        max_in_flight=max(peak_reported, _peak(calls.spans)),
+        duration_s=duration,
+        events=len(events),
+    )
+
+
+def _add_error(errors: list[str], error: str) -> None:
+    """Append ``error`` unless the same message is already there (with or without a type)."""
+    for i, known in enumerate(errors):
+        if error in known:
+            return
+        if known in error:
+            errors[i] = error
+            return
+    errors.append(error)
+
+
+def _occupancy(span: CallSpan, end_of_trace: float) -> tuple[float, float] | None:
+    begin = span.admitted if span.admitted is not None else span.first_token
+    if begin is None:
+        return None
+    return begin, span.end if span.end is not None else end_of_trace
+
+
+def _peak(spans: list[CallSpan]) -> int:
+    """Most calls holding a slot at once (admitted and not yet ended)."""
+    end_of_trace = max((s.end or 0.0 for s in spans), default=0.0)
+    marks: list[tuple[float, int]] = []
+    for span in spans:
+        occ = _occupancy(span, end_of_trace)
+        if occ:
+            marks += [(occ[0], 1), (occ[1], -1)]
+    peak = current = 0
+    for _, step in sorted(marks, key=lambda m: (m[0], m[1])):  # ends before starts at a tie
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def _assign_lanes(spans: list[CallSpan]) -> None:
+    """Give spans without an engine slot id the lowest lane free when they were admitted."""
+    end_of_trace = max((s.end or 0.0 for s in spans), default=0.0)
+    busy: dict[int, float] = {}  # lane -> until
+    for span in sorted(spans, key=lambda s: _occupancy(s, end_of_trace) or (math.inf, 0)):
+        occ = _occupancy(span, end_of_trace)
+        if occ is None:
+            continue
+        if span.slot is not None:
+            busy[span.slot] = max(busy.get(span.slot, 0.0), occ[1])
+            continue
+        lane = 0
+        while busy.get(lane, -math.inf) > occ[0]:
+            lane += 1
+        span.slot = lane
+        busy[lane] = occ[1]
