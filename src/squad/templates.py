@@ -1,0 +1,165 @@
+"""The one sandboxed jinja2 environment squad renders templates with.
+
+Templates are agent ``instructions`` and recipe step ``prompt`` fields. They are rendered
+only after the YAML is parsed, one field at a time, never into raw YAML text (field case F10).
+
+Rules:
+
+- ``{{ expr }}`` and ``{% stmt %}`` are template syntax; nothing else is. Literal braces in
+  ordinary text (a JSON example such as ``{"a": {"b": 1}}``) stay as written. jinja's
+  ``{# #}`` comment syntax is switched off so ``{#`` in text stays too.
+- Undefined variables are errors (``StrictUndefined``), never empty strings.
+- The sandbox (``jinja2.sandbox.SandboxedEnvironment``) refuses private/dunder attributes and
+  unsafe callables; autoescape is off (prompts are plain text, not HTML).
+- Errors are :class:`squad.errors.RecipeError` naming where the template lives and the
+  undefined variable or syntax problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+from jinja2 import meta, nodes
+from jinja2.sandbox import SandboxedEnvironment
+
+from squad.errors import RecipeError
+
+__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment"]
+
+_ENV = SandboxedEnvironment(
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+    # jinja needs comment delimiters; pick ones that never occur in prose or JSON
+    comment_start_string="{#squad-comment",
+    comment_end_string="squad-comment#}",
+)
+
+
+def environment() -> SandboxedEnvironment:
+    """The shared sandboxed environment (StrictUndefined, autoescape off)."""
+    return _ENV
+
+
+def _error(problem: str, where: str, loc: Mapping[str, Any] | None) -> RecipeError:
+    loc = dict(loc or {})
+    loc.setdefault("field", where or None)
+    return RecipeError(problem, **loc)
+
+
+def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Template:
+    try:
+        return _ENV.parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        line = f" (template line {exc.lineno})" if source.count("\n") else ""
+        raise _error(
+            f"template syntax error{line}: {exc.message}; only {{{{ ... }}}} and {{% ... %}} are "
+            "template syntax, write literal braces as plain text",
+            where,
+            loc,
+        ) from None
+
+
+def check_template(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`RecipeError` if ``source`` is not a valid template (syntax only)."""
+    _parse(source, where, loc)
+
+
+def render_template(
+    source: str,
+    variables: Mapping[str, Any],
+    *,
+    where: str = "",
+    loc: Mapping[str, Any] | None = None,
+) -> str:
+    """Render ``source`` with ``variables`` in the sandbox and return the text.
+
+    ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
+    optionally carries ``file``/``line``/``column`` for :class:`RecipeError`.
+
+    Raises :class:`RecipeError` on a syntax error, an undefined variable or attribute
+    (naming it), or an operation the sandbox forbids.
+    """
+    if "{{" not in source and "{%" not in source:
+        return source  # nothing to render: keep the text byte for byte
+    template = _ENV.from_string(_parse(source, where, loc))
+    try:
+        return template.render(**variables)
+    except jinja2.UndefinedError as exc:
+        raise _error(_explain_undefined(source, variables, exc), where, loc) from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise _error(f"template not allowed by the sandbox: {exc}", where, loc) from None
+    except jinja2.TemplateError as exc:
+        raise _error(f"template error: {exc}", where, loc) from None
+
+
+def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.UndefinedError) -> str:
+    """Name the first dotted reference that does not resolve, with a near-miss suggestion."""
+    for path in sorted(template_paths(source)):
+        scope: Any = variables
+        for depth, part in enumerate(path):
+            if isinstance(scope, Mapping) and part in scope:
+                scope = scope[part]
+                continue
+            if not isinstance(scope, Mapping):
+                break  # attribute of a non-mapping: leave it to jinja's message
+            name = ".".join(path[: depth + 1])
+            keys = sorted(str(k) for k in scope)
+            hint = difflib.get_close_matches(part, keys, n=1)
+            did = f"; did you mean '{hint[0]}'?" if hint else ""
+            have = ", ".join(keys) or "nothing"
+            owner = ".".join(path[:depth]) or "this template"
+            return f"undefined template variable '{name}'{did} ({owner} has: {have})"
+    return f"undefined template variable: {exc.message}"
+
+
+def template_variables(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> set[str]:
+    """Top-level variable names ``source`` reads without defining them (``{"params", "item"}``).
+
+    For static validation before any model call. Raises :class:`RecipeError` on a syntax error.
+    """
+    return set(meta.find_undeclared_variables(_parse(source, where, loc)))
+
+
+def template_paths(
+    source: str, *, where: str = "", loc: Mapping[str, Any] | None = None
+) -> set[tuple[str, ...]]:
+    """Dotted references to undeclared variables: ``{{ steps.review.output }}`` gives
+    ``("steps", "review", "output")``; ``{{ params["topic"] }}`` gives ``("params", "topic")``;
+    a bare ``{{ item }}`` gives ``("item",)``. Dynamic subscripts end the path.
+
+    Only names that :func:`template_variables` reports are included (loop variables and
+    ``{% set %}`` names are not). Raises :class:`RecipeError` on a syntax error.
+    """
+    ast = _parse(source, where, loc)
+    free = set(meta.find_undeclared_variables(ast))
+    found: set[tuple[str, ...]] = set()
+
+    def chain(node: nodes.Node) -> tuple[str, ...] | None:
+        if isinstance(node, nodes.Name):
+            return (node.name,)
+        if isinstance(node, nodes.Getattr):
+            head = chain(node.node)
+            return head + (node.attr,) if head else None
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+            head = chain(node.node)
+            return head + (str(node.arg.value),) if head else None
+        return None
+
+    def visit(node: nodes.Node) -> None:
+        if isinstance(node, (nodes.Name, nodes.Getattr, nodes.Getitem)):
+            path = chain(node)
+            if path is not None:
+                if path[0] in free:
+                    found.add(path)
+                if isinstance(node, nodes.Getitem):
+                    visit(node.arg)
+                return
+        for child in node.iter_child_nodes():
+            visit(child)
+
+    visit(ast)
+    return found
