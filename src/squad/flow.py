@@ -13,14 +13,46 @@ A workload is a tree of frozen nodes:
   (``count`` None = unknown length, then ``limit`` bounds it; both None = unbounded).
 - :class:`Delegate`: a main agent that keeps its conversation (and its budget) while the
   sub-agent workload ``subs`` runs (@mentions, sub-agents as tools).
+
+The analysis turns a tree into a concurrency timeline (:func:`stages`): each :class:`Stage`
+is a set of conversations that can be holding context at the same time. The planner sizes
+slots from :func:`peak_concurrency` and the context from :func:`peak_context`.
+
+Worst-case rules, applied recursively so nesting composes:
+
+- ``Sequence``: its children's stages, in order.
+- ``Parallel``: the children run at once and their timing is not known, so any stage of one
+  child may coincide with any stage of another. Each child's busiest stage is combined
+  (one stage when every child has one stage; else the combination of the children's
+  count-peaks and the combination of their context-peaks).
+- ``Map(item, count, limit)``: ``min(count, limit)`` copies of each stage of ``item``
+  (None = no bound on that side). Both None: unbounded; the stage keeps one copy of each
+  such conversation in :attr:`Stage.unbounded` and the planner caps it.
+- ``Delegate(main, subs)``: ``main`` alone, then every stage of ``subs`` with ``main``
+  added (a main agent waiting on its sub-agents still holds its conversation), then
+  ``main`` alone again.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["Call", "Sequence", "Parallel", "Map", "Delegate", "Node"]
+__all__ = [
+    "Call",
+    "Sequence",
+    "Parallel",
+    "Map",
+    "Delegate",
+    "Node",
+    "Stage",
+    "stages",
+    "peak_concurrency",
+    "peak_context",
+    "calls",
+]
 
 
 @dataclass(frozen=True)
@@ -59,3 +91,165 @@ class Delegate:
 
 
 Node = Union[Call, Sequence, Parallel, Map, Delegate]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Conversations that can be holding context at the same time.
+
+    - ``calls``: the agents running together (a map's copies repeat the same :class:`Call`).
+    - ``label``: where in the workload this is, e.g. ``"step 2 (review)"``.
+    - ``unbounded``: conversations an unbounded fan-out may copy any number of times (one
+      representative each); empty for a bounded stage.
+    """
+
+    calls: tuple[Call, ...]
+    label: str = ""
+    unbounded: tuple[Call, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """Agents running at once; ``math.inf`` (a float) when the stage is unbounded."""
+        return math.inf if self.unbounded else len(self.calls)  # type: ignore[return-value]
+
+    @property
+    def budget(self) -> int:
+        """Sum of the budgets in tokens of the bounded calls (unbounded copies excluded)."""
+        return sum(c.budget for c in self.calls)
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """Agent names in order, repeats kept; an unbounded agent is shown as ``name×∞``."""
+        return tuple(c.agent for c in self.calls) + tuple(f"{c.agent}×∞" for c in self.unbounded)
+
+    def largest(self, n: int) -> tuple[Call, ...]:
+        """The ``n`` calls with the largest budgets that can run at once in this stage
+        (unbounded conversations copied as often as needed), largest first."""
+        pool = list(self.calls)
+        if self.unbounded:
+            top = max(self.unbounded, key=lambda c: c.budget)
+            pool += [top] * n
+        return tuple(heapq.nlargest(n, pool, key=lambda c: c.budget))
+
+    def describe(self) -> str:
+        """``"step 2: lead, security, style"``: the label, then the agents."""
+        names = ", ".join(self.agents) or "nothing"
+        return f"{self.label}: {names}" if self.label else names
+
+
+def stages(node: Node) -> tuple[Stage, ...]:
+    """The concurrency timeline of a workload, in order (rules in the module docstring).
+
+    An empty workload (an empty sequence or parallel block, or a map of zero items) has no
+    stages. Labels name the position: ``step N`` for a sequence's children (with the
+    child's own label in parentheses), ``×N`` for a map's copies, ``main waiting`` for a
+    delegation; a stage with no position of its own is ``step N`` of the timeline.
+    """
+    result = _stages(node)
+    if _own_label(node):
+        result = tuple(_relabel(s, node.label) for s in result)  # type: ignore[union-attr]
+    return tuple(s if s.label else _relabel(s, f"step {i}") for i, s in enumerate(result, 1))
+
+
+def peak_concurrency(node: Node) -> Stage | None:
+    """The stage with the most agents running at once (unbounded counts as most; ties go to
+    the larger budget, then the earlier stage), or None for an empty workload."""
+    return _pick(stages(node), lambda s: (s.size, s.budget))
+
+
+def peak_context(node: Node) -> Stage | None:
+    """The stage with the largest sum of budgets in tokens (an unbounded stage counts as
+    largest; ties go to the earlier stage), or None for an empty workload."""
+    return _pick(stages(node), lambda s: (bool(s.unbounded), s.budget))
+
+
+def calls(node: Node) -> tuple[Call, ...]:
+    """Every distinct :class:`Call` in the workload, in first-seen order."""
+    seen: dict[Call, None] = {}
+    for stage in stages(node):
+        for c in stage.calls + stage.unbounded:
+            seen.setdefault(c, None)
+    return tuple(seen)
+
+
+def _pick(timeline: tuple[Stage, ...], key) -> Stage | None:
+    best: Stage | None = None
+    for stage in timeline:
+        if best is None or key(stage) > key(best):
+            best = stage
+    return best
+
+
+def _stages(node: Node) -> tuple[Stage, ...]:
+    if isinstance(node, Call):
+        return (Stage((node,)),)
+    if isinstance(node, Sequence):
+        out: list[Stage] = []
+        for i, child in enumerate(node.items, 1):
+            name = f"step {i}" + (f" ({child.label})" if _own_label(child) else "")
+            out += [_relabel(s, name) for s in _stages(child)]
+        return tuple(out)
+    if isinstance(node, Parallel):
+        return _parallel([_stages(child) for child in node.items])
+    if isinstance(node, Map):
+        return _map(node)
+    if isinstance(node, Delegate):
+        main = node.main
+        inner = _stages(node.subs)
+        waiting = [
+            Stage((main,) + s.calls, _join(f"{main.agent} waiting", s.label), s.unbounded)
+            for s in inner
+        ]
+        if not waiting:
+            return (Stage((main,), main.agent),)
+        return (Stage((main,), f"{main.agent} alone"), *waiting, Stage((main,), f"{main.agent} alone"))
+    raise TypeError(f"not a workload node: {node!r}")
+
+
+def _parallel(children: list[tuple[Stage, ...]]) -> tuple[Stage, ...]:
+    children = [c for c in children if c]
+    if not children:
+        return ()
+    by_count = [_pick(c, lambda s: (s.size, s.budget)) for c in children]
+    by_context = [_pick(c, lambda s: (bool(s.unbounded), s.budget)) for c in children]
+    combos = [by_count] if by_count == by_context else [by_count, by_context]
+    out = []
+    for combo in combos:
+        labels = [s.label for s in combo if s.label]  # type: ignore[union-attr]
+        out.append(
+            Stage(
+                tuple(c for s in combo for c in s.calls),  # type: ignore[union-attr]
+                " + ".join(labels) if len(labels) > 1 and len(combos) > 1 else "",
+                _unique(c for s in combo for c in s.unbounded),  # type: ignore[union-attr]
+            )
+        )
+    return tuple(out)
+
+
+def _map(node: Map) -> tuple[Stage, ...]:
+    bounds = [b for b in (node.count, node.limit) if b is not None]
+    inner = _stages(node.item)
+    if not bounds:
+        return tuple(
+            Stage((), _join("×∞", s.label), _unique(s.calls + s.unbounded)) for s in inner
+        )
+    copies = max(0, min(bounds))
+    if copies == 0:
+        return ()
+    return tuple(Stage(s.calls * copies, _join(f"×{copies}", s.label), s.unbounded) for s in inner)
+
+
+def _unique(items) -> tuple[Call, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _own_label(node: Node) -> bool:
+    return not isinstance(node, Call) and bool(node.label)
+
+
+def _join(outer: str, inner: str) -> str:
+    return f"{outer} › {inner}" if inner else outer
+
+
+def _relabel(stage: Stage, outer: str) -> Stage:
+    return Stage(stage.calls, _join(outer, stage.label), stage.unbounded)

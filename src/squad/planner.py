@@ -4,16 +4,42 @@ Turns a workload (which agents run at the same time, with which budgets) plus th
 facts and the memory available for KV into an :class:`EnginePlan`: slot count, context,
 unified KV, estimated KV memory, and reasons/warnings a user can read.
 
-Rules come from the product page (``docs/mission.md`` facts 3-10).
+Rules come from the product page (``docs/mission.md`` facts 3-10):
+
+- slots = the peak number of agents running at once (floor 1, cap :data:`MAX_SLOTS`);
+  context = the largest sum of budgets of agents running at once, rounded up to 256.
+- Nothing to plan: :data:`DEFAULT_SLOTS` slots and :data:`DEFAULT_CTX` tokens.
+- A pinned value (slots or context) is always kept; the planner only warns.
+- More than 8 at once: 8 slots, context = the 8 largest concurrent budgets; the runtime
+  queues the rest.
+- A budget above the model's training context is a :class:`~squad.errors.PlanError`.
+- KV memory = context × bytes per token; when it does not fit, the largest context that
+  fits is planned and slots follow the concurrency that context can really hold.
+- MLX (mlxcel-server) divides the context by slots: 1 slot, unless a max batch is set.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Literal
 
-__all__ = ["EnginePlan", "MAX_SLOTS", "DEFAULT_SLOTS", "CTX_ROUND", "round_ctx"]
+from squad.errors import PlanError
+from squad.flow import Call, Node, Stage, stages
+
+__all__ = [
+    "EnginePlan",
+    "MAX_SLOTS",
+    "DEFAULT_SLOTS",
+    "DEFAULT_CTX",
+    "CTX_ROUND",
+    "MLX_MIN_SHARE",
+    "round_ctx",
+    "plan",
+    "check_attached",
+    "plan_for_replan",
+    "kv_type_bytes",
+]
 
 MAX_SLOTS = 8
 """Upper limit on slots: a fixed constant, independent of the model (product page fact 5)."""
@@ -21,15 +47,39 @@ MAX_SLOTS = 8
 DEFAULT_SLOTS = 2
 """Slots when nothing is planned: main agent + one sub-agent (product page fact 4)."""
 
+DEFAULT_CTX = 8192
+"""Context in tokens when nothing is planned: 4,096 per default slot. 4K holds a typical
+agent turn (instructions, a short history and an answer), 2 × 4K is the product page's
+verification size (fact 11) and the default model's training context, and its KV cache is
+small (180 MiB for SmolLM2-135M at f16, ~1 GiB for an 8B model)."""
+
 CTX_ROUND = 256
 """llama.cpp rounds ``-c`` up to a multiple of 256 (llama-server.md, checked on b11434)."""
 
+MLX_MIN_SHARE = 1024
+"""Below this per-sequence share of the context (tokens) an MLX batch warns (fact 9)."""
+
 Backend = Literal["llama-server", "mlx", "attached"]
+
+_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
+               "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 
 
 def round_ctx(n_ctx: int) -> int:
     """Round a context length in tokens up to the next multiple of 256, as llama.cpp does."""
     return -(-n_ctx // CTX_ROUND) * CTX_ROUND
+
+
+def kv_type_bytes(cache_type: str) -> float:
+    """Bytes per element of a KV cache type (llama-server.md "KV memory per token").
+
+    Raises :class:`PlanError` for a type llama-server does not take for ``-ctk``/``-ctv``.
+    """
+    try:
+        return _TYPE_BYTES[cache_type]
+    except KeyError:
+        known = ", ".join(_TYPE_BYTES)
+        raise PlanError(f"unknown KV cache type {cache_type!r}; use one of {known}") from None
 
 
 @dataclass(frozen=True)
@@ -44,7 +94,13 @@ class EnginePlan:
     - ``slots``: parallel request slots (``-np``), 1..8.
     - ``kv_unified``: pass ``--kv-unified`` (always True when ``slots >= 2`` on llama-server).
     - ``kv_bytes``: estimated KV cache size in bytes for ``n_ctx`` cells, or None if unknown.
-    - ``per_slot_ctx``: tokens one request may use (the whole pool when unified).
+    - ``per_slot_ctx``: tokens one request may use (the whole pool when unified, capped at
+      the training context; an MLX batch's per-sequence share).
+    - ``timeline``: the workload's concurrency stages (:func:`squad.flow.stages`), for display.
+    - ``requested_ctx``: the context before rounding up to 256 (what was pinned or summed).
+    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
+    - ``n_ctx_train``: the model's training context in tokens, or None.
+    - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
     """
 
     model: Path
@@ -58,6 +114,11 @@ class EnginePlan:
     per_slot_ctx: int | None = field(default=None, compare=False)
     reasons: tuple[str, ...] = field(default=(), compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    timeline: tuple[Stage, ...] = field(default=(), compare=False)
+    requested_ctx: int | None = field(default=None, compare=False)
+    memory_for_kv: int | None = field(default=None, compare=False)
+    n_ctx_train: int | None = field(default=None, compare=False)
+    peak: int | None = field(default=None, compare=False)
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).
@@ -76,3 +137,313 @@ class EnginePlan:
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":
         """A plan with the given slots and context and the unified-KV rule applied."""
         return cls(model=Path(model), slots=slots, n_ctx=round_ctx(n_ctx), kv_unified=slots >= 2)
+
+
+def plan(
+    workload: Node | None,
+    *,
+    model: Path,
+    n_ctx_train: int | None = None,
+    kv_bytes_per_token: int | None = None,
+    memory_for_kv: int | None = None,
+    backend: Backend = "llama-server",
+    pin_slots: int | None = None,
+    pin_ctx: int | None = None,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    mlx_max_batch: int | None = None,
+    kv_bytes_per_token_q8_0: int | None = None,
+) -> EnginePlan:
+    """Size the engine for ``workload``.
+
+    - ``workload``: a :mod:`squad.flow` tree, or None when there is nothing to plan.
+    - ``n_ctx_train``: the model's training context in tokens (GGUF ``{arch}.context_length``).
+    - ``kv_bytes_per_token``: KV bytes per context cell at ``cache_type_k``/``cache_type_v``
+      (``ModelFacts.kv_bytes_per_token``); None = unknown, no memory check.
+    - ``memory_for_kv``: bytes the machine can give the KV cache (``squad.machine``); None =
+      unknown, no memory check.
+    - ``pin_slots``/``pin_ctx``: values the user set; kept as given (context rounded up to 256).
+    - ``mlx_max_batch``: MLX only: the max batch size the user set for mlxcel-server.
+    - ``kv_bytes_per_token_q8_0``: KV bytes per cell at ``q8_0``/``q8_0``, to quote the exact
+      saving of a quantized cache; estimated from element sizes when None.
+
+    Raises :class:`PlanError` when an agent's budget is above the training context, a pin
+    is out of range (slots 1..8, context >= 1), or the memory cannot hold one agent's budget.
+    """
+    kv_type_bytes(cache_type_k), kv_type_bytes(cache_type_v)  # validate early
+    _check_pins(pin_slots, pin_ctx, mlx_max_batch)
+    timeline = stages(workload) if workload is not None else ()
+    timeline = tuple(s for s in timeline if s.calls or s.unbounded)
+    _check_budgets(timeline, n_ctx_train)
+    reasons: list[str] = []
+    warnings: list[str] = []
+    peak_stage = max(timeline, key=lambda s: (s.size, s.budget), default=None)
+    peak = None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls))
+
+    # 1. slots
+    if backend == "mlx":
+        slots = _mlx_slots(peak_stage, pin_slots, mlx_max_batch, reasons, warnings)
+    elif pin_slots is not None:
+        slots = pin_slots
+        reasons.append(f"slots {slots}: pinned by you")
+        if peak_stage is not None and peak_stage.size > slots:
+            warnings.append(_serialize_warning(slots, peak_stage))
+    elif peak_stage is None:
+        slots = DEFAULT_SLOTS
+        reasons.append(f"slots {slots}: nothing to plan, the default (a main agent + one sub-agent)")
+    elif peak_stage.size > MAX_SLOTS:
+        slots = MAX_SLOTS
+        many = "an unbounded number of" if peak_stage.unbounded else str(len(peak_stage.calls))
+        reasons.append(
+            f"slots {slots} = the cap: {many} agents can run at once at {_where(peak_stage)}; "
+            f"the runtime queues the rest until a slot frees"
+        )
+    else:
+        slots = max(1, len(peak_stage.calls))
+        reasons.append(f"slots {slots} = peak concurrency at {_where(peak_stage)}: {_names(peak_stage)}")
+
+    # 2. context: the largest sum over what can really run at once (at most `slots` agents)
+    at_once = slots if backend != "mlx" or mlx_max_batch else 1
+    ctx_stage, needed = _context_need(timeline, at_once)
+    if pin_ctx is not None:
+        requested = pin_ctx
+        reasons.append(f"context {pin_ctx:,}: pinned by you")
+        if needed > round_ctx(pin_ctx):
+            warnings.append(
+                f"context {round_ctx(pin_ctx):,} is below the {needed:,} tokens that the agents "
+                f"at {_where(ctx_stage)} may hold together: the pool can overflow; squad admits "
+                f"requests only while they fit, so some wait; use --ctx {round_ctx(needed)} or "
+                f"lower their budgets"
+            )
+    elif ctx_stage is None:
+        requested = DEFAULT_CTX
+        reasons.append(f"context {DEFAULT_CTX:,}: nothing to plan, 4,096 tokens per default slot")
+    else:
+        requested = needed
+        reasons.append(f"context {needed:,} = largest sum of budgets held at once, at "
+                       f"{_where(ctx_stage)}: {_budget_sum(ctx_stage, at_once)}")
+    n_ctx = round_ctx(requested)
+    if n_ctx != requested:
+        reasons.append(f"context {requested:,} → {n_ctx:,} applied (llama.cpp rounds up to a multiple of 256)")
+
+    # 3. memory
+    kv_bytes = n_ctx * kv_bytes_per_token if kv_bytes_per_token else None
+    if (kv_bytes is not None and memory_for_kv is not None and kv_bytes > memory_for_kv
+            and backend != "attached"):
+        q8 = _q8_bytes(kv_bytes_per_token, cache_type_k, cache_type_v, kv_bytes_per_token_q8_0)  # type: ignore[arg-type]
+        if pin_ctx is not None:
+            warnings.append(
+                f"KV cache for the pinned {n_ctx:,} tokens needs {_mib(kv_bytes)} but only "
+                f"{_mib(memory_for_kv)} is available: the engine may fail to load or swap; "
+                + _memory_advice(n_ctx, kv_bytes_per_token, q8, cache_type_k))  # type: ignore[arg-type]
+        else:
+            old_ctx, old_slots = n_ctx, slots
+            n_ctx = (memory_for_kv // kv_bytes_per_token) // CTX_ROUND * CTX_ROUND  # type: ignore[operator]
+            biggest = max((c.budget for s in timeline for c in s.calls + s.unbounded), default=0)
+            if n_ctx < max(CTX_ROUND, biggest):
+                raise PlanError(
+                    f"not enough memory for the KV cache: {_mib(memory_for_kv)} available holds "
+                    f"{n_ctx:,} tokens at {cache_type_k}/{cache_type_v}, but "
+                    + (f"the largest agent budget is {biggest:,} tokens; " if biggest else "")
+                    + _memory_advice(old_ctx, kv_bytes_per_token, q8, cache_type_k)  # type: ignore[arg-type]
+                    + ", or free memory (override with SQUAD_KV_MEMORY)")
+            if pin_slots is None and backend != "mlx" and timeline:
+                slots = max(1, min(slots, max(_fits(s, n_ctx) for s in timeline)))
+            kv_bytes = n_ctx * kv_bytes_per_token  # type: ignore[operator]
+            cut = f"context {old_ctx:,} → {n_ctx:,}"
+            if slots != old_slots:
+                cut += f", slots {old_slots} → {slots} (what that context holds at once; the runtime queues the rest)"
+            warnings.append(
+                f"KV cache for {old_ctx:,} tokens would need {_mib(old_ctx * kv_bytes_per_token)} "  # type: ignore[operator]
+                f"but only {_mib(memory_for_kv)} is available for it: cut {cut}. To keep the full "
+                f"plan: " + _memory_advice(old_ctx, kv_bytes_per_token, q8, cache_type_k))  # type: ignore[arg-type]
+            reasons.append(f"context {n_ctx:,} = the largest multiple of 256 whose KV cache fits {_mib(memory_for_kv)}")
+
+    # 4. unified pool, per-slot share, training context
+    kv_unified = backend != "mlx" and slots >= 2
+    if backend == "mlx":
+        per_slot = n_ctx // slots
+        if mlx_max_batch and per_slot < MLX_MIN_SHARE:
+            warnings.append(
+                f"MLX max batch {slots} splits the context: configured {n_ctx:,} tokens, reduced "
+                f"to {per_slot:,} per sequence (below {MLX_MIN_SHARE:,}); raise the context or lower the batch")
+    else:
+        per_slot = n_ctx
+        if kv_unified:
+            reasons.append(f"--kv-unified: the {slots} slots share one pool of {n_ctx:,} tokens; "
+                           f"one request may use all of it")
+    if n_ctx_train and per_slot > n_ctx_train:
+        per_slot = n_ctx_train
+        if kv_unified:
+            reasons.append(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: "
+                           f"fine with unified KV (one request is capped at {n_ctx_train:,}, the pool is shared)")
+        else:
+            warnings.append(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: "
+                            f"with 1 slot one request is capped at {n_ctx_train:,}; the rest of the KV cache is unused")
+
+    return EnginePlan(
+        model=Path(model), slots=slots, n_ctx=n_ctx, kv_unified=kv_unified,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, backend=backend,
+        kv_bytes=kv_bytes, per_slot_ctx=per_slot, reasons=tuple(reasons),
+        warnings=tuple(warnings), timeline=timeline, requested_ctx=requested,
+        memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train, peak=peak,
+    )
+
+
+def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unified: bool | None = None) -> list[str]:
+    """Warnings for an attached engine smaller than what the workload needs.
+
+    ``slots`` and ``n_ctx`` are what the engine reports (``/props`` ``total_slots`` and
+    ``default_generation_settings.n_ctx``: per slot, the whole pool when unified). Returns
+    an empty list when the engine holds the plan.
+    """
+    out: list[str] = []
+    if slots < plan_needed.slots:
+        out.append(f"the attached engine has {slots} slot(s) but the workload runs up to "
+                   f"{plan_needed.slots} agents at once: the runtime queues the rest "
+                   f"(restart it with -np {plan_needed.slots} --kv-unified)")
+    if kv_unified is False and slots > 1:
+        biggest = max((c.budget for s in plan_needed.timeline for c in s.calls + s.unbounded), default=0)
+        if biggest > n_ctx:
+            out.append(f"the attached engine has no unified KV: each slot holds {n_ctx:,} tokens, "
+                       f"below the largest budget {biggest:,}; restart it with --kv-unified")
+    elif n_ctx < plan_needed.n_ctx:
+        out.append(f"the attached engine's context is {n_ctx:,} tokens but the agents running "
+                   f"together may hold {plan_needed.n_ctx:,}: some requests wait for room "
+                   f"(restart it with -c {plan_needed.n_ctx})")
+    return out
+
+
+def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
+                    memory_for_kv: int | None = None) -> EnginePlan | None:
+    """A bigger plan for a chat turn that runs ``concurrent`` agents at once, or None.
+
+    None when ``current`` already holds them (enough slots and context), or when the engine
+    cannot be reloaded for it (an attached engine, or MLX which runs one slot). Slots grow
+    to the number of agents (capped at 8), context to the sum of the largest budgets that
+    run at once; neither ever shrinks. When ``memory_for_kv`` is given and the bigger
+    context's KV cache (scaled from ``current.kv_bytes``) would not fit, returns None.
+    """
+    group = tuple(concurrent)
+    if current.backend != "llama-server" or not group:
+        return None
+    stage = Stage(group, "this turn")
+    slots = min(MAX_SLOTS, max(current.slots, len(group)))
+    need = round_ctx(sum(c.budget for c in stage.largest(slots)))
+    if len(group) <= current.slots and need <= current.n_ctx:
+        return None
+    n_ctx = max(current.n_ctx, need)
+    per_token = current.kv_bytes // current.n_ctx if current.kv_bytes else None
+    kv_bytes = n_ctx * per_token if per_token else None
+    if kv_bytes and memory_for_kv is not None and kv_bytes > memory_for_kv:
+        return None
+    if (slots, n_ctx) == (current.slots, current.n_ctx):
+        return None
+    reason = f"re-plan: {len(group)} agents at once this turn ({_names(stage)})"
+    per_slot = min(n_ctx, current.n_ctx_train) if current.n_ctx_train else n_ctx
+    return replace(current, slots=slots, n_ctx=n_ctx, kv_unified=slots >= 2, kv_bytes=kv_bytes,
+                   per_slot_ctx=per_slot, reasons=current.reasons + (reason,),
+                   requested_ctx=need, peak=len(group))
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _check_pins(pin_slots: int | None, pin_ctx: int | None, mlx_max_batch: int | None) -> None:
+    if pin_slots is not None and not 1 <= pin_slots <= MAX_SLOTS:
+        raise PlanError(f"slots {pin_slots} is out of range: use 1 to {MAX_SLOTS} "
+                        f"(the cap is fixed; more agents than slots are queued by the runtime)")
+    if pin_ctx is not None and pin_ctx < 1:
+        raise PlanError(f"context {pin_ctx} is out of range: use a positive number of tokens, e.g. 8192")
+    if mlx_max_batch is not None and mlx_max_batch < 1:
+        raise PlanError(f"MLX max batch {mlx_max_batch} is out of range: use 1 or more")
+
+
+def _check_budgets(timeline: tuple[Stage, ...], n_ctx_train: int | None) -> None:
+    for stage in timeline:
+        for c in stage.calls + stage.unbounded:
+            if c.budget < 1:
+                raise PlanError(f"agent {c.agent!r} has budget {c.budget}: give it a positive "
+                                f"number of tokens, e.g. 4096")
+            if n_ctx_train and c.budget > n_ctx_train:
+                raise PlanError(
+                    f"agent {c.agent!r} has budget {c.budget:,} tokens, above the model's training "
+                    f"context of {n_ctx_train:,}: lower its budget to {n_ctx_train:,} or less, or "
+                    f"use a model trained for longer contexts")
+
+
+def _mlx_slots(peak_stage: Stage | None, pin_slots: int | None, batch: int | None,
+               reasons: list[str], warnings: list[str]) -> int:
+    if batch:
+        reasons.append(f"slots {batch}: the MLX max batch you set (the sequences split the context)")
+        return batch
+    reasons.append("slots 1: MLX (mlxcel-server divides the context by slots, so one request "
+                   "at a time gets the whole context)")
+    if pin_slots not in (None, 1):
+        warnings.append(f"MLX runs 1 slot whatever the slot setting ({pin_slots} ignored); "
+                        f"set an MLX max batch to decode several sequences at once")
+    if peak_stage is not None and peak_stage.size > 1:
+        warnings.append(_serialize_warning(1, peak_stage))
+    return 1
+
+
+def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | None, int]:
+    """The stage whose ``at_once`` largest budgets sum highest, and that sum (tokens)."""
+    best, need = None, 0
+    for stage in timeline:
+        total = sum(c.budget for c in stage.largest(at_once))
+        if best is None or total > need:
+            best, need = stage, total
+    return best, need
+
+
+def _fits(stage: Stage, n_ctx: int) -> int:
+    """How many of the stage's agents fit in ``n_ctx`` tokens at once (smallest budgets first)."""
+    count, used = 0, 0
+    pool = sorted(stage.calls + stage.unbounded * MAX_SLOTS, key=lambda c: c.budget)
+    for c in pool:
+        if used + c.budget > n_ctx:
+            break
+        count, used = count + 1, used + c.budget
+    return count
+
+
+def _serialize_warning(slots: int, stage: Stage) -> str:
+    many = "an unbounded number of" if stage.unbounded else str(len(stage.calls))
+    return (f"{slots} slot(s) but {many} agents run at once at {_where(stage)} ({_names(stage)}): "
+            f"the work is serialized, the runtime queues all but {slots} at a time")
+
+
+def _q8_bytes(per_token: int, ctk: str, ctv: str, q8: int | None) -> int:
+    if q8 is not None:
+        return q8
+    # Estimate: K and V halves of equal size, each scaled by its element size.
+    half = per_token / (kv_type_bytes(ctk) + kv_type_bytes(ctv))
+    return round(half * 2 * kv_type_bytes("q8_0"))
+
+
+def _memory_advice(n_ctx: int, per_token: int, q8_per_token: int, ctk: str) -> str:
+    tips = ["give the agents smaller budgets", "run fewer agents at once"]
+    if ctk != "q8_0" and q8_per_token < per_token:
+        now, q8 = n_ctx * per_token, n_ctx * q8_per_token
+        tips.insert(1, f"use -ctk q8_0 -ctv q8_0 (KV for {n_ctx:,} tokens {_mib(now)} → {_mib(q8)}, "
+                       f"saves {_mib(now - q8)})")
+    return "; ".join(tips)
+
+
+def _where(stage: Stage | None) -> str:
+    return (stage.label or "one stage") if stage is not None else "—"
+
+
+def _names(stage: Stage) -> str:
+    return ", ".join(stage.agents)
+
+
+def _budget_sum(stage: Stage, at_once: int) -> str:
+    top = stage.largest(at_once)
+    parts = [f"{c.agent} {c.budget:,}" for c in top]
+    return " + ".join(parts) if len(parts) > 1 else parts[0] if parts else "0"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
