@@ -1,0 +1,552 @@
+"""A fake llama-server for fast, honest tests: real HTTP on 127.0.0.1, the real API shapes.
+
+``FakeEngine`` runs a starlette app under uvicorn in a thread of its own (its own event
+loop, like a separate process), so the code under test talks to it over TCP exactly as it
+talks to llama-server::
+
+    async with FakeEngine(slots=4, n_ctx=1024, token_delay=0.002) as fe:
+        client = EngineClient(fe.info)
+        fe.script(Reply(content="hello there", finish_reason="stop"))
+        ...
+        assert fe.max_processing <= 4
+
+What it imitates (facts from ``docs/llama-server.md``, llama.cpp b11434):
+
+- ``/health``: 503 ``{"error": {"code": 503, "message": "Loading model", "type":
+  "unavailable_error"}}`` while loading (every endpoint answers so), then 200 ``{"status": "ok"}``.
+- ``/props``, ``/slots``, ``/v1/models``, ``/v1/chat/completions/input_tokens``.
+- ``/v1/chat/completions``, streaming and not: role chunk, ``content`` /
+  ``reasoning_content`` / ``tool_calls`` deltas, a final chunk with ``finish_reason`` and
+  ``timings``, with ``stream_options.include_usage`` a usage-only chunk with
+  ``choices: []``, then ``data: [DONE]``.
+- ``slots`` slots; requests beyond them wait (deferred), FIFO.
+- ONE unified pool of ``n_ctx`` cells. A running request holds prompt + generated tokens.
+  When the running requests together need more than the pool, **every** processing
+  request fails with ``Context size has been exceeded.`` (type ``server_error``, 500):
+  as an HTTP 500 JSON body when its stream has not started, else as a
+  ``data: {"error": {...}}`` frame after which the stream closes without ``[DONE]``.
+- A prompt that alone does not fit the slot context: HTTP 400 ``exceed_context_size_error``,
+  ``request (N tokens) exceeds the available context size (M tokens), try increasing it``.
+- Bearer API key: 401 ``authentication_error`` (``/health`` needs none).
+- A client that closes its stream frees the slot at once (``fe.disconnects`` counts it).
+
+Token counting (deterministic, shared by ``input_tokens`` and completions, see
+:func:`count_tokens`): every whitespace-separated word is one token; each message costs
+``MESSAGE_OVERHEAD`` more; a prompt costs ``PROMPT_OVERHEAD`` more; tools cost their JSON's
+words. Each generated chunk is one token (one word).
+
+Requires the ``testing`` extra (``pip install squad[testing]``: starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+
+try:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError("squad.testing needs the 'testing' extra: pip install 'squad[testing]'") from exc
+
+from squad.engine.info import EngineInfo
+
+__all__ = ["FakeEngine", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD", "CONTEXT_EXCEEDED"]
+
+MESSAGE_OVERHEAD = 4
+"""Tokens each chat message costs beyond its words (role markers)."""
+
+PROMPT_OVERHEAD = 3
+"""Tokens every prompt costs beyond its messages (the assistant turn opener)."""
+
+CONTEXT_EXCEEDED = "Context size has been exceeded."
+"""llama-server's message when the unified pool is exhausted by the running requests."""
+
+
+def _words(text: Any) -> int:
+    if text is None:
+        return 0
+    if isinstance(text, list):  # content parts
+        return sum(_words(part.get("text")) for part in text if isinstance(part, dict))
+    return len(str(text).split())
+
+
+def count_tokens(messages: list[dict], tools: list[dict] | None = None) -> int:
+    """Prompt tokens the fake charges for ``messages`` (+ ``tools``): words + overheads."""
+    n = PROMPT_OVERHEAD
+    for m in messages:
+        n += MESSAGE_OVERHEAD + _words(m.get("content")) + _words(m.get("reasoning_content"))
+        if m.get("tool_calls"):
+            n += _words(json.dumps(m["tool_calls"]))
+    if tools:
+        n += _words(json.dumps(tools))
+    return n
+
+
+@dataclass
+class Reply:
+    """One scripted behaviour for one chat request (all fields optional).
+
+    - ``content`` / ``reasoning``: text streamed one word (= one token) per chunk;
+      reasoning first, as ``reasoning_content`` deltas. Default content: the last user
+      message's words repeated to ``max_tokens`` tokens (16 when unset).
+    - ``tool_calls``: ``[{"name": ..., "arguments": "<json>"}]`` streamed after content.
+    - ``finish_reason``: default ``"tool_calls"`` with tool calls, ``"length"`` when
+      ``max_tokens`` (or the slot context) cut the text, else ``"stop"``.
+    - ``truncate_after=K``: close the stream after K token chunks, no finish_reason, no [DONE].
+    - ``error_after=K``: after K token chunks send ``data: {"error": ...}`` with
+      ``error_message`` and close without [DONE].
+    - ``status``: answer with this HTTP status and a llama-server error body, nothing else
+      (503 → ``Loading model``, 500 → ``error_message``, 400, ...).
+    - ``token_delay``: seconds before each token (overrides the engine's default).
+    """
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict] | None = None
+    finish_reason: str | None = None
+    truncate_after: int | None = None
+    error_after: int | None = None
+    error_message: str = CONTEXT_EXCEEDED
+    status: int | None = None
+    token_delay: float | None = None
+
+
+class _Failed(Exception):
+    def __init__(self, message: str, code: int = 500, type_: str = "server_error") -> None:
+        self.body = {"error": {"code": code, "message": message, "type": type_}}
+        self.code = code
+        super().__init__(message)
+
+
+class _Truncated(Exception):
+    pass
+
+
+@dataclass
+class _Slot:
+    id: int
+    task: int = -1
+    held: int = 0
+    n_prompt: int = 0
+    n_decoded: int = 0
+    n_remain: int = 0
+    failed: str | None = None
+    busy: bool = False
+
+
+def _error(code: int, message: str, type_: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "type": type_, **extra}}, status_code=code)
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+
+class FakeEngine:
+    """A llama-server look-alike on ``127.0.0.1:<free port>``; an async context manager.
+
+    Arguments: ``slots`` (parallel slots), ``n_ctx`` (unified pool and per-slot context, in
+    tokens), ``api_key`` (bearer key or None), ``load_time`` (seconds of 503 after start),
+    ``token_delay`` (seconds per generated token), ``n_ctx_train`` (reported in /v1/models).
+
+    Recorded (read them from the test): ``requests`` (chat bodies seen), ``max_processing``
+    (most slots busy at once), ``max_held`` (most pool cells held at once), ``overflows``
+    (times the pool overflowed), ``completed``, ``disconnects`` (streams the client closed),
+    ``processing`` and ``deferred`` (now).
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int = 2,
+        n_ctx: int = 4096,
+        api_key: str | None = None,
+        load_time: float = 0.0,
+        token_delay: float = 0.0,
+        n_ctx_train: int = 8192,
+        model_path: str = "/fake/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ) -> None:
+        self.slots, self.n_ctx, self.api_key = slots, n_ctx, api_key
+        self.load_time, self.token_delay, self.n_ctx_train, self.model_path = load_time, token_delay, n_ctx_train, model_path
+        self.responder: Callable[[dict], Reply] | None = None
+        self.requests: list[dict] = []
+        self.max_processing = self.max_held = self.overflows = self.completed = self.disconnects = 0
+        self.deferred = 0
+        self._script: collections.deque[Reply] = collections.deque()
+        self._lock = threading.Lock()
+        self._slots = [_Slot(i) for i in range(slots)]
+        self._tasks = itertools.count()
+        self._ready_at = 0.0
+        self._port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._free: anyio.Semaphore | None = None  # made inside the server's loop
+
+    # -- public ------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def info(self) -> EngineInfo:
+        """What squad would read back from this engine (unified KV: pool = n_ctx)."""
+        return EngineInfo(base_url=self.base_url, api_key=self.api_key, slots=self.slots, n_ctx=self.n_ctx,
+                          kv_unified=True, pool=self.n_ctx, n_ctx_train=self.n_ctx_train,
+                          model_path=self.model_path, model_alias="fake", build_info="b0-fake", launched=False)
+
+    @property
+    def processing(self) -> int:
+        return sum(s.busy for s in self._slots)
+
+    @property
+    def held(self) -> int:
+        return sum(s.held for s in self._slots)
+
+    def script(self, *replies: Reply) -> None:
+        """Queue behaviours; each chat request takes the next one (then ``responder``, then the default)."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def set_loading(self, seconds: float) -> None:
+        """Answer 503 ``Loading model`` on every endpoint for the next ``seconds``."""
+        self._ready_at = time.monotonic() + seconds
+
+    async def start(self) -> None:
+        """Start serving (on the same port again after :meth:`stop`)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self._port))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app(), log_level="error", lifespan="on", loop="asyncio", http="h11",
+                                timeout_graceful_shutdown=0.2, access_log=False)
+        self._server = uvicorn.Server(config)
+        self._slots = [_Slot(i) for i in range(self.slots)]
+        self._ready_at = time.monotonic() + self.load_time
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"fake-engine-{self._port}", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the fake engine failed to start")
+            await anyio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Stop serving: the port refuses connections, running streams are cut."""
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        await anyio.to_thread.run_sync(self._thread.join, 10.0)
+        self._server = self._thread = None
+
+    async def restart(self, load_time: float = 0.0) -> EngineInfo:
+        """Stop, then start on the same port, loading for ``load_time`` seconds."""
+        await self.stop()
+        self.load_time = load_time
+        await self.start()
+        return self.info
+
+    async def __aenter__(self) -> "FakeEngine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- app ---------------------------------------------------------------------------
+
+    def _app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            self._free = anyio.Semaphore(self.slots)
+            yield
+
+        routes = [
+            Route("/health", self._health),
+            Route("/props", self._props),
+            Route("/slots", self._slots_view),
+            Route("/v1/models", self._models),
+            Route("/v1/chat/completions/input_tokens", self._input_tokens, methods=["POST"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/chat/completions", self._chat, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    def _gate(self, request: Request, *, auth: bool = True) -> Response | None:
+        if time.monotonic() < self._ready_at:
+            return _error(503, "Loading model", "unavailable_error")
+        if auth and self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return _error(401, "Invalid API Key", "authentication_error")
+        return None
+
+    async def _health(self, request: Request) -> Response:
+        return self._gate(request, auth=False) or JSONResponse({"status": "ok"})
+
+    async def _props(self, request: Request) -> Response:
+        return self._gate(request) or JSONResponse({
+            "default_generation_settings": {"n_ctx": self.n_ctx, "params": {"n_predict": -1}},
+            "total_slots": self.slots, "model_path": self.model_path, "model_alias": "fake",
+            "chat_template": "{{ messages }}", "build_info": "b0-fake", "is_sleeping": False,
+        })
+
+    async def _slots_view(self, request: Request) -> Response:
+        def view(s: _Slot) -> dict:
+            d: dict[str, Any] = {"id": s.id, "n_ctx": self.n_ctx, "speculative": False, "is_processing": s.busy}
+            if s.busy:
+                d |= {"id_task": s.task, "n_prompt_tokens": s.n_prompt,
+                      "next_token": [{"n_decoded": s.n_decoded, "n_remain": s.n_remain, "has_next_token": True}]}
+            return d
+
+        return self._gate(request) or JSONResponse([view(s) for s in self._slots])
+
+    async def _models(self, request: Request) -> Response:
+        meta = {"n_ctx": self.n_ctx, "n_ctx_train": self.n_ctx_train, "n_params": 134515008,
+                "size": 98362432, "n_vocab": 49152, "vocab_type": 2, "n_embd": 576}
+        return self._gate(request) or JSONResponse({"object": "list", "data": [
+            {"id": self.model_path.rsplit("/", 1)[-1], "object": "model", "owned_by": "llamacpp", "meta": meta}]})
+
+    async def _input_tokens(self, request: Request) -> Response:
+        if gated := self._gate(request):
+            return gated
+        body = await request.json()
+        return JSONResponse({"input_tokens": count_tokens(body.get("messages", []), body.get("tools"))})
+
+    # -- chat ----------------------------------------------------------------------------
+
+    def _next_reply(self, body: dict) -> Reply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        return self.responder(body) if self.responder else Reply()
+
+    def _charge(self, slot: _Slot, tokens: int) -> None:
+        """Add cells to a slot; on pool overflow fail every processing slot (llama.cpp's rule)."""
+        slot.held += tokens
+        self.max_held = max(self.max_held, self.held)
+        if self.held > self.n_ctx:
+            self.overflows += 1
+            for s in self._slots:
+                if s.busy and s.failed is None:
+                    s.failed, s.held = CONTEXT_EXCEEDED, 0
+        if slot.failed:
+            raise _Failed(slot.failed)
+
+    async def _chat(self, request: Request) -> Response:
+        if gated := self._gate(request):
+            return gated
+        body = await request.json()
+        self.requests.append(body)
+        messages = body.get("messages") or []
+        n_prompt = count_tokens(messages, body.get("tools"))
+        if n_prompt >= self.n_ctx:
+            return _error(400, f"request ({n_prompt} tokens) exceeds the available context size "
+                               f"({self.n_ctx} tokens), try increasing it", "exceed_context_size_error",
+                          n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
+        reply = self._next_reply(body)
+        if reply.status is not None:
+            message = "Loading model" if reply.status == 503 else reply.error_message
+            return _error(reply.status, message, _ERROR_TYPES.get(reply.status, "server_error"))
+
+        assert self._free is not None
+        self.deferred += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.deferred -= 1
+        slot = next(s for s in self._slots if not s.busy)
+        slot.busy, slot.task, slot.failed, slot.held = True, next(self._tasks), None, 0
+        slot.n_prompt, slot.n_decoded = n_prompt, 0
+        self.max_processing = max(self.max_processing, self.processing)
+
+        def release() -> None:
+            slot.busy, slot.held = False, 0
+            assert self._free is not None
+            self._free.release()
+
+        run = _Run(self, slot, body, reply, n_prompt)
+        chunks = run.chunks()
+        try:
+            first = await chunks.__anext__()
+        except _Failed as failed:
+            release()
+            return JSONResponse(failed.body, status_code=failed.code)
+        except _Truncated:  # cut before the first token: an empty 200 stream
+            release()
+            return Response(b"", media_type="text/event-stream")
+        except BaseException:
+            release()
+            raise
+        if not body.get("stream"):
+            return await self._collect(run, first, chunks, release)
+        return _SlotStream(self._sse(run, first, chunks, body), release=release, engine=self,
+                           media_type="text/event-stream")
+
+    async def _collect(self, run: "_Run", first: dict, chunks: AsyncIterator[dict], release: Callable[[], None]) -> Response:
+        try:
+            async for _ in chunks:
+                pass
+        except _Failed as failed:
+            return JSONResponse(failed.body, status_code=failed.code)
+        except _Truncated:
+            return _error(500, "connection closed", "server_error")
+        finally:
+            release()
+        self.completed += 1
+        message: dict[str, Any] = {"role": "assistant", "content": run.content}
+        if run.reasoning:
+            message["reasoning_content"] = run.reasoning
+        if run.tool_calls:
+            message["tool_calls"] = run.tool_calls
+        return JSONResponse({"id": run.id, "object": "chat.completion", "created": int(time.time()), "model": "fake",
+                             "choices": [{"index": 0, "message": message, "finish_reason": run.finish_reason}],
+                             "usage": run.usage(), "timings": run.timings()})
+
+    async def _sse(self, run: "_Run", first: dict, chunks: AsyncIterator[dict], body: dict) -> AsyncIterator[bytes]:
+        def frame(obj: dict) -> bytes:
+            return f"data: {json.dumps(obj)}\n\n".encode()
+
+        yield frame(first)
+        try:
+            async for chunk in chunks:
+                yield frame(chunk)
+        except _Failed as failed:
+            yield frame(failed.body)
+            return
+        except _Truncated:
+            return
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield frame(run.envelope([], usage=run.usage(), timings=run.timings()))
+        self.completed += 1
+        yield b"data: [DONE]\n\n"
+
+
+class _SlotStream(StreamingResponse):
+    """A streaming response that frees its slot however it ends (done, error, disconnect)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, release: Callable[[], None], engine: FakeEngine, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._release, self._engine, self._done = release, engine, False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def watch_send(message: Any) -> None:
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                self._done = True
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, watch_send)
+        finally:
+            if not self._done:
+                self._engine.disconnects += 1
+            self._release()
+
+
+class _Run:
+    """One request's generation: yields chat.completion.chunk dicts, one token each."""
+
+    def __init__(self, fe: FakeEngine, slot: _Slot, body: dict, reply: Reply, n_prompt: int) -> None:
+        self.fe, self.slot, self.body, self.reply, self.n_prompt = fe, slot, body, reply, n_prompt
+        self.id = f"chatcmpl-fake{slot.task}"
+        self.content = self.reasoning = ""
+        self.tool_calls: list[dict] = []
+        self.finish_reason = "stop"
+        self.n_decoded = 0
+        self.t0 = time.monotonic()
+        self.t_first: float | None = None
+
+    def envelope(self, choices: list, **extra: Any) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": "fake", "system_fingerprint": "b0-fake", "choices": choices, **extra}
+
+    def _choice(self, delta: dict, finish: str | None = None) -> dict:
+        return self.envelope([{"index": 0, "delta": delta, "finish_reason": finish}])
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_decoded,
+                "total_tokens": self.n_prompt + self.n_decoded}
+
+    def timings(self) -> dict:
+        end = time.monotonic()
+        first = self.t_first or end
+        gen_ms = max((end - first) * 1000, 1e-3)
+        return {"cache_n": 0, "prompt_n": self.n_prompt, "prompt_ms": (first - self.t0) * 1000,
+                "predicted_n": self.n_decoded, "predicted_ms": gen_ms,
+                "predicted_per_second": self.n_decoded / gen_ms * 1000}
+
+    def _plan(self) -> tuple[list[tuple[str, str]], list[dict], str | None]:
+        """(kind, word) tokens to emit, tool calls, forced finish reason."""
+        r = self.reply
+        max_tokens = self.body.get("max_tokens") or self.body.get("n_predict") or 16
+        content = r.content
+        if content is None and r.reasoning is None and r.tool_calls is None:
+            users = [m for m in self.body.get("messages", []) if m.get("role") == "user"]
+            words = str(users[-1].get("content") if users else "ok").split() or ["ok"]
+            content = " ".join(itertools.islice(itertools.cycle(words), max_tokens))
+        tokens = [("reasoning_content", w) for w in (r.reasoning or "").split()]
+        tokens += [("content", w) for w in (content or "").split()]
+        room = min(max_tokens, self.fe.n_ctx - self.n_prompt)
+        if len(tokens) >= room and not r.tool_calls:
+            return tokens[:room], [], "length"
+        return tokens, r.tool_calls or [], None
+
+    async def chunks(self) -> AsyncIterator[dict]:
+        fe, slot, r = self.fe, self.slot, self.reply
+        delay = fe.token_delay if r.token_delay is None else r.token_delay
+        tokens, tool_calls, forced = self._plan()
+        slot.n_remain = len(tokens)
+        fe._charge(slot, self.n_prompt)  # prefill
+        started = False
+        for i, (kind, word) in enumerate(tokens):
+            if r.truncate_after is not None and i >= r.truncate_after:
+                raise _Truncated
+            if r.error_after is not None and i >= r.error_after:
+                raise _Failed(r.error_message)
+            await anyio.sleep(delay)
+            fe._charge(slot, 1)
+            self.n_decoded += 1
+            slot.n_decoded, slot.n_remain = self.n_decoded, slot.n_remain - 1
+            text = word if (self.content if kind == "content" else self.reasoning) == "" else " " + word
+            if kind == "content":
+                self.content += text
+            else:
+                self.reasoning += text
+            if not started:
+                self.t_first, started = time.monotonic(), True
+                yield self._choice({"role": "assistant", "content": None})
+            yield self._choice({kind: text})
+        if r.truncate_after is not None:
+            raise _Truncated
+        if r.error_after is not None:
+            raise _Failed(r.error_message)
+        for index, call in enumerate(tool_calls):
+            await anyio.sleep(delay)
+            args = call.get("arguments", "{}")
+            fe._charge(slot, 1 + _words(args))
+            self.n_decoded += 1 + _words(args)
+            call_id = call.get("id") or f"call_{slot.task}_{index}"
+            self.tool_calls.append({"id": call_id, "type": "function",
+                                    "function": {"name": call["name"], "arguments": args}})
+            if not started:
+                self.t_first, started = time.monotonic(), True
+                yield self._choice({"role": "assistant", "content": None})
+            yield self._choice({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                                "function": {"name": call["name"], "arguments": ""}}]})
+            yield self._choice({"tool_calls": [{"index": index, "function": {"arguments": args}}]})
+        if not started:
+            self.t_first = time.monotonic()
+            yield self._choice({"role": "assistant", "content": None})
+        self.finish_reason = r.finish_reason or forced or ("tool_calls" if tool_calls else "stop")
+        yield self._choice({}, self.finish_reason) | {"timings": self.timings()}
