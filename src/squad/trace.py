@@ -38,6 +38,7 @@ __all__ = [
     "emit_to",
     "JsonlTrace",
     "default_trace_path",
+    "default_trace_dir",
     "load_trace",
     "summarize",
     "jsonable",

@@ -1,3 +1,174 @@
-"""Commands for this area are registered on `squad.cli._app.app`."""
+"""``squad trace show|plot``: read the JSONL trace a run wrote (see :mod:`squad.trace`)."""
 
-from squad.cli._app import app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from squad.cli._app import app, console
+from squad.errors import UserError
+from squad.trace import CallSpan, TraceSummary, default_trace_dir, load_trace, summarize
+
+trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+
+FileArg = typer.Argument(None, help="Trace file (.jsonl). Default: the newest trace of this machine.")
+
+
+def resolve_trace(path: Optional[Path]) -> Path:
+    """``path``, or the newest ``*.jsonl`` in the traces directory; UserError when none."""
+    if path is not None:
+        return path
+    folder = default_trace_dir()
+    found = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not found:
+        raise UserError(f"no traces in {folder} yet; run `squad run RECIPE` first or pass a trace file")
+    return found[-1]
+
+
+@trace_app.command("show")
+def show(
+    file: Optional[Path] = FileArg,
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors."""
+    path = resolve_trace(file)
+    summary = summarize(load_trace(path))
+    if as_json:
+        print(json.dumps(summary.to_dict(), indent=2))
+        return
+    console.print(f"[bold]{path}[/]  {summary.events} events over {summary.duration_s:.2f}s")
+    for load in summary.engine_loads:
+        console.print(
+            f"engine loaded at {load.t:.2f}s: {load.slots} slots, n_ctx {load.n_ctx}, pool {load.pool} tokens"
+        )
+    console.print(f"max calls in flight: {summary.max_in_flight}")
+    console.print(_agent_table(summary))
+
+
+def _fmt(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}"
+
+
+def _agent_table(summary: TraceSummary) -> Table:
+    table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD)
+    for column, justify in [
+        ("agent", "left"), ("status", "left"), ("start", "right"), ("wait", "right"),
+        ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
+        ("out tok", "right"), ("slot", "right"),
+    ]:
+        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    table.add_column("errors", overflow="fold", min_width=12)
+    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow"}
+    for a in summary.agents.values():
+        table.add_row(
+            a.name,
+            f"[{style.get(a.status, '')}]{a.status}[/]",
+            _fmt(a.started),
+            f"{a.queued_s:.2f}",
+            _fmt(a.first_token),
+            _fmt(a.ended),
+            str(a.calls),
+            str(a.prompt_tokens),
+            str(a.completion_tokens),
+            ",".join(str(s) for s in a.slots) or "-",
+            "; ".join(a.errors) or (a.reason or ""),
+        )
+    return table
+
+
+@trace_app.command("plot")
+def plot(
+    file: Optional[Path] = FileArg,
+    out: Path = typer.Option(Path("timeline.png"), "-o", "--output", help="Image to write (.png, .svg, .pdf)."),
+) -> None:
+    """Draw a timeline: agents as bars over time, coloured by slot, queue waits hatched."""
+    path = resolve_trace(file)
+    summary = summarize(load_trace(path))
+    if not summary.calls and not summary.agents:
+        raise UserError(f"{path}: the trace holds no agent or call events to plot")
+    plot_timeline(summary, out, title=path.name)
+    console.print(f"wrote {out}")
+
+
+def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
+    """Write a timeline image of ``summary`` to ``out`` (format from the suffix).
+
+    One row per agent; per call a hatched grey segment while waiting in squad's queue,
+    a light segment for prefill (admitted → first token) and a solid one while generating,
+    coloured by slot; failed calls end in a red ✕. Engine loads are dashed vertical lines.
+    Raises UserError when matplotlib (the ``squad[plot]`` extra) is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise UserError("plotting needs matplotlib: pip install 'squad[plot]'") from None
+
+    agents = list(summary.agents)
+    rows = {name: i for i, name in enumerate(agents)}
+    end = max([summary.duration_s] + [s.end or 0.0 for s in summary.calls]) or 1.0
+    cmap = plt.get_cmap("tab10")
+    fig_h = max(2.5, 0.45 * len(agents) + 1.6)
+    fig, ax = plt.subplots(figsize=(10, fig_h), dpi=120)
+    height = 0.6
+    for name, a in summary.agents.items():
+        y = rows[name]
+        if a.started is not None:
+            ax.hlines(y, a.started, a.ended if a.ended is not None else end, color="#bbbbbb", lw=1, zorder=1)
+    slots_seen: set[int] = set()
+    for span in summary.calls:
+        _draw_span(ax, span, rows.get(span.agent, 0), end, height, cmap, slots_seen)
+    for load in summary.engine_loads:
+        ax.axvline(load.t, color="#555555", ls="--", lw=1)
+        ax.annotate(
+            f"engine: {load.slots} slots, n_ctx {load.n_ctx}", (load.t, -0.8), fontsize=8, color="#555555",
+            xytext=(3, 0), textcoords="offset points", va="center",
+        )
+    ax.set_yticks(range(len(agents)), agents)
+    ax.set_ylim(len(agents) - 0.4, -1.1)
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel("seconds since start of run")
+    ax.grid(axis="x", color="#eeeeee")
+    ax.set_axisbelow(True)
+    ax.set_title(f"{title}  ·  max {summary.max_in_flight} calls in flight", fontsize=10)
+    legend = [Patch(facecolor="#dddddd", hatch="///", edgecolor="#999999", label="waiting for a slot")]
+    legend += [Patch(facecolor=cmap(s % 10), label=f"slot {s}") for s in sorted(slots_seen)]
+    legend += [Patch(facecolor=tuple(0.35 * c + 0.65 for c in cmap(0)[:3]), label="prefill (lighter)")]
+    if any(s.error for s in summary.calls):
+        legend.append(Patch(facecolor="white", edgecolor="red", lw=2, label="failed"))
+    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(agents) < 6 else -0.12),
+              ncol=min(6, len(legend)), fontsize=8, frameon=False)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def _draw_span(ax, span: CallSpan, y: int, end: float, height: float, cmap, slots_seen: set[int]) -> None:  # type: ignore[no-untyped-def]
+    stop = span.end if span.end is not None else end
+    colour = cmap((span.slot or 0) % 10)
+    if span.slot is not None:
+        slots_seen.add(span.slot)
+    if span.queued is not None and span.admitted is not None and span.admitted > span.queued:
+        ax.barh(y, span.admitted - span.queued, left=span.queued, height=height, color="#dddddd",
+                hatch="///", edgecolor="#999999", lw=0.5, zorder=2)
+    begin = span.admitted if span.admitted is not None else span.queued
+    if begin is None:
+        return
+    first = span.first_token if span.first_token is not None else stop
+    light = tuple(0.35 * c + 0.65 for c in colour[:3])  # the slot colour mixed with white
+    ax.barh(y, max(first - begin, 0.0), left=begin, height=height, color=light, zorder=2)
+    if span.first_token is not None:
+        ax.barh(y, max(stop - first, 0.0), left=first, height=height, color=colour, zorder=2)
+    if span.error:
+        ax.barh(y, stop - begin, left=begin, height=height, fill=False, edgecolor="red", lw=1.5, zorder=3)
+        ax.plot([stop], [y], marker="x", color="red", ms=9, mew=2.5, zorder=4)
