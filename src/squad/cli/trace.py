@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from squad.cli._app import app, console
@@ -49,6 +50,9 @@ def show(
         )
     console.print(f"max calls in flight: {summary.max_in_flight}")
     console.print(_agent_table(summary))
+    for a in summary.agents.values():
+        for error in a.errors or ([a.reason] if a.reason else []):
+            console.print(f"[red]{a.name}[/]: {escape(error)}")
 
 
 def _fmt(seconds: float | None) -> str:
@@ -63,7 +67,6 @@ def _agent_table(summary: TraceSummary) -> Table:
         ("out tok", "right"), ("slot", "right"),
     ]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    table.add_column("errors", overflow="fold", min_width=12)
     style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow"}
     for a in summary.agents.values():
         table.add_row(
@@ -77,7 +80,6 @@ def _agent_table(summary: TraceSummary) -> Table:
             str(a.prompt_tokens),
             str(a.completion_tokens),
             ",".join(str(s) for s in a.slots) or "-",
-            "; ".join(a.errors) or (a.reason or ""),
         )
     return table
 
