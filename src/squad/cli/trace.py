@@ -60,7 +60,7 @@ def _fmt(seconds: float | None) -> str:
 
 
 def _agent_table(summary: TraceSummary) -> Table:
-    table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD)
+    table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     for column, justify in [
         ("agent", "left"), ("status", "left"), ("start", "right"), ("wait", "right"),
         ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
