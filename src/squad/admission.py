@@ -1,0 +1,232 @@
+"""Admission control: never send the engine more than its slots and its KV pool hold.
+
+llama-server serves ``slots`` requests at once from ONE unified pool of KV cells; when the
+running requests together need more cells than the pool, it fails **every** processing
+request with ``Context size has been exceeded.`` (``docs/llama-server.md``). So before a
+call is sent it reserves ``prompt tokens + max_tokens`` here, and waits while either all
+slots are taken or the reservation does not fit what is left of the pool.
+
+Queue order: lower ``priority`` number first, FIFO among equals, and **no barging**: the
+head of the queue is never overtaken by a smaller request that would fit now. The runtime
+gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes to
+the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
+
+Events (``squad.trace.Event``): ``call.queued`` (tokens, position), ``call.admitted``
+(tokens, slot, queued_s, in_flight, pool_used), ``call.released`` (tokens, held_s,
+in_flight, pool_used).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import anyio
+
+from squad.errors import AdmissionError
+from squad.planner import round_ctx
+from squad.trace import Event, EventSink
+
+__all__ = ["Admission", "Reservation"]
+
+
+@dataclass
+class Reservation:
+    """A granted reservation: ``tokens`` KV cells and slot number ``slot`` (0-based) held
+    for ``agent`` until the ``reserve()`` block exits; ``queued_s`` seconds spent waiting."""
+
+    agent: str
+    tokens: int
+    priority: int = 0
+    slot: int = -1
+    queued_s: float = 0.0
+
+
+@dataclass
+class _Waiter:
+    reservation: Reservation
+    seq: int
+    granted: anyio.Event = field(default_factory=anyio.Event)
+    error: AdmissionError | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.reservation.priority, self.seq)
+
+
+class Admission:
+    """Slot- and KV-aware admission for one engine.
+
+    - ``slots``: parallel slots the engine reported (``/props`` ``total_slots``).
+    - ``pool``: KV cells the slots share, in tokens (unified KV: ``n_ctx``).
+    - ``per_request_limit``: most tokens one request may use, if lower than ``pool``
+      (e.g. ``n_ctx`` per slot when KV is not unified).
+    - ``on_event``: receives ``call.queued`` / ``call.admitted`` / ``call.released``.
+    """
+
+    def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
+                 on_event: EventSink | None = None) -> None:
+        self._check_shape(slots, pool)
+        self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
+        self._on_event = on_event
+        self._running: dict[int, Reservation] = {}  # slot -> reservation
+        self._waiters: list[_Waiter] = []
+        self._seq = itertools.count()
+        self._idle: list[anyio.Event] = []
+        self._held = False
+
+    # -- views for the live display ------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Calls admitted and not yet released."""
+        return len(self._running)
+
+    @property
+    def reserved(self) -> int:
+        """Tokens reserved by the calls in flight."""
+        return sum(r.tokens for r in self._running.values())
+
+    @property
+    def queued(self) -> list[str]:
+        """Agents waiting, in the order they will be admitted."""
+        return [w.reservation.agent for w in self._waiters]
+
+    @property
+    def limit(self) -> int:
+        """Most tokens one call can ever reserve."""
+        return min(self.pool, self.per_request_limit or self.pool)
+
+    # -- reserve ---------------------------------------------------------------------------
+
+    def check(self, tokens: int, *, agent: str) -> None:
+        """Raise :class:`AdmissionError` if ``tokens`` could never be admitted."""
+        if tokens <= 0:
+            raise ValueError(f"a reservation needs a positive token count, got {tokens}")
+        if tokens > self.limit:
+            raise AdmissionError(
+                f"agent '{agent}' needs {tokens} tokens (prompt + max_tokens) but one request may use at most "
+                f"{self.limit} tokens of this engine's context: raise the context to {round_ctx(tokens)} "
+                f"or lower max_tokens / shorten the prompt by {tokens - self.limit} tokens",
+                agent=agent,
+            )
+
+    @asynccontextmanager
+    async def reserve(self, tokens: int, *, agent: str, priority: int = 0) -> AsyncIterator[Reservation]:
+        """Hold ``tokens`` KV cells and one slot for the block; wait (in order) until they fit.
+
+        Raises :class:`AdmissionError` at once if ``tokens`` alone exceeds the pool (or
+        ``per_request_limit``), or later if a :meth:`resize` makes it impossible. Cancelling
+        the waiting task removes it from the queue cleanly.
+        """
+        self.check(tokens, agent=agent)
+        waiter = _Waiter(Reservation(agent=agent, tokens=tokens, priority=priority), next(self._seq))
+        started = time.monotonic()
+        self._enqueue(waiter)
+        self._dispatch()
+        if not waiter.granted.is_set():
+            position = self._waiters.index(waiter) if waiter in self._waiters else 0
+            self._emit("call.queued", agent, tokens=tokens, position=position, in_flight=self.in_flight,
+                       pool_used=self.reserved)
+            try:
+                await waiter.granted.wait()
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                    self._dispatch()  # the head may have changed
+                else:
+                    self._release(waiter.reservation, started)
+                raise
+        if waiter.error is not None:
+            raise waiter.error
+        reservation = waiter.reservation
+        reservation.queued_s = time.monotonic() - started
+        self._emit("call.admitted", agent, tokens=tokens, slot=reservation.slot, queued_s=reservation.queued_s,
+                   in_flight=self.in_flight, pool_used=self.reserved)
+        admitted = time.monotonic()
+        try:
+            yield reservation
+        finally:
+            self._release(reservation, admitted)
+
+    # -- reload support ------------------------------------------------------------------------
+
+    async def drain(self, timeout: float, *, hold: bool = False) -> None:
+        """Wait until no call is in flight; raises ``TimeoutError`` after ``timeout`` seconds.
+
+        With ``hold=True`` no new call is admitted from now until :meth:`resize` or
+        :meth:`resume` (the launcher drains and holds before reloading the engine).
+        """
+        if hold:
+            self._held = True
+        with anyio.fail_after(timeout):
+            while self._running:
+                idle = anyio.Event()
+                self._idle.append(idle)
+                await idle.wait()
+
+    def resume(self) -> None:
+        """Admit again after ``drain(hold=True)``."""
+        self._held = False
+        self._dispatch()
+
+    def resize(self, slots: int, pool: int, *, per_request_limit: int | None = None) -> None:
+        """Adopt a reloaded engine's slots and pool, and resume admitting.
+
+        Queued calls that can no longer fit fail with :class:`AdmissionError`.
+        """
+        self._check_shape(slots, pool)
+        self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
+        for waiter in list(self._waiters):
+            try:
+                self.check(waiter.reservation.tokens, agent=waiter.reservation.agent)
+            except AdmissionError as exc:
+                waiter.error = exc
+                self._waiters.remove(waiter)
+                waiter.granted.set()
+        self.resume()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_shape(slots: int, pool: int) -> None:
+        if slots < 1 or pool < 1:
+            raise ValueError(f"admission needs at least one slot and a positive pool, got slots={slots} pool={pool}")
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        index = next((i for i, w in enumerate(self._waiters) if w.key > waiter.key), len(self._waiters))
+        self._waiters.insert(index, waiter)
+
+    def _dispatch(self) -> None:
+        """Grant waiters from the head while the head fits; never let a later one barge."""
+        while self._waiters and not self._held:
+            head = self._waiters[0]
+            free = [s for s in range(self.slots) if s not in self._running]
+            if not free or self.reserved + head.reservation.tokens > self.pool:
+                return
+            self._waiters.pop(0)
+            head.reservation.slot = free[0]
+            self._running[free[0]] = head.reservation
+            head.granted.set()
+
+    def _release(self, reservation: Reservation, since: float) -> None:
+        if self._running.get(reservation.slot) is not reservation:
+            return
+        del self._running[reservation.slot]
+        self._emit("call.released", reservation.agent, tokens=reservation.tokens, slot=reservation.slot,
+                   held_s=time.monotonic() - since, in_flight=self.in_flight, pool_used=self.reserved)
+        self._dispatch()
+        if not self._running:
+            for idle in self._idle:
+                idle.set()
+            self._idle.clear()
+
+    def _emit(self, kind: str, agent: str, **data: object) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(Event(kind, agent=agent, data=dict(data)))
+            except Exception:  # noqa: BLE001 - a display bug must not break admission
+                pass
