@@ -404,7 +404,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = {"agent.finished": "done", "agent.failed": "failed"}.get(kind, "cancelled")
             reason = data.get("reason") or data.get("error")
             if reason:
-                a.reason = str(reason)
+                reason = a.reason = _error_text(reason)
                 if kind == "agent.failed":
                     _add_error(a.errors, str(reason))
         elif kind == "call.queued":
@@ -432,12 +432,13 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
                 span.prompt_tokens = _int(usage.get("prompt_tokens"))
                 span.completion_tokens = _int(usage.get("completion_tokens"))
             if kind == "call.failed":
-                span.error = str(data.get("error") or "failed")
+                span.error = _error_text(data.get("error"))
                 span.retried = bool(data.get("retry"))
         elif kind == "call.retried":
             pass  # the retried call opens a new span with its next call.queued/admitted
 
-    _assign_lanes(calls.spans)
+    duration = (events[-1].t - t0) if events else 0.0
+    _assign_lanes(calls.spans, duration)
     for span in calls.spans:
         a = agent(span.agent)
         a.calls += 1
@@ -459,15 +460,21 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             if ends and a.status == "running" and not any(s.end is None for s in calls.spans if s.agent == a.name):
                 a.ended = max(ends)
                 a.status = "failed" if a.errors else "done"
-    duration = (events[-1].t - t0) if events else 0.0
     return TraceSummary(
         agents=agents,
         calls=calls.spans,
         engine_loads=loads,
-        max_in_flight=max(peak_reported, _peak(calls.spans)),
+        max_in_flight=max(peak_reported, _peak(calls.spans, duration)),
         duration_s=duration,
         events=len(events),
     )
+
+
+def _error_text(error: Any) -> str:
+    """An error as trace text: ``"TypeName: message"`` for exceptions, else ``str()``."""
+    if error is None:
+        return "failed"
+    return jsonable(error) if isinstance(error, BaseException) else str(error)
 
 
 def _add_error(errors: list[str], error: str) -> None:
@@ -485,12 +492,11 @@ def _occupancy(span: CallSpan, end_of_trace: float) -> tuple[float, float] | Non
     begin = span.admitted if span.admitted is not None else span.first_token
     if begin is None:
         return None
-    return begin, span.end if span.end is not None else end_of_trace
+    return begin, span.end if span.end is not None else max(end_of_trace, begin) + 1e-9
 
 
-def _peak(spans: list[CallSpan]) -> int:
+def _peak(spans: list[CallSpan], end_of_trace: float) -> int:
     """Most calls holding a slot at once (admitted and not yet ended)."""
-    end_of_trace = max((s.end or 0.0 for s in spans), default=0.0)
     marks: list[tuple[float, int]] = []
     for span in spans:
         occ = _occupancy(span, end_of_trace)
@@ -503,9 +509,8 @@ def _peak(spans: list[CallSpan]) -> int:
     return peak
 
 
-def _assign_lanes(spans: list[CallSpan]) -> None:
+def _assign_lanes(spans: list[CallSpan], end_of_trace: float) -> None:
     """Give spans without an engine slot id the lowest lane free when they were admitted."""
-    end_of_trace = max((s.end or 0.0 for s in spans), default=0.0)
     busy: dict[int, float] = {}  # lane -> until
     for span in sorted(spans, key=lambda s: _occupancy(s, end_of_trace) or (math.inf, 0)):
         occ = _occupancy(span, end_of_trace)
