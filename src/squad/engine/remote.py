@@ -1,0 +1,225 @@
+"""Talk to a running llama-server's control endpoints; attach to one squad did not launch.
+
+The launcher uses :func:`wait_healthy` and :func:`read_engine` for engines it starts;
+:func:`attach` uses them for an engine at a URL the user gave.
+
+What an engine says about itself (llama.cpp b11434, ``tools/server/server-context.cpp``):
+
+- ``/health`` is public (no API key) and answers 503 ``Loading model`` until the model is
+  loaded, then 200 ``{"status": "ok"}``. Every other endpoint also answers 503 while loading.
+- ``/props`` ``default_generation_settings.n_ctx`` and each ``/slots`` entry's ``n_ctx`` are
+  the *per-slot* context: ``min(n_ctx_seq, --kv-unified-per-slot, n_ctx_train)`` where
+  ``n_ctx_seq`` is the whole pool with ``--kv-unified`` and ``pad256(n_ctx / slots)``
+  without it. No endpoint reports the pool size or whether KV is unified, so for an
+  attached engine with two or more slots ``kv_unified`` is unknown (None) and squad assumes
+  the conservative pool = ``n_ctx`` (safe in both cases: requests running together never
+  exceed one slot's context). :func:`pool_warning` says so in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from squad.engine.info import EngineInfo
+from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
+
+__all__ = ["attach", "pool_warning", "wait_healthy", "read_engine", "EngineState", "control_client"]
+
+POLL_INTERVAL = 0.1
+"""Seconds between ``/health`` polls while an engine loads."""
+
+CONTROL_TIMEOUT = 10.0
+"""Seconds for one control request (``/props``, ``/slots``, ...)."""
+
+
+class _NotReady(Exception):
+    """``/health`` answered 503 or nothing yet; poll again."""
+
+
+def control_client(base_url: str, api_key: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for an engine's control endpoints, with the bearer key set."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=CONTROL_TIMEOUT, **kwargs)
+
+
+async def wait_healthy(
+    client: httpx.AsyncClient,
+    *,
+    timeout: float,
+    check_alive: Callable[[], None] | None = None,
+    connect_grace: float | None = None,
+) -> int:
+    """Poll ``GET /health`` until it answers 200; return how many 503 answers were seen.
+
+    503 ``Loading model`` and refused connections (not bound yet) are waited out until
+    ``timeout`` seconds have passed. ``check_alive`` runs before each poll and raises if the
+    engine process died. ``connect_grace`` (seconds, for attach): give up early with
+    :class:`EngineGone` if nothing ever answered within it.
+
+    Raises :class:`EngineLoadTimeout` ("still loading after N s"), :class:`EngineGone`,
+    or whatever ``check_alive`` raises.
+    """
+    seen_503 = 0
+    answered = False
+    start = anyio.current_time()
+
+    async def probe() -> None:
+        nonlocal seen_503, answered
+        if check_alive is not None:
+            check_alive()
+        try:
+            response = await client.get("/health")
+        except httpx.TransportError as exc:
+            if not answered and connect_grace is not None and anyio.current_time() - start > connect_grace:
+                raise EngineGone(
+                    f"nothing answers at {client.base_url} ({type(exc).__name__}): "
+                    "check the URL, or start an engine with `squad engine start`"
+                ) from exc
+            raise _NotReady from exc
+        answered = True
+        if response.status_code == 503:
+            seen_503 += 1
+            raise _NotReady
+        if response.status_code != 200:
+            raise EngineError(
+                f"engine at {client.base_url} answered /health with HTTP {response.status_code}: "
+                f"{response.text[:200]}; is this a llama-server?"
+            )
+
+    try:
+        async for attempt in AsyncRetrying(
+            stop=stop_after_delay(timeout),
+            wait=wait_fixed(POLL_INTERVAL),
+            retry=retry_if_exception_type(_NotReady),
+            sleep=anyio.sleep,
+            reraise=True,
+        ):
+            with attempt:
+                await probe()
+    except _NotReady:
+        state = "still loading" if answered else "not answering"
+        raise EngineLoadTimeout(
+            f"engine at {client.base_url} {state} after {timeout:.0f} s (503 'Loading model' "
+            f"{seen_503} times); a large model on a slow disk can take minutes: raise the load "
+            "timeout, or check the engine log"
+        ) from None
+    return seen_503
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The raw JSON answers of ``/props``, ``/v1/models`` and ``/slots`` (``slots`` is None
+    when the engine runs with ``--no-slots`` or it was not asked for)."""
+
+    props: dict[str, Any]
+    models: dict[str, Any]
+    slots: list[dict[str, Any]] | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        """Per-slot context in tokens, ``/props`` ``default_generation_settings.n_ctx``."""
+        return int(self.props["default_generation_settings"]["n_ctx"])
+
+    @property
+    def total_slots(self) -> int:
+        """``/props`` ``total_slots``."""
+        return int(self.props["total_slots"])
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        """The model's training context, ``/v1/models`` ``data[0].meta.n_ctx_train``, or None."""
+        try:
+            return int(self.models["data"][0]["meta"]["n_ctx_train"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    def busy_slots(self) -> int | None:
+        """How many ``/slots`` entries have ``is_processing`` true, or None without ``/slots``."""
+        if self.slots is None:
+            return None
+        return sum(1 for slot in self.slots if slot.get("is_processing"))
+
+
+async def _get_json(client: httpx.AsyncClient, path: str, *, optional: bool = False) -> Any:
+    try:
+        response = await client.get(path)
+    except httpx.TransportError as exc:
+        raise EngineGone(f"engine at {client.base_url} stopped answering ({type(exc).__name__} on {path})") from exc
+    if response.status_code == 401:
+        raise UserError(
+            f"engine at {client.base_url} rejected the API key on {path} (HTTP 401): pass the key "
+            "it was started with (--api-key, or LLAMA_API_KEY of that engine)"
+        )
+    if optional and response.status_code in (404, 501):
+        return None
+    if response.status_code != 200:
+        raise EngineError(
+            f"engine at {client.base_url} answered {path} with HTTP {response.status_code}: {response.text[:200]}"
+        )
+    return response.json()
+
+
+async def read_engine(client: httpx.AsyncClient, *, with_slots: bool = True) -> EngineState:
+    """GET ``/props``, ``/v1/models`` and (optionally) ``/slots``.
+
+    Raises :class:`UserError` on HTTP 401 (wrong key), :class:`EngineGone` when the engine
+    stops answering, :class:`EngineError` on any other unexpected answer.
+    """
+    state = EngineState(
+        props=await _get_json(client, "/props"),
+        models=await _get_json(client, "/v1/models"),
+        slots=await _get_json(client, "/slots", optional=True) if with_slots else None,
+    )
+    try:
+        state.n_ctx, state.total_slots  # noqa: B018  (validate the shape once)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"engine at {client.base_url} sent /props without n_ctx/total_slots; is it a llama-server?") from exc
+    return state
+
+
+async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 120.0) -> EngineInfo:
+    """Read an engine squad did not launch; returns :class:`EngineInfo` with ``launched=False``.
+
+    ``url`` is the server root (``http://127.0.0.1:8080``; a trailing ``/v1`` is dropped).
+    An engine still loading (503) is waited out for up to ``load_timeout`` seconds.
+    ``kv_unified`` is False for one slot and None (unknown) for two or more: see the module
+    docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``.
+
+    Raises :class:`EngineGone` (nothing answers), :class:`EngineLoadTimeout`,
+    :class:`UserError` (HTTP 401: wrong or missing key), :class:`EngineError`.
+    """
+    base_url = url.rstrip("/").removesuffix("/v1")
+    async with control_client(base_url, api_key) as client:
+        await wait_healthy(client, timeout=load_timeout, connect_grace=5.0)
+        state = await read_engine(client)
+    slots = state.total_slots
+    return EngineInfo(
+        base_url=base_url,
+        api_key=api_key,
+        slots=slots,
+        n_ctx=state.n_ctx,
+        kv_unified=False if slots == 1 else None,
+        pool=state.n_ctx,
+        n_ctx_train=state.n_ctx_train,
+        model_path=str(state.props.get("model_path", "")),
+        model_alias=str(state.props.get("model_alias", "")),
+        build_info=str(state.props.get("build_info", "")),
+        launched=False,
+    )
+
+
+def pool_warning(info: EngineInfo) -> str | None:
+    """The warning to show for an engine whose KV layout is unknown, else None."""
+    if info.kv_unified is not None or info.slots < 2:
+        return None
+    return (
+        f"engine at {info.base_url} does not say whether its {info.slots} slots share one KV pool; "
+        f"if it was started with -np {info.slots} without --kv-unified each request gets only "
+        f"n_ctx/{info.slots}. squad assumes requests running together fit in {info.n_ctx} tokens."
+    )

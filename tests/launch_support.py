@@ -1,0 +1,69 @@
+"""Fixtures shared by the launcher, remote and verify tests (import them into a test module).
+
+They prefer the session fixtures ``llama_server_path`` / ``default_model_path`` from
+``conftest.py`` and fall back to the paths where the engine and model are placed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+_FALLBACK_BIN = Path.home() / ".cache/squad/engine/b11434/bin/llama-server"
+_FALLBACK_MODEL = Path.home() / ".cache/squad/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _from_conftest(request: pytest.FixtureRequest, name: str, fallback: Path) -> Path:
+    try:
+        return Path(request.getfixturevalue(name))
+    except pytest.FixtureLookupError:
+        if not fallback.is_file():
+            pytest.skip(f"{fallback} missing: install the engine and model first")
+        return fallback
+
+
+@pytest.fixture(scope="session")
+def server_bin(request: pytest.FixtureRequest) -> Path:
+    return _from_conftest(request, "llama_server_path", _FALLBACK_BIN)
+
+
+@pytest.fixture(scope="session")
+def model_file(request: pytest.FixtureRequest) -> Path:
+    return _from_conftest(request, "default_model_path", _FALLBACK_MODEL)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=False)
+def state_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private SQUAD_STATE_DIR so pid files and logs of one test do not meet another's."""
+    monkeypatch.setenv("SQUAD_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if gone(pid):
+            return True
+        time.sleep(0.1)
+    return gone(pid)
+
+
+THREADS = min(2, os.cpu_count() or 1)

@@ -1,0 +1,291 @@
+"""The launcher: arguments, plan-vs-applied comparison, and the real llama-server lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
+from squad.engine import launcher as launcher_mod
+from squad.engine import remote
+from squad.engine.launcher import (
+    Launcher,
+    build_args,
+    check_applied,
+    default_load_timeout,
+    expected_slot_ctx,
+    reap_stale_engines,
+)
+from squad.errors import EngineStartError, PlanMismatch
+from squad.planner import EnginePlan
+
+M = Path("/models/m.gguf")
+
+
+def plan(slots: int, n_ctx: int, unified: bool | None = None) -> EnginePlan:
+    return EnginePlan(model=M, slots=slots, n_ctx=n_ctx, kv_unified=slots >= 2 if unified is None else unified)
+
+
+# --- unit: no engine -------------------------------------------------------------------------
+
+
+def test_build_args_binds_localhost_and_keeps_key_out_of_argv():
+    args = build_args(plan(4, 8192), port=12345, request_timeout=600, threads=2, extra_args=["--foo"])
+    assert args[: len(plan(4, 8192).server_args())] == plan(4, 8192).server_args()
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[args.index("--port") + 1] == "12345"
+    assert "--metrics" in args
+    assert int(args[args.index("-to") + 1]) >= 600  # F04: engine timeout >= squad's deadline
+    assert args[args.index("-t") + 1] == "2"
+    assert args[-1] == "--foo"
+    assert not any("key" in a.lower() for a in args)
+
+
+def test_build_args_without_threads_leaves_t_out():
+    assert "-t" not in build_args(plan(1, 1024), port=1, request_timeout=0.5)
+    assert int((a := build_args(plan(1, 1024), port=1, request_timeout=0.5))[a.index("-to") + 1]) >= 1
+
+
+@pytest.mark.parametrize(
+    ("slots", "n_ctx", "unified", "n_ctx_train", "expected"),
+    [
+        (4, 1000, True, 8192, 1024),  # round-up to 256 is what llama.cpp applies
+        (2, 8192, True, 8192, 8192),  # unified: each slot may use the whole pool
+        (2, 8192, False, 8192, 4096),  # not unified: pad256(8192 / 2)
+        (3, 1024, False, None, 512),  # pad256(1024 / 3 = 341)
+        (2, 16384, True, 8192, 8192),  # capped at the training context
+        (1, 4096, False, 8192, 4096),
+    ],
+)
+def test_expected_slot_ctx(slots, n_ctx, unified, n_ctx_train, expected):
+    assert expected_slot_ctx(plan(slots, n_ctx, unified), n_ctx_train) == expected
+
+
+def test_check_applied_accepts_round_up():
+    check_applied(plan(4, 1000), total_slots=4, n_ctx=1024, n_ctx_train=8192)
+
+
+def test_check_applied_names_both_numbers_when_kv_not_unified():
+    with pytest.raises(PlanMismatch) as exc:
+        check_applied(plan(2, 8192), total_slots=2, n_ctx=4096, n_ctx_train=8192)
+    message = str(exc.value)
+    assert "4096" in message and "8192" in message and "--kv-unified" in message
+
+
+def test_check_applied_slot_count():
+    with pytest.raises(PlanMismatch, match="engine applied 4 slots, plan asked 2"):
+        check_applied(plan(2, 8192), total_slots=4, n_ctx=8192, n_ctx_train=8192)
+
+
+def test_default_load_timeout_grows_with_model(tmp_path):
+    small = tmp_path / "small.gguf"
+    small.write_bytes(b"x" * 1024)
+    assert 60 <= default_load_timeout(small) < 61
+    assert default_load_timeout(tmp_path / "missing.gguf") == 60
+
+
+def test_reap_stale_engines_kills_only_orphans(state_tmp):
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner.wait()
+    pids = state_tmp / "engines"
+    pids.mkdir(parents=True)
+    me = psutil.Process()
+    for proc, owner_pid, owner_ct in [(orphan, dead_owner.pid, 1.0), (kept, me.pid, me.create_time())]:
+        record = {
+            "pid": proc.pid,
+            "create_time": psutil.Process(proc.pid).create_time(),
+            "owner_pid": owner_pid,
+            "owner_create_time": owner_ct,
+        }
+        (pids / f"{proc.pid}.json").write_text(json.dumps(record))
+    try:
+        assert reap_stale_engines() == [orphan.pid]
+        orphan.wait(5)
+        assert kept.poll() is None
+        assert (pids / f"{kept.pid}.json").exists() and not (pids / f"{orphan.pid}.json").exists()
+    finally:
+        for proc in (orphan, kept):
+            proc.kill()
+            proc.wait()
+
+
+# --- the real engine -------------------------------------------------------------------------
+
+
+def real(model: Path, slots: int, n_ctx: int, unified: bool | None = None) -> EnginePlan:
+    return EnginePlan(model=model, slots=slots, n_ctx=n_ctx, kv_unified=slots >= 2 if unified is None else unified)
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_reads_back_rounded_context_and_slots(server_bin, model_file, state_tmp, monkeypatch):
+    monkeypatch.setattr(remote, "POLL_INTERVAL", 0.02)
+    async with Launcher(real(model_file, 4, 1000), binary=server_bin, threads=THREADS) as engine:
+        info = engine.info
+        assert (info.n_ctx, info.slots, info.pool, info.kv_unified) == (1024, 4, 1024, True)
+        assert info.n_ctx_train == 8192 and info.launched
+        assert info.model_path == str(model_file) and info.build_info
+        assert engine.loading_polls >= 1  # F03: 503 "Loading model" was seen and waited out
+        argv = psutil.Process(engine.pid).cmdline()
+        assert engine.api_key not in " ".join(argv)  # the key travels in the environment
+        assert "127.0.0.1" in argv and engine.log_path.is_file()
+        assert engine.log_path.parent == state_tmp / "logs"
+        pid = engine.pid
+    assert gone(pid)
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_unified_slots_each_get_the_whole_context(server_bin, model_file, state_tmp):
+    async with Launcher(real(model_file, 2, 2048), binary=server_bin, threads=THREADS) as engine:
+        assert engine.info.n_ctx == 2048 and engine.info.slots == 2
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_context_above_training_length_is_capped_per_slot(server_bin, model_file, state_tmp):
+    # measured: /props reports min(n_ctx, n_ctx_train) per slot; the whole pool is still allocated
+    async with Launcher(real(model_file, 2, 16384), binary=server_bin, threads=THREADS) as engine:
+        assert (engine.info.n_ctx, engine.info.pool) == (8192, 16384)
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_engine_without_kv_unified_is_a_plan_mismatch(server_bin, model_file, state_tmp, monkeypatch):
+    original = EnginePlan.server_args
+    monkeypatch.setattr(EnginePlan, "server_args", lambda self: [a for a in original(self) if a != "--kv-unified"])
+    launcher = Launcher(real(model_file, 2, 8192), binary=server_bin, threads=THREADS)
+    with pytest.raises(PlanMismatch) as exc:
+        await launcher.start()
+    assert "engine applied n_ctx 4096 per slot, plan asked 8192" in str(exc.value)
+    assert launcher.pid is None and not launcher.running
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_garbage_model_reports_start_error_with_log_tail(server_bin, tmp_path, state_tmp):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 100)
+    with pytest.raises(EngineStartError) as exc:
+        async with Launcher(real(bad, 1, 512), binary=server_bin, threads=THREADS):
+            pytest.fail("must not start")
+    err = exc.value
+    assert "exited with status" in str(err) and str(bad) in str(err)
+    assert err.log_tail and Path(err.log_path).is_file()
+    assert "gguf" in err.log_tail.lower() or "model" in err.log_tail.lower()
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_no_orphan_after_exception_or_cancellation(server_bin, model_file, state_tmp):
+    pids = []
+    with pytest.raises(RuntimeError, match="boom"):
+        async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as engine:
+            pids.append(engine.pid)
+            raise RuntimeError("boom")
+    with anyio.move_on_after(0.5):
+        async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as engine:
+            pids.append(engine.pid)
+            await anyio.sleep(60)
+    # cancelled while still loading: the stop must be shielded too
+    launcher = Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS)
+    with anyio.move_on_after(0.05):
+        await launcher.start()
+    assert launcher.pid is None
+    assert all(gone(pid) for pid in pids) and len(pids) == 2
+    assert not list((state_tmp / "engines").glob("*.json"))
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(server_bin, model_file, state_tmp):
+    first = real(model_file, 1, 512)
+    async with Launcher(first, binary=server_bin, threads=THREADS) as engine:
+        pid = engine.pid
+        same = replace(first, reasons=("different reasons do not matter",))
+        assert await engine.reload(same) is False and engine.pid == pid
+        drained = []
+
+        async def drain() -> None:
+            drained.append(True)
+
+        assert await engine.reload(real(model_file, 2, 1024), drain=drain) is True
+        assert drained and engine.pid != pid and gone(pid)
+        assert (engine.info.slots, engine.info.n_ctx) == (2, 1024)
+        os.kill(engine.pid, signal.SIGKILL)  # the engine died; restart brings it back
+        dead = engine.pid
+        info = await engine.restart()
+        assert engine.pid != dead and info.slots == 2
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, anyio
+    from squad.engine import launcher
+    from squad.engine.launcher import Launcher
+    from squad.planner import EnginePlan
+    if sys.argv[3] == "no-pdeathsig":
+        launcher._pdeathsig_preexec = lambda: None
+    async def main():
+        plan = EnginePlan(model=sys.argv[2], slots=1, n_ctx=512, kv_unified=False)
+        async with Launcher(plan, binary=sys.argv[1], threads=1) as engine:
+            print(engine.pid, flush=True)
+            await anyio.sleep(300)
+    anyio.run(main)
+    """
+)
+
+
+def _run_child(server_bin: Path, model_file: Path, mode: str) -> tuple[subprocess.Popen, int]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(server_bin), str(model_file), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = child.stdout.readline()
+    assert line.strip().isdigit(), f"child printed {line!r}"
+    return child, int(line)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_no_orphan_when_squad_is_killed(server_bin, model_file, state_tmp, sig):
+    child, engine_pid = _run_child(server_bin, model_file, "pdeathsig")
+    assert not gone(engine_pid)
+    if sig == signal.SIGTERM:  # python's default SIGTERM does not run cleanup: PDEATHSIG covers it
+        pass
+    child.send_signal(sig)
+    child.wait(30)
+    assert wait_gone(engine_pid), f"llama-server {engine_pid} outlived squad after {sig.name}"
+
+
+@pytest.mark.engine
+def test_pid_file_fallback_reaps_engine_of_a_killed_squad(server_bin, model_file, state_tmp):
+    child, engine_pid = _run_child(server_bin, model_file, "no-pdeathsig")
+    try:
+        child.kill()
+        child.wait(30)
+        time.sleep(0.5)
+        assert not gone(engine_pid)  # without PDEATHSIG it survives ...
+        assert reap_stale_engines() == [engine_pid]  # ... until the next launch reaps it
+        assert wait_gone(engine_pid)
+    finally:
+        if not gone(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)
+
+
+def test_public_names():
+    assert set(launcher_mod.__all__) >= {"Launcher", "build_args", "check_applied", "expected_slot_ctx"}
