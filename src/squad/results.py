@@ -1,0 +1,235 @@
+"""What a run gives back: one :class:`AgentResult` per agent conversation, one
+:class:`RunResult` per main-agent turn.
+
+Runtime objects, so plain dataclasses (not pydantic). An agent that failed or was
+cancelled has ``output == ""`` and its ``error`` set; partial text of a failed call is
+never an ``output`` and never enters a history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+from squad.errors import AgentCancelled, AgentRunError
+
+__all__ = [
+    "AgentResult",
+    "AgentTimings",
+    "RunResult",
+    "Usage",
+    "CUT_MARK",
+    "cut_answers",
+    "compose_hand_back",
+]
+
+CUT_MARK = "[cut: {n} tokens omitted]"
+"""Appended to a sub-agent answer cut to fit the main agent's budget."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens an agent used, summed over its model calls (tool rounds included)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
+
+
+@dataclass(frozen=True)
+class AgentTimings:
+    """Seconds and rates for one agent conversation.
+
+    - ``queued_s``: time spent waiting in squad's admission queue (all calls summed).
+    - ``ttft_s``: time to first token of the first call, from when it was sent (None if none).
+    - ``tokens_per_s``: completion tokens per second of generation over all calls (None if unknown).
+    - ``total_s``: wall time of the whole conversation, queue included.
+    - ``calls``: model calls made (more than 1 with tool rounds).
+    """
+
+    queued_s: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float = 0.0
+    calls: int = 0
+
+
+@dataclass
+class AgentResult:
+    """One agent conversation's outcome.
+
+    ``output`` is the final answer (``""`` on failure); ``reasoning`` is kept apart from it.
+    ``slot`` is the engine slot of the last call when the engine reported it.
+    ``error`` is the failure (an :class:`AgentCancelled` when cancelled) and
+    ``cancelled_reason`` says why it was cancelled (e.g. ``"cancelled because 'style' failed"``).
+    ``history`` is the conversation without the system message, ending with the answer
+    (only on success); ``tool_calls`` lists ``(name, arguments, result_text)`` in order;
+    ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools.
+    """
+
+    agent: str
+    output: str = ""
+    reasoning: str = ""
+    usage: Usage = field(default_factory=Usage)
+    timings: AgentTimings = field(default_factory=AgentTimings)
+    slot: int | None = None
+    error: AgentRunError | None = None
+    cancelled_reason: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    subs: list["AgentResult"] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def summary(self) -> str:
+        """One line: agent, state, tokens, queue wait, ttft, tokens/s, total."""
+        t = self.timings
+        if self.cancelled_reason is not None:
+            state = self.cancelled_reason
+        elif self.error is not None:
+            state = f"failed: {type(self.error).__name__}: {self.error}"
+        else:
+            state = "ok"
+        ttft = f"{t.ttft_s:.2f}s" if t.ttft_s is not None else "-"
+        tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "-"
+        slot = f" slot {self.slot}" if self.slot is not None else ""
+        return (
+            f"{self.agent}: {state}; {self.usage.prompt_tokens}+{self.usage.completion_tokens} tokens, "
+            f"queued {t.queued_s:.2f}s, ttft {ttft}, {tps} tok/s, total {t.total_s:.2f}s{slot}"
+        )
+
+
+@dataclass
+class RunResult:
+    """One main-agent turn: its answer, its own result, and the sub-agents' results.
+
+    ``history`` is the main agent's conversation after this turn (pass it to the next
+    ``Squad.run(..., history=...)`` to keep chatting).
+    """
+
+    output: str
+    main: AgentResult
+    subs: list[AgentResult] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.main.ok
+
+    def summary(self) -> str:
+        """The main agent's line, then one indented line per sub-agent."""
+        lines = [self.main.summary()]
+        lines += [f"  {sub.summary()}" for sub in self.subs]
+        return "\n".join(lines)
+
+
+# --- handing answers back to a main agent -----------------------------------------------
+
+
+def compose_hand_back(text: str, names: Sequence[str], answers: Sequence[str]) -> str:
+    """``text``, then each sub-agent's answer under ``[@name]``: the ONE message a main agent gets."""
+    parts = [text.rstrip(), "", "Answers from the sub-agents you mentioned:"]
+    for name, answer in zip(names, answers):
+        parts += ["", f"[@{name}]", answer.strip()]
+    return "\n".join(parts)
+
+
+async def cut_answers(
+    answers: Sequence[str], room: int, count: Callable[[str], Awaitable[int]]
+) -> list[tuple[str, int]]:
+    """Fit ``answers`` into ``room`` tokens by equal shares; returns ``(text, omitted_tokens)``.
+
+    ``count`` gives a text's tokens (the engine's tokenizer). Answers that fit their share
+    are kept whole and the rest of their share goes to the others (water-filling); a cut
+    answer keeps the longest prefix that fits its share minus the marker and ends with
+    :data:`CUT_MARK`.
+    """
+    sizes = [await count(a) for a in answers]
+    room = max(0, room)
+    if sum(sizes) <= room:
+        return [(a, 0) for a in answers]
+    shares = [0] * len(answers)
+    left, order = room, sorted(range(len(answers)), key=lambda i: sizes[i])
+    for k, i in enumerate(order):
+        share = left // (len(order) - k)
+        shares[i] = min(sizes[i], share)
+        left -= shares[i]
+    out = []
+    for answer, size, share in zip(answers, sizes, shares):
+        if size <= share:
+            out.append((answer, 0))
+            continue
+        mark_cost = await count(CUT_MARK.format(n=size))
+        keep = await _prefix(answer, share - mark_cost, count)
+        omitted = size - await count(keep)
+        out.append(((keep.rstrip() + " " if keep.strip() else "") + CUT_MARK.format(n=omitted), omitted))
+    return out
+
+
+async def _prefix(text: str, tokens: int, count: Callable[[str], Awaitable[int]]) -> str:
+    """Longest prefix of ``text`` with at most ``tokens`` tokens (binary search on characters)."""
+    if tokens <= 0:
+        return ""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if await count(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
+
+
+def first_failure(results: Sequence[AgentResult]) -> AgentRunError | None:
+    """The error of the first result that failed on its own (not cancelled), or None."""
+    for r in results:
+        if r.error is not None and r.cancelled_reason is None:
+            return r.error
+    return None
+
+
+def cancelled_result(agent: str, reason: str, total_s: float = 0.0) -> AgentResult:
+    """The result of an agent cancelled for ``reason`` (no output, AgentCancelled error)."""
+    return AgentResult(agent=agent, error=AgentCancelled(reason, agent=agent), cancelled_reason=reason,
+                       timings=AgentTimings(total_s=total_s))
+
+
+def usage_of(calls: Sequence[Any]) -> Usage:
+    """Usage summed over the client's ``ChatResult``s (calls without usage count 0)."""
+    total = Usage()
+    for c in calls:
+        if c.usage is not None:
+            total = total + Usage(c.usage.prompt_tokens, c.usage.completion_tokens)
+    return total
+
+
+def timings_of(calls: Sequence[Any], total_s: float) -> AgentTimings:
+    """Timings of one conversation from its ``ChatResult``s; ``total_s`` is its wall time."""
+    queued = sum(getattr(c.timings, "queued_s", 0.0) or 0.0 for c in calls)
+    ttft = getattr(calls[0].timings, "ttft_s", None) if calls else None
+    tokens, gen_s = 0, 0.0
+    for c in calls:
+        tps = getattr(c.timings, "tokens_per_s", None)
+        n = c.usage.completion_tokens if c.usage is not None else 0
+        if tps and n:
+            tokens, gen_s = tokens + n, gen_s + n / tps
+    return AgentTimings(queued_s=queued, ttft_s=ttft, tokens_per_s=tokens / gen_s if gen_s else None,
+                        total_s=total_s, calls=len(calls))
+
+
+def slot_of(reply: Any) -> int | None:
+    """The slot a ``ChatResult`` was served by, if the client recorded it."""
+    slot = getattr(reply, "slot", None)
+    if slot is None:
+        slot = getattr(reply.timings, "slot", None)
+    return slot
+
+
