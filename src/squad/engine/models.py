@@ -216,6 +216,8 @@ class ModelFacts:
       the file nor llama.cpp's default for the arch gives one (then every layer is counted as
       full attention: an upper bound).
     - ``file_size``: bytes.
+    - ``key_length_swa``/``value_length_swa``: head dims of sliding-window layers when the
+      file gives them (``{arch}.attention.key_length_swa``), else None = same as full layers.
     """
 
     path: Path
@@ -231,6 +233,8 @@ class ModelFacts:
     sliding_window: int | None
     sliding_window_pattern: tuple[bool, ...] | None
     file_size: int
+    key_length_swa: int | None = None
+    value_length_swa: int | None = None
 
     def kv_bytes_per_token(self, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
         """KV bytes one cell (token) takes summed over all layers.
@@ -264,7 +268,10 @@ class ModelFacts:
 
     def _layer_bytes(self, layer: int, type_k: str, type_v: str) -> int:
         heads = self.n_head_kv[layer]
-        return _row_bytes(heads * self.key_length, type_k) + _row_bytes(heads * self.value_length, type_v)
+        k, v = self.key_length, self.value_length
+        if self.sliding_window_pattern and self.sliding_window_pattern[layer]:
+            k, v = self.key_length_swa or k, self.value_length_swa or v
+        return _row_bytes(heads * k, type_k) + _row_bytes(heads * v, type_v)
 
 
 def read_model_facts(path: str | Path) -> ModelFacts:
@@ -312,6 +319,8 @@ def read_model_facts(path: str | Path) -> ModelFacts:
         sliding_window=int(window) if window else None,
         sliding_window_pattern=_swa_pattern(pattern, n_layer, arch) if window else None,
         file_size=path.stat().st_size,
+        key_length_swa=_opt_int(get(f"{arch}.attention.key_length_swa", None)),
+        value_length_swa=_opt_int(get(f"{arch}.attention.value_length_swa", None)),
     )
 
 
@@ -433,6 +442,10 @@ def _swa_pattern(value: object, n_layer: int, arch: str) -> tuple[bool, ...] | N
     if n is None:
         return None
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
+
+
+def _opt_int(value: object) -> int | None:
+    return int(value) if value else None
 
 
 def _pad256(n: int) -> int:
