@@ -258,6 +258,8 @@ def plan(
                 f"but only {_mib(memory_for_kv)} is available for it: cut {cut}. To keep the full "
                 f"plan: " + _memory_advice(old_ctx, kv_bytes_per_token, q8, cache_type_k))  # type: ignore[arg-type]
             reasons.append(f"context {n_ctx:,} = the largest multiple of 256 whose KV cache fits {_mib(memory_for_kv)}")
+            if slots != old_slots:
+                reasons.append(f"slots {slots} = the most agents running together whose budgets fit {n_ctx:,} tokens")
 
     # 4. unified pool, per-slot share, training context
     kv_unified = backend != "mlx" and slots >= 2

@@ -1,3 +1,126 @@
-"""Commands for this area are registered on `squad.cli._app.app`."""
+"""``squad plan``: show the engine plan for a recipe (or a quick list of agents) without
+starting anything."""
 
-from squad.cli._app import app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from squad.cli._app import app, console
+from squad.errors import UserError
+from squad.flow import Call, Node, Parallel, Sequence
+
+__all__ = ["plan_command", "parse_agents", "parse_params"]
+
+
+@app.command("plan")
+def plan_command(
+    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe YAML file.", show_default=False)] = None,
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE (repeatable).")] = [],  # noqa: B006
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (default: the recipe's, else the default model).")] = None,
+    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens (rounded up to 256).")] = None,
+    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...).")] = None,
+    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
+    mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", help="MLX max batch size (MLX only).")] = None,
+    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,...")] = None,
+    parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
+    against the memory available, warnings and the exact llama-server command line."""
+    from squad.engine.models import read_model_facts, resolve_model
+    from squad.machine import memory_for_kv
+    from squad.planner import plan
+    from squad.planview import plan_json, render_plan
+
+    if backend not in ("llama-server", "mlx", "attached"):
+        raise UserError(f"--backend {backend!r}: use llama-server, mlx or attached")
+    if (recipe is None) == (agents is None):
+        raise UserError("give a recipe file, or --agents NAME:BUDGET,... for a quick workload (not both)")
+    workload: Node | None
+    cache_type = None
+    if recipe is not None:
+        loaded = _load_recipe(recipe, parse_params(param))
+        workload = loaded.workload()
+        model = model or getattr(loaded, "model", None)
+        engine = getattr(loaded, "engine", None)
+        slots = slots if slots is not None else _pin(getattr(engine, "slots", None))
+        ctx = ctx if ctx is not None else _pin(getattr(engine, "ctx", None))
+        cache_type = getattr(engine, "cache_type", None)
+    else:
+        calls = parse_agents(agents or "")
+        workload = Parallel(calls) if parallel else Sequence(calls)
+    ctk = ctk or cache_type or "f16"
+    ctv = ctv or ctk
+
+    model_path = resolve_model(model, pull=False)
+    facts = read_model_facts(model_path)
+    the_plan = plan(
+        workload,
+        model=model_path,
+        n_ctx_train=facts.n_ctx_train,
+        kv_bytes_per_token=facts.kv_bytes_per_token(ctk, ctv),
+        kv_bytes_per_token_q8_0=facts.kv_bytes_per_token("q8_0", "q8_0"),
+        memory_for_kv=memory_for_kv(model_path),
+        backend=backend,  # type: ignore[arg-type]
+        pin_slots=slots,
+        pin_ctx=ctx,
+        cache_type_k=ctk,
+        cache_type_v=ctv,
+        mlx_max_batch=mlx_batch,
+    )
+    binary = _binary()
+    if as_json:
+        typer.echo(json.dumps(plan_json(the_plan, binary), indent=2))
+    else:
+        render_plan(the_plan, console, binary)
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    """``["topic=cats", "n=3"]`` → ``{"topic": "cats", "n": "3"}``; raises UserError otherwise."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
+        params[name.strip()] = value
+    return params
+
+
+def parse_agents(text: str) -> tuple[Call, ...]:
+    """``"lead:4096,sec:2048"`` → Calls; raises UserError naming the bad entry."""
+    calls = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, sep, budget = entry.partition(":")
+        if not sep or not name or not budget.strip().isdigit():
+            raise UserError(f"--agents entry {entry!r}: write NAME:BUDGET with the budget in tokens, e.g. lead:4096")
+        calls.append(Call(name.strip(), int(budget)))
+    if not calls:
+        raise UserError("--agents is empty: write NAME:BUDGET,..., e.g. lead:4096,security:4096")
+    return tuple(calls)
+
+
+def _load_recipe(path: Path, params: dict[str, str]) -> Any:
+    try:
+        from squad.recipe import load_recipe
+    except ImportError as exc:  # the recipe loader lands separately
+        raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
+    return load_recipe(path, params)
+
+
+def _pin(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _binary() -> str:
+    try:
+        from squad.engine.binary import resolve_llama_server
+
+        return str(resolve_llama_server().path)
+    except Exception:  # noqa: BLE001 - only for display; any failure shows the plain name
+        return "llama-server"
