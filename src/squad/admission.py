@@ -154,15 +154,16 @@ class Admission:
 
     # -- reload support ------------------------------------------------------------------------
 
-    async def drain(self, timeout: float, *, hold: bool = False) -> None:
-        """Wait until no call is in flight; raises ``TimeoutError`` after ``timeout`` seconds.
+    async def drain(self, timeout: float | None = None, *, hold: bool = False) -> None:
+        """Wait until no call is in flight; raises ``TimeoutError`` after ``timeout`` seconds
+        (None: no deadline of its own, e.g. under ``Launcher.reload``'s ``drain_timeout``).
 
         With ``hold=True`` no new call is admitted from now until :meth:`resize` or
         :meth:`resume` (the launcher drains and holds before reloading the engine).
         """
         if hold:
             self._held = True
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(timeout):  # None: no deadline
             while self._running:
                 idle = anyio.Event()
                 self._idle.append(idle)

@@ -20,6 +20,7 @@ SquadError                         base of everything below
     ├── PromptTooLong              HTTP 400 exceed_context_size_error
     ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
     ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
+    ├── CallTimeout                the call passed its deadline; never resent unchanged
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
 ```
 
@@ -48,6 +49,7 @@ __all__ = [
     "PromptTooLong",
     "TruncatedStream",
     "ReasoningBudgetExhausted",
+    "CallTimeout",
     "AgentCancelled",
 ]
 
@@ -173,6 +175,10 @@ class TruncatedStream(AgentRunError):
 
 class ReasoningBudgetExhausted(AgentRunError):
     """The model spent max_tokens on reasoning and produced no answer."""
+
+
+class CallTimeout(AgentRunError):
+    """A call passed squad's request deadline; it is not resent unchanged (field case F04)."""
 
 
 class AgentCancelled(AgentRunError):

@@ -1,0 +1,467 @@
+"""The one seam between agents and the engine: exact counts, admission, streaming, retries.
+
+:class:`EngineClient` sends every chat call through one ``openai.AsyncOpenAI`` pointed at
+llama-server (SDK retries off), always streaming with usage requested, after reserving
+``prompt tokens + max_tokens`` in :class:`~squad.admission.Admission`. Prompt counts come
+from the engine's ``POST /v1/chat/completions/input_tokens`` (exact, no heuristics).
+
+Stream rules (field cases in ``shared/cases/README.md``):
+
+- the usage-only final chunk (``choices: []``) is read for usage, never indexed (F06);
+- ``reasoning_content`` deltas (a llama-server extra field) are kept apart from content;
+- tool-call deltas are assembled by ``index``;
+- an error frame becomes :class:`ContextExceeded` (``Context size has been exceeded.``) or
+  :class:`TruncatedStream` keeping the server's message; a stream that ends without a
+  ``finish_reason`` is :class:`TruncatedStream`, the partial text only on the exception (F05);
+- ``finish_reason == "length"`` with reasoning but no answer is
+  :class:`ReasoningBudgetExhausted` (F07);
+- HTTP 400 ``exceed_context_size_error`` is :class:`PromptTooLong`.
+
+Retry policy (all of it, in :meth:`EngineClient._retrying`): 503 loading/restarting is
+waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a connection
+refused or dropped before the first token calls ``restart`` once (if given) and retries
+once (:class:`EngineGone`); ``Context size has been exceeded.`` while squad's own
+reservations fit the engine's pool (another client filled it) is retried with backoff up to
+``max_attempts``. Nothing else is retried: not a prompt too long, a budget, reasoning that
+ran out, another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
+
+Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
+frees the slot.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import anyio
+import httpx
+import openai
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+
+from squad.admission import Admission, Reservation
+from squad.engine.info import EngineInfo
+from squad.errors import (
+    AdmissionError,
+    AgentRunError,
+    CallTimeout,
+    ContextExceeded,
+    EngineError,
+    EngineGone,
+    EngineLoadTimeout,
+    PromptTooLong,
+    ReasoningBudgetExhausted,
+    TruncatedStream,
+)
+from squad.planner import round_ctx
+from squad.trace import Event, EventSink
+
+__all__ = ["EngineClient", "ChatResult", "Usage", "ToolCall", "CallTimings", "CONTEXT_EXCEEDED"]
+
+CONTEXT_EXCEEDED = "Context size has been exceeded."
+"""llama-server's message when the unified pool is exhausted (llama.cpp b11434 server)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens the engine reported for one call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model asked for; ``arguments`` is the JSON text as generated."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class CallTimings:
+    """Seconds: ``queued_s`` waiting in admission (last attempt), ``ttft_s`` from send to the
+    first token, ``total_s`` from the first attempt's start to the end; ``tokens_per_s``
+    completion tokens over generation time; ``engine``: llama-server's ``timings`` object."""
+
+    queued_s: float = 0.0
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    tokens_per_s: float | None = None
+    engine: dict[str, Any] | None = None
+
+
+@dataclass
+class ChatResult:
+    """A finished call: the answer (never partial), reasoning kept apart, tool calls, usage."""
+
+    content: str
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: Usage | None = None
+    timings: CallTimings = field(default_factory=CallTimings)
+    reserved_tokens: int = 0
+    attempts: int = 1
+    slot: int = -1
+
+
+class _Loading(EngineError):
+    """503 from the engine (loading or restarting); retried until ``load_deadline``."""
+
+
+class _Innocent(ContextExceeded):
+    """The pool overflowed although squad's reservations fit it: another client did it."""
+
+
+@dataclass
+class _Call:
+    """One complete() call's state across attempts."""
+
+    agent: str
+    started: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    restarted: bool = False
+    first_loading: float | None = None
+    overflows: int = 0
+
+
+class EngineClient:
+    """Chat calls to one engine. Async context manager; see the module docstring for the rules.
+
+    - ``engine``: the read-back :class:`EngineInfo` (settable after a reload).
+    - ``admission``: shared admission; default built from ``engine.slots`` and the pool
+      (not unified KV: each request is also kept under ``n_ctx``).
+    - ``request_timeout``: seconds one attempt may take end to end (F04: never resent).
+    - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
+    - ``load_deadline``: seconds to wait out 503 before :class:`EngineLoadTimeout`.
+    - ``max_attempts``: attempts for an innocent ``Context size has been exceeded.``.
+    """
+
+    def __init__(
+        self,
+        engine: EngineInfo,
+        *,
+        admission: Admission | None = None,
+        request_timeout: float = 600.0,
+        on_event: EventSink | None = None,
+        restart: Callable[[], Awaitable[EngineInfo]] | None = None,
+        load_deadline: float = 120.0,
+        max_attempts: int = 3,
+    ) -> None:
+        self.request_timeout, self.load_deadline, self.max_attempts = request_timeout, load_deadline, max_attempts
+        self._on_event, self._restart = on_event, restart
+        self._retired: list[Any] = []
+        self._engine = engine
+        self.admission = admission or Admission(
+            engine.slots, engine.pool, per_request_limit=None if engine.kv_unified is not False else engine.n_ctx,
+            on_event=on_event,
+        )
+        self._connect(engine)
+
+    # -- engine and connections ---------------------------------------------------------
+
+    @property
+    def engine(self) -> EngineInfo:
+        return self._engine
+
+    @engine.setter
+    def engine(self, info: EngineInfo) -> None:
+        """Adopt a reloaded engine (new port or key → new connections; old ones closed on aclose)."""
+        if (info.base_url, info.api_key) != (self._engine.base_url, self._engine.api_key):
+            self._retired += [self._openai, self._http]
+            self._connect(info)
+        self._engine = info
+
+    def _connect(self, info: EngineInfo) -> None:
+        key = info.api_key or "none"
+        self._openai = openai.AsyncOpenAI(base_url=info.base_url + "/v1", api_key=key, max_retries=0,
+                                          timeout=self.request_timeout)
+        self._http = httpx.AsyncClient(base_url=info.base_url, headers={"Authorization": f"Bearer {key}"},
+                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0))
+
+    async def aclose(self) -> None:
+        """Close every connection this client opened."""
+        for c in [self._openai, self._http, *self._retired]:
+            with anyio.CancelScope(shield=True):
+                await c.close() if isinstance(c, openai.AsyncOpenAI) else await c.aclose()
+        self._retired.clear()
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- counting ---------------------------------------------------------------------------
+
+    async def count_prompt_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+        """Exact prompt tokens for ``messages`` (+ ``tools``), from ``/v1/chat/completions/input_tokens``.
+
+        Raises :class:`EngineGone` (no connection), ``_Loading`` (503, retried by
+        :meth:`complete`), :class:`EngineError` for any other failure.
+        """
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body["tools"] = tools
+        try:
+            r = await self._http.post("/v1/chat/completions/input_tokens", json=body)
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"counting prompt tokens timed out after {self.request_timeout} s") from exc
+        except httpx.TransportError as exc:
+            raise EngineGone(f"engine at {self._engine.base_url} is not answering ({exc!r})") from exc
+        if r.status_code == 503:
+            raise _Loading(_message(r.json() if r.content else {}, "Loading model"))
+        if r.status_code != 200:
+            raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
+        return int(r.json()["input_tokens"])
+
+    # -- calls --------------------------------------------------------------------------------
+
+    async def complete(
+        self,
+        *,
+        agent: str,
+        messages: list[dict],
+        max_tokens: int,
+        budget: int | None = None,
+        tools: list[dict] | None = None,
+        sampling: dict | None = None,
+        priority: int = 0,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> ChatResult:
+        """One chat call for ``agent``: count → check budget → reserve → stream → release.
+
+        ``max_tokens`` and ``budget`` are tokens; ``sampling`` goes into the request body
+        as is (temperature, top_p, top_k, seed, ...); ``on_delta`` receives content text as
+        it streams. Returns a :class:`ChatResult`. Raises :class:`AdmissionError`
+        (over budget or pool, never sent), :class:`PromptTooLong`, :class:`ContextExceeded`,
+        :class:`TruncatedStream`, :class:`ReasoningBudgetExhausted`, :class:`CallTimeout`,
+        :class:`EngineLoadTimeout`, :class:`EngineGone`, :class:`AgentRunError`.
+        """
+        call = _Call(agent)
+        args = dict(messages=messages, max_tokens=max_tokens, budget=budget, tools=tools, sampling=sampling,
+                    priority=priority, on_delta=on_delta)
+        try:
+            async for attempt in self._retrying(call):
+                with attempt:
+                    call.attempts += 1
+                    result = await self._attempt(call, **args)
+        except _Loading as exc:
+            raise EngineLoadTimeout(
+                f"engine at {self._engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
+                f"while agent '{agent}' waited: wait for the model to load or raise load_deadline"
+            ) from exc
+        except _Innocent as exc:
+            raise ContextExceeded(
+                f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
+                f"although squad had at most {self.admission.pool} tokens reserved: another client is using this "
+                "engine's pool; give squad its own engine or raise the context", agent=agent) from exc
+        result.attempts = call.attempts
+        result.timings.total_s = time.monotonic() - call.started
+        self._emit("call.finished", agent, attempts=call.attempts, finish_reason=result.finish_reason,
+                   usage=result.usage and {"prompt_tokens": result.usage.prompt_tokens,
+                                           "completion_tokens": result.usage.completion_tokens},
+                   queued_s=result.timings.queued_s, ttft_s=result.timings.ttft_s, total_s=result.timings.total_s,
+                   tokens_per_s=result.timings.tokens_per_s, slot=result.slot)
+        return result
+
+    def _retrying(self, call: _Call) -> AsyncRetrying:
+        """The one retry policy (see the module docstring)."""
+
+        def stop(state: RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, _Loading):
+                return time.monotonic() - (call.first_loading or call.started) >= self.load_deadline
+            if isinstance(exc, EngineGone):
+                return self._restart is None or call.restarted
+            call.overflows += 1
+            return call.overflows >= self.max_attempts
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, _Loading):
+                return 0.5
+            if isinstance(exc, EngineGone):
+                return 0.0
+            return min(0.25 * 2 ** call.overflows, 4.0)  # overflows seen before this one
+
+        async def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            reason = {_Loading: "engine loading (503)", EngineGone: "engine gone before the first token",
+                      _Innocent: "pool overflowed by another client"}.get(type(exc), type(exc).__name__)
+            self._emit("call.retried", call.agent, reason=reason, attempt=state.attempt_number, error=str(exc))
+            if isinstance(exc, _Loading) and call.first_loading is None:
+                call.first_loading = time.monotonic()
+            if isinstance(exc, EngineGone) and self._restart is not None and not call.restarted:
+                call.restarted = True
+                info = await self._restart()
+                self.engine = info
+                self.admission.resize(info.slots, info.pool)
+
+        return AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, (_Loading, EngineGone, _Innocent))),
+            stop=stop, wait=wait, before_sleep=before_sleep, sleep=anyio.sleep, reraise=True,
+        )
+
+    async def _attempt(self, call: _Call, *, messages: list[dict], max_tokens: int, budget: int | None,
+                       tools: list[dict] | None, sampling: dict | None, priority: int,
+                       on_delta: Callable[[str], None] | None) -> ChatResult:
+        agent = call.agent
+        prompt = await self.count_prompt_tokens(messages, tools)
+        need = prompt + max_tokens
+        if budget is not None and need > budget:
+            raise AdmissionError(
+                f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {max_tokens}) but its budget is "
+                f"{budget}: raise the budget to {need} or lower max_tokens to {max(budget - prompt, 0)} "
+                "or shorten its history", agent=agent)
+        async with self.admission.reserve(need, agent=agent, priority=priority) as reservation:
+            with anyio.move_on_after(self.request_timeout) as deadline:
+                result = await self._stream(agent, reservation, messages, max_tokens, tools, sampling, on_delta)
+            if deadline.cancelled_caught:
+                raise CallTimeout(
+                    f"agent '{agent}': the call took longer than {self.request_timeout:.0f} s and was stopped; it is not "
+                    "resent unchanged: raise request_timeout, shorten the prompt or lower max_tokens", agent=agent)
+        result.reserved_tokens, result.slot = need, reservation.slot
+        result.timings.queued_s = reservation.queued_s
+        return result
+
+    async def _stream(self, agent: str, reservation: Reservation, messages: list[dict], max_tokens: int,
+                      tools: list[dict] | None, sampling: dict | None,
+                      on_delta: Callable[[str], None] | None) -> ChatResult:
+        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        sent = time.monotonic()
+        got = _Assembly()
+        try:
+            stream = await self._openai.chat.completions.create(
+                model=self._engine.model_alias or "default", messages=messages, max_tokens=max_tokens, stream=True,
+                stream_options={"include_usage": True}, extra_body=dict(sampling or {}), **kwargs)
+        except openai.APIError as exc:
+            raise self._classify(exc, agent, reservation, started=False) from exc
+        try:
+            async for chunk in stream:
+                if got.add(chunk, on_delta) and got.first_at is None:
+                    got.first_at = time.monotonic()
+                    self._emit("call.first_token", agent, ttft_s=got.first_at - sent, slot=reservation.slot)
+        except openai.APIError as exc:
+            raise self._classify(exc, agent, reservation, started=got.first_at is not None, partial=got.content) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.close()  # on cancellation too: the engine frees the slot
+        return got.result(agent, sent)
+
+    def _classify(self, exc: openai.APIError, agent: str, reservation: Reservation, *, started: bool,
+                  partial: str = "") -> Exception:
+        """Turn an SDK error into squad's error tree."""
+        body = exc.body if isinstance(exc.body, dict) else {}
+        body = body.get("error", body) if isinstance(body.get("error"), dict) else body
+        message = str(body.get("message") or exc.message)
+        if isinstance(exc, openai.APITimeoutError):
+            return CallTimeout(f"agent '{agent}': no answer from the engine within {self.request_timeout:.0f} s; "
+                               "not resent unchanged: raise request_timeout or shorten the prompt", agent=agent)
+        if isinstance(exc, openai.APIConnectionError):
+            if not started:
+                return EngineGone(f"engine at {self._engine.base_url} is not answering ({message})")
+            return TruncatedStream(f"agent '{agent}': connection to the engine dropped mid-answer ({message})",
+                                   agent=agent, partial=partial)
+        status = getattr(exc, "status_code", None)
+        if status == 503:
+            return _Loading(message)
+        if body.get("type") == "exceed_context_size_error" or status == 400 and "exceeds the available context" in message:
+            n_prompt, n_ctx = body.get("n_prompt_tokens"), body.get("n_ctx")
+            fix = f"raise the context to {round_ctx(int(n_prompt) + 1)}" if n_prompt else "raise the context"
+            return PromptTooLong(f"agent '{agent}': the engine refused the prompt ({message}; n_prompt_tokens="
+                                 f"{n_prompt}, n_ctx={n_ctx}): {fix} or shorten the prompt", agent=agent)
+        if CONTEXT_EXCEEDED in message:
+            squad_fits = self.admission.pool <= self._engine.pool
+            if squad_fits:
+                return _Innocent(f"agent '{agent}': {message} while squad held {self.admission.reserved} of "
+                                 f"{self._engine.pool} tokens: another client filled the pool", agent=agent)
+            return ContextExceeded(f"agent '{agent}': {message} squad's admission pool ({self.admission.pool}) is larger "
+                                   f"than the engine's ({self._engine.pool}): build Admission from the engine's "
+                                   "read-back pool", agent=agent)
+        if status is None:  # an error frame inside the stream
+            return TruncatedStream(f"agent '{agent}': the engine ended the stream with an error: {message}",
+                                   agent=agent, partial=partial)
+        return AgentRunError(f"agent '{agent}': the engine answered HTTP {status}: {message}", agent=agent)
+
+    def _emit(self, kind: str, agent: str, **data: Any) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(Event(kind, agent=agent, data=data))
+            except Exception:  # noqa: BLE001 - a display bug must not break a call
+                pass
+
+
+def _message(body: Any, default: str) -> str:
+    err = body.get("error") if isinstance(body, dict) else None
+    return str(err.get("message", default)) if isinstance(err, dict) else default
+
+
+class _Assembly:
+    """Accumulates one stream's chunks: content, reasoning, tool calls by index, usage."""
+
+    def __init__(self) -> None:
+        self.content = self.reasoning = ""
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.timings: dict[str, Any] | None = None
+        self.first_at: float | None = None
+
+    def add(self, chunk: Any, on_delta: Callable[[str], None] | None) -> bool:
+        """Take one chunk; True when it carried generated text or a tool call."""
+        extra = chunk.model_extra or {}
+        if isinstance(extra.get("timings"), dict):
+            self.timings = extra["timings"]
+        if chunk.usage is not None:
+            self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        produced = False
+        for choice in chunk.choices:  # empty for the usage-only chunk
+            delta = choice.delta
+            reasoning = (delta.model_extra or {}).get("reasoning_content")
+            if reasoning:
+                self.reasoning += reasoning
+                produced = True
+            if delta.content:
+                self.content += delta.content
+                produced = True
+                if on_delta is not None:
+                    on_delta(delta.content)
+            for tc in delta.tool_calls or []:
+                slot = self.calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function is not None:
+                    slot["name"] += tc.function.name or ""
+                    slot["arguments"] += tc.function.arguments or ""
+                produced = True
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+        return produced
+
+    def result(self, agent: str, sent: float) -> ChatResult:
+        if self.finish_reason is None:
+            raise TruncatedStream(
+                f"agent '{agent}': the stream ended without a finish_reason after {len(self.content)} characters; "
+                "the partial answer was discarded", agent=agent, partial=self.content)
+        tool_calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
+                      for i, c in sorted(self.calls.items())]
+        if self.finish_reason == "length" and not self.content.strip() and self.reasoning and not tool_calls:
+            used = self.usage.completion_tokens if self.usage else "all"
+            raise ReasoningBudgetExhausted(
+                f"agent '{agent}' spent {used} tokens (its whole max_tokens) reasoning and gave no answer: raise "
+                "max_tokens or ask for less reasoning; it is not retried with the same budget", agent=agent)
+        end = time.monotonic()
+        ttft = self.first_at - sent if self.first_at is not None else None
+        rate = None
+        if self.usage and self.first_at is not None and end > self.first_at:
+            rate = self.usage.completion_tokens / (end - self.first_at)
+        timings = CallTimings(ttft_s=ttft, tokens_per_s=rate, engine=self.timings)
+        return ChatResult(content=self.content, reasoning=self.reasoning, tool_calls=tool_calls,
+                          finish_reason=self.finish_reason, usage=self.usage, timings=timings)
