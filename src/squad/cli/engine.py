@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,9 +42,25 @@ _MiB = 1024 * 1024
 
 @contextmanager
 def _status(start: str) -> Iterator[Callable[[str], None]]:
-    """A live one-line status; yields the ``progress(message)`` callback squad's engine API takes."""
-    with console.status(start) as status:
-        yield lambda message: status.update(message)
+    """Yields the ``progress(message)`` callback squad's engine API takes.
+
+    On a terminal: one live status line. Otherwise (CI logs, pipes): a printed line whenever
+    the step changes, and at most every 10 s within a step.
+    """
+    if console.is_terminal:
+        with console.status(start) as status:
+            yield lambda message: status.update(message)
+        return
+    last = {"step": "", "at": 0.0}
+
+    def report(message: str) -> None:
+        step = re.sub(r"[\d.,/%]+", "#", message)
+        now = time.monotonic()
+        if step != last["step"] or now - last["at"] >= 10:
+            console.print(message, highlight=False)
+            last.update(step=step, at=now)
+
+    yield report
 
 
 @engine_app.command("install")
