@@ -228,8 +228,6 @@ def timings_of(calls: Sequence[Any], total_s: float) -> AgentTimings:
 def slot_of(reply: Any) -> int | None:
     """The slot a ``ChatResult`` was served by, if the client recorded it."""
     slot = getattr(reply, "slot", None)
-    if slot is None:
-        slot = getattr(reply.timings, "slot", None)
-    return slot
+    return slot if isinstance(slot, int) and slot >= 0 else None
 
 
