@@ -1,0 +1,270 @@
+"""Reading recipe YAML strictly: plain data plus the line and column of every node.
+
+- Bytes are decoded as UTF-8 (a BOM is allowed) whatever the locale.
+- ruamel.yaml's safe composer builds the node graph; squad turns nodes into plain
+  ``dict``/``list``/``str``/``int``/``float``/``bool``/``None`` itself, so:
+  YAML 1.2 core schema (``no``/``off``/``yes`` are strings; a ``%YAML 1.1`` directive is
+  refused), duplicate keys are errors, keys must be strings, merge keys (``<<``) and
+  custom tags (``!!python/...``) are refused, and aliases are counted: expanding more than
+  :data:`MAX_NODES` nodes (an alias bomb) or a recursive alias is an error.
+- :class:`Located` maps a path such as ``("flow", 2, "agent")`` to its 1-based line and
+  column so later checks (pydantic, templates, mentions) can point at the exact spot.
+
+Every problem is a :class:`~squad.errors.RecipeError` with file, line, column and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from squad.errors import RecipeError
+
+__all__ = ["Located", "read_yaml", "MAX_NODES", "field_path", "pydantic_error"]
+
+MAX_NODES = 20_000
+"""Most YAML nodes one file may expand to (aliases included); more is an alias bomb."""
+
+_SCALAR_TAGS = {"str", "int", "float", "bool", "null", "timestamp", "binary"}
+_DIRECTIVE = re.compile(r"^%YAML\s+(\S+)", re.MULTILINE)
+
+Path_ = tuple[str | int, ...]
+
+
+def field_path(path: Path_) -> str:
+    """``("flow", 2, "agent")`` -> ``flow[2].agent``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+@dataclass
+class Located:
+    """Plain data read from ``file`` plus positions: ``values[path]`` and ``keys[path]`` are
+    1-based ``(line, column)`` of the value node and of the mapping key that names it."""
+
+    file: str
+    data: Any
+    values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+
+    def where(self, path: Path_, *, key: bool = False) -> tuple[int | None, int | None]:
+        """Line and column of ``path`` (the key when ``key``), else of its closest ancestor."""
+        table = self.keys if key else self.values
+        for cut in range(len(path), -1, -1):
+            sub = tuple(path[:cut])
+            if sub in table:
+                return table[sub]
+            if sub in self.values:
+                return self.values[sub]
+        return None, None
+
+    def error(self, problem: str, path: Path_, *, key: bool = False) -> RecipeError:
+        """A :class:`RecipeError` pointing at ``path`` in this file."""
+        line, column = self.where(path, key=key)
+        return RecipeError(problem, file=self.file, line=line, column=column, field=field_path(path) or None)
+
+
+def read_yaml(path: Path, *, shown: str | None = None) -> Located:
+    """Read one YAML mapping from ``path``; ``shown`` is how the file is named in errors."""
+    name = shown or str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise RecipeError(
+            f"not UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8", file=name, line=line
+        ) from None
+    directive = _DIRECTIVE.search(text)
+    if directive and directive.group(1) != "1.2":
+        line = text[: directive.start()].count("\n") + 1
+        raise RecipeError(
+            f"recipes are read as YAML 1.2; remove the '%YAML {directive.group(1)}' directive",
+            file=name,
+            line=line,
+            column=1,
+        )
+    yaml = YAML(typ="safe", pure=True)
+    yaml.version = (1, 2)
+    try:
+        documents = list(yaml.compose_all(text))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        context = f" ({exc.context})" if exc.context else ""
+        raise RecipeError(
+            f"YAML syntax: {exc.problem}{context}; check the indentation and quoting here",
+            file=name,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        ) from None
+    except YAMLError as exc:
+        raise RecipeError(f"YAML syntax: {exc}", file=name) from None
+    if len(documents) != 1 or documents[0] is None:
+        raise RecipeError("expected exactly one YAML document holding a mapping", file=name, line=1)
+    located = Located(file=name, data=None)
+    located.data = _Builder(located, yaml).build(documents[0], ())
+    if not isinstance(located.data, dict):
+        raise located.error("the file must be a mapping (key: value lines) at the top level", ())
+    return located
+
+
+class _Builder:
+    def __init__(self, located: Located, yaml: YAML) -> None:
+        self.located = located
+        self.constructor = yaml.constructor
+        self.count = 0
+        self.active: set[int] = set()
+
+    def build(self, node: Node, path: Path_) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise self.located.error(
+                f"the YAML expands to more than {MAX_NODES} nodes (an alias bomb?); write the data out "
+                "without nested aliases",
+                path,
+            )
+        self.located.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if id(node) in self.active:
+            raise self.located.error("a YAML alias refers to itself (recursive data)", path)
+        self.active.add(id(node))
+        try:
+            if isinstance(node, MappingNode):
+                return self._mapping(node, path)
+            if isinstance(node, SequenceNode):
+                return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+            return self._scalar(node, path)
+        finally:
+            self.active.discard(id(node))
+
+    def _mapping(self, node: MappingNode, path: Path_) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            tag = _tag(key_node)
+            if tag == "merge":
+                raise RecipeError(
+                    "YAML merge keys (<<) are not supported; write the keys out or use include:",
+                    file=self.located.file, line=where[0], column=where[1], field=field_path(path) or None,
+                )
+            if not isinstance(key_node, ScalarNode) or tag not in ("str", "int", "float", "bool", "null"):
+                raise RecipeError(
+                    "a mapping key must be a plain name", file=self.located.file, line=where[0],
+                    column=where[1], field=field_path(path) or None,
+                )
+            key = str(key_node.value)
+            if key in out:
+                first = self.located.keys[(*path, key)]
+                raise RecipeError(
+                    f"duplicate key '{key}' (first defined on line {first[0]}); keep one of them",
+                    file=self.located.file, line=where[0], column=where[1], field=field_path((*path, key)),
+                )
+            self.located.keys[(*path, key)] = where
+            out[key] = self.build(value_node, (*path, key))
+        return out
+
+    def _scalar(self, node: ScalarNode, path: Path_) -> Any:
+        tag = _tag(node)
+        if tag not in _SCALAR_TAGS:
+            raise self.located.error(
+                f"YAML tag '{node.tag}' is not allowed in a recipe; write plain values", path
+            )
+        if tag in ("str", "timestamp", "binary"):
+            return str(node.value)
+        return self.constructor.construct_object(node, deep=True)
+
+
+def _tag(node: Node) -> str:
+    tag = str(getattr(node.tag, "value", node.tag) or "")
+    return tag.removeprefix("tag:yaml.org,2002:")
+
+
+# --- pydantic errors -> file:line:col + field + what was expected ------------------------
+
+_EXPECTED = {
+    "string_type": "expected text",
+    "int_type": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "list_type": "expected a list (- item lines or [a, b])",
+    "dict_type": "expected a mapping (key: value lines)",
+    "model_type": "expected a mapping (key: value lines)",
+    "model_attributes_type": "expected a mapping (key: value lines)",
+    "missing": "required key is missing",
+}
+
+
+def pydantic_error(
+    exc: ValidationError, located: Located, base: Path_, model: type[BaseModel] | None = None
+) -> RecipeError:
+    """The first error in ``exc`` as a :class:`RecipeError` at its place in ``located``.
+
+    ``base`` is the path of the validated data inside the file; ``model`` (the validated
+    class) lets unknown keys get a "did you mean" from the model's own field names.
+    """
+    errors = exc.errors()
+
+    def line_of(err: dict[str, Any]) -> tuple[int, int]:
+        line, column = located.where((*base, *err["loc"]), key=err["type"] == "extra_forbidden")
+        return (line or 0, column or 0)
+
+    err = min(errors, key=line_of)
+    loc: Path_ = (*base, *(p for p in err["loc"] if isinstance(p, (str, int))))
+    given = err.get("input")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = sorted(_fields_at(model, err["loc"][:-1])) if model else []
+        hint = difflib.get_close_matches(key, allowed, n=1)
+        did = f"; did you mean '{hint[0]}'?" if hint else ""
+        valid = f" (valid keys: {', '.join(allowed)})" if allowed and not hint else ""
+        return located.error(f"unknown key '{key}'{did}{valid}", loc, key=True)
+    if kind == "missing":
+        return located.error(f"required key '{loc[-1]}' is missing", loc[:-1])
+    message = _EXPECTED.get(kind) or err["msg"].removeprefix("Value error, ")
+    if kind in _EXPECTED and kind != "missing" and not isinstance(given, (dict, list)):
+        message += f", got {given!r}"
+    return located.error(message, loc)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
+    """Field names of the (nested) pydantic model found by following ``loc`` from ``model``."""
+    import typing
+
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
+            info = current.model_fields.get(part)
+            if info is None:
+                return set()
+            current = info.annotation
+        elif isinstance(part, int) or isinstance(part, str):
+            args = [a for a in typing.get_args(current) if a is not type(None)]
+            current = args[-1] if args else current
+            if typing.get_origin(current) in (list, tuple, dict) or isinstance(part, int):
+                inner = [a for a in typing.get_args(current) if a is not type(None) and a is not Ellipsis]
+                current = inner[-1] if inner else current
+        while typing.get_origin(current) is typing.Union or str(typing.get_origin(current)) == "<class 'types.UnionType'>":
+            options = [a for a in typing.get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if not options:
+                break
+            current = options[0]
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return {info.alias or name for name, info in current.model_fields.items()}
+    return set()

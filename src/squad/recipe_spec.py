@@ -1,0 +1,220 @@
+"""The recipe file format as pydantic models (``extra="forbid"``): what each key may hold.
+
+See ``docs/recipes.md`` for the format with a full example. Agents are validated with
+:class:`squad.agent.Agent` itself (one definition for Python and YAML), so here they are
+plain mappings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from squad.planner import MAX_SLOTS
+
+__all__ = ["EngineSpec", "ParamSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec", "PARAM_TYPES", "coerce_param"]
+
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+PARAM_TYPES = ("string", "int", "number", "bool", "enum", "list", "file")
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSpec(_Strict):
+    """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned number."""
+
+    slots: Literal["auto"] | int = "auto"
+    ctx: Literal["auto"] | int = "auto"
+    cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _range(self) -> "EngineSpec":
+        if isinstance(self.slots, int) and not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be auto or 1..{MAX_SLOTS}, got {self.slots}")
+        if isinstance(self.ctx, int) and self.ctx < 256:
+            raise ValueError(f"ctx must be auto or at least 256 tokens, got {self.ctx}")
+        return self
+
+
+class ParamSpec(_Strict):
+    """One typed parameter, given on the command line as ``-p name=value``."""
+
+    type: Literal[PARAM_TYPES] = "string"  # type: ignore[valid-type]
+    description: str = ""
+    required: bool = False
+    default: Any = None
+    choices: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ParamSpec":
+        if self.type == "enum" and not self.choices:
+            raise ValueError("an enum parameter needs choices: [a, b, ...]")
+        if self.type != "enum" and self.choices is not None:
+            raise ValueError(f"choices only apply to type enum, not {self.type}")
+        if self.required and self.default is not None:
+            raise ValueError("a parameter is either required or has a default, not both")
+        return self
+
+
+class StepSpec(_Strict):
+    """One flow step. Exactly one kind:
+
+    - ``prompt`` (+ optional ``agent``): one call; without ``agent`` the prompt goes to the
+      main agent and may @mention its sub-agents.
+    - ``parallel: [steps]`` (+ ``policy: collect|fail-fast``): the steps at once.
+    - ``map: <list>`` + ``prompt`` (+ ``agent``, ``split``, ``concurrency``): the prompt once
+      per item, at most ``concurrency`` at a time. ``<list>`` is ``params.NAME`` or
+      ``steps.ID.output`` (split into ``lines`` or a ``json`` list) or ``steps.ID.outputs``.
+    """
+
+    id: str | None = Field(default=None, pattern=ID_PATTERN)
+    agent: str | None = None
+    prompt: str | None = None
+    parallel: list["StepSpec"] | None = None
+    policy: Literal["collect", "fail-fast"] | None = None
+    map: str | None = None
+    split: Literal["lines", "json"] | None = None
+    concurrency: int | None = Field(default=None, ge=1, le=64)
+
+    @property
+    def kind(self) -> Literal["call", "parallel", "map"]:
+        if self.parallel is not None:
+            return "parallel"
+        return "map" if self.map is not None else "call"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "StepSpec":
+        if self.parallel is not None:
+            extra = [k for k in ("agent", "prompt", "map", "split", "concurrency") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"a parallel step holds only id, policy and parallel; move {', '.join(extra)} into its steps")
+            if not self.parallel:
+                raise ValueError("parallel needs at least one step")
+            return self
+        if self.policy is not None:
+            raise ValueError("policy applies only to a parallel step")
+        if self.prompt is None:
+            raise ValueError("a step needs a prompt (or parallel: [...])")
+        if self.map is None and (self.split is not None or self.concurrency is not None):
+            raise ValueError("split and concurrency apply only to a map step")
+        return self
+
+
+class OutputSpec(_Strict):
+    """``schema``: a JSON schema the final output (parsed as JSON) must satisfy."""
+
+    schema_: dict[str, Any] = Field(alias="schema")
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class AgentFileSpec(_Strict):
+    """A shared agents file pulled in with ``include:``."""
+
+    include: list[str] = []
+    agents: dict[str, dict[str, Any]] = {}
+
+
+class RecipeSpec(_Strict):
+    """A whole recipe file."""
+
+    name: str = Field(pattern=ID_PATTERN)
+    description: str = ""
+    model: str | None = None
+    engine: EngineSpec = EngineSpec()
+    params: dict[str, ParamSpec] = {}
+    include: list[str] = []
+    agents: dict[str, dict[str, Any]] = {}
+    main: str
+    flow: list[StepSpec] = Field(min_length=1)
+    output: OutputSpec | None = None
+
+
+# --- parameter values ----------------------------------------------------------------------
+
+_TRUE = {"true", "yes", "on", "1", "y"}
+_FALSE = {"false", "no", "off", "0", "n"}
+
+
+def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
+    """Turn a value (a ``-p`` string, or a YAML default) into the parameter's type.
+
+    int -> int, number -> float, bool -> bool (true/false/yes/no/on/off/1/0), enum -> one of
+    ``choices``, list -> list[str] (a YAML list; or a string: a JSON list ``[...]``, else one
+    item per line if multi-line, else comma-separated), file -> the file's UTF-8 text (path
+    relative to ``base_dir``), string -> str unchanged. Raises ``ValueError`` saying what
+    was expected.
+    """
+    kind = spec.type
+    if kind == "string":
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"parameter '{name}' expects text, got a {type(value).__name__}")
+        return value if isinstance(value, str) else _yaml_text(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"parameter '{name}' expects a whole number, got {value!r}")
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"parameter '{name}' expects a whole number, got {value!r}") from None
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"parameter '{name}' expects a number, got {value!r}")
+        try:
+            return float(str(value).strip())
+        except ValueError:
+            raise ValueError(f"parameter '{name}' expects a number, got {value!r}") from None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE | _FALSE:
+            return text in _TRUE
+        raise ValueError(f"parameter '{name}' expects true or false, got {value!r}")
+    if kind == "enum":
+        text = _yaml_text(value)
+        if text not in (spec.choices or []):
+            hint = difflib.get_close_matches(text, spec.choices or [], n=1)
+            did = f"; did you mean '{hint[0]}'?" if hint else ""
+            raise ValueError(f"parameter '{name}' must be one of {', '.join(spec.choices or [])}, got {text!r}{did}")
+        return text
+    if kind == "list":
+        return _as_list(name, value)
+    # file
+    path = (base_dir / Path(str(value)).expanduser())
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise ValueError(f"parameter '{name}': file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"parameter '{name}': cannot read {path} as UTF-8 text: {exc}") from None
+
+
+def _yaml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _as_list(name: str, value: Any) -> list[str]:
+    if isinstance(value, list):
+        if any(isinstance(v, (dict, list)) for v in value):
+            raise ValueError(f"parameter '{name}' expects a list of plain values")
+        return [_yaml_text(v) for v in value]
+    if not isinstance(value, str):
+        raise ValueError(f"parameter '{name}' expects a list, got {value!r}")
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"parameter '{name}': not a JSON list ({exc.msg})") from None
+        return _as_list(name, parsed)
+    parts = text.splitlines() if "\n" in text else text.split(",")
+    return [p.strip() for p in parts if p.strip()]
