@@ -1,3 +1,205 @@
-"""Commands for this area are registered on `squad.cli._app.app`."""
+"""``squad verify`` and ``squad engine start|stop|status``.
 
-from squad.cli._app import app  # noqa: F401
+``engine start`` leaves a llama-server running after the command ends (a *detached* engine,
+recorded in ``state_dir()/engine.json``); every other launch in squad stops its engine when
+squad exits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import anyio
+import psutil
+import typer
+from rich.table import Table
+
+from squad.cli._app import app, console, err_console
+from squad.cli.engine import engine_app
+from squad.engine.info import EngineInfo
+from squad.engine.remote import (
+    SavedEngine,
+    SavedPlan,
+    attach,
+    control_client,
+    load_saved_engine,
+    pool_warning,
+    read_engine,
+    save_engine,
+    saved_engine_path,
+)
+from squad.errors import EngineGone, UserError
+from squad.planner import DEFAULT_SLOTS, MAX_SLOTS, EnginePlan
+
+__all__ = ["verify", "engine_start", "engine_stop", "engine_status"]
+
+_LlamaServer = Annotated[
+    Optional[Path], typer.Option("--llama-server", help="Use this llama-server binary instead of searching.")
+]
+_Model = Annotated[
+    Optional[str], typer.Option("--model", "-m", help="A known model name or a .gguf path (default: smollm2-135m).")
+]
+_Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="llama-server threads (-t).")]
+
+
+@app.command("verify")
+def verify(
+    model: _Model = None,
+    ctx: Annotated[int, typer.Option("--ctx", min=256, help="Context length to load, tokens.")] = 8192,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, max=MAX_SLOTS, help="Parallel slots.")] = 4,
+    llama_server: _LlamaServer = None,
+    threads: _Threads = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report instead of a table.")] = False,
+) -> None:
+    """Check that the engine serves parallel slots with one shared context (the product page's test).
+
+    Loads the model with --ctx and --parallel unified slots, checks /props, sends --parallel
+    overlapping streaming requests while polling /slots, and requires all slots busy at once and
+    every first token before any request finishes. Exits 1 if a check fails.
+    """
+    from squad.verify import run_verify
+
+    report = anyio.run(
+        lambda: run_verify(
+            model=model, ctx=ctx, parallel=parallel, binary=llama_server, threads=threads, max_tokens=max_tokens
+        )
+    )
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+    else:
+        console.print(f"engine {report.base_url}  model {report.model}  build {report.build_info}")
+        timings = Table("request", "first token (s)", "finished (s)", "tokens", "error", title="requests")
+        for r in report.requests:
+            timings.add_row(
+                str(r.index),
+                "-" if r.first_token is None else f"{r.first_token:.2f}",
+                "-" if r.finished is None else f"{r.finished:.2f}",
+                str(r.tokens),
+                r.error or "",
+            )
+        console.print(timings)
+        checks = Table("check", "measured", "expected", "result", title="checks")
+        for c in report.checks:
+            checks.add_row(c.name, c.measured, c.expected, "[green]pass[/]" if c.ok else "[red]FAIL[/]")
+        console.print(checks)
+        console.print("[green]verify passed[/]" if report.passed else "[red]verify FAILED[/]")
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+@engine_app.command("start")
+def engine_start(
+    model: _Model = None,
+    slots: Annotated[int, typer.Option("--slots", "-np", min=1, max=MAX_SLOTS, help="Parallel slots.")] = DEFAULT_SLOTS,
+    ctx: Annotated[int, typer.Option("--ctx", "-c", min=256, help="Context length (shared pool), tokens.")] = 8192,
+    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="Port (default: a free one).")] = None,
+    llama_server: _LlamaServer = None,
+    threads: _Threads = None,
+) -> None:
+    """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
+    from squad.engine.launcher import Launcher
+    from squad.engine.models import resolve_model
+
+    saved = load_saved_engine()
+    if saved is not None and _running(saved):
+        raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
+    plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
+
+    async def start() -> Launcher:
+        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True)
+        await launcher.start()
+        return launcher
+
+    started = time.monotonic()
+    with console.status(f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"):
+        launcher = anyio.run(start)
+    info, pid = launcher.info, launcher.pid
+    assert info is not None and pid is not None and launcher.log_path is not None
+    launcher.detach()
+    record = SavedEngine(
+        url=info.base_url,
+        api_key=info.api_key,
+        pid=pid,
+        create_time=psutil.Process(pid).create_time(),
+        log_path=str(launcher.log_path),
+        plan=SavedPlan(
+            model=str(plan.model),
+            slots=plan.slots,
+            n_ctx=plan.n_ctx,
+            kv_unified=plan.kv_unified,
+            cache_type_k=plan.cache_type_k,
+            cache_type_v=plan.cache_type_v,
+        ),
+    )
+    path = save_engine(record)
+    console.print(
+        f"engine up at [bold]{info.base_url}[/] in {time.monotonic() - started:.1f} s: {info.slots} slots, "
+        f"n_ctx {info.n_ctx} per request, pool {info.pool} tokens, pid {pid}"
+    )
+    console.print(f"API key and pid in {path}; log {launcher.log_path}")
+    console.print("check it with `squad engine status`; stop it with `squad engine stop`")
+
+
+@engine_app.command("stop")
+def engine_stop() -> None:
+    """Stop the engine `squad engine start` left running (SIGTERM, then SIGKILL after 5 s)."""
+    from squad.engine.launcher import stop_pid
+
+    saved = load_saved_engine()
+    if saved is None:
+        raise UserError(f"no engine to stop: {saved_engine_path()} does not exist (start one with `squad engine start`)")
+    stopped = stop_pid(saved.pid, create_time=saved.create_time)
+    saved_engine_path().unlink(missing_ok=True)
+    console.print(f"stopped engine at {saved.url} (pid {saved.pid})" if stopped else f"engine at {saved.url} was not running")
+
+
+@engine_app.command("status")
+def engine_status(
+    url: Annotated[Optional[str], typer.Option("--url", help="Engine root URL (default: the one `engine start` left).")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Show what a running engine applied: slots, n_ctx, busy slots, model, build, unified KV or not."""
+    saved = load_saved_engine() if url is None else None
+    if url is None:
+        if saved is None:
+            raise UserError("no engine given: pass --url URL, or start one with `squad engine start`")
+        if not _running(saved):
+            raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not running; start it again")
+        url, api_key = saved.url, saved.api_key
+    info, busy = anyio.run(lambda: _status(url, api_key))
+    if saved is not None:  # we started it: its KV layout is known from the plan
+        info = replace(info, kv_unified=saved.plan.kv_unified, pool=saved.plan.n_ctx if saved.plan.kv_unified else info.pool)
+    warning = pool_warning(info)
+    if as_json:
+        out = {**asdict(info), "api_key": None, "busy_slots": busy, "pid": saved.pid if saved else None, "warning": warning}
+        console.print_json(json.dumps(out))
+        return
+    unified = {True: "yes (one shared pool)", False: "no", None: "unknown"}[info.kv_unified]
+    console.print(f"url          {info.base_url}" + (f" (pid {saved.pid})" if saved else ""))
+    console.print(f"model        {info.model_path}")
+    console.print(f"build        {info.build_info}")
+    console.print(f"slots        {info.slots} ({'?' if busy is None else busy} busy)")
+    console.print(f"n_ctx        {info.n_ctx} tokens per request (n_ctx_train {info.n_ctx_train})")
+    console.print(f"unified KV   {unified}; pool {info.pool} tokens")
+    if warning:
+        err_console.print(f"[yellow]warning:[/] {warning}")
+
+
+async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None]:
+    info = await attach(url, api_key)
+    async with control_client(info.base_url, api_key) as client:
+        state = await read_engine(client)
+    return info, state.busy_slots()
+
+
+def _running(saved: SavedEngine) -> bool:
+    try:
+        return abs(psutil.Process(saved.pid).create_time() - saved.create_time) <= 1.0
+    except psutil.Error:
+        return False

@@ -18,18 +18,34 @@ What an engine says about itself (llama.cpp b11434, ``tools/server/server-contex
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from squad.dirs import state_dir
 from squad.engine.info import EngineInfo
 from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
 
-__all__ = ["attach", "pool_warning", "wait_healthy", "read_engine", "EngineState", "control_client"]
+__all__ = [
+    "attach",
+    "pool_warning",
+    "wait_healthy",
+    "read_engine",
+    "EngineState",
+    "control_client",
+    "SavedEngine",
+    "SavedPlan",
+    "saved_engine_path",
+    "load_saved_engine",
+    "save_engine",
+]
 
 POLL_INTERVAL = 0.1
 """Seconds between ``/health`` polls while an engine loads."""
@@ -223,3 +239,62 @@ def pool_warning(info: EngineInfo) -> str | None:
         f"if it was started with -np {info.slots} without --kv-unified each request gets only "
         f"n_ctx/{info.slots}. squad assumes requests running together fit in {info.n_ctx} tokens."
     )
+
+
+# --- the engine `squad engine start` left running ------------------------------------------------
+
+
+class SavedPlan(BaseModel):
+    """The plan a detached engine was started with (as stored in ``engine.json``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    slots: int
+    n_ctx: int
+    kv_unified: bool
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+
+
+class SavedEngine(BaseModel):
+    """``state_dir()/engine.json``: the engine ``squad engine start`` left running.
+
+    ``url`` (no ``/v1``), ``api_key`` (the file is written mode 0600), ``pid`` and
+    ``create_time`` (to tell a reused pid apart), ``log_path``, ``plan``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    api_key: str | None
+    pid: int
+    create_time: float
+    log_path: str
+    plan: SavedPlan
+
+
+def saved_engine_path() -> Path:
+    """``state_dir()/engine.json``."""
+    return state_dir() / "engine.json"
+
+
+def load_saved_engine() -> SavedEngine | None:
+    """The record of the engine ``squad engine start`` left running, or None if there is none.
+
+    Raises :class:`UserError` naming the file when it exists but is not valid.
+    """
+    path = saved_engine_path()
+    if not path.is_file():
+        return None
+    try:
+        return SavedEngine.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        raise UserError(f"{path}: not a valid engine record ({exc}); delete it and start the engine again") from exc
+
+
+def save_engine(record: SavedEngine) -> Path:
+    """Write ``engine.json`` readable by the owner only (it holds the API key)."""
+    path = saved_engine_path()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(record.model_dump_json(indent=2))
+    return path
