@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import sys
 import tarfile
+import time
 import types
 from pathlib import Path
 
@@ -248,3 +250,41 @@ def test_download_verifies_sha256(tmp_path):
     with pytest.raises(EngineBuildError, match="corrupt"):
         pypi.download(bad, tmp_path / "y.bin", client=client, error=EngineBuildError)
     assert not (tmp_path / "y.bin").exists() and not (tmp_path / "y.bin.part").exists()
+
+
+def test_interrupted_build_stops_the_build_processes(tmp_path, monkeypatch):
+    """A failure in the middle of the build (here: the progress callback) kills cmake's group."""
+    bindir = tmp_path / "bin"
+    pidfile = tmp_path / "sleeper.pid"
+    fake = bindir / "cmake"
+    bindir.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--build" ]; then\n'
+        f"  sleep 60 & echo $! > {pidfile}\n"  # the pid is on disk before the line below
+        "  echo '[ 10%] Building CXX object x.o'\n"
+        "  wait\n"
+        "fi\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+
+    class Stop(Exception):
+        pass
+
+    def progress(message: str) -> None:
+        if message.endswith("10%"):
+            raise Stop
+
+    with pytest.raises(Stop):
+        build_target(tmp_path / "src", tmp_path / "build", target="llama-server",
+                     log_path=tmp_path / "log", progress=progress)
+    pid = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the build's child process survived")

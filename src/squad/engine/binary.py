@@ -243,8 +243,11 @@ def _run_logged(
                 last = int(match.group(1))
                 on_percent(last)
         code = proc.wait()
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group of the cmake process started above
+    except BaseException:  # Ctrl-C or a failing callback: stop the compilers we started
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the session of the cmake process started above
+        except ProcessLookupError:
+            pass
         proc.wait()
         raise
     if code != 0:
