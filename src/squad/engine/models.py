@@ -11,6 +11,7 @@ result together with the file's size and mtime, so later resolves do not re-hash
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -276,10 +277,23 @@ class ModelFacts:
 
 def read_model_facts(path: str | Path) -> ModelFacts:
     """Read ``ModelFacts`` from a GGUF file. Raises ``ModelError`` if it is missing, not GGUF,
-    or lacks a key squad needs (it names the key)."""
+    or lacks a key squad needs (it names the key).
+
+    Parsing takes ~2 s for the default model (the reader walks the whole vocabulary), so
+    results are memoized per (path, size, mtime) for the life of the process.
+    """
+    path = Path(path).expanduser()
+    try:
+        stat = path.stat()
+    except OSError:
+        raise ModelError(f"{path}: no such model file") from None
+    return _read_facts(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_facts(path: Path, _size: int, _mtime_ns: int) -> ModelFacts:
     from gguf import GGUFReader  # numpy-heavy; import when needed
 
-    path = Path(path).expanduser()
     if not path.is_file():
         raise ModelError(f"{path}: no such model file")
     if not _is_gguf(path):
