@@ -485,15 +485,24 @@ class _Loader:
         return parts
 
     def _mentions(self, prompt: str, agent: str, path: Path_) -> tuple[str, ...]:
+        """@mentions in a prompt. Only prompts to the main agent dispatch sub-agents (as
+        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none."""
         parsed = parse_mentions(prompt, list(self.agents))
-        allowed = self.agents[agent].agents
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
+        if agent == self.main:
+            lead = self.agents[agent]
+            allowed = list(lead.agents) or [n for n in self.agents if n != agent]
+        else:
+            allowed = []
         for name in parsed.agents:
-            if name not in allowed:
-                who = "the main agent " if agent == self.main else ""
+            if agent != self.main:
                 raise self.located.error(
-                    f"{who}'{agent}' cannot @mention '{name}': add it to agents.{agent}.agents", path)
+                    f"only prompts to the main agent ('{self.main}') can @mention sub-agents; drop "
+                    f"agent: '{agent}' from this step or write '{name}' without @", path)
+            if name not in allowed:
+                raise self.located.error(
+                    f"the main agent '{agent}' cannot @mention '{name}': add it to agents.{agent}.agents", path)
         return tuple(parsed.agents)
 
     def _check_schema(self, schema: dict[str, Any]) -> None:

@@ -1,3 +1,247 @@
-"""Commands for this area are registered on `squad.cli._app.app`."""
+"""``squad run``, ``squad chat`` and ``squad recipes validate``.
 
-from squad.cli._app import app  # noqa: F401
+- ``squad recipes validate FILE...``: every recipe check, no model needed; exit 2 on errors.
+- ``squad run RECIPE -p k=v ...``: validate -> plan -> launch (or ``--url`` attach) -> run the
+  flow -> print the final output (stdout) and a per-agent summary (stderr).
+- ``squad chat``: a main agent in a REPL; lines may @mention sub-agents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import anyio
+import typer
+from rich.table import Table
+
+from squad.cli._app import app, console, err_console
+from squad.errors import AgentRunError, RecipeError, UserError
+
+__all__ = ["run_command", "chat_command", "validate_command", "collect_params", "chat_loop"]
+
+recipes_app = typer.Typer(help="Work with recipe files.", no_args_is_help=True)
+app.add_typer(recipes_app, name="recipes")
+
+
+def collect_params(items: list[str]) -> dict[str, str | list[str]]:
+    """``["topic=cats", "item=a", "item=b"]`` -> ``{"topic": "cats", "item": ["a", "b"]}``
+    (a repeated name becomes a list). Raises :class:`UserError` for an item without ``=``."""
+    params: dict[str, str | list[str]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
+        if name in params:
+            before = params[name]
+            params[name] = [*(before if isinstance(before, list) else [before]), value]
+        else:
+            params[name] = value
+    return params
+
+
+@recipes_app.command("validate")
+def validate_command(
+    files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
+) -> None:
+    """Check recipes without a model: YAML, keys, types, agents, templates, @mentions,
+    parameters. Prints OK, warnings or the error for each file; exit 2 if any has errors."""
+    from squad.recipe import validate_recipe
+
+    failed = 0
+    for path in files:
+        try:
+            warnings = validate_recipe(path)
+        except RecipeError as exc:
+            failed += 1
+            err_console.print(f"[red]error[/] {_esc(str(exc))}")
+            continue
+        for warning in warnings:
+            err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
+        console.print(f"[green]OK[/] {_esc(str(path))}" + (f" ({len(warnings)} warnings)" if warnings else ""))
+    if failed:
+        err_console.print(f"{failed} of {len(files)} recipe(s) have errors")
+        raise typer.Exit(2)
+
+
+@app.command("run")
+def run_command(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists).")] = [],  # noqa: B006
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (overrides the recipe).")] = None,
+    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server instead of launching one.")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Engine threads (-t).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print output, steps and per-agent stats as JSON.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
+) -> None:
+    """Run a recipe: validate, plan the engine, launch it, run the flow, print the output."""
+    from squad.recipe import load_recipe
+    from squad.recipe_run import run_recipe, step_table
+    from squad.view import live_view
+
+    loaded = load_recipe(recipe, collect_params(param))
+    if url is not None and (slots is not None or ctx is not None):
+        raise UserError("--slots/--ctx size an engine squad launches; drop them with --url")
+    for warning in loaded.warnings:
+        err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
+
+    async def main() -> Any:
+        with live_view(on=not quiet and not as_json, console=err_console) as sink:
+            return await run_recipe(loaded, model=model, slots=slots, ctx=ctx, url=url,
+                                    binary=llama_server, threads=threads, on_event=sink)
+
+    result = anyio.run(main)
+    rows = step_table(result)
+    if out is not None:
+        out.write_text(result.output + ("\n" if not result.output.endswith("\n") else ""), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps({
+            "recipe": loaded.name, "output": result.output, "value": result.value,
+            "steps": result.steps, "agents": rows, "errors": result.errors,
+            "engine": _engine_json(result.info),
+        }, indent=2, default=str))
+        return
+    typer.echo(result.output)
+    if not quiet:
+        _summary(rows, result)
+
+
+def _engine_json(info: Any) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool, "base_url": info.base_url}
+
+
+def _summary(rows: list[Any], result: Any) -> None:
+    table = Table(title="agents", title_justify="left", show_edge=False)
+    for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
+        table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")
+    for r in rows:
+        table.add_row(
+            r["step"], r["agent"], _esc(str(r["state"]))[:60], f"{r['queued_s']:.2f}",
+            "-" if r["first_token_s"] is None else f"{r['first_token_s']:.2f}",
+            f"{r['prompt_tokens']}+{r['completion_tokens']}",
+            "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",
+            "-" if r["slot"] is None else str(r["slot"]),
+        )
+    err_console.print(table)
+    if result.info is not None:
+        err_console.print(f"engine: {result.info.slots} slots, context {result.info.n_ctx} tokens (read back from /props)")
+    for sid, message in result.errors:
+        err_console.print(f"[yellow]step {sid} failed (policy collect):[/] {_esc(message)}")
+
+
+@app.command("chat")
+def chat_command(
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="Take agents and main agent from a recipe.")] = None,
+    agent_file: Annotated[Optional[Path], typer.Option("--agent-file", help="A file with agents: (first is main unless --main).")] = None,
+    main: Annotated[Optional[str], typer.Option("--main", help="The main agent's name.")] = None,
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE.")] = [],  # noqa: B006
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path.")] = None,
+    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
+    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
+    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server.")] = None,
+) -> None:
+    """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
+    agents, main_name, variables, chosen_model = _chat_agents(recipe, agent_file, main, param)
+    anyio.run(lambda: chat_loop(agents, main_name, variables=variables, model=model or chosen_model,
+                                slots=slots, ctx=ctx, url=url, binary=llama_server))
+
+
+def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
+                 param: list[str]) -> tuple[list[Any], str, dict[str, Any], str | None]:
+    from squad.agent import Agent
+    from squad.recipe import load_agents, load_recipe
+
+    if recipe is not None and agent_file is not None:
+        raise UserError("give --recipe or --agent-file, not both")
+    if recipe is not None:
+        loaded = load_recipe(recipe, collect_params(param))
+        agents, lead, variables, chosen = dict(loaded.agents), main or loaded.main, {"params": loaded.params}, loaded.model
+    elif agent_file is not None:
+        agents, variables, chosen = load_agents(agent_file), {}, None
+        lead = main or next(iter(agents), "")
+    else:
+        agents = {"assistant": Agent(name="assistant", instructions="You are a helpful assistant. Be brief.",
+                                     budget=2048, max_tokens=256)}
+        lead, variables, chosen = "assistant", {}, None
+    if lead not in agents:
+        raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")
+    return list(agents.values()), lead, variables, chosen
+
+
+async def chat_loop(
+    agents: list[Any], main: str, *, variables: dict[str, Any], model: str | None = None,
+    slots: int | None = None, ctx: int | None = None, url: str | None = None, binary: str | None = None,
+    read: Any = None, engine: Any = None, quiet: bool = False,
+) -> list[dict[str, Any]]:
+    """The REPL: each line is one main-agent turn (``Squad.run``); @mentioned sub-agents run
+    at once and their answers are handed back. Unknown @mentions are warnings with
+    suggestions (the line runs without them). History is trimmed, oldest turns first, to
+    half the main agent's budget. ``/quit`` (or end of input) ends; returns the history."""
+    from squad.mention import parse_mentions
+    from squad.runtime import Squad
+    from squad.view import LiveView
+
+    read = read or (lambda: input("you> "))
+    view = LiveView(on=not quiet, console=err_console, live=False)
+    options: dict[str, Any] = {} if (url or engine) else {"model": model, "slots": slots, "ctx": ctx, "binary": binary}
+    async with Squad(agents, main=main, url=url, engine=engine, on_event=view, variables=variables, **options) as sq:
+        lead = sq.agents[main]
+        subs = sq._sub_names(lead)  # noqa: SLF001 - the runtime's rule for who may be mentioned
+        err_console.print(f"chat with [bold]{main}[/]; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
+                          f"engine {sq.info.slots} slots, context {sq.info.n_ctx}. /quit ends.")
+        history: list[dict[str, Any]] = []
+        while True:
+            try:
+                line = await anyio.to_thread.run_sync(read)
+            except EOFError:
+                break
+            if line.strip() in ("/quit", "/exit"):
+                break
+            if not line.strip():
+                continue
+            parsed = parse_mentions(line, subs)
+            for unknown in parsed.unknown:
+                err_console.print(f"[yellow]warning[/] {_esc(unknown.message())}; not dispatched")
+                line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)
+            try:
+                result = await sq.run(line, history=history)
+            except UserError as exc:
+                err_console.print(f"[red]error[/] {_esc(str(exc))}")
+                continue
+            except AgentRunError as exc:
+                err_console.print(f"[red]{type(exc).__name__}[/] {_esc(str(exc))}")
+                continue
+            console.print(f"[bold]{main}>[/] {_esc(result.output)}")
+            history = await _trim(sq, result.history, lead.budget // 2)
+    return history
+
+
+async def _trim(sq: Any, history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Drop the oldest user/assistant turns until ``history`` counts at most ``limit`` tokens."""
+    import inspect
+
+    history = list(history)
+    while history:
+        counted = sq.client.count_prompt_tokens(history, None)
+        tokens = await counted if inspect.isawaitable(counted) else counted
+        if tokens <= limit:
+            break
+        cut = next((i for i, m in enumerate(history[1:], 1) if m.get("role") == "user"), len(history))
+        history = history[cut:]
+    return history
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,199 @@
+"""Running a recipe's flow on a :class:`squad.runtime.Squad`.
+
+Each step's result is kept as ``steps[ID] = {"output": text, "outputs": [texts],
+"error": message or None}`` for later templates:
+
+- a call step: ``output`` is the answer (``outputs`` = ``[output]``). A prompt to the main
+  agent goes through ``Squad.run`` (its @mentions run in parallel and are handed back);
+  a prompt to another agent through ``Squad.run_agent``.
+- a parallel block: its steps run at once; ``outputs`` lists their outputs in order and
+  ``output`` joins them with a blank line. ``policy: fail-fast`` stops the block (and the
+  run) at the first failure; ``collect`` records the failure (``output`` ``""``, ``error``
+  set) and goes on.
+- a map: ``outputs`` has one answer per item (in item order, ``""`` for a failed item),
+  ``output`` is them one per line.
+
+The final output is the last step's ``output``; with an output schema it must be JSON
+matching it (:meth:`Recipe.check_output`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import anyio
+
+from squad.errors import AgentRunError
+from squad.recipe import Recipe, Step
+from squad.results import AgentResult
+
+__all__ = ["RecipeRun", "run_recipe", "execute_flow"]
+
+
+@dataclass
+class RecipeRun:
+    """What a recipe run produced.
+
+    ``output``: the final text; ``value``: it parsed as JSON when the recipe has an output
+    schema (else None); ``steps``: each step's record (see the module docstring);
+    ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
+    ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
+    ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
+    """
+
+    output: str
+    value: Any = None
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: list[tuple[str, AgentResult]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    plan: Any = None
+    info: Any = None
+
+
+async def run_recipe(
+    recipe: Recipe,
+    *,
+    model: str | None = None,
+    slots: int | None = None,
+    ctx: int | None = None,
+    url: str | None = None,
+    api_key: str | None = None,
+    binary: str | None = None,
+    threads: int | None = None,
+    on_event: Any = None,
+    engine: Any = None,
+) -> RecipeRun:
+    """Plan, launch (or attach to ``url``/use ``engine``), run the flow, close the engine.
+
+    ``model``/``slots``/``ctx`` override the recipe's. Raises the failing agent's
+    :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
+    :class:`~squad.errors.UserError` for a final output that misses the schema.
+    """
+    from squad.runtime import Squad
+
+    attached = url is not None or engine is not None
+    options: dict[str, Any] = {}
+    if not attached:
+        options = {
+            "model": model or recipe.model,
+            "slots": slots if slots is not None else recipe.engine.slots,
+            "ctx": ctx if ctx is not None else recipe.engine.ctx,
+            "binary": binary,
+            "threads": threads,
+        }
+    async with Squad(
+        list(recipe.agents.values()), main=recipe.main, url=url, api_key=api_key, engine=engine,
+        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, **options,
+    ) as squad:
+        run = await execute_flow(recipe, squad)
+        run.plan, run.info = squad.plan, squad.info
+    if recipe.output_schema is not None:
+        run.value = recipe.check_output(run.output)
+    return run
+
+
+async def execute_flow(recipe: Recipe, squad: Any) -> RecipeRun:
+    """Run ``recipe.flow`` on an open squad (anything with ``run``/``run_agent``/``parallel``)."""
+    run = RecipeRun(output="")
+    for step in recipe.flow:
+        await _step(recipe, squad, step, run)
+    run.output = run.steps[recipe.flow[-1].id]["output"] if recipe.flow else ""
+    return run
+
+
+async def _step(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+    if step.kind == "parallel":
+        await _parallel(recipe, squad, step, run)
+    elif step.kind == "map":
+        await _map(recipe, squad, step, run)
+    else:
+        prompt = recipe.render_prompt(step, run.steps)
+        text = await _call(recipe, squad, step, prompt, run)
+        run.steps[step.id] = {"output": text, "outputs": [text], "error": None}
+
+
+async def _call(recipe: Recipe, squad: Any, step: Step, prompt: str, run: RecipeRun) -> str:
+    if step.agent == recipe.main:
+        result = await squad.run(prompt)
+        run.results.extend((step.id, r) for r in result.subs)
+        run.results.append((step.id, result.main))
+        return result.output
+    agent_result = await squad.run_agent(step.agent, prompt)
+    run.results.append((step.id, agent_result))
+    return agent_result.output
+
+
+async def _parallel(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+    simple = all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
+    if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
+        pairs = [(s.agent, recipe.render_prompt(s, run.steps)) for s in step.steps]
+        results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast")
+        for child, result in zip(step.steps, results):
+            run.results.append((child.id, result))
+            _record(run, child.id, result.output, result.error)
+    else:
+        async with anyio.create_task_group() as tg:
+            for child in step.steps:
+                tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
+    outputs = [run.steps[c.id]["output"] for c in step.steps]
+    run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": None}
+
+
+async def _guarded(recipe: Recipe, squad: Any, step: Step, run: RecipeRun, policy: str) -> None:
+    try:
+        await _step(recipe, squad, step, run)
+    except AgentRunError as exc:
+        if policy == "fail-fast":
+            raise
+        _record(run, step.id, "", exc)
+
+
+async def _map(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+    items = recipe.items(step, run.steps)
+    prompts = [recipe.render_prompt(step, run.steps, item=item, index=i) for i, item in enumerate(items)]
+    outputs: list[str] = [""] * len(prompts)
+    if step.agent != recipe.main:
+        results = await squad.parallel([(step.agent, p) for p in prompts], max_concurrency=step.concurrency)
+        for i, result in enumerate(results):
+            run.results.append((f"{step.id}[{i}]", result))
+            outputs[i] = result.output
+            if result.error is not None:
+                run.errors.append((f"{step.id}[{i}]", str(result.error)))
+    else:
+        limiter = anyio.CapacityLimiter(step.concurrency or max(1, len(prompts)))
+
+        async def one(i: int, prompt: str) -> None:
+            async with limiter:
+                try:
+                    outputs[i] = await _call(recipe, squad, step, prompt, run)
+                except AgentRunError as exc:
+                    run.errors.append((f"{step.id}[{i}]", str(exc)))
+
+        async with anyio.create_task_group() as tg:
+            for i, prompt in enumerate(prompts):
+                tg.start_soon(one, i, prompt)
+    run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": None}
+
+
+def _record(run: RecipeRun, sid: str, output: str, error: BaseException | None) -> None:
+    run.steps[sid] = {"output": output, "outputs": [output], "error": str(error) if error else None}
+    if error is not None:
+        run.errors.append((sid, str(error)))
+
+
+def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
+    """One row per agent conversation: step, agent, state, queued s, first token s, tokens,
+    tok/s, slot (for ``squad run``'s summary)."""
+    rows = []
+    for sid, r in run.results:
+        t = r.timings
+        rows.append({
+            "step": sid, "agent": r.agent,
+            "state": "ok" if r.ok else (r.cancelled_reason or f"failed: {r.error}"),
+            "queued_s": round(t.queued_s, 3), "first_token_s": None if t.ttft_s is None else round(t.ttft_s, 3),
+            "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
+            "tokens_per_s": None if t.tokens_per_s is None else round(t.tokens_per_s, 1),
+            "slot": r.slot, "total_s": round(t.total_s, 3),
+        })
+    return rows
