@@ -193,7 +193,7 @@ class Squad:
             model=model_path,
             n_ctx_train=facts.n_ctx_train,
             kv_bytes_per_token=facts.kv_bytes_per_token("f16", "f16"),
-            memory_for_kv=memory_for_kv(),
+            memory_for_kv=memory_for_kv(model_path),
             pin_slots=self._slots,
             pin_ctx=self._ctx,
         )
@@ -246,7 +246,7 @@ class Squad:
             message = text
             if parsed.dispatches:
                 self._emit(Event("mention.dispatched", main.name, {"agents": parsed.agents}))
-                await self._fit_fanout(len(parsed.dispatches))
+                await self._fit_fanout(main, parsed.agents)
                 subs = await self._parallel(
                     [(d.agent, d.text) for d in parsed.dispatches], policy=policy, priority=1, variables=variables
                 )
@@ -362,16 +362,19 @@ class Squad:
         if scope.cancelled_caught:
             raise AgentCancelled(holder[0] or "cancelled by the caller")
 
-    async def _fit_fanout(self, n: int) -> None:
+    async def _fit_fanout(self, main: Agent, subs: Sequence[str]) -> None:
         """More sub-agents than slots: replan a launched engine if allowed, else say they queue."""
         assert self.info is not None
+        n = len(subs)
         if n <= self.info.slots:
             return
         if self.replan and self.launcher is not None and self.plan is not None:
             async with self._replan_lock:
+                from squad.machine import memory_for_kv
                 from squad.planner import plan_for_replan
 
-                new = plan_for_replan(self.plan, concurrent_calls=n + 1)
+                group = [flow.Call(main.name, main.budget)] + [flow.Call(s, self.agents[s].budget) for s in subs]
+                new = plan_for_replan(self.plan, group, memory_for_kv=memory_for_kv(self.plan.model))
                 if new is not None and new != self.plan:
                     self._emit(Event("engine.replanning", data={"from_slots": self.info.slots, "to_slots": new.slots,
                                                                 "n_ctx": new.n_ctx, "agents": n}))
