@@ -92,9 +92,9 @@ def test_delegate_with_empty_subs_is_main_alone():
     assert [s.agents for s in stages(Delegate(lead, Parallel(())))] == [("lead",)]
 
 
-def test_root_label_prefixes():
-    timeline = stages(Sequence((lead, sec), label="pr"))
-    assert [s.label for s in timeline] == ["pr › step 1", "pr › step 2"]
+def test_root_label_is_not_repeated_in_every_stage():
+    timeline = stages(Sequence((lead, Parallel((sec, style), label="review")), label="pr"))
+    assert [s.label for s in timeline] == ["step 1", "step 2 (review)"]
 
 
 def test_calls_distinct_in_order():

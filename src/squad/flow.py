@@ -145,9 +145,7 @@ def stages(node: Node) -> tuple[Stage, ...]:
     child's own label in parentheses), ``×N`` for a map's copies, ``main waiting`` for a
     delegation; a stage with no position of its own is ``step N`` of the timeline.
     """
-    result = _stages(node)
-    if _own_label(node):
-        result = tuple(_relabel(s, node.label) for s in result)  # type: ignore[union-attr]
+    result = _stages(node)  # the root's own label names the whole timeline: not repeated
     return tuple(s if s.label else _relabel(s, f"step {i}") for i, s in enumerate(result, 1))
 
 

@@ -1,0 +1,127 @@
+"""``squad plan`` end to end on the real default model's GGUF facts (no engine started)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from squad.cli import main
+
+RECIPE = textwrap.dedent("""\
+    name: code-review
+    params:
+      diff: {type: string, required: true}
+      files: {type: list, default: [a.py, b.py, c.py, d.py, e.py]}
+    agents:
+      lead: {budget: 4096, instructions: "You lead the review.", agents: [security, style, tests]}
+      security: {budget: 4096, instructions: "Security review."}
+      style: {budget: 4096, instructions: "Style review."}
+      tests: {budget: 4096, instructions: "Test review."}
+      fixer: {budget: 2048, instructions: "Fix."}
+    main: lead
+    flow:
+      - id: review
+        prompt: "@security @style @tests review {{ params.diff }}"
+      - id: fixes
+        map: params.files
+        agent: fixer
+        concurrency: 3
+        prompt: "fix {{ item }}"
+    """)
+
+
+@pytest.fixture
+def model(default_model_path):
+    return str(default_model_path)
+
+
+@pytest.fixture(autouse=True)
+def _memory(monkeypatch):
+    monkeypatch.setenv("SQUAD_KV_MEMORY", "4GiB")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv: str) -> dict:
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_quick_agents_four_at_once(capsys, model):
+    data = run_json(capsys, "plan", "--agents", "lead:4096,security:4096,style:4096,tests:4096", "--parallel", "--model", model)
+    assert (data["slots"], data["n_ctx"], data["kv_unified"]) == (4, 16384, True)
+    assert data["kv_bytes"] == 16384 * 23040 and data["n_ctx_train"] == 8192
+    assert data["memory_for_kv"] == 4 * 2**30
+    assert "-c 16384 -np 4 --kv-unified" in data["command"]
+
+
+def test_quick_agents_sequence_needs_one_slot(capsys, model):
+    data = run_json(capsys, "plan", "--agents", "a:1000,b:3000", "--model", model)
+    assert (data["slots"], data["n_ctx"]) == (1, 3072)
+
+
+def test_memory_too_small_cuts_and_warns(capsys, model, monkeypatch):
+    monkeypatch.setenv("SQUAD_KV_MEMORY", "200MiB")
+    data = run_json(capsys, "plan", "--agents", "a:4096,b:4096,c:4096,d:4096", "--parallel", "--model", model)
+    assert (data["slots"], data["n_ctx"]) == (2, 8960)
+    assert "-ctk q8_0 -ctv q8_0" in data["warnings"][0]
+
+
+def test_pins_ctx_rounding_and_cache_type(capsys, model):
+    data = run_json(capsys, "plan", "--agents", "a:500", "--model", model, "--slots", "1", "--ctx", "1000", "--ctk", "q8_0")
+    assert (data["slots"], data["n_ctx"], data["requested_ctx"]) == (1, 1024, 1000)
+    assert data["server_args"][-4:] == ["-ctk", "q8_0", "-ctv", "q8_0"]
+    assert data["kv_bytes"] == 1024 * 12240 and data["warnings"] == []
+
+
+def test_recipe_plan_text(capsys, model, tmp_path):
+    path = tmp_path / "review.yaml"
+    path.write_text(RECIPE)
+    code, out, err = run(capsys, "plan", str(path), "-p", "diff=x", "--model", model)
+    assert code == 0, err
+    assert "lead waiting" in out and "×3" in out
+    assert "slots 4 = peak concurrency at step 1 › lead waiting: lead, security, style, tests" in " ".join(out.split())
+    assert "--kv-unified" in out and "<PORT>" in out
+
+
+def test_recipe_plan_json_and_engine_pins(capsys, model, tmp_path):
+    path = tmp_path / "review.yaml"
+    path.write_text(RECIPE)
+    data = run_json(capsys, "plan", str(path), "-p", "diff=x", "--model", model)
+    assert (data["slots"], data["n_ctx"]) == (4, 16384)
+    assert [len(s["agents"]) for s in data["timeline"]] == [1, 4, 1, 3]
+    path.write_text(RECIPE.replace("main: lead", "main: lead\nengine: {slots: 1}"))
+    data = run_json(capsys, "plan", str(path), "-p", "diff=x", "--model", model)
+    assert data["slots"] == 1 and any("serialized" in w for w in data["warnings"])
+    data = run_json(capsys, "plan", str(path), "-p", "diff=x", "--model", model, "--slots", "3")
+    assert data["slots"] == 3  # the command line wins over the recipe
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--agents", "a:4096", "RECIPE"], "not both"),
+    ([], "give a recipe file"),
+    (["--agents", "a:lots"], "NAME:BUDGET"),
+    (["--agents", "a:40000"], "above the model's training context"),
+    (["--agents", "a:100", "--slots", "9"], "use 1 to 8"),
+    (["--agents", "a:100", "--ctk", "q9"], "q9"),
+    (["--agents", "a:100", "--backend", "gpu"], "--backend"),
+    (["RECIPE", "-p", "novalue"], "NAME=VALUE"),
+])
+def test_user_mistakes_exit_2_without_traceback(capsys, model, tmp_path, argv, text):
+    path = tmp_path / "review.yaml"
+    path.write_text(RECIPE)
+    argv = [str(path) if a == "RECIPE" else a for a in argv]
+    code, out, err = run(capsys, "plan", *argv, "--model", model)
+    assert code == 2
+    assert text in " ".join(err.split()) and "Traceback" not in err
