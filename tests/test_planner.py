@@ -300,30 +300,19 @@ def test_replan_none_for_mlx_attached_or_no_memory():
 
 # --- the real engine ---------------------------------------------------------------------
 
-def _engine_paths(request) -> tuple[Path, Path]:
-    try:
-        return Path(request.getfixturevalue("llama_server_path")), Path(request.getfixturevalue("default_model_path"))
-    except pytest.FixtureLookupError:
-        binary = Path.home() / ".cache/squad/engine/b11434/bin/llama-server"
-        model = Path.home() / ".cache/squad/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        if not (binary.exists() and model.exists()):
-            pytest.skip("llama-server or the default model is not installed")
-        return binary, model
+def test_default_model_facts_give_the_documented_kv_bytes(default_model_path):
+    from squad.engine.models import read_model_facts
 
-
-def _kv_bytes_per_token(model: Path, ctk: str, ctv: str) -> int:
-    try:
-        from squad.engine.models import read_model_facts
-    except ImportError:  # the GGUF reader is another module; the documented facts until then
-        return {("f16", "f16"): SMOL_KV, ("q8_0", "q8_0"): SMOL_KV * 34 // 64}[(ctk, ctv)]
-    return read_model_facts(model).kv_bytes_per_token(ctk, ctv)
+    facts = read_model_facts(default_model_path)
+    assert facts.kv_bytes_per_token("f16", "f16") == SMOL_KV
+    assert facts.kv_bytes_per_token("q8_0", "q8_0") == SMOL_KV * 34 // 64 == 12_240
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
-def test_kv_bytes_match_real_engine_log(request, tmp_path, cache_type):
-    binary, model = _engine_paths(request)
-    per_token = _kv_bytes_per_token(model, cache_type, cache_type)
+def test_kv_bytes_match_real_engine_log(llama_server_path, default_model_path, tmp_path, cache_type):
+    binary, model = llama_server_path, default_model_path
+    per_token = {"f16": SMOL_KV, "q8_0": 12_240}[cache_type]
     p = plan(Parallel(agents(3, 1000)), model=model, n_ctx_train=8192, kv_bytes_per_token=per_token,
              cache_type_k=cache_type, cache_type_v=cache_type)
     assert (p.slots, p.n_ctx) == (3, 3072)
