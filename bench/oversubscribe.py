@@ -1,0 +1,84 @@
+"""Oversubscription: a pool too small for every request at once (field case F01).
+
+One hand-started engine ``llama-server -c 2048 -np 4 --kv-unified``; N agents (default 8)
+each asking for a long story with ``max_tokens`` 512 (~600 tokens of context each with the
+prompt). Four slots x ~600 tokens > 2048 cells, so llama-server fails every running request
+with ``Context size has been exceeded.`` once the pool is full.
+
+- naive: plain ``openai`` + anyio task group, all N at once (what users write);
+- squad: ``Squad.map`` attached to the same engine (``url=``): its admission reserves
+  prompt + max_tokens per call and admits only what the pool the engine reported can hold.
+
+Prints completed / failed / wall time / generated tokens as a markdown table.
+
+    .venv/bin/python bench/oversubscribe.py [--quick] [--agents 8] [--max-tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import MODEL, hand_engine, md_table, raw_fanout, story_prompt  # noqa: E402
+
+
+async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens: int, budget: int):  # type: ignore[no-untyped-def]
+    from squad.agent import Agent, Sampling
+    from squad.runtime import Squad
+
+    writer = Agent(name="writer", budget=budget, max_tokens=max_tokens, sampling=Sampling(temperature=0))
+    async with Squad([writer], url=base_url, api_key=api_key) as sq:
+        t0 = time.monotonic()
+        results = await sq.map("writer", prompts)
+        wall = time.monotonic() - t0
+    errors = [str(r.error) for r in results if not r.ok]
+    tokens = sum(r.usage.completion_tokens for r in results if r.ok)
+    return wall, len(results) - len(errors), errors, tokens
+
+
+def _kinds(errors: list[str]) -> str:
+    counts = Counter("Context size has been exceeded" if "exceeded" in e else e[:60] for e in errors)
+    return "; ".join(f"{n}x {e}" for e, n in counts.items()) or "-"
+
+
+async def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke: -c 512 -np 2, 3 agents, 160 tokens")
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--slots", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.agents, args.max_tokens, args.ctx, args.slots = 3, 160, 512, 2
+    prompts = [story_prompt(i) for i in range(args.agents)]
+    flags = ["-m", str(MODEL), "-c", str(args.ctx), "-np", str(args.slots), "--kv-unified"]
+    rows = []
+    async with hand_engine(flags) as eng:
+        wall, calls = await raw_fanout(eng.base_url, eng.api_key, prompts, args.max_tokens)
+        errors = [c.error for c in calls if c.error]
+        rows.append(["naive gather (openai + anyio)", len(calls) - len(errors), len(errors), f"{wall:.2f}",
+                     sum(c.tokens for c in calls), _kinds(errors)])
+        print("naive done", file=sys.stderr)
+        wall, done, errors, tokens = await squad_run(eng.base_url, eng.api_key, prompts, args.max_tokens,
+                                                     budget=args.max_tokens + 128)
+        rows.append(["squad (admission)", done, len(errors), f"{wall:.2f}", tokens, _kinds(errors)])
+    table = md_table(["way", "completed", "failed", "wall s", "generated tokens", "errors"], rows)
+    text = (
+        f"### Oversubscription: `llama-server -c {args.ctx} -np {args.slots} --kv-unified`, {args.agents} agents, "
+        f"max_tokens={args.max_tokens}, temperature 0\n\n{table}\n\n"
+        "Each agent's request needs its prompt plus up to max_tokens cells; together the running requests "
+        "exceed the pool. squad admits a call only while the reservations fit the pool the engine reported.\n"
+    )
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    anyio.run(main)
