@@ -175,120 +175,42 @@ def plan(
     timeline = stages(workload) if workload is not None else ()
     timeline = tuple(s for s in timeline if s.calls or s.unbounded)
     _check_budgets(timeline, n_ctx_train)
-    reasons: list[str] = []
-    warnings: list[str] = []
+    notes = _Notes()
     peak_stage = max(timeline, key=lambda s: (s.size, s.budget), default=None)
-    peak = None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls))
 
-    # 1. slots
     if backend == "mlx":
-        slots = _mlx_slots(peak_stage, pin_slots, mlx_max_batch, reasons, warnings)
-    elif pin_slots is not None:
-        slots = pin_slots
-        reasons.append(f"slots {slots}: pinned by you")
-        if peak_stage is not None and peak_stage.size > slots:
-            warnings.append(_serialize_warning(slots, peak_stage))
-    elif peak_stage is None:
-        slots = DEFAULT_SLOTS
-        reasons.append(f"slots {slots}: nothing to plan, the default (a main agent + one sub-agent)")
-    elif peak_stage.size > MAX_SLOTS:
-        slots = MAX_SLOTS
-        many = "an unbounded number of" if peak_stage.unbounded else str(len(peak_stage.calls))
-        reasons.append(
-            f"slots {slots} = the cap: {many} agents can run at once at {_where(peak_stage)}; "
-            f"the runtime queues the rest until a slot frees"
-        )
+        slots = _mlx_slots(peak_stage, pin_slots, mlx_max_batch, notes)
     else:
-        slots = max(1, len(peak_stage.calls))
-        reasons.append(f"slots {slots} = peak concurrency at {_where(peak_stage)}: {_names(peak_stage)}")
-
-    # 2. context: the largest sum over what can really run at once (at most `slots` agents)
-    at_once = slots if backend != "mlx" or mlx_max_batch else 1
-    ctx_stage, needed = _context_need(timeline, at_once)
-    if pin_ctx is not None:
-        requested = pin_ctx
-        reasons.append(f"context {pin_ctx:,}: pinned by you")
-        if needed > round_ctx(pin_ctx):
-            warnings.append(
-                f"context {round_ctx(pin_ctx):,} is below the {needed:,} tokens that the agents "
-                f"at {_where(ctx_stage)} may hold together: the pool can overflow; squad admits "
-                f"requests only while they fit, so some wait; use --ctx {round_ctx(needed)} or "
-                f"lower their budgets"
-            )
-    elif ctx_stage is None:
-        requested = DEFAULT_CTX
-        reasons.append(f"context {DEFAULT_CTX:,}: nothing to plan, 4,096 tokens per default slot")
-    else:
-        requested = needed
-        reasons.append(f"context {needed:,} = largest sum of budgets held at once, at "
-                       f"{_where(ctx_stage)}: {_budget_sum(ctx_stage, at_once)}")
+        slots = _slots(peak_stage, pin_slots, notes)
+    at_once = 1 if backend == "mlx" and not mlx_max_batch else slots
+    requested = _context(timeline, at_once, pin_ctx, notes)
     n_ctx = round_ctx(requested)
     if n_ctx != requested:
-        reasons.append(f"context {requested:,} → {n_ctx:,} applied (llama.cpp rounds up to a multiple of 256)")
+        notes.reason(f"context {requested:,} → {n_ctx:,} applied (llama.cpp rounds up to a multiple of 256)")
 
-    # 3. memory
     kv_bytes = n_ctx * kv_bytes_per_token if kv_bytes_per_token else None
-    if (kv_bytes is not None and memory_for_kv is not None and kv_bytes > memory_for_kv
+    if (kv_bytes_per_token and memory_for_kv is not None and n_ctx * kv_bytes_per_token > memory_for_kv
             and backend != "attached"):
-        q8 = _q8_bytes(kv_bytes_per_token, cache_type_k, cache_type_v, kv_bytes_per_token_q8_0)  # type: ignore[arg-type]
+        q8 = _q8_bytes(kv_bytes_per_token, cache_type_k, cache_type_v, kv_bytes_per_token_q8_0)
+        memory = _Memory(memory_for_kv, kv_bytes_per_token, q8, cache_type_k, cache_type_v)
         if pin_ctx is not None:
-            warnings.append(
-                f"KV cache for the pinned {n_ctx:,} tokens needs {_mib(kv_bytes)} but only "
-                f"{_mib(memory_for_kv)} is available: the engine may fail to load or swap; "
-                + _memory_advice(n_ctx, kv_bytes_per_token, q8, cache_type_k))  # type: ignore[arg-type]
+            notes.warn(f"KV cache for the pinned {n_ctx:,} tokens needs {_mib(n_ctx * kv_bytes_per_token)} but "
+                       f"only {_mib(memory_for_kv)} is available: the engine may fail to load or swap; "
+                       + memory.advice(n_ctx))
         else:
-            old_ctx, old_slots = n_ctx, slots
-            n_ctx = (memory_for_kv // kv_bytes_per_token) // CTX_ROUND * CTX_ROUND  # type: ignore[operator]
-            biggest = max((c.budget for s in timeline for c in s.calls + s.unbounded), default=0)
-            if n_ctx < max(CTX_ROUND, biggest):
-                raise PlanError(
-                    f"not enough memory for the KV cache: {_mib(memory_for_kv)} available holds "
-                    f"{n_ctx:,} tokens at {cache_type_k}/{cache_type_v}, but "
-                    + (f"the largest agent budget is {biggest:,} tokens; " if biggest else "")
-                    + _memory_advice(old_ctx, kv_bytes_per_token, q8, cache_type_k)  # type: ignore[arg-type]
-                    + ", or free memory (override with SQUAD_KV_MEMORY)")
-            if pin_slots is None and backend != "mlx" and timeline:
-                slots = max(1, min(slots, max(_fits(s, n_ctx) for s in timeline)))
-            kv_bytes = n_ctx * kv_bytes_per_token  # type: ignore[operator]
-            cut = f"context {old_ctx:,} → {n_ctx:,}"
-            if slots != old_slots:
-                cut += f", slots {old_slots} → {slots} (what that context holds at once; the runtime queues the rest)"
-            warnings.append(
-                f"KV cache for {old_ctx:,} tokens would need {_mib(old_ctx * kv_bytes_per_token)} "  # type: ignore[operator]
-                f"but only {_mib(memory_for_kv)} is available for it: cut {cut}. To keep the full "
-                f"plan: " + _memory_advice(old_ctx, kv_bytes_per_token, q8, cache_type_k))  # type: ignore[arg-type]
-            reasons.append(f"context {n_ctx:,} = the largest multiple of 256 whose KV cache fits {_mib(memory_for_kv)}")
-            if slots != old_slots:
-                reasons.append(f"slots {slots} = the most agents running together whose budgets fit {n_ctx:,} tokens")
+            keep_slots = pin_slots is not None or (backend == "mlx" and not mlx_max_batch)
+            n_ctx, slots = _fit_memory(timeline, n_ctx, slots, memory, keep_slots, notes)
+        kv_bytes = n_ctx * kv_bytes_per_token
 
-    # 4. unified pool, per-slot share, training context
     kv_unified = backend != "mlx" and slots >= 2
-    if backend == "mlx":
-        per_slot = n_ctx // slots
-        if mlx_max_batch and per_slot < MLX_MIN_SHARE:
-            warnings.append(
-                f"MLX max batch {slots} splits the context: configured {n_ctx:,} tokens, reduced "
-                f"to {per_slot:,} per sequence (below {MLX_MIN_SHARE:,}); raise the context or lower the batch")
-    else:
-        per_slot = n_ctx
-        if kv_unified:
-            reasons.append(f"--kv-unified: the {slots} slots share one pool of {n_ctx:,} tokens; "
-                           f"one request may use all of it")
-    if n_ctx_train and per_slot > n_ctx_train:
-        per_slot = n_ctx_train
-        if kv_unified:
-            reasons.append(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: "
-                           f"fine with unified KV (one request is capped at {n_ctx_train:,}, the pool is shared)")
-        else:
-            warnings.append(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: "
-                            f"with 1 slot one request is capped at {n_ctx_train:,}; the rest of the KV cache is unused")
-
+    per_slot = _per_slot(backend, slots, n_ctx, kv_unified, n_ctx_train, mlx_max_batch, notes)
     return EnginePlan(
         model=Path(model), slots=slots, n_ctx=n_ctx, kv_unified=kv_unified,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, backend=backend,
-        kv_bytes=kv_bytes, per_slot_ctx=per_slot, reasons=tuple(reasons),
-        warnings=tuple(warnings), timeline=timeline, requested_ctx=requested,
-        memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train, peak=peak,
+        kv_bytes=kv_bytes, per_slot_ctx=per_slot, reasons=tuple(notes.reasons),
+        warnings=tuple(notes.warnings), timeline=timeline, requested_ctx=requested,
+        memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train,
+        peak=None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls)),
     )
 
 
@@ -374,19 +296,141 @@ def _check_budgets(timeline: tuple[Stage, ...], n_ctx_train: int | None) -> None
                     f"use a model trained for longer contexts")
 
 
-def _mlx_slots(peak_stage: Stage | None, pin_slots: int | None, batch: int | None,
-               reasons: list[str], warnings: list[str]) -> int:
+@dataclass
+class _Notes:
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def reason(self, text: str) -> None:
+        self.reasons.append(text)
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
+@dataclass(frozen=True)
+class _Memory:
+    available: int
+    per_token: int
+    q8_per_token: int
+    ctk: str
+    ctv: str
+
+    def advice(self, n_ctx: int) -> str:
+        """What the user can do when ``n_ctx`` tokens of KV do not fit."""
+        tips = ["give the agents smaller budgets", "run fewer agents at once"]
+        if self.ctk != "q8_0" and self.q8_per_token < self.per_token:
+            now, q8 = n_ctx * self.per_token, n_ctx * self.q8_per_token
+            tips.insert(1, f"use -ctk q8_0 -ctv q8_0 (KV for {n_ctx:,} tokens {_mib(now)} → {_mib(q8)}, "
+                           f"saves {_mib(now - q8)})")
+        return "; ".join(tips)
+
+
+def _slots(peak_stage: Stage | None, pin_slots: int | None, notes: _Notes) -> int:
+    """llama-server/attached: slots = peak concurrency, the pin, the default or the cap."""
+    if pin_slots is not None:
+        notes.reason(f"slots {pin_slots}: pinned by you")
+        if peak_stage is not None and peak_stage.size > pin_slots:
+            notes.warn(_serialize_warning(pin_slots, peak_stage))
+        return pin_slots
+    if peak_stage is None:
+        notes.reason(f"slots {DEFAULT_SLOTS}: nothing to plan, the default (a main agent + one sub-agent)")
+        return DEFAULT_SLOTS
+    if peak_stage.size > MAX_SLOTS:
+        many = "an unbounded number of" if peak_stage.unbounded else str(len(peak_stage.calls))
+        notes.reason(f"slots {MAX_SLOTS} = the cap: {many} agents can run at once at {_where(peak_stage)}; "
+                     f"the runtime queues the rest until a slot frees")
+        return MAX_SLOTS
+    slots = max(1, len(peak_stage.calls))
+    notes.reason(f"slots {slots} = peak concurrency at {_where(peak_stage)}: {_names(peak_stage)}")
+    return slots
+
+
+def _mlx_slots(peak_stage: Stage | None, pin_slots: int | None, batch: int | None, notes: _Notes) -> int:
     if batch:
-        reasons.append(f"slots {batch}: the MLX max batch you set (the sequences split the context)")
+        notes.reason(f"slots {batch}: the MLX max batch you set (the sequences split the context)")
         return batch
-    reasons.append("slots 1: MLX (mlxcel-server divides the context by slots, so one request "
-                   "at a time gets the whole context)")
+    notes.reason("slots 1: MLX (mlxcel-server divides the context by slots, so one request "
+                 "at a time gets the whole context)")
     if pin_slots not in (None, 1):
-        warnings.append(f"MLX runs 1 slot whatever the slot setting ({pin_slots} ignored); "
-                        f"set an MLX max batch to decode several sequences at once")
+        notes.warn(f"MLX runs 1 slot whatever the slot setting ({pin_slots} ignored); "
+                   f"set an MLX max batch to decode several sequences at once")
     if peak_stage is not None and peak_stage.size > 1:
-        warnings.append(_serialize_warning(1, peak_stage))
+        notes.warn(_serialize_warning(1, peak_stage))
     return 1
+
+
+def _context(timeline: tuple[Stage, ...], at_once: int, pin_ctx: int | None, notes: _Notes) -> int:
+    """The context to ask for in tokens (before rounding): the pin, the default, or the
+    largest sum of the ``at_once`` largest budgets held together."""
+    ctx_stage, needed = _context_need(timeline, at_once)
+    if pin_ctx is not None:
+        notes.reason(f"context {pin_ctx:,}: pinned by you")
+        if needed > round_ctx(pin_ctx):
+            notes.warn(f"context {round_ctx(pin_ctx):,} is below the {needed:,} tokens that the agents "
+                       f"at {_where(ctx_stage)} may hold together: the pool can overflow; squad admits "
+                       f"requests only while they fit, so some wait; use --ctx {round_ctx(needed)} or "
+                       f"lower their budgets")
+        return pin_ctx
+    if ctx_stage is None:
+        notes.reason(f"context {DEFAULT_CTX:,}: nothing to plan, 4,096 tokens per default slot")
+        return DEFAULT_CTX
+    notes.reason(f"context {needed:,} = largest sum of budgets held at once, at "
+                 f"{_where(ctx_stage)}: {_budget_sum(ctx_stage, at_once)}")
+    return needed
+
+
+def _fit_memory(timeline: tuple[Stage, ...], n_ctx: int, slots: int, memory: _Memory,
+                keep_slots: bool, notes: _Notes) -> tuple[int, int]:
+    """The largest context whose KV fits, then the slots that context really holds at once.
+
+    Raises :class:`PlanError` when it cannot hold the largest single budget (or 256 tokens).
+    """
+    fit = (memory.available // memory.per_token) // CTX_ROUND * CTX_ROUND
+    biggest = max((c.budget for s in timeline for c in s.calls + s.unbounded), default=0)
+    if fit < max(CTX_ROUND, biggest):
+        raise PlanError(
+            f"not enough memory for the KV cache: {_mib(memory.available)} available holds {fit:,} "
+            f"tokens at {memory.ctk}/{memory.ctv}, but "
+            + (f"the largest agent budget is {biggest:,} tokens; " if biggest else f"at least {CTX_ROUND} are needed; ")
+            + memory.advice(n_ctx) + ", or free memory (override with SQUAD_KV_MEMORY)")
+    new_slots = slots
+    if not keep_slots and timeline:
+        new_slots = max(1, min(slots, max(_fits(s, fit) for s in timeline)))
+    cut = f"context {n_ctx:,} → {fit:,}"
+    if new_slots != slots:
+        cut += f", slots {slots} → {new_slots} (what that context holds at once; the runtime queues the rest)"
+    notes.warn(f"KV cache for {n_ctx:,} tokens would need {_mib(n_ctx * memory.per_token)} but only "
+               f"{_mib(memory.available)} is available for it: cut {cut}. To keep the full plan: "
+               + memory.advice(n_ctx))
+    notes.reason(f"context {fit:,} = the largest multiple of 256 whose KV cache fits {_mib(memory.available)}")
+    if new_slots != slots:
+        notes.reason(f"slots {new_slots} = the most agents running together whose budgets fit {fit:,} tokens")
+    return fit, new_slots
+
+
+def _per_slot(backend: str, slots: int, n_ctx: int, kv_unified: bool, n_ctx_train: int | None,
+              mlx_max_batch: int | None, notes: _Notes) -> int:
+    """Tokens one request may use; notes on the unified pool and the training context."""
+    if backend == "mlx":
+        per_slot = n_ctx // slots
+        if mlx_max_batch and per_slot < MLX_MIN_SHARE:
+            notes.warn(f"MLX max batch {slots} splits the context: configured {n_ctx:,} tokens, reduced "
+                       f"to {per_slot:,} per sequence (below {MLX_MIN_SHARE:,}); raise the context or lower the batch")
+    else:
+        per_slot = n_ctx
+        if kv_unified:
+            notes.reason(f"--kv-unified: the {slots} slots share one pool of {n_ctx:,} tokens; "
+                         f"one request may use all of it")
+    if n_ctx_train and per_slot > n_ctx_train:
+        per_slot = n_ctx_train
+        if kv_unified:
+            notes.reason(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: fine with "
+                         f"unified KV (one request is capped at {n_ctx_train:,}, the pool is shared)")
+        else:
+            notes.warn(f"context {n_ctx:,} is above the model's training context {n_ctx_train:,}: with 1 slot "
+                       f"one request is capped at {n_ctx_train:,}; the rest of the KV cache is unused")
+    return per_slot
 
 
 def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | None, int]:
@@ -422,15 +466,6 @@ def _q8_bytes(per_token: int, ctk: str, ctv: str, q8: int | None) -> int:
     # Estimate: K and V halves of equal size, each scaled by its element size.
     half = per_token / (kv_type_bytes(ctk) + kv_type_bytes(ctv))
     return round(half * 2 * kv_type_bytes("q8_0"))
-
-
-def _memory_advice(n_ctx: int, per_token: int, q8_per_token: int, ctk: str) -> str:
-    tips = ["give the agents smaller budgets", "run fewer agents at once"]
-    if ctk != "q8_0" and q8_per_token < per_token:
-        now, q8 = n_ctx * per_token, n_ctx * q8_per_token
-        tips.insert(1, f"use -ctk q8_0 -ctv q8_0 (KV for {n_ctx:,} tokens {_mib(now)} → {_mib(q8)}, "
-                       f"saves {_mib(now - q8)})")
-    return "; ".join(tips)
 
 
 def _where(stage: Stage | None) -> str:
