@@ -53,6 +53,9 @@ POLL_INTERVAL = 0.1
 CONTROL_TIMEOUT = 10.0
 """Seconds for one control request (``/props``, ``/slots``, ...)."""
 
+CONNECT_GRACE = 5.0
+"""Seconds :func:`attach` waits for anything to answer at the URL before giving up."""
+
 
 class _NotReady(Exception):
     """``/health`` answered 503 or nothing yet; poll again."""
@@ -212,7 +215,7 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     """
     base_url = url.rstrip("/").removesuffix("/v1")
     async with control_client(base_url, api_key) as client:
-        await wait_healthy(client, timeout=load_timeout, connect_grace=5.0)
+        await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
         state = await read_engine(client)
     slots = state.total_slots
     return EngineInfo(
