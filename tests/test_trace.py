@@ -186,3 +186,43 @@ def test_cli_trace_plot_without_matplotlib_says_how_to_install(tmp_path, monkeyp
     result = runner.invoke(app, ["trace", "plot", str(path), "-o", str(tmp_path / "x.png")])
     assert isinstance(result.exception, UserError)
     assert "pip install 'squad[plot]'" in str(result.exception)
+
+
+def squad_events() -> list[Event]:
+    """The shapes the runtime, client and admission really emit: map of one agent over 3
+    inputs on 2 slots; the second call dies (no call.finished, only call.released)."""
+    e = lambda kind, agent=None, t=0.0, **data: Event(kind, agent, data, t=50.0 + t)  # noqa: E731
+    return [
+        e("engine.planned", slots=2, n_ctx=2048),
+        e("squad.ready", slots=2, pool=2048, base_url="http://127.0.0.1:1", main="w"),
+        e("agent.started", "w", 0.0, priority=0), e("agent.started", "w", 0.0), e("agent.started", "w", 0.0),
+        e("call.admitted", "w", 0.0, tokens=300, slot=0, queued_s=0.0, in_flight=1, pool_used=300),
+        e("call.admitted", "w", 0.0, tokens=300, slot=1, queued_s=0.0, in_flight=2, pool_used=600),
+        e("call.queued", "w", 0.0, tokens=300, position=0, in_flight=2, pool_used=600),
+        e("call.first_token", "w", 0.3, ttft_s=0.3, slot=1),
+        e("call.first_token", "w", 0.4, ttft_s=0.4, slot=0),
+        e("call.released", "w", 0.6, tokens=300, slot=1, in_flight=1, pool_used=300),
+        e("agent.failed", "w", 0.6, error="TruncatedStream: stream ended without finish_reason"),
+        e("call.admitted", "w", 0.6, tokens=300, slot=1, queued_s=0.6, in_flight=2, pool_used=600),
+        e("call.finished", "w", 1.0, usage={"prompt_tokens": 10, "completion_tokens": 30}, slot=0),
+        e("call.released", "w", 1.0, tokens=300, slot=0, in_flight=1, pool_used=300),
+        e("agent.finished", "w", 1.0),
+        e("call.first_token", "w", 1.1, slot=1),
+        e("call.finished", "w", 1.5, usage={"prompt_tokens": 10, "completion_tokens": 20}, slot=1),
+        e("call.released", "w", 1.5, tokens=300, slot=1, in_flight=0, pool_used=0),
+        e("agent.finished", "w", 1.5),
+    ]
+
+
+def test_summarize_real_event_shapes_match_calls_by_slot():
+    s = summarize(squad_events())
+    assert [(l.slots, l.pool) for l in s.engine_loads] == [(2, 2048)]
+    first, second, third = sorted(s.calls, key=lambda c: (c.admitted, c.slot))
+    assert (first.slot, first.first_token, first.end, first.error) == (0, pytest.approx(0.4), pytest.approx(1.0), None)
+    assert (second.slot, second.end) == (1, pytest.approx(0.6))
+    assert second.error == "TruncatedStream: stream ended without finish_reason"
+    assert (third.slot, third.queued, third.admitted, third.end) == (1, 0.0, pytest.approx(0.6), pytest.approx(1.5))
+    assert third.wait_s == pytest.approx(0.6)
+    w = s.agents["w"]
+    assert (w.calls, w.completion_tokens, s.max_in_flight) == (3, 50, 2)
+    assert w.errors == ["TruncatedStream: stream ended without finish_reason"]

@@ -103,3 +103,25 @@ def test_live_mode_on_a_terminal_draws_the_table():
         sink(ev("call.admitted", "security", reserved=300))
     text = out.getvalue()
     assert "security" in text and "slots 1/2 busy" in text
+
+
+def test_runtime_event_shapes_released_frees_the_slot_once():
+    """As admission + client + runtime emit them: no call.failed, call.released ends the call."""
+    s = ViewState()
+    s.apply(ev("squad.ready", slots=2, pool=2048, base_url="http://127.0.0.1:1"))
+    assert (s.slots, s.pool) == (2, 2048)
+    s.apply(ev("agent.started", "w"))
+    s.apply(ev("call.admitted", "w", tokens=300, slot=0, in_flight=1, pool_used=300))
+    s.apply(ev("call.admitted", "w", tokens=300, slot=1, in_flight=2, pool_used=600))
+    s.apply(ev("call.queued", "w", tokens=300, position=0, in_flight=2, pool_used=600))
+    assert (s.busy, s.waiting, s.pool_used, s.agents["w"].reserved) == (2, 1, 600, 600)
+    s.apply(ev("call.finished", "w", 1.0, usage={"completion_tokens": 30}, tokens_per_s=60.0, slot=0))
+    assert (s.busy, s.pool_used) == (1, 300)
+    s.apply(ev("call.released", "w", 1.0, tokens=300, slot=0, in_flight=1, pool_used=300))
+    assert (s.busy, s.pool_used) == (1, 300)  # not freed twice
+    s.apply(ev("call.released", "w", 1.1, tokens=300, slot=1, in_flight=0, pool_used=0))  # died: no finished
+    s.apply(ev("call.admitted", "w", 1.1, tokens=300, slot=0, in_flight=1, pool_used=300))
+    assert (s.busy, s.waiting, s.pool_used, s.agents["w"].in_flight) == (1, 0, 300, 1)
+    s.apply(ev("call.retried", "w", 1.2, reason="engine loading (503)"))
+    assert s.agents["w"].state == "retrying"
+    assert s.line(ev("call.retried", "w", 1.2, reason="engine loading (503)")).endswith("retrying: engine loading (503)")

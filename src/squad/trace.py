@@ -5,7 +5,8 @@ Event kinds (``Event.kind``) used across squad:
 (data: tokens, position), ``call.admitted`` (data: reserved tokens, in_flight, pool_used),
 ``call.first_token``, ``call.finished`` (data: usage, timings), ``call.failed``
 (data: error, retry), ``call.retried``, ``call.released``, ``agent.finished``,
-``agent.failed``, ``agent.cancelled`` (data: reason).
+``agent.failed``, ``agent.cancelled`` (data: reason). The runtime also emits
+``engine.planned``, ``squad.ready`` and ``engine.replanned`` (data: slots, pool).
 
 Optional data keys that this module understands when present: ``call`` (an id that ties
 the events of one call together; without it calls are matched first-in-first-out per
@@ -335,39 +336,54 @@ def _int(value: Any) -> int | None:
 
 
 class _CallMatcher:
-    """Ties call.* events to spans: by ``data["call"]`` when present, else FIFO per agent."""
+    """Ties call.* events to spans.
+
+    By ``data["call"]`` when present; else by (agent, ``data["slot"]``): admission gives each
+    call in flight its own slot number, and the client and admission repeat it on
+    ``call.first_token``, ``call.finished`` and ``call.released``. Without either, first in
+    first out per agent.
+    """
 
     def __init__(self) -> None:
         self.spans: list[CallSpan] = []
-        self._by_id: dict[str, CallSpan] = {}
 
-    def _open(self, agent: str, call_id: str | None) -> list[CallSpan]:
-        return [s for s in self.spans if s.agent == agent and s.end is None and s.call == call_id]
-
-    def get(self, event: Event, *, create: bool, need: str | None = None) -> CallSpan | None:
-        agent = event.agent or "?"
+    @staticmethod
+    def _id(event: Event) -> str | None:
         call_id = event.data.get("call")
-        call_id = None if call_id is None else str(call_id)
-        if call_id is not None and call_id in self._by_id and self._by_id[call_id].end is None:
-            return self._by_id[call_id]
-        candidates = self._open(agent, call_id)
-        if need is not None:
-            candidates = [s for s in candidates if getattr(s, need) is None] or candidates
-        if candidates and not create:
-            return candidates[0]
-        if not create and not candidates:
-            create = True  # an event for a call we never saw begin: start one
-        span = CallSpan(agent=agent, call=call_id)
+        return None if call_id is None else str(call_id)
+
+    def begin(self, event: Event) -> CallSpan:
+        span = CallSpan(agent=event.agent or "?", call=self._id(event))
         self.spans.append(span)
-        if call_id is not None:
-            self._by_id[call_id] = span
         return span
+
+    def find(self, event: Event, *, need: str) -> CallSpan:
+        """The open span this event belongs to (one whose ``need`` time is unset); a new
+        span when none matches (the trace began mid-call)."""
+        agent, call_id, slot = event.agent or "?", self._id(event), _int(event.data.get("slot"))
+        open_ = [s for s in self.spans if s.agent == agent and s.end is None and getattr(s, need) is None]
+        if call_id is not None:
+            matches = [s for s in open_ if s.call == call_id]
+        elif slot is not None and need != "admitted":
+            matches = [s for s in open_ if s.slot == slot] or [
+                s for s in open_ if s.slot is None and s.admitted is not None
+            ]
+        else:
+            matches = open_
+        return matches[0] if matches else self.begin(event)
+
+
+_LOADS = ("engine.loaded", "engine.replanned")
+"""Kinds that report what a (re)loaded engine applied; ``squad.ready`` counts when the run
+had no such event before it (an engine squad attached to rather than launched)."""
 
 
 def summarize(events: Iterable[Event]) -> TraceSummary:
     """Digest events (live or from :func:`load_trace`) into a :class:`TraceSummary`.
 
-    Times are made relative to the first event. Unknown kinds are ignored.
+    Times are made relative to the first event. Unknown kinds are ignored. A call that is
+    released without ``call.finished`` counts as failed, with the error of its agent's
+    ``agent.failed``/``agent.cancelled`` event when one follows.
     """
     events = sorted(events, key=lambda e: e.t)
     t0 = events[0].t if events else 0.0
@@ -385,57 +401,44 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     for ev in events:
         t = ev.t - t0
         kind, data = ev.kind, ev.data
-        if kind == "engine.loaded":
-            loads.append(
-                EngineLoad(
-                    t=t,
-                    slots=_int(_find(data, "slots")),
-                    n_ctx=_int(_find(data, "n_ctx")),
-                    pool=_int(_find(data, "pool")),
-                    data=data,
-                )
-            )
+        if kind in _LOADS or (kind == "squad.ready" and not loads):
+            loads.append(EngineLoad(t=t, slots=_int(_find(data, "slots")), n_ctx=_int(_find(data, "n_ctx")),
+                                    pool=_int(_find(data, "pool")), data=data))
         elif kind == "agent.started":
             a = agent(ev.agent)
             a.started = t if a.started is None else a.started
         elif kind in ("agent.finished", "agent.failed", "agent.cancelled"):
-            a = agent(ev.agent)
-            a.ended = t
-            a.status = {"agent.finished": "done", "agent.failed": "failed"}.get(kind, "cancelled")
-            reason = data.get("reason") or data.get("error")
-            if reason:
-                reason = a.reason = _error_text(reason)
-                if kind == "agent.failed":
-                    _add_error(a.errors, str(reason))
+            _agent_end(agent(ev.agent), kind, data, t, calls.spans)
         elif kind == "call.queued":
-            span = calls.get(ev, create=True)
-            span.queued = t
+            calls.begin(ev).queued = t
             agent(ev.agent)
         elif kind == "call.admitted":
-            span = calls.get(ev, create=False, need="admitted")
+            span = calls.find(ev, need="admitted")
             span.admitted = t
             span.reserved = _int(data.get("reserved") or data.get("tokens"))
             span.slot = _int(data.get("slot"))
             peak_reported = max(peak_reported, _int(data.get("in_flight")) or 0)
         elif kind == "call.first_token":
-            span = calls.get(ev, create=False, need="first_token")
+            span = calls.find(ev, need="first_token")
             span.first_token = t
-            if span.slot is None:
-                span.slot = _int(data.get("slot"))
-        elif kind in ("call.finished", "call.failed"):
-            span = calls.get(ev, create=False, need="end")
+        elif kind in ("call.finished", "call.failed", "call.released"):
+            span = calls.find(ev, need="end")
+            if kind == "call.released" and span.admitted is None and span.queued is None:
+                calls.spans.remove(span)  # released a call that already ended
+                continue
             span.end = t
-            if span.slot is None:
-                span.slot = _int(data.get("slot"))
             usage = data.get("usage") or {}
             if isinstance(usage, dict):
                 span.prompt_tokens = _int(usage.get("prompt_tokens"))
                 span.completion_tokens = _int(usage.get("completion_tokens"))
-            if kind == "call.failed":
-                span.error = _error_text(data.get("error"))
+            if kind != "call.finished":
+                span.error = _error_text(data.get("error")) if data.get("error") else "ended without finishing"
                 span.retried = bool(data.get("retry"))
         elif kind == "call.retried":
-            pass  # the retried call opens a new span with its next call.queued/admitted
+            for span in reversed(calls.spans):
+                if span.agent == (ev.agent or "?") and span.end is None:
+                    span.retried = True
+                    break
 
     duration = (events[-1].t - t0) if events else 0.0
     _assign_lanes(calls.spans, duration)
@@ -450,16 +453,16 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         a.completion_tokens += span.completion_tokens or 0
         if span.slot is not None and span.slot not in a.slots:
             a.slots.append(span.slot)
-        if span.error and not span.retried:
+        if span.error and span.error != "ended without finishing" and not span.retried:
             _add_error(a.errors, span.error)
         if a.started is None:
             a.started = span.start
     for a in agents.values():
-        if a.ended is None and a.calls:
-            ends = [s.end for s in calls.spans if s.agent == a.name and s.end is not None]
-            if ends and a.status == "running" and not any(s.end is None for s in calls.spans if s.agent == a.name):
-                a.ended = max(ends)
-                a.status = "failed" if a.errors else "done"
+        open_calls = [s for s in calls.spans if s.agent == a.name and s.end is None]
+        ends = [s.end for s in calls.spans if s.agent == a.name and s.end is not None]
+        if a.ended is None and a.status == "running" and ends and not open_calls:
+            a.ended = max(ends)
+            a.status = "failed" if a.errors else "done"
     return TraceSummary(
         agents=agents,
         calls=calls.spans,
@@ -468,6 +471,21 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         duration_s=duration,
         events=len(events),
     )
+
+
+def _agent_end(a: AgentSummary, kind: str, data: dict[str, Any], t: float, spans: list[CallSpan]) -> None:
+    a.ended = t
+    a.status = {"agent.finished": "done", "agent.failed": "failed"}.get(kind, "cancelled")
+    reason = data.get("reason") or data.get("error")
+    if not reason:
+        return
+    a.reason = _error_text(reason)
+    if kind == "agent.failed":
+        _add_error(a.errors, a.reason)
+    for span in reversed(spans):  # the call that died with it gets the reason
+        if span.agent == a.name and span.error == "ended without finishing":
+            span.error = a.reason if kind == "agent.failed" else f"cancelled: {a.reason}"
+            break
 
 
 def _error_text(error: Any) -> str:

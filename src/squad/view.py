@@ -30,6 +30,9 @@ from squad.trace import Event, _find, _int
 
 __all__ = ["AgentRow", "ViewState", "LiveView", "live_view"]
 
+_LOAD_KINDS = ("engine.loaded", "engine.replanned", "squad.ready")
+"""Events that say what the engine applied (slots, pool)."""
+
 _STYLE = {
     "started": "cyan",
     "waiting": "yellow",
@@ -54,15 +57,25 @@ class AgentRow:
     """When the agent entered ``state``."""
     started: float = 0.0
     calls: int = 0
-    in_flight: int = 0
+    waiting: int = 0
+    """Its calls in squad's admission queue."""
+    held: dict[Any, int] = field(default_factory=dict)
+    """Its calls in flight: slot (or a placeholder key) -> tokens reserved in the pool."""
     queue_position: int | None = None
-    reserved: int = 0
-    """Tokens reserved in the pool by its calls in flight."""
     completion_tokens: int = 0
     tokens_per_s: float | None = None
     ttft_s: float | None = None
     detail: str = ""
     """Failure or cancellation reason."""
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.held)
+
+    @property
+    def reserved(self) -> int:
+        """Tokens reserved in the pool by its calls in flight."""
+        return sum(self.held.values())
 
 
 @dataclass
@@ -96,8 +109,8 @@ class ViewState:
         if self.t0 is None:
             self.t0 = t
         self.last = max(self.last, t)
-        if kind == "engine.loaded":
-            self.loads += 1
+        if kind in _LOAD_KINDS:
+            self.loads += kind != "squad.ready"
             self.slots = _int(_find(data, "slots")) or self.slots
             self.pool = _int(_find(data, "pool")) or _int(_find(data, "n_ctx")) or self.pool
             return
@@ -123,49 +136,67 @@ class ViewState:
     def _call_event(self, kind: str, row: AgentRow, data: dict[str, Any], t: float) -> None:
         if kind == "call.queued":
             row.queue_position = _int(data.get("position"))
+            row.waiting += 1
             self.waiting += 1
             self._set(row, "waiting", t)
         elif kind == "call.admitted":
-            if row.state == "waiting":
+            if row.waiting:
+                row.waiting -= 1
                 self.waiting = max(0, self.waiting - 1)
             reserved = _int(data.get("reserved")) or _int(data.get("tokens")) or 0
-            row.reserved += reserved
-            row.in_flight += 1
+            slot = _int(data.get("slot"))
+            row.held[slot if slot is not None else f"#{row.calls}"] = reserved
             row.calls += 1
             row.queue_position = None
             self.busy += 1
-            reported = _int(data.get("pool_used"))
-            self.pool_used = reported if reported is not None else self.pool_used + reserved
+            self.pool_used += reserved
+            self._reported(data)
             self._set(row, "prefill", t)
         elif kind == "call.first_token":
             row.ttft_s = _int_or_float(_find(data, "ttft_s")) or (t - row.since)
             self._set(row, "generating", t)
         elif kind == "call.progress":
             row.completion_tokens = _int(data.get("completion_tokens")) or row.completion_tokens
-        elif kind in ("call.finished", "call.failed"):
-            self._end_call(row, data, t, failed=kind == "call.failed")
+        elif kind in ("call.finished", "call.failed", "call.released"):
+            self._free(row, data)
+            if kind == "call.finished":
+                self._finished(row, data, t)
+            elif kind == "call.failed":
+                row.detail = str(data.get("error") or "failed")
+                self._set(row, "retrying" if data.get("retry") else "failed", t)
+        elif kind == "call.retried":
+            row.detail = str(data.get("reason") or data.get("error") or "")
+            self._set(row, "retrying", t)
 
-    def _end_call(self, row: AgentRow, data: dict[str, Any], t: float, *, failed: bool) -> None:
-        if row.state == "waiting":  # failed before admission (e.g. cancelled in the queue)
-            self.waiting = max(0, self.waiting - 1)
-        elif row.in_flight:
-            row.in_flight -= 1
+    def _free(self, row: AgentRow, data: dict[str, Any]) -> None:
+        """Give back the slot and reservation of the call this event ends (once)."""
+        slot = _int(data.get("slot"))
+        key = slot if slot in row.held else next(iter(row.held), None) if slot is None else None
+        if key is not None:
             self.busy = max(0, self.busy - 1)
-            released = row.reserved if row.in_flight == 0 else 0
-            reported = _int(data.get("pool_used"))
-            self.pool_used = reported if reported is not None else max(0, self.pool_used - released)
-            row.reserved -= released
+            self.pool_used = max(0, self.pool_used - row.held.pop(key))
+        elif row.waiting and slot is None and not data.get("retry"):  # ended while still queued
+            row.waiting -= 1
+            self.waiting = max(0, self.waiting - 1)
+        self._reported(data)
+
+    def _reported(self, data: dict[str, Any]) -> None:
+        """Admission's own counts, when the event carries them, are the truth."""
+        in_flight, pool_used = _int(data.get("in_flight")), _int(data.get("pool_used"))
+        if in_flight is not None:
+            self.busy = in_flight
+        if pool_used is not None:
+            self.pool_used = pool_used
+
+    def _finished(self, row: AgentRow, data: dict[str, Any], t: float) -> None:
         usage = data.get("usage")
         if isinstance(usage, dict):
             row.completion_tokens += _int(usage.get("completion_tokens")) or 0
         tps = _int_or_float(_find(data, "tokens_per_s"))
         if tps:
             row.tokens_per_s = tps
-        if failed:
-            row.detail = str(data.get("error") or "failed")
-            self._set(row, "retrying" if data.get("retry") else "failed", t)
-        elif row.state not in ("done", "failed", "cancelled"):
-            self._set(row, "idle" if row.in_flight == 0 else row.state, t)
+        if row.state not in ("done", "failed", "cancelled"):
+            self._set(row, "idle" if not row.held else row.state, t)
 
     # ------------------------------------------------------------------ rendering
 
@@ -224,14 +255,16 @@ class ViewState:
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = event.agent or "-"
         data = event.data
-        if event.kind == "engine.loaded":
-            text = f"engine loaded: {self.slots} slots, pool {self.pool} tokens"
+        if event.kind in _LOAD_KINDS:
+            what = {"squad.ready": "engine ready", "engine.replanned": "engine reloaded"}.get(event.kind, "engine loaded")
+            text = f"{what}: {self.slots} slots, pool {self.pool} tokens"
         elif event.kind == "agent.started":
             text = "started"
         elif event.kind == "call.queued":
             text = f"waiting for a slot ({_int(data.get('tokens')) or '?'} tokens) · {self.status_line()}"
         elif event.kind == "call.admitted":
-            text = f"admitted ({_int(data.get('reserved')) or '?'} tokens reserved) · {self.status_line()}"
+            tokens = _int(data.get("reserved")) or _int(data.get("tokens")) or "?"
+            text = f"admitted ({tokens} tokens reserved) · {self.status_line()}"
         elif event.kind == "call.first_token":
             text = "first token"
         elif event.kind == "call.finished":
@@ -241,6 +274,8 @@ class ViewState:
         elif event.kind == "call.failed":
             again = " (will retry)" if data.get("retry") else ""
             text = f"call failed{again}: {data.get('error')}"
+        elif event.kind == "call.retried":
+            text = f"retrying: {data.get('reason') or data.get('error')}"
         elif event.kind in ("agent.finished", "agent.failed", "agent.cancelled"):
             row = self.agents.get(name)
             text = self.describe(row, event.t) if row else event.kind
