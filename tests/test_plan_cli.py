@@ -125,3 +125,20 @@ def test_user_mistakes_exit_2_without_traceback(capsys, model, tmp_path, argv, t
     code, out, err = run(capsys, "plan", *argv, "--model", model)
     assert code == 2
     assert text in " ".join(err.split()) and "Traceback" not in err
+
+
+RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
+SHIPPED = {  # the plans the shipped recipes document in their header comments
+    "summarize.yaml": (3, 2304),
+    "review.yaml": (3, 3072),
+    "mentions.yaml": (3, 3072),
+}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_every_shipped_recipe_plans(capsys, model, name):
+    data = run_json(capsys, "plan", str(RECIPES / name), "--model", model)
+    peak = max(len(s["agents"]) for s in data["timeline"])
+    assert data["slots"] == min(peak, 8) and data["n_ctx"] % 256 == 0
+    if name in SHIPPED:
+        assert (data["slots"], data["n_ctx"]) == SHIPPED[name]
