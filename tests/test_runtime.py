@@ -278,3 +278,43 @@ def test_run_sync_from_plain_code() -> None:
             portal.call(fe.stop)
     assert result.output == "synced" and result.subs[0].output == "answer from style"
     assert json.loads(json.dumps(result.history))  # plain messages, reusable as history
+
+
+class ReloadingLauncher:
+    """Stands in for squad.engine.launcher.Launcher: reload restarts the fake engine on the
+    same port with the new plan's slots."""
+
+    def __init__(self, fe: FakeEngine, plan: Any) -> None:
+        self.fe, self.plan, self.info, self.reloads = fe, plan, fe.info, []
+
+    async def reload(self, plan: Any, *, drain: Any = None) -> bool:
+        if drain is not None:
+            await drain()
+        self.reloads.append(plan)
+        self.fe.slots = plan.slots
+        self.info = await self.fe.restart()
+        self.plan = plan
+        return True
+
+    async def restart(self) -> Any:
+        return await self.fe.restart()
+
+
+async def test_replan_reloads_a_launched_engine_with_more_slots() -> None:
+    from squad.planner import EnginePlan
+
+    events: list[Event] = []
+    names = [f"s{i}" for i in range(5)]
+    agents = [Agent(name="lead", agents=names, sub_agent_tools=False, budget=512, max_tokens=16)]
+    agents += [Agent(name=n, budget=256, max_tokens=16) for n in names]
+    async with FakeEngine(slots=2, n_ctx=4096, token_delay=0.02) as fe:
+        async with Squad(agents, engine=fe.info, replan=True, on_event=events.append) as sq:
+            sq.launcher = ReloadingLauncher(fe, EnginePlan.simple("/fake/model.gguf", slots=2, n_ctx=4096))
+            sq.plan = sq.launcher.plan
+            result = await sq.run(" ".join(f"@{n}" for n in names) + " say hi")
+            assert sq.info.slots == 6 and sq.admission.slots == 6
+    assert [p.slots for p in sq.launcher.reloads] == [6]  # lead + 5 sub-agents
+    assert all(s.ok for s in result.subs)
+    assert fe.max_processing == 5  # the whole fan-out at once after the reload
+    assert [e.data["to_slots"] for e in kinds(events, "engine.replanning")] == [6]
+    assert not kinds(events, "mention.queued")
