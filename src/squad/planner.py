@@ -159,7 +159,9 @@ def plan(
     - ``workload``: a :mod:`squad.flow` tree, or None when there is nothing to plan.
     - ``n_ctx_train``: the model's training context in tokens (GGUF ``{arch}.context_length``).
     - ``kv_bytes_per_token``: KV bytes per context cell at ``cache_type_k``/``cache_type_v``
-      (``ModelFacts.kv_bytes_per_token``); None = unknown, no memory check.
+      (``ModelFacts.kv_bytes_per_token``); None = unknown, no memory check. ``kv_bytes`` is
+      ``n_ctx × kv_bytes_per_token``: exact for full-attention models (checked against the
+      engine's ``llama_kv_cache: size`` log line), an upper bound for sliding-window models.
     - ``memory_for_kv``: bytes the machine can give the KV cache (``squad.machine``); None =
       unknown, no memory check.
     - ``pin_slots``/``pin_ctx``: values the user set; kept as given (context rounded up to 256).
