@@ -196,9 +196,10 @@ async def test_no_orphan_after_exception_or_cancellation(server_bin, model_file,
         async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as engine:
             pids.append(engine.pid)
             raise RuntimeError("boom")
-    with anyio.move_on_after(0.5):
+    with anyio.CancelScope() as scope:  # cancelled while running (what Ctrl-C does to squad's tasks)
         async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as engine:
             pids.append(engine.pid)
+            scope.cancel()
             await anyio.sleep(60)
     # cancelled while still loading: the stop must be shielded too
     launcher = Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS)
@@ -213,7 +214,9 @@ async def test_no_orphan_after_exception_or_cancellation(server_bin, model_file,
 @pytest.mark.anyio
 async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(server_bin, model_file, state_tmp):
     first = real(model_file, 1, 512)
-    async with Launcher(first, binary=server_bin, threads=THREADS) as engine:
+    port = launcher_mod.free_port()  # the runtime keeps one port (and key) across reloads
+    async with Launcher(first, binary=server_bin, threads=THREADS, port=port) as engine:
+        url, key = engine.base_url, engine.api_key
         pid = engine.pid
         same = replace(first, reasons=("different reasons do not matter",))
         assert await engine.reload(same) is False and engine.pid == pid
@@ -225,6 +228,7 @@ async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(se
         assert await engine.reload(real(model_file, 2, 1024), drain=drain) is True
         assert drained and engine.pid != pid and gone(pid)
         assert (engine.info.slots, engine.info.n_ctx) == (2, 1024)
+        assert (engine.base_url, engine.info.api_key) == (url, key)
         os.kill(engine.pid, signal.SIGKILL)  # the engine died; restart brings it back
         dead = engine.pid
         info = await engine.restart()

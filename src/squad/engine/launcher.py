@@ -66,6 +66,8 @@ GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when stopping an engine."""
 
 LOG_TAIL_LINES = 30
+KEEP_LOGS = 50
+"""Engine logs kept in the log directory; older ones are deleted at each start."""
 _PR_SET_PDEATHSIG = 1
 _GIB = 1024**3
 
@@ -201,6 +203,12 @@ def _spawn(binary: Path, args: list[str], *, api_key: str, log_path: Path, detac
             )
         except OSError as exc:
             raise EngineNotFound(f"cannot run llama-server at {binary}: {exc}") from exc
+
+
+def _prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
+    logs = sorted(log_dir.glob("llama-server-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in logs[keep:]:
+        old.unlink(missing_ok=True)
 
 
 def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -398,6 +406,8 @@ class Launcher(AsyncResource):
         self.base_url = f"http://127.0.0.1:{port}"
         logs = self.log_dir or state_dir() / "logs"
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
+        if logs.is_dir():
+            _prune_logs(logs)
         args = build_args(
             self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads, extra_args=self.extra_args
         )
