@@ -142,3 +142,41 @@ def test_every_shipped_recipe_plans(capsys, model, name):
     assert data["slots"] == min(peak, 8) and data["n_ctx"] % 256 == 0
     if name in SHIPPED:
         assert (data["slots"], data["n_ctx"]) == SHIPPED[name]
+
+
+@pytest.mark.engine
+def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server_path, tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "engine.log").open("w")
+    proc = subprocess.Popen([str(llama_server_path), "-m", model, "-c", "2048", "-np", "2", "--kv-unified",
+                             "--host", "127.0.0.1", "--port", str(port), "-t", "2"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        data = run_json(capsys, "plan", str(RECIPES / "review.yaml"), "--model", model,
+                        "--backend", "attached", "--url", f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert (data["slots"], data["n_ctx"], data["command"]) == (3, 3072, None)
+    assert any("2 slot(s)" in w for w in data["warnings"])
+    assert any("context is 2,048" in w for w in data["warnings"])

@@ -27,6 +27,8 @@ def plan_command(
     ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
     backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
     mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", help="MLX max batch size (MLX only).")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="With --backend attached: the running engine to check the plan against.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="API key of the attached engine.")] = None,
     agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,...")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
@@ -74,6 +76,10 @@ def plan_command(
         cache_type_v=ctv,
         mlx_max_batch=mlx_batch,
     )
+    if url is not None:
+        if backend != "attached":
+            raise UserError("--url is for an attached engine: add --backend attached")
+        the_plan = _check_engine(the_plan, url, api_key)
     binary = _binary()
     if as_json:
         typer.echo(json.dumps(plan_json(the_plan, binary), indent=2))
@@ -111,6 +117,21 @@ def _load_recipe(path: Path, params: dict[str, str]) -> Any:
     except ImportError as exc:  # the recipe loader lands separately
         raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
     return load_recipe(path, params)
+
+
+def _check_engine(the_plan: Any, url: str, api_key: str | None) -> Any:
+    """Read the attached engine's /props and add a warning for each way it is too small."""
+    import dataclasses
+
+    import anyio
+
+    from squad.engine.remote import attach
+    from squad.planner import check_attached
+
+    info = anyio.run(attach, url, api_key)
+    found = check_attached(the_plan, info.slots, info.n_ctx, kv_unified=info.kv_unified)
+    reason = f"attached engine at {url}: {info.slots} slot(s), context {info.n_ctx:,} per slot"
+    return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,), warnings=the_plan.warnings + tuple(found))
 
 
 def _pin(value: object) -> int | None:
