@@ -207,7 +207,7 @@ def build_target(
     build_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     jobs = jobs or _cpu_count()
-    with log_path.open("w") as log:
+    with log_path.open("w", buffering=1) as log:  # line-buffered: `tail -f` works
         say("configuring (cmake)")
         _run_logged(["cmake", "-S", str(source), "-B", str(build_dir), *flags], log, log_path, None)
         say(f"building {target} with {jobs} jobs")
