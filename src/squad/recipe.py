@@ -419,7 +419,7 @@ class _Loader:
     def _step_ref(self, ref: tuple[str, ...], src: Located, path: Path_, done: set[str]) -> None:
         sid = ref[1]
         if sid not in done:
-            if sid in self.ids:
+            if sid in self.ids or sid in self._all_ids:
                 raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it", path)
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""

@@ -134,13 +134,16 @@ class _Builder:
             raise self.located.error(
                 f"the YAML expands to more than {MAX_NODES} nodes (an alias bomb?); write the data out "
                 "without nested aliases",
-                path,
+                path[:1],
             )
         self.located.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
         if id(node) in self.active:
             raise self.located.error("a YAML alias refers to itself (recursive data)", path)
         self.active.add(id(node))
         try:
+            if not isinstance(node, ScalarNode) and _tag(node) not in ("map", "seq"):
+                raise self.located.error(
+                    f"YAML tag '{node.tag}' is not allowed in a recipe; write plain values", path)
             if isinstance(node, MappingNode):
                 return self._mapping(node, path)
             if isinstance(node, SequenceNode):
@@ -224,7 +227,7 @@ def pydantic_error(
         line, column = located.where((*base, *err["loc"]), key=err["type"] == "extra_forbidden")
         return (line or 0, column or 0)
 
-    err = min(errors, key=line_of)
+    err = min(errors, key=lambda e: (e["type"] != "extra_forbidden", line_of(e)))
     loc: Path_ = (*base, *(p for p in err["loc"] if isinstance(p, (str, int))))
     given = err.get("input")
     kind = err["type"]
