@@ -238,8 +238,17 @@ async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(se
         assert (engine.base_url, engine.info.api_key) == (url, key)
         os.kill(engine.pid, signal.SIGKILL)  # the engine died; restart brings it back
         dead = engine.pid
-        info = await engine.restart()
-        assert engine.pid != dead and info.slots == 2
+        infos, pids_after = [], set()
+
+        async def restart() -> None:
+            infos.append(await engine.restart())
+            pids_after.add(engine.pid)
+
+        async with anyio.create_task_group() as tg:  # two requests saw it gone at once
+            tg.start_soon(restart)
+            tg.start_soon(restart)
+        assert engine.pid != dead and len(pids_after) == 1 and infos[0] == infos[1]
+        assert infos[0].slots == 2
 
 
 _CHILD = textwrap.dedent(

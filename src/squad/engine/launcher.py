@@ -380,6 +380,8 @@ class Launcher(AsyncResource):
         """How many 503 ``Loading model`` answers the last start waited out."""
         self._proc: subprocess.Popen | None = None
         self._pidfile: Path | None = None
+        self._lock = anyio.Lock()  # one start/stop/reload at a time
+        self._starts = 0  # how many times an engine was started (lets concurrent restarts coalesce)
 
     @property
     def pid(self) -> int | None:
@@ -397,8 +399,13 @@ class Launcher(AsyncResource):
 
     async def start(self) -> EngineInfo:
         """Start the engine for ``self.plan``; return what it applied. No-op when running."""
+        async with self._lock:
+            return await self._start()
+
+    async def _start(self) -> EngineInfo:
         if self.running and self.info is not None:
             return self.info
+        self._starts += 1
         if not self.detached:
             await anyio.to_thread.run_sync(reap_stale_engines)
         binary = _resolve_binary(self._binary_arg)
@@ -465,20 +472,28 @@ class Launcher(AsyncResource):
         awaits ``drain()`` (let in-flight requests finish) for at most ``drain_timeout`` seconds,
         stops the engine, starts it with ``plan`` and returns True. Raises like :meth:`start`.
         """
-        if plan == self.plan and self.running:
-            return False
-        if drain is not None and self.running:
-            with anyio.move_on_after(drain_timeout):
-                await drain()
-        await self._stop()
-        self.plan = plan
-        await self.start()
-        return True
+        async with self._lock:
+            if plan == self.plan and self.running:
+                return False
+            if drain is not None and self.running:
+                with anyio.move_on_after(drain_timeout):
+                    await drain()
+            await self._stop()
+            self.plan = plan
+            await self._start()
+            return True
 
     async def restart(self) -> EngineInfo:
-        """Stop (if still running) and start again with the same plan, e.g. after the engine died."""
-        await self._stop()
-        return await self.start()
+        """Stop (if still running) and start again with the same plan, e.g. after the engine died.
+
+        Calls that overlap (several requests saw the engine gone at once) restart it once.
+        """
+        seen = self._starts
+        async with self._lock:
+            if self._starts != seen and self.running and self.info is not None:
+                return self.info  # another caller restarted it meanwhile
+            await self._stop()
+            return await self._start()
 
     def detach(self) -> None:
         """Forget the process without stopping it (only for ``detached=True`` launchers)."""
@@ -487,8 +502,11 @@ class Launcher(AsyncResource):
         self._proc = None
 
     async def aclose(self) -> None:
-        """Stop the engine: SIGTERM, SIGKILL after ``grace`` seconds. Safe to call twice."""
-        await self._stop()
+        """Stop the engine: SIGTERM, SIGKILL after ``grace`` seconds. Safe to call twice; runs to
+        the end even when the caller is being cancelled."""
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                await self._stop()
 
     async def _stop(self) -> None:
         proc, self._proc, self.info = self._proc, None, None
