@@ -28,7 +28,7 @@ def report(busy: int = 4, timings: list[tuple[float, float]] | None = None, n_ct
         max_busy_slots=busy,
         requests=[RequestTiming(i, first, done, 48) for i, (first, done) in enumerate(timings)],
     )
-    r.checks = _checks(r, 48)
+    r.checks = _checks(r)
     return r
 
 
@@ -48,7 +48,7 @@ def test_serialized_requests_fail():
 def test_wrong_context_and_errors_fail():
     bad = report(n_ctx=4096)
     bad.requests[0].error = "APIError: Context size has been exceeded."
-    bad.checks = _checks(bad, 48)
+    bad.checks = _checks(bad)
     assert failed(bad) == {"/props n_ctx", "requests finished"}
     assert "Context size" in next(c.measured for c in bad.checks if c.name == "requests finished")
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import anyio
+import httpx
 from openai import AsyncOpenAI
 
 from squad.engine.info import EngineInfo
@@ -148,11 +149,11 @@ async def verify_engine(info: EngineInfo, *, parallel: int = 4, ctx: int = 8192,
         max_busy_slots=max_busy,
         requests=timings,
     )
-    report.checks = _checks(report, max_tokens)
+    report.checks = _checks(report)
     return report
 
 
-async def read_engine_slots(control) -> int | None:  # noqa: ANN001
+async def read_engine_slots(control: httpx.AsyncClient) -> int | None:
     """Busy slots right now (``/slots`` entries with ``is_processing``), None without ``/slots``."""
     response = await control.get("/slots")
     if response.status_code != 200:
@@ -160,7 +161,7 @@ async def read_engine_slots(control) -> int | None:  # noqa: ANN001
     return sum(1 for slot in response.json() if slot.get("is_processing"))
 
 
-def _checks(report: VerifyReport, max_tokens: int) -> list[Check]:
+def _checks(report: VerifyReport) -> list[Check]:
     reqs = report.requests
     failed = [r for r in reqs if r.error or r.first_token is None]
     checks = [

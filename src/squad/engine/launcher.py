@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -123,7 +124,7 @@ def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train
     expected = expected_slot_ctx(plan, n_ctx_train)
     if n_ctx == expected:
         return
-    if plan.kv_unified and plan.slots >= 2 and n_ctx == expected_slot_ctx(_replace_unified(plan), n_ctx_train):
+    if plan.kv_unified and plan.slots >= 2 and n_ctx == expected_slot_ctx(replace(plan, kv_unified=False), n_ctx_train):
         hint = (
             "the slots do not share one KV pool (--kv-unified was not applied), so each request "
             f"gets only 1/{plan.slots} of the context; use a llama-server that supports "
@@ -132,12 +133,6 @@ def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train
     else:
         hint = "check that extra llama-server arguments do not override -c, -np or --kv-unified"
     raise PlanMismatch(f"engine applied n_ctx {n_ctx} per slot, plan asked {expected}: {hint}")
-
-
-def _replace_unified(plan: EnginePlan) -> EnginePlan:
-    from dataclasses import replace
-
-    return replace(plan, kv_unified=False)
 
 
 def default_load_timeout(model: Path | str) -> float:
