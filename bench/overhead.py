@@ -8,6 +8,9 @@ ever makes a call wait. Then N = 1, 100, 1,000 concurrent calls (4 generated tok
 - squad: ``Squad.map`` (runtime + admission + engine client, including squad's token count
   request to ``/v1/chat/completions/input_tokens`` before each call).
 
+Each timed run follows an untimed warm-up run of the same size on the same client, so both
+sides have warm connection pools.
+
 Per call: wall time / N in microseconds, for both, and the difference (squad's overhead).
 Memory: peak ``tracemalloc`` bytes during the run / N (a separate run: tracing slows it
 down). The fake engine lives in this process, so its CPU and memory count on both sides
@@ -35,8 +38,16 @@ MAX_TOKENS = 4
 BUDGET = 64
 
 
-async def raw_once(fe, client, prompts: list[str]) -> float:  # type: ignore[no-untyped-def]
-    wall, calls = await raw_fanout(fe.base_url, fe.api_key or "none", prompts, MAX_TOKENS, client=client)
+async def raw_once(fe, prompts: list[str]) -> float:  # type: ignore[no-untyped-def]
+    """A fresh openai client, warmed by one untimed fan-out (so its connection pool is as warm
+    as squad's), then the timed fan-out. Fresh per run because the fake engine (uvicorn)
+    closes idle keep-alive connections after 5 s and the SDK does not retry (max_retries=0)."""
+    client = raw_client(fe.base_url, fe.api_key or "none")
+    try:
+        await raw_fanout(fe.base_url, "", prompts, MAX_TOKENS, client=client)
+        wall, calls = await raw_fanout(fe.base_url, "", prompts, MAX_TOKENS, client=client)
+    finally:
+        await client.close()
     failed = [c.error for c in calls if c.error]
     if failed:
         raise RuntimeError(f"raw calls failed against the fake: {failed[0]}")
@@ -44,6 +55,8 @@ async def raw_once(fe, client, prompts: list[str]) -> float:  # type: ignore[no-
 
 
 async def squad_once(sq, prompts: list[str]) -> float:  # type: ignore[no-untyped-def]
+    """One untimed warm-up ``map``, then the timed one."""
+    await sq.map("echo", prompts)
     t0 = time.monotonic()
     results = await sq.map("echo", prompts)
     wall = time.monotonic() - t0
@@ -75,20 +88,16 @@ async def measure(n: int, repeats: int, memory: bool) -> dict[str, float]:
     echo = Agent(name="echo", budget=BUDGET, max_tokens=MAX_TOKENS)
     out: dict[str, float] = {}
     async with FakeEngine(slots=max(n, 1), n_ctx=max(n, 1) * BUDGET * 2) as fe:
-        client = raw_client(fe.base_url, fe.api_key or "none")
         async with Squad([echo], engine=fe.info) as sq:
-            await raw_once(fe, client, prompts[:1])  # warm-up both paths
-            await squad_once(sq, prompts[:1])
             raw, squad = [], []
             for _ in range(repeats):
-                raw.append(await raw_once(fe, client, prompts))
+                raw.append(await raw_once(fe, prompts))
                 squad.append(await squad_once(sq, prompts))
             out["raw_us"] = statistics.median(raw) / n * 1e6
             out["squad_us"] = statistics.median(squad) / n * 1e6
             if memory:
-                out["raw_mem"] = await traced(raw_once, fe, client, prompts) / n
+                out["raw_mem"] = await traced(raw_once, fe, prompts) / n
                 out["squad_mem"] = await traced(squad_once, sq, prompts) / n
-        await client.close()
     return out
 
 

@@ -125,3 +125,11 @@ def test_runtime_event_shapes_released_frees_the_slot_once():
     s.apply(ev("call.retried", "w", 1.2, reason="engine loading (503)"))
     assert s.agents["w"].state == "retrying"
     assert s.line(ev("call.retried", "w", 1.2, reason="engine loading (503)")).endswith("retrying: engine loading (503)")
+
+
+def test_planned_engine_shows_until_it_reports():
+    s = ViewState()
+    s.apply(ev("engine.planned", slots=3, n_ctx=3072, reasons=[]))
+    assert s.status_line() == "starting the engine: 3 slots, context 3072 tokens (planned)"
+    s.apply(ev("squad.ready", slots=3, pool=3072))
+    assert s.status_line().startswith("slots 0/3 busy")

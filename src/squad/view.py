@@ -94,6 +94,8 @@ class ViewState:
     busy: int = 0
     waiting: int = 0
     loads: int = 0
+    planned: tuple[int | None, int | None] | None = None
+    """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
     t0: float | None = None
     last: float = 0.0
 
@@ -109,6 +111,9 @@ class ViewState:
         if self.t0 is None:
             self.t0 = t
         self.last = max(self.last, t)
+        if kind == "engine.planned":
+            self.planned = (_int(data.get("slots")), _int(data.get("n_ctx")))
+            return
         if kind in _LOAD_KINDS:
             self.loads += kind != "squad.ready"
             self.slots = _int(_find(data, "slots")) or self.slots
@@ -221,6 +226,8 @@ class ViewState:
     def render(self, now: float | None = None) -> RenderableType:
         """A rich renderable of the state at ``now`` (defaults to the last event's time)."""
         now = self.last if now is None else now
+        if self.t0 is None:
+            return Text("squad: starting…", style="dim")
         table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
         table.add_column("agent", style="bold")
         table.add_column("state", no_wrap=False)
@@ -240,6 +247,8 @@ class ViewState:
     def status_line(self) -> str:
         """``slots 2/4 busy ▮▮▯▯ · 1 waiting · pool 612/4096 tokens reserved (15%)``."""
         parts = []
+        if self.slots is None and self.planned is not None:
+            return f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
         if self.slots:
             bar = "▮" * min(self.busy, self.slots) + "▯" * max(0, self.slots - self.busy)
             parts.append(f"slots {self.busy}/{self.slots} busy {bar}")
@@ -258,6 +267,8 @@ class ViewState:
         if event.kind in _LOAD_KINDS:
             what = {"squad.ready": "engine ready", "engine.replanned": "engine reloaded"}.get(event.kind, "engine loaded")
             text = f"{what}: {self.slots} slots, pool {self.pool} tokens"
+        elif event.kind == "engine.planned":
+            text = self.status_line()
         elif event.kind == "agent.started":
             text = "started"
         elif event.kind == "call.queued":
