@@ -53,17 +53,17 @@ async def test_count_prompt_tokens_is_the_engines_count():
 async def test_f01_four_agents_all_finish_through_admission():
     """The load that kills every naive request (test_fake_engine) finishes through squad."""
     events: list[Event] = []
+    peak = 0
+
+    def watch(e: Event) -> None:
+        nonlocal peak
+        events.append(e)
+        peak = max(peak, admission.reserved)
+
+    admission = Admission(slots=4, pool=1024, on_event=watch)
     async with FakeEngine(slots=4, n_ctx=1024, token_delay=0.001) as fe:
-        async with EngineClient(fe.info, on_event=events.append) as client:
-            peak = 0
+        async with EngineClient(fe.info, admission=admission) as client:
             results: list[ChatResult] = []
-
-            def watch(e: Event) -> None:
-                nonlocal peak
-                events.append(e)
-                peak = max(peak, client.admission.reserved)
-
-            client.admission._on_event = watch
 
             async def agent(i: int) -> None:
                 results.append(await client.complete(agent=f"a{i}", messages=_user(163), max_tokens=400))
@@ -72,7 +72,7 @@ async def test_f01_four_agents_all_finish_through_admission():
                 for i in range(4):
                     tg.start_soon(agent, i)
     assert len(results) == 4 and all(r.usage and r.usage.completion_tokens == 400 for r in results)
-    assert fe.overflows == 0 and peak <= 1024 and fe.max_held <= 1024
+    assert fe.overflows == 0 and 0 < peak <= 1024 and fe.max_held <= 1024
     assert [e.kind for e in events].count("call.queued") == 3
 
 
@@ -119,12 +119,14 @@ async def test_f04_no_sdk_retries_and_a_timeout_is_not_resent():
     assert len(fe.requests) == 1
 
 
-async def test_other_500_is_not_retried():
-    async with FakeEngine() as fe, EngineClient(fe.info) as client:
+async def test_other_500_is_not_retried_and_the_failure_is_an_event():
+    events: list[Event] = []
+    async with FakeEngine() as fe, EngineClient(fe.info, on_event=events.append) as client:
         fe.script(Reply(status=500, error_message="boom"))
         with pytest.raises(AgentRunError, match="HTTP 500: boom"):
             await client.complete(agent="a", messages=_user(3), max_tokens=5)
     assert len(fe.requests) == 1
+    assert [e.data["error"] for e in events if e.kind == "call.failed"] == ["AgentRunError"]
 
 
 async def test_f05_error_frame_mid_stream_is_typed_with_the_servers_message():

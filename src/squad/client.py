@@ -52,6 +52,7 @@ from squad.errors import (
     EngineLoadTimeout,
     PromptTooLong,
     ReasoningBudgetExhausted,
+    SquadError,
     TruncatedStream,
 )
 from squad.planner import round_ctx
@@ -249,6 +250,22 @@ class EngineClient:
         args = dict(messages=messages, max_tokens=max_tokens, budget=budget, tools=tools, sampling=sampling,
                     priority=priority, on_delta=on_delta)
         try:
+            result = await self._with_retries(call, args)
+        except SquadError as exc:
+            self._emit("call.failed", agent, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
+            raise
+        result.attempts = call.attempts
+        result.timings.total_s = time.monotonic() - call.started
+        self._emit("call.finished", agent, attempts=call.attempts, finish_reason=result.finish_reason,
+                   usage=result.usage and {"prompt_tokens": result.usage.prompt_tokens,
+                                           "completion_tokens": result.usage.completion_tokens},
+                   queued_s=result.timings.queued_s, ttft_s=result.timings.ttft_s, total_s=result.timings.total_s,
+                   tokens_per_s=result.timings.tokens_per_s, slot=result.slot)
+        return result
+
+    async def _with_retries(self, call: _Call, args: dict[str, Any]) -> ChatResult:
+        agent = call.agent
+        try:
             async for attempt in self._retrying(call):
                 with attempt:
                     call.attempts += 1
@@ -263,13 +280,6 @@ class EngineClient:
                 f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
                 f"although squad had at most {self.admission.pool} tokens reserved: another client is using this "
                 "engine's pool; give squad its own engine or raise the context", agent=agent) from exc
-        result.attempts = call.attempts
-        result.timings.total_s = time.monotonic() - call.started
-        self._emit("call.finished", agent, attempts=call.attempts, finish_reason=result.finish_reason,
-                   usage=result.usage and {"prompt_tokens": result.usage.prompt_tokens,
-                                           "completion_tokens": result.usage.completion_tokens},
-                   queued_s=result.timings.queued_s, ttft_s=result.timings.ttft_s, total_s=result.timings.total_s,
-                   tokens_per_s=result.timings.tokens_per_s, slot=result.slot)
         return result
 
     def _retrying(self, call: _Call) -> AsyncRetrying:
