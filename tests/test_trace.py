@@ -208,8 +208,8 @@ def squad_events() -> list[Event]:
         e("call.released", "w", 1.0, tokens=300, slot=0, in_flight=1, pool_used=300),
         e("agent.finished", "w", 1.0),
         e("call.first_token", "w", 1.1, slot=1),
+        e("call.released", "w", 1.5, tokens=300, slot=1, in_flight=0, pool_used=0),  # the client's real order
         e("call.finished", "w", 1.5, usage={"prompt_tokens": 10, "completion_tokens": 20}, slot=1),
-        e("call.released", "w", 1.5, tokens=300, slot=1, in_flight=0, pool_used=0),
         e("agent.finished", "w", 1.5),
     ]
 
@@ -222,6 +222,7 @@ def test_summarize_real_event_shapes_match_calls_by_slot():
     assert (second.slot, second.end) == (1, pytest.approx(0.6))
     assert second.error == "TruncatedStream: stream ended without finish_reason"
     assert (third.slot, third.queued, third.admitted, third.end) == (1, 0.0, pytest.approx(0.6), pytest.approx(1.5))
+    assert third.error is None and third.completion_tokens == 20
     assert third.wait_s == pytest.approx(0.6)
     w = s.agents["w"]
     assert (w.calls, w.completion_tokens, s.max_in_flight) == (3, 50, 2)

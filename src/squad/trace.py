@@ -357,6 +357,23 @@ class _CallMatcher:
         self.spans.append(span)
         return span
 
+    def released_before(self, event: Event) -> CallSpan | None:
+        """The span admission already released for this ``call.finished`` (the client reports
+        a call finished after its reservation is given back), if any."""
+        if any(s.end is None for s in self._open_for(event)):
+            return None
+        slot = _int(event.data.get("slot"))
+        for span in reversed(self.spans):
+            if (span.agent == (event.agent or "?") and span.error == _RELEASED
+                    and (slot is None or span.slot == slot)):
+                return span
+        return None
+
+    def _open_for(self, event: Event) -> list[CallSpan]:
+        slot = _int(event.data.get("slot"))
+        return [s for s in self.spans if s.agent == (event.agent or "?") and s.end is None
+                and (slot is None or s.slot == slot)]
+
     def find(self, event: Event, *, need: str) -> CallSpan:
         """The open span this event belongs to (one whose ``need`` time is unset); a new
         span when none matches (the trace began mid-call)."""
@@ -372,6 +389,9 @@ class _CallMatcher:
             matches = open_
         return matches[0] if matches else self.begin(event)
 
+
+_RELEASED = "ended without finishing"
+"""Provisional error of a call released by admission before any ``call.finished``."""
 
 _LOADS = ("engine.loaded", "engine.replanned")
 """Kinds that report what a (re)loaded engine applied; ``squad.ready`` counts when the run
@@ -422,7 +442,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             span = calls.find(ev, need="first_token")
             span.first_token = t
         elif kind in ("call.finished", "call.failed", "call.released"):
-            span = calls.find(ev, need="end")
+            span = calls.released_before(ev) if kind == "call.finished" else None
+            span = span or calls.find(ev, need="end")
             if kind == "call.released" and span.admitted is None and span.queued is None:
                 calls.spans.remove(span)  # released a call that already ended
                 continue
@@ -431,8 +452,10 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             if isinstance(usage, dict):
                 span.prompt_tokens = _int(usage.get("prompt_tokens"))
                 span.completion_tokens = _int(usage.get("completion_tokens"))
-            if kind != "call.finished":
-                span.error = _error_text(data.get("error")) if data.get("error") else "ended without finishing"
+            if kind == "call.finished":
+                span.error = None
+            else:
+                span.error = _error_text(data.get("error")) if data.get("error") else _RELEASED
                 span.retried = bool(data.get("retry"))
         elif kind == "call.retried":
             for span in reversed(calls.spans):
@@ -453,7 +476,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         a.completion_tokens += span.completion_tokens or 0
         if span.slot is not None and span.slot not in a.slots:
             a.slots.append(span.slot)
-        if span.error and span.error != "ended without finishing" and not span.retried:
+        if span.error and span.error != _RELEASED and not span.retried:
             _add_error(a.errors, span.error)
         if a.started is None:
             a.started = span.start
@@ -483,7 +506,7 @@ def _agent_end(a: AgentSummary, kind: str, data: dict[str, Any], t: float, spans
     if kind == "agent.failed":
         _add_error(a.errors, a.reason)
     for span in reversed(spans):  # the call that died with it gets the reason
-        if span.agent == a.name and span.error == "ended without finishing":
+        if span.agent == a.name and span.error == _RELEASED:
             span.error = a.reason if kind == "agent.failed" else f"cancelled: {a.reason}"
             break
 

@@ -45,9 +45,8 @@ def show(
         return
     console.print(f"[bold]{path}[/]  {summary.events} events over {summary.duration_s:.2f}s")
     for load in summary.engine_loads:
-        console.print(
-            f"engine loaded at {load.t:.2f}s: {load.slots} slots, n_ctx {load.n_ctx}, pool {load.pool} tokens"
-        )
+        n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
+        console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
     console.print(f"max calls in flight: {summary.max_in_flight}")
     console.print(_agent_table(summary))
     for a in summary.agents.values():
@@ -132,7 +131,7 @@ def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
     for load in summary.engine_loads:
         ax.axvline(load.t, color="#555555", ls="--", lw=1)
         ax.annotate(
-            f"engine: {load.slots} slots, n_ctx {load.n_ctx}", (load.t, -0.8), fontsize=8, color="#555555",
+            f"engine: {load.slots} slots, pool {load.pool or load.n_ctx} tokens", (load.t, -0.8), fontsize=8, color="#555555",
             xytext=(3, 0), textcoords="offset points", va="center",
         )
     ax.set_yticks(range(len(agents)), agents)
