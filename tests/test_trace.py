@@ -227,3 +227,17 @@ def test_summarize_real_event_shapes_match_calls_by_slot():
     w = s.agents["w"]
     assert (w.calls, w.completion_tokens, s.max_in_flight) == (3, 50, 2)
     assert w.errors == ["TruncatedStream: stream ended without finish_reason"]
+
+
+def test_summarize_finished_after_the_freed_slot_was_taken_again():
+    """released(slot 1) -> the next call is admitted to slot 1 -> the first call's finished."""
+    e = lambda kind, t, **d: Event(kind, "w", d, t=t)  # noqa: E731
+    s = summarize([
+        e("call.admitted", 0.0, slot=1, tokens=5), e("call.queued", 0.05, tokens=5), e("call.first_token", 0.1, slot=1),
+        e("call.released", 1.0, slot=1), e("call.admitted", 1.0, slot=1, tokens=5),
+        e("call.finished", 1.0, slot=1, usage={"completion_tokens": 3}),
+        e("call.first_token", 1.2, slot=1), e("call.released", 2.0, slot=1),
+        e("call.finished", 2.0, slot=1, usage={"completion_tokens": 4}),
+    ])
+    assert [(c.admitted, c.end, c.error, c.completion_tokens) for c in s.calls] == [
+        (0.0, 1.0, None, 3), (1.0, 2.0, None, 4)]

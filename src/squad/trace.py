@@ -359,8 +359,9 @@ class _CallMatcher:
 
     def released_before(self, event: Event) -> CallSpan | None:
         """The span admission already released for this ``call.finished`` (the client reports
-        a call finished after its reservation is given back), if any."""
-        if any(s.end is None for s in self._open_for(event)):
+        a call finished after its reservation is given back), if any. A call already streaming
+        on that slot is this event's call instead; one just admitted to the freed slot is not."""
+        if any(s.first_token is not None for s in self._open_for(event)):
             return None
         slot = _int(event.data.get("slot"))
         for span in reversed(self.spans):
