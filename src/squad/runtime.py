@@ -59,8 +59,6 @@ __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
 Policy = Literal["collect", "fail-fast"]
 _OP_REASON: ContextVar[list[str | None]] = ContextVar("squad_cancel_reason")
 """The running operation's cancel reason holder (set by ``Squad.cancel``), seen by its tasks."""
-CUT_MARK = "[cut: {n} tokens omitted]"
-"""Appended to a sub-agent answer cut to fit the main agent's budget."""
 
 
 class Squad:

