@@ -7,6 +7,7 @@ import contextlib
 import os
 import platform
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent():  # type: ignore[no-untyped-def]
+    """Linux: the engine gets SIGKILL when this process dies (squad's launcher does the same)."""
+    try:
+        from squad.engine.launcher import _pdeathsig_preexec
+    except ImportError:
+        return None
+    return _pdeathsig_preexec()
+
+
+# SIGTERM (e.g. `kill` or a timeout) unwinds like Ctrl-C, so hand-started engines are stopped.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 @dataclass
 class HandEngine:
     """A llama-server started by hand (plain subprocess) for a baseline."""
@@ -66,7 +80,7 @@ async def hand_engine(server_args: Sequence[str], *, timeout: float = 120.0) -> 
     argv = hand_argv(server_args, port)
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "LLAMA_API_KEY": key})
+                            env={**os.environ, "LLAMA_API_KEY": key}, preexec_fn=_die_with_parent())
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient() as http:

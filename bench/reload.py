@@ -25,14 +25,14 @@ import anyio
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BINARY, MODEL, THREADS, free_port, md_table  # noqa: E402
+from _common import BINARY, MODEL, THREADS, _die_with_parent, free_port, md_table  # noqa: E402
 
 
 async def by_hand(argv: list[str], base_url: str) -> float:
     """Seconds from spawning ``argv`` to ``/health`` 200; the process is stopped afterwards."""
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "LLAMA_API_KEY": secrets.token_hex(8)})
+                            env={**os.environ, "LLAMA_API_KEY": secrets.token_hex(8)}, preexec_fn=_die_with_parent())
     try:
         async with httpx.AsyncClient() as http:
             while True:
