@@ -318,3 +318,13 @@ async def test_replan_reloads_a_launched_engine_with_more_slots() -> None:
     assert fe.max_processing == 5  # the whole fan-out at once after the reload
     assert [e.data["to_slots"] for e in kinds(events, "engine.replanning")] == [6]
     assert not kinds(events, "mention.queued")
+
+
+async def test_engine_gone_during_a_fan_out_is_raised_as_itself_not_a_group() -> None:
+    from squad.errors import EngineGone
+
+    async with FakeEngine(slots=2) as fe:
+        async with Squad(team(), engine=fe.info) as sq:
+            await fe.stop()
+            with pytest.raises(EngineGone):
+                await sq.parallel([("security", "a"), ("style", "b")])

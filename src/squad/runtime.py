@@ -31,14 +31,14 @@ import inspect
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import anyio
 
 from squad import flow
 from squad.agent import Agent, check_squad
 from squad.engine.info import EngineInfo
-from squad.errors import AgentCancelled, AgentRunError, MentionError, UserError
+from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError
 from squad.results import (
     AgentResult,
     AgentTimings,
@@ -59,6 +59,27 @@ __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
 Policy = Literal["collect", "fail-fast"]
 _OP_REASON: ContextVar[list[str | None]] = ContextVar("squad_cancel_reason")
 """The running operation's cancel reason holder (set by ``Squad.cancel``), seen by its tasks."""
+
+
+@contextlib.contextmanager
+def _single_errors() -> Iterator[None]:
+    """Let a squad error raised inside a task group (e.g. EngineGone, which no agent result
+    can hold) leave it as itself, not wrapped in an ExceptionGroup nobody downstream catches."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        first = next((e for e in leaves if isinstance(e, SquadError)), None)
+        if first is not None and all(isinstance(e, (SquadError, anyio.get_cancelled_exc_class())) for e in leaves):
+            raise first from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 class Squad:
@@ -407,20 +428,21 @@ class Squad:
         limiter = anyio.CapacityLimiter(max_concurrency) if max_concurrency else None
         sibling_failed: list[str] = []
 
-        async with anyio.create_task_group() as tg:
+        with _single_errors():
+            async with anyio.create_task_group() as tg:
 
-            async def one(i: int, name: str, prompt: str) -> None:
-                def reason() -> str | None:
-                    return f"cancelled because {sibling_failed[0]!r} failed" if sibling_failed else None
+                async def one(i: int, name: str, prompt: str) -> None:
+                    def reason() -> str | None:
+                        return f"cancelled because {sibling_failed[0]!r} failed" if sibling_failed else None
 
-                result = await self._recorded(self.agents[name], prompt, priority=priority, variables=variables,
-                                              limiter=limiter, cancel_reason=reason, into=(results, i))
-                if policy == "fail-fast" and result.error is not None and not sibling_failed:
-                    sibling_failed.append(name)
-                    tg.cancel_scope.cancel(f"sibling {name!r} failed")
+                    result = await self._recorded(self.agents[name], prompt, priority=priority, variables=variables,
+                                                  limiter=limiter, cancel_reason=reason, into=(results, i))
+                    if policy == "fail-fast" and result.error is not None and not sibling_failed:
+                        sibling_failed.append(name)
+                        tg.cancel_scope.cancel(f"sibling {name!r} failed")
 
-            for i, (name, prompt) in enumerate(pairs):
-                tg.start_soon(one, i, name, prompt)
+                for i, (name, prompt) in enumerate(pairs):
+                    tg.start_soon(one, i, name, prompt)
         return [r if r is not None else cancelled_result(pairs[i][0], "cancelled before it started")
                 for i, r in enumerate(results)]
 

@@ -35,18 +35,30 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
-    except UserError as exc:
-        err_console.print("[red]error:[/] " + _escape(str(exc)))
-        sys.exit(2)
-    except EngineStartError as exc:
-        err_console.print("[red]error:[/] " + _escape(str(exc)))
-        if exc.log_tail:
-            err_console.print("[dim]--- engine log (last lines) ---[/]")
-            err_console.print(_escape(exc.log_tail), highlight=False)
-        sys.exit(1)
     except SquadError as exc:
-        err_console.print("[red]error:[/] " + _escape(str(exc)))
-        sys.exit(1)
+        sys.exit(_report(exc))
+    except BaseExceptionGroup as group:  # a task group that let several errors out
+        first = _first_squad_error(group)
+        if first is None:
+            raise
+        sys.exit(_report(first))
+
+
+def _report(exc: SquadError) -> int:
+    """Print a squad error for a person; return the exit code (2 = their input, 1 = failure)."""
+    err_console.print("[red]error:[/] " + _escape(str(exc)))
+    if isinstance(exc, EngineStartError) and exc.log_tail:
+        err_console.print("[dim]--- engine log (last lines) ---[/]")
+        err_console.print(_escape(exc.log_tail), highlight=False)
+    return 2 if isinstance(exc, UserError) else 1
+
+
+def _first_squad_error(group: BaseExceptionGroup) -> SquadError | None:
+    for exc in group.exceptions:
+        found = _first_squad_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(found, SquadError):
+            return found
+    return None
 
 
 def _escape(text: str) -> str:

@@ -80,10 +80,15 @@ def run_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print output, steps and per-agent stats as JSON.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run trace (JSONL) here instead of the state dir.")] = None,
 ) -> None:
-    """Run a recipe: validate, plan the engine, launch it, run the flow, print the output."""
+    """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
+
+    Every run writes a JSONL trace (default: the newest file in ~/.local/state/squad/traces;
+    see `squad trace show`)."""
     from squad.recipe import load_recipe
     from squad.recipe_run import run_recipe, step_table
+    from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
     loaded = load_recipe(recipe, collect_params(param))
@@ -92,10 +97,12 @@ def run_command(
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
+    trace_path = trace or default_trace_path()
+
     async def main() -> Any:
-        with live_view(on=not quiet and not as_json, console=err_console) as sink:
+        with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink:
             return await run_recipe(loaded, model=model, slots=slots, ctx=ctx, url=url,
-                                    binary=llama_server, threads=threads, on_event=sink)
+                                    binary=llama_server, threads=threads, on_event=[tracer, sink])
 
     result = anyio.run(main)
     rows = step_table(result)
@@ -111,6 +118,7 @@ def run_command(
     typer.echo(result.output)
     if not quiet:
         _summary(rows, result)
+        err_console.print(f"trace: {_esc(str(trace_path))}  (squad trace show / squad trace plot)")
 
 
 def _engine_json(info: Any) -> dict[str, Any] | None:
