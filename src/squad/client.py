@@ -19,8 +19,9 @@ Stream rules (field cases in ``shared/cases/README.md``):
 
 Retry policy (all of it, in :meth:`EngineClient._retrying`): 503 loading/restarting is
 waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a connection
-refused or dropped before the first token calls ``restart`` once (if given) and retries
-once (:class:`EngineGone`); ``Context size has been exceeded.`` while squad's own
+refused or dropped before the first token (the request never reached the engine) is resent
+once at once (a stale keep-alive connection), then once more after ``restart`` (if given)
+(:class:`EngineGone`); ``Context size has been exceeded.`` while squad's own
 reservations fit the engine's pool (another client filled it) is retried with backoff up to
 ``max_attempts``. Nothing else is retried: not a prompt too long, a budget, reasoning that
 ran out, another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
@@ -131,6 +132,7 @@ class _Call:
     restarted: bool = False
     first_loading: float | None = None
     overflows: int = 0
+    gone: int = 0
 
 
 class EngineClient:
@@ -185,7 +187,8 @@ class EngineClient:
         self._openai = openai.AsyncOpenAI(base_url=info.base_url + "/v1", api_key=key, max_retries=0,
                                           timeout=self.request_timeout)
         self._http = httpx.AsyncClient(base_url=info.base_url, headers={"Authorization": f"Bearer {key}"},
-                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0))
+                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0),
+                                       limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
 
     async def aclose(self) -> None:
         """Close every connection this client opened."""
@@ -290,7 +293,11 @@ class EngineClient:
             if isinstance(exc, _Loading):
                 return time.monotonic() - (call.first_loading or call.started) >= self.load_deadline
             if isinstance(exc, EngineGone):
-                return self._restart is None or call.restarted
+                # The request never reached the engine, so resending is safe: once at once
+                # (a pooled keep-alive connection the engine had closed), then once more after
+                # a restart when one is possible.
+                call.gone += 1
+                return call.gone > 1 and (self._restart is None or call.restarted)
             call.overflows += 1
             return call.overflows >= self.max_attempts
 
@@ -299,7 +306,7 @@ class EngineClient:
             if isinstance(exc, _Loading):
                 return 0.5
             if isinstance(exc, EngineGone):
-                return 0.0
+                return 0.1 if call.gone == 1 else 0.0
             return min(0.25 * 2 ** call.overflows, 4.0)  # overflows seen before this one
 
         async def before_sleep(state: RetryCallState) -> None:
@@ -309,7 +316,7 @@ class EngineClient:
             self._emit("call.retried", call.agent, reason=reason, attempt=state.attempt_number, error=str(exc))
             if isinstance(exc, _Loading) and call.first_loading is None:
                 call.first_loading = time.monotonic()
-            if isinstance(exc, EngineGone) and self._restart is not None and not call.restarted:
+            if isinstance(exc, EngineGone) and call.gone > 1 and self._restart is not None and not call.restarted:
                 call.restarted = True
                 info = await self._restart()
                 self.engine = info
