@@ -82,3 +82,28 @@ async def test_fan_out_beyond_slots_never_exceeds_slots_in_flight(
     queued = [e for e in events if e.kind == "mention.queued"]
     assert len(queued) == 1 and "slots=2" in queued[0].data["message"]
     assert [e for e in events if e.kind == "call.queued"]  # the extra ones waited in squad
+
+
+async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
+    llama_server_path: Path, default_model_path: Path
+) -> None:
+    """Engine gone (SIGKILL): the next call finds the connection refused, squad asks the
+    launcher to restart with the same plan and retries; finished results are kept."""
+    import os
+    import signal
+
+    events: list[Event] = []
+    async with Squad(squad_of(["alpha"]), model=default_model_path, binary=llama_server_path, threads=2,
+                     on_event=events.append) as sq:
+        first = await sq.run_agent("alpha", "Say hello.")
+        plan_before, old_pid = sq.plan, sq.launcher.pid
+        os.kill(old_pid, signal.SIGKILL)
+        with anyio.fail_after(60):
+            while sq.launcher.running:
+                await anyio.sleep(0.05)
+        second = await sq.run_agent("alpha", "Say goodbye.")
+        assert sq.launcher.pid != old_pid
+        assert sq.plan == plan_before
+    assert first.ok and first.output and second.ok and second.output
+    retried = [e for e in events if e.kind == "call.retried"]
+    assert any("gone" in str(e.data.get("reason")) for e in retried)
