@@ -157,11 +157,13 @@ def chat_command(
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server.")] = None,
+    replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
+                                         "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     agents, main_name, variables, chosen_model = _chat_agents(recipe, agent_file, main, param)
     anyio.run(lambda: chat_loop(agents, main_name, variables=variables, model=model or chosen_model,
-                                slots=slots, ctx=ctx, url=url, binary=llama_server))
+                                slots=slots, ctx=ctx, url=url, binary=llama_server, replan=replan))
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
@@ -189,7 +191,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
 async def chat_loop(
     agents: list[Any], main: str, *, variables: dict[str, Any], model: str | None = None,
     slots: int | None = None, ctx: int | None = None, url: str | None = None, binary: str | None = None,
-    read: Any = None, engine: Any = None, quiet: bool = False,
+    read: Any = None, engine: Any = None, quiet: bool = False, replan: bool = False,
 ) -> list[dict[str, Any]]:
     """The REPL: each line is one main-agent turn (``Squad.run``); @mentioned sub-agents run
     at once and their answers are handed back. Unknown @mentions are warnings with
@@ -202,7 +204,8 @@ async def chat_loop(
     read = read or (lambda: input("you> "))
     view = LiveView(on=not quiet, console=err_console, live=False)
     options: dict[str, Any] = {} if (url or engine) else {"model": model, "slots": slots, "ctx": ctx, "binary": binary}
-    async with Squad(agents, main=main, url=url, engine=engine, on_event=view, variables=variables, **options) as sq:
+    async with Squad(agents, main=main, url=url, engine=engine, on_event=view, variables=variables,
+                     replan=replan, **options) as sq:
         lead = sq.agents[main]
         subs = sq._sub_names(lead)  # noqa: SLF001 - the runtime's rule for who may be mentioned
         err_console.print(f"chat with [bold]{main}[/]; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
