@@ -3,7 +3,7 @@
 import pytest
 
 from squad.errors import RecipeError
-from squad.templates import render_template, template_paths, template_variables
+from squad.templates import check_template, render_template, template_paths, template_variables
 
 
 def test_literal_braces_stay_as_written():
@@ -60,3 +60,93 @@ def test_static_variables_and_paths():
         ("params", "items"),
         ("item",),
     }
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("{{ params.topic | nosuchfilter }}", "unknown filter 'nosuchfilter'"),
+        ("{{ params.topic | uper }}", "unknown filter 'uper'; did you mean 'upper'?"),
+        ("{% if params.topic is nosuchtest %}x{% endif %}", "unknown test 'nosuchtest'"),
+        ("{{ 'x' if params.topic is nosuchtest else 'y' }}", "unknown test 'nosuchtest'"),
+    ],
+)
+def test_unknown_filter_or_test_is_a_compile_error_with_location(source, problem):
+    loc = {"file": "r.yaml", "line": 4, "column": 9}
+    for check in (check_template, template_paths, template_variables):
+        with pytest.raises(RecipeError) as info:
+            check(source, where="flow[1].prompt", loc=loc)
+        assert str(info.value) == f"r.yaml:4:9: flow[1].prompt: template error: {problem}"
+    with pytest.raises(RecipeError, match=problem.replace("?", r"\?")):
+        render_template(source, {"params": {"topic": "x"}}, where="flow[1].prompt", loc=loc)
+
+
+def test_unknown_filter_on_a_later_template_line_names_that_line():
+    with pytest.raises(RecipeError, match=r"template error \(template line 3\): unknown filter 'nope'"):
+        check_template("one\ntwo\n{{ x | nope }}", where="p")
+
+
+@pytest.mark.parametrize(
+    "source, variables, problem",
+    [
+        ("{{ 10 / params.n }}", {"params": {"n": 0}}, "template error: division by zero (ZeroDivisionError)"),
+        ("{{ params.topic + 1 }}", {"params": {"topic": "x"}}, "template error: can only concatenate str"),
+        ("{{ range(10**9)|list|length }}", {}, "template error: Range too big. The sandbox blocks ranges"),
+        ("{{ params.topic | round }}", {"params": {"topic": "x"}}, "template error: "),
+    ],
+)
+def test_any_error_while_rendering_is_a_recipe_error_naming_where(source, variables, problem):
+    with pytest.raises(RecipeError) as info:
+        render_template(source, variables, where="flow[1].prompt", loc={"file": "r.yaml", "line": 9})
+    assert str(info.value).startswith(f"r.yaml:9: flow[1].prompt: {problem}")
+
+
+def test_check_template_does_not_render():
+    check_template("{{ 10 / 0 }} {{ undefined_name }}", where="p")  # compiles fine; fails only when rendered
+
+
+def _recipe(tmp_path, instructions, prompt, n_default=3):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "name: t\n"
+        "params:\n"
+        f"  n: {{type: int, default: {n_default}}}\n"
+        "agents:\n"
+        f"  a: {{budget: 512, max_tokens: 32, instructions: {instructions!r}}}\n"
+        "main: a\n"
+        "flow:\n"
+        "  - prompt: hi {{ params.n }}\n"
+        f"  - prompt: {prompt!r}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "instructions, prompt, line, field, problem",
+    [
+        ("You {{ params.n | nosuchfilter }}", "ok", 5, "agents.a.instructions", "unknown filter 'nosuchfilter'"),
+        ("You {% if params.n is nosuchtest %}x{% endif %}", "ok", 5, "agents.a.instructions",
+         "unknown test 'nosuchtest'"),
+        ("You", "{{ params.n | nosuchfilter }}", 9, "flow[1].prompt", "unknown filter 'nosuchfilter'"),
+    ],
+)
+def test_validate_recipe_compiles_every_template_field(tmp_path, instructions, prompt, line, field, problem):
+    from squad.recipe import validate_recipe
+
+    path = _recipe(tmp_path, instructions, prompt)
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(path)
+    err = info.value
+    assert (err.file, err.line, err.field) == (str(path), line, field)
+    assert err.problem == f"template error: {problem}"
+
+
+def test_recipe_prompt_runtime_error_names_file_and_field(tmp_path):
+    from squad.recipe import load_recipe
+
+    recipe = load_recipe(_recipe(tmp_path, "You", "{{ 10 / params.n }}"), {"n": "0"})
+    with pytest.raises(RecipeError) as info:
+        recipe.render_prompt(recipe.flow[1], {})
+    err = info.value
+    assert (err.line, err.field) == (9, "flow[1].prompt")
+    assert err.problem == "template error: division by zero (ZeroDivisionError)"

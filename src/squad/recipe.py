@@ -34,7 +34,7 @@ from squad.flow import Call, Delegate, Map, Node, Parallel, Sequence
 from squad.mention import parse_mentions
 from squad.recipe_load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipe_spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import render_template, template_paths
+from squad.templates import check_template, render_template, template_paths
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "load_recipe", "validate_recipe", "load_agents"]
 
@@ -394,6 +394,7 @@ class _Loader:
         line, column = src.where(path)
         loc = {"file": src.file, "line": line, "column": column}
         where = field_path(path)
+        check_template(source, where=where, loc=loc)  # syntax, unknown filters/tests: before any model call
         for ref in sorted(template_paths(source, where=where, loc=loc)):
             root = ref[0]
             if root not in roots:

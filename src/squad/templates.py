@@ -12,7 +12,11 @@ Rules:
 - The sandbox (``jinja2.sandbox.SandboxedEnvironment``) refuses private/dunder attributes and
   unsafe callables; autoescape is off (prompts are plain text, not HTML).
 - Errors are :class:`squad.errors.RecipeError` naming where the template lives and the
-  undefined variable or syntax problem.
+  undefined variable or syntax problem. Unknown filters and tests (``{{ x | nosuch }}``,
+  ``{% if x is nosuch %}``) are compile errors, found by :func:`check_template` before any
+  model call. Anything that fails while rendering (``{{ 10 / 0 }}``, ``{{ "a" + 1 }}``, a
+  ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items) is a :class:`RecipeError` too,
+  never a traceback.
 """
 
 from __future__ import annotations
@@ -50,22 +54,53 @@ def _error(problem: str, where: str, loc: Mapping[str, Any] | None) -> RecipeErr
     return RecipeError(problem, **loc)
 
 
+def _line(source: str, lineno: int | None) -> str:
+    return f" (template line {lineno})" if lineno and source.count("\n") else ""
+
+
 def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Template:
+    """Parse ``source`` and check every filter and test name it uses exists.
+
+    jinja checks filter/test names only when it compiles, and not at all inside an ``if``
+    (there an unknown name fails at render time), so the names are checked here on the AST.
+    """
     try:
-        return _ENV.parse(source)
+        ast = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
-        line = f" (template line {exc.lineno})" if source.count("\n") else ""
         raise _error(
-            f"template syntax error{line}: {exc.message}; only {{{{ ... }}}} and {{% ... %}} are "
-            "template syntax, write literal braces as plain text",
+            f"template syntax error{_line(source, exc.lineno)}: {exc.message}; only {{{{ ... }}}} and "
+            "{% ... %} are template syntax, write literal braces as plain text",
             where,
             loc,
         ) from None
+    for kind, node_type, known in (("filter", nodes.Filter, _ENV.filters), ("test", nodes.Test, _ENV.tests)):
+        for node in ast.find_all(node_type):
+            if node.name not in known:
+                hint = difflib.get_close_matches(node.name, list(known), n=1)
+                did = f"; did you mean '{hint[0]}'?" if hint else ""
+                raise _error(
+                    f"template error{_line(source, node.lineno)}: unknown {kind} '{node.name}'{did}",
+                    where,
+                    loc,
+                )
+    return ast
+
+
+def _compile(source: str, where: str, loc: Mapping[str, Any] | None) -> jinja2.Template:
+    """Parse and compile ``source``; every compile-time problem becomes a :class:`RecipeError`."""
+    ast = _parse(source, where, loc)
+    try:
+        return _ENV.from_string(ast)
+    except jinja2.TemplateSyntaxError as exc:  # includes TemplateAssertionError
+        raise _error(f"template error{_line(source, exc.lineno)}: {exc.message}", where, loc) from None
 
 
 def check_template(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`RecipeError` if ``source`` is not a valid template (syntax only)."""
-    _parse(source, where, loc)
+    """Raise :class:`RecipeError` if ``source`` is not a valid template: a syntax error, an
+    unknown filter or test, or anything else jinja refuses when it compiles the template.
+    Does not render (undefined variables and runtime errors are not found here)."""
+    if "{{" in source or "{%" in source:
+        _compile(source, where, loc)
 
 
 def render_template(
@@ -80,12 +115,13 @@ def render_template(
     ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
     optionally carries ``file``/``line``/``column`` for :class:`RecipeError`.
 
-    Raises :class:`RecipeError` on a syntax error, an undefined variable or attribute
-    (naming it), or an operation the sandbox forbids.
+    Raises :class:`RecipeError` on a syntax error, an unknown filter or test, an undefined
+    variable or attribute (naming it), an operation the sandbox forbids, or any other
+    exception while rendering (``template error: division by zero``).
     """
     if "{{" not in source and "{%" not in source:
         return source  # nothing to render: keep the text byte for byte
-    template = _ENV.from_string(_parse(source, where, loc))
+    template = _compile(source, where, loc)
     try:
         return template.render(**variables)
     except jinja2.UndefinedError as exc:
@@ -94,6 +130,9 @@ def render_template(
         raise _error(f"template not allowed by the sandbox: {exc}", where, loc) from None
     except jinja2.TemplateError as exc:
         raise _error(f"template error: {exc}", where, loc) from None
+    except Exception as exc:  # the template's own arithmetic, a too-big range(), a bad + ...
+        problem = str(exc) or type(exc).__name__
+        raise _error(f"template error: {problem} ({type(exc).__name__})", where, loc) from None
 
 
 def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.UndefinedError) -> str:
@@ -119,9 +158,18 @@ def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.Un
 def template_variables(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> set[str]:
     """Top-level variable names ``source`` reads without defining them (``{"params", "item"}``).
 
-    For static validation before any model call. Raises :class:`RecipeError` on a syntax error.
+    For static validation before any model call. Raises :class:`RecipeError` on a syntax error
+    or an unknown filter or test.
     """
-    return set(meta.find_undeclared_variables(_parse(source, where, loc)))
+    return set(_free_names(_parse(source, where, loc), source, where, loc))
+
+
+def _free_names(ast: nodes.Template, source: str, where: str, loc: Mapping[str, Any] | None) -> set[str]:
+    # find_undeclared_variables runs jinja's code generator, which can raise compile errors
+    try:
+        return set(meta.find_undeclared_variables(ast))
+    except jinja2.TemplateSyntaxError as exc:
+        raise _error(f"template error{_line(source, exc.lineno)}: {exc.message}", where, loc) from None
 
 
 def template_paths(
@@ -132,10 +180,11 @@ def template_paths(
     a bare ``{{ item }}`` gives ``("item",)``. Dynamic subscripts end the path.
 
     Only names that :func:`template_variables` reports are included (loop variables and
-    ``{% set %}`` names are not). Raises :class:`RecipeError` on a syntax error.
+    ``{% set %}`` names are not). Raises :class:`RecipeError` on a syntax error or an
+    unknown filter or test.
     """
     ast = _parse(source, where, loc)
-    free = set(meta.find_undeclared_variables(ast))
+    free = _free_names(ast, source, where, loc)
     found: set[tuple[str, ...]] = set()
 
     def chain(node: nodes.Node) -> tuple[str, ...] | None:
