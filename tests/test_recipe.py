@@ -192,3 +192,37 @@ flow:
     sub_prompts = sorted(b["messages"][-1]["content"] for b in fe.requests if who(b) in "ab")
     assert "merge a:pa x1 / 3" in sub_prompts  # mention tokens stripped, templates rendered
     assert [r.agent for sid, r in run.results if sid == "final"] == ["a", "b", "lead"]
+
+
+COLLECT = BASE + """\
+flow:
+  - id: both
+    parallel:
+      - {id: pa, agent: a, prompt: "pa"}
+      - {id: pb, agent: b, prompt: "pb"}
+  - id: final
+    agent: lead
+    prompt: "{{ FIELD }}"
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("field, fails, runs_final", [
+    ("steps.pa.output", ["a"], False),        # an input that failed: the step fails too
+    ("steps.both.output", ["a"], True),       # the block: what succeeded is enough
+    ("steps.both.output", ["a", "b"], False), # every step of the block failed
+])
+async def test_collect_never_runs_a_step_on_a_failed_output(tmp_path, field, fails, runs_final):
+    from squad.errors import AgentRunError
+
+    recipe = load_recipe(write(tmp_path, COLLECT.replace("FIELD", field)))
+    async with FakeEngine(slots=4, n_ctx=4096) as fe:
+        fe.responder = lambda body: (Reply(content="half", truncate_after=1) if who(body) in fails
+                                     else Reply(content=f"ok from {who(body)}"))
+        if runs_final:
+            run = await run_recipe(recipe, engine=fe.info)
+            assert run.output == "ok from lead" and [sid for sid, _ in run.errors] == ["pa"]
+        else:
+            with pytest.raises(AgentRunError, match="step 'final' uses the output of step '(pa|both)', which failed"):
+                await run_recipe(recipe, engine=fe.info)
+    assert runs_final == any(who(b) == "lead" for b in fe.requests)

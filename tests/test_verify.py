@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 
+import anyio
 import pytest
 
 from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 from squad.engine.launcher import Launcher
+from squad.engine.remote import attach
 from squad.planner import EnginePlan
 from squad.verify import RequestTiming, VerifyReport, _checks, verify_engine
 
@@ -111,6 +113,10 @@ def test_engine_start_status_stop(server_bin, model_file, state_tmp):
         info = json.loads(status.stdout)
         assert (info["slots"], info["n_ctx"], info["kv_unified"], info["busy_slots"]) == (2, 1024, True, 0)
         assert info["api_key"] is None  # never printed
+        by_url = squad("engine", "status", "--url", record["url"], "--json", env=env)
+        assert by_url.returncode == 0, by_url.stderr  # the recorded key is used for that URL
+        attached = anyio.run(attach, record["url"])
+        assert (attached.slots, attached.n_ctx, attached.kv_unified) == (2, 1024, True)
         stopped = squad("engine", "stop", env=env)
         assert stopped.returncode == 0 and "stopped" in stopped.stdout
         assert wait_gone(record["pid"]) and not (state_tmp / "engine.json").exists()

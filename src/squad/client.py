@@ -334,10 +334,13 @@ class EngineClient:
         prompt = await self.count_prompt_tokens(messages, tools)
         need = prompt + max_tokens
         if budget is not None and need > budget:
+            fixes = [f"raise its budget to {round_ctx(need)}"]
+            if prompt < budget:
+                fixes.append(f"lower max_tokens to {budget - prompt}")
+            fixes.append("shorten the prompt or the history it is given")
             raise AdmissionError(
                 f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {max_tokens}) but its budget is "
-                f"{budget}: raise the budget to {need} or lower max_tokens to {max(budget - prompt, 0)} "
-                "or shorten its history", agent=agent)
+                f"{budget}: " + ", or ".join(fixes), agent=agent)
         async with self.admission.reserve(need, agent=agent, priority=priority) as reservation:
             with anyio.move_on_after(self.request_timeout) as deadline:
                 result = await self._stream(agent, reservation, messages, max_tokens, tools, sampling, on_delta)

@@ -103,6 +103,7 @@ async def execute_flow(recipe: Recipe, squad: Any) -> RecipeRun:
 
 
 async def _step(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+    _check_inputs(step, run)
     if step.kind == "parallel":
         await _parallel(recipe, squad, step, run)
     elif step.kind == "map":
@@ -137,7 +138,9 @@ async def _parallel(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> N
             for child in step.steps:
                 tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
     outputs = [run.steps[c.id]["output"] for c in step.steps]
-    run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": None}
+    failed = [c.id for c in step.steps if run.steps[c.id].get("error")]
+    error = f"all of its steps failed ({', '.join(failed)})" if failed and len(failed) == len(step.steps) else None
+    run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
 
 
 async def _guarded(recipe: Recipe, squad: Any, step: Step, run: RecipeRun, policy: str) -> None:
@@ -173,7 +176,26 @@ async def _map(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
                 tg.start_soon(one, i, prompt)
-    run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": None}
+    failed = [sid for sid, _ in run.errors if sid.startswith(f"{step.id}[")]
+    error = f"all {len(prompts)} items failed" if prompts and len(failed) >= len(prompts) else None
+    run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
+
+
+def _check_inputs(step: Step, run: RecipeRun) -> None:
+    """A step never runs on the output of a step that failed (policy collect lets the run go
+    on, but an empty output must not be passed off as notes to work from).
+
+    Raises :class:`AgentRunError` naming the step, the failed input and its error.
+    """
+    from squad.templates import template_paths
+
+    used = {path[1] for path in template_paths(step.prompt) if len(path) >= 2 and path[0] == "steps"}
+    if len(step.over) >= 2 and step.over[0] == "steps":
+        used.add(step.over[1])
+    for sid in sorted(used):
+        error = run.steps.get(sid, {}).get("error")
+        if error:
+            raise AgentRunError(f"step '{step.id}' uses the output of step '{sid}', which failed: {error}")
 
 
 def _record(run: RecipeRun, sid: str, output: str, error: BaseException | None) -> None:

@@ -193,7 +193,7 @@ def engine_status(
 
 async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None]:
     info = await attach(url, api_key)
-    async with control_client(info.base_url, api_key) as client:
+    async with control_client(info.base_url, info.api_key) as client:
         state = await read_engine(client)
     return info, state.busy_slots()
 

@@ -76,6 +76,7 @@ def run_command(
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server instead of launching one.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Engine threads (-t).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print output, steps and per-agent stats as JSON.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
@@ -101,7 +102,7 @@ def run_command(
 
     async def main() -> Any:
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink:
-            return await run_recipe(loaded, model=model, slots=slots, ctx=ctx, url=url,
+            return await run_recipe(loaded, model=model, slots=slots, ctx=ctx, url=url, api_key=api_key,
                                     binary=llama_server, threads=threads, on_event=[tracer, sink])
 
     result = anyio.run(main)
@@ -114,11 +115,17 @@ def run_command(
             "steps": result.steps, "agents": rows, "errors": result.errors,
             "engine": _engine_json(result.info),
         }, indent=2, default=str))
+        if result.errors:
+            raise typer.Exit(1)
         return
     typer.echo(result.output)
     if not quiet:
         _summary(rows, result)
         err_console.print(f"trace: {_esc(str(trace_path))}  (squad trace show / squad trace plot)")
+    if result.errors:
+        err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
+                          + _esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))
+        raise typer.Exit(1)
 
 
 def _engine_json(info: Any) -> dict[str, Any] | None:
@@ -157,13 +164,15 @@ def chat_command(
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server.")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
     replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     agents, main_name, variables, chosen_model = _chat_agents(recipe, agent_file, main, param)
     anyio.run(lambda: chat_loop(agents, main_name, variables=variables, model=model or chosen_model,
-                                slots=slots, ctx=ctx, url=url, binary=llama_server, replan=replan))
+                                slots=slots, ctx=ctx, url=url, api_key=api_key, binary=llama_server,
+                                replan=replan))
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
@@ -191,7 +200,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
 async def chat_loop(
     agents: list[Any], main: str, *, variables: dict[str, Any], model: str | None = None,
     slots: int | None = None, ctx: int | None = None, url: str | None = None, binary: str | None = None,
-    read: Any = None, engine: Any = None, quiet: bool = False, replan: bool = False,
+    read: Any = None, engine: Any = None, quiet: bool = False, replan: bool = False, api_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """The REPL: each line is one main-agent turn (``Squad.run``); @mentioned sub-agents run
     at once and their answers are handed back. Unknown @mentions are warnings with
@@ -204,8 +213,8 @@ async def chat_loop(
     read = read or (lambda: input("you> "))
     view = LiveView(on=not quiet, console=err_console, live=False)
     options: dict[str, Any] = {} if (url or engine) else {"model": model, "slots": slots, "ctx": ctx, "binary": binary}
-    async with Squad(agents, main=main, url=url, engine=engine, on_event=view, variables=variables,
-                     replan=replan, **options) as sq:
+    async with Squad(agents, main=main, url=url, api_key=api_key, engine=engine, on_event=view,
+                     variables=variables, replan=replan, **options) as sq:
         lead = sq.agents[main]
         subs = sq._sub_names(lead)  # noqa: SLF001 - the runtime's rule for who may be mentioned
         err_console.print(f"chat with [bold]{main}[/]; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "

@@ -206,24 +206,31 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     """Read an engine squad did not launch; returns :class:`EngineInfo` with ``launched=False``.
 
     ``url`` is the server root (``http://127.0.0.1:8080``; a trailing ``/v1`` is dropped).
+    The key is ``api_key``, else ``LLAMA_API_KEY`` from the environment, else the key
+    recorded by ``squad engine start`` when ``url`` is that engine (``engine.json``).
     An engine still loading (503) is waited out for up to ``load_timeout`` seconds.
     ``kv_unified`` is False for one slot and None (unknown) for two or more: see the module
-    docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``.
+    docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``. For the engine
+    ``squad engine start`` recorded, its saved plan tells.
 
     Raises :class:`EngineGone` (nothing answers), :class:`EngineLoadTimeout`,
     :class:`UserError` (HTTP 401: wrong or missing key), :class:`EngineError`.
     """
     base_url = url.rstrip("/").removesuffix("/v1")
+    saved = _saved_engine_at(base_url)
+    if api_key is None:
+        api_key = os.environ.get("LLAMA_API_KEY") or (saved.api_key if saved else None)
     async with control_client(base_url, api_key) as client:
         await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
         state = await read_engine(client)
     slots = state.total_slots
+    unified = saved.plan.kv_unified if saved is not None and saved.plan.slots == slots else None
     return EngineInfo(
         base_url=base_url,
         api_key=api_key,
         slots=slots,
         n_ctx=state.n_ctx,
-        kv_unified=False if slots == 1 else None,
+        kv_unified=False if slots == 1 else unified,
         pool=state.n_ctx,
         n_ctx_train=state.n_ctx_train,
         model_path=str(state.props.get("model_path", "")),
@@ -231,6 +238,17 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
         build_info=str(state.props.get("build_info", "")),
         launched=False,
     )
+
+
+def _saved_engine_at(base_url: str) -> "SavedEngine | None":
+    """The ``squad engine start`` record when it describes the engine at ``base_url``."""
+    try:
+        saved = load_saved_engine()
+    except UserError:
+        return None
+    if saved is None or saved.url.rstrip("/").removesuffix("/v1") != base_url:
+        return None
+    return saved
 
 
 def pool_warning(info: EngineInfo) -> str | None:
