@@ -133,3 +133,19 @@ def test_planned_engine_shows_until_it_reports():
     assert s.status_line() == "starting the engine: 3 slots, context 3072 tokens (planned)"
     s.apply(ev("squad.ready", slots=3, pool=3072))
     assert s.status_line().startswith("slots 0/3 busy")
+
+
+def test_planner_warnings_are_shown_in_both_modes():
+    import io
+
+    from rich.console import Console
+
+    from squad.trace import Event
+    from squad.view import LiveView
+
+    for live in (False, True):
+        out = io.StringIO()
+        view = LiveView(on=True, console=Console(file=out, width=120), live=live)
+        view(Event("engine.planned", data={"slots": 1, "n_ctx": 1024,
+                                           "warnings": ["1 slot(s) but 3 agents run at once: serialized"]}))
+        assert "warning: 1 slot(s) but 3 agents run at once" in out.getvalue()

@@ -217,7 +217,8 @@ class Squad:
             pin_ctx=self._ctx,
         )
         self._emit(Event("engine.planned", data={"slots": self.plan.slots, "n_ctx": self.plan.n_ctx,
-                                                  "reasons": list(self.plan.reasons)}))
+                                                  "reasons": list(self.plan.reasons),
+                                                  "warnings": list(self.plan.warnings)}))
         launcher = Launcher(self.plan, binary=self._binary, threads=self._threads,
                             request_timeout=self._request_timeout, port=free_port())  # one port across reloads
         self.launcher = await stack.enter_async_context(launcher)

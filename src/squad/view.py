@@ -342,6 +342,9 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            if self.on and event.kind == "engine.planned":  # the planner's warnings, in both modes
+                for warning in event.data.get("warnings") or ():
+                    self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:
         with self._lock:
