@@ -228,9 +228,14 @@ def _reason(tail: str) -> str:
 
 def _start_error(proc: subprocess.Popen, plan: EnginePlan, log_path: Path) -> EngineStartError:
     tail = log_tail(log_path)
+    if not tail.strip():  # it never got as far as logging: not a working llama-server at all
+        hint = (f"{proc.args[0] if isinstance(proc.args, list) else proc.args} printed nothing: check that it "
+                "is llama-server (`squad engine info`, or --llama-server / SQUAD_LLAMA_SERVER)")
+    else:
+        hint = "Check that the model is a complete GGUF file llama.cpp supports"
     return EngineStartError(
         f"llama-server exited with status {proc.returncode} while loading {plan.model}: {_reason(tail)}. "
-        f"Check that the model is a complete GGUF file llama.cpp supports; full log: {log_path}",
+        f"{hint}; full log: {log_path}",
         log_tail=tail,
         log_path=str(log_path),
     )
