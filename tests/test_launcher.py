@@ -253,6 +253,10 @@ async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(se
 
 _CHILD = textwrap.dedent(
     """
+    import signal
+    # a child started from a non-interactive shell or under nohup inherits SIGINT ignored;
+    # restore python's handler so SIGINT raises KeyboardInterrupt as it does in a terminal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import sys, anyio
     from squad.engine import launcher
     from squad.engine.launcher import Launcher
@@ -275,21 +279,38 @@ def _run_child(server_bin: Path, model_file: Path, mode: str) -> tuple[subproces
         stdout=subprocess.PIPE,
         text=True,
     )
-    line = child.stdout.readline()
-    assert line.strip().isdigit(), f"child printed {line!r}"
+    try:
+        line = child.stdout.readline()
+        assert line.strip().isdigit(), f"child printed {line!r}"
+    except BaseException:
+        _stop(child)
+        raise
     return child, int(line)
+
+
+def _stop(child: subprocess.Popen, engine_pid: int | None = None) -> None:
+    """Kill ``child`` (and ``engine_pid`` if it still runs) so a failed test leaves nothing behind."""
+    if child.poll() is None:
+        child.kill()
+    child.wait(30)
+    child.stdout.close()
+    if engine_pid is not None and not gone(engine_pid):
+        os.kill(engine_pid, signal.SIGKILL)
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_no_orphan_when_squad_is_killed(server_bin, model_file, state_tmp, sig):
     child, engine_pid = _run_child(server_bin, model_file, "pdeathsig")
-    assert not gone(engine_pid)
-    # SIGINT runs the `async with` cleanup; SIGKILL and python's default SIGTERM run nothing,
-    # there the kernel's PDEATHSIG kills the engine
-    child.send_signal(sig)
-    child.wait(30)
-    assert wait_gone(engine_pid), f"llama-server {engine_pid} outlived squad after {sig.name}"
+    try:
+        assert not gone(engine_pid)
+        # SIGINT runs the `async with` cleanup; SIGKILL and python's default SIGTERM run nothing,
+        # there the kernel's PDEATHSIG kills the engine
+        child.send_signal(sig)
+        child.wait(30)
+        assert wait_gone(engine_pid), f"llama-server {engine_pid} outlived squad after {sig.name}"
+    finally:
+        _stop(child, engine_pid)
 
 
 @pytest.mark.engine
@@ -303,8 +324,7 @@ def test_pid_file_fallback_reaps_engine_of_a_killed_squad(server_bin, model_file
         assert reap_stale_engines() == [engine_pid]  # ... until the next launch reaps it
         assert wait_gone(engine_pid)
     finally:
-        if not gone(engine_pid):
-            os.kill(engine_pid, signal.SIGKILL)
+        _stop(child, engine_pid)
 
 
 def test_public_names():
