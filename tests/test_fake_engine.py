@@ -100,16 +100,18 @@ async def test_f01_naive_concurrent_calls_overflow_the_pool_and_all_fail():
 
 
 async def test_requests_beyond_slots_are_deferred():
+    # each request holds its slot ~0.5 s (50 tokens x 0.01 s): a wide window to see the 3 waiting
     async with FakeEngine(slots=2, token_delay=0.01) as fe:
         async with httpx.AsyncClient(base_url=fe.base_url) as c:
             async def one() -> None:
-                await c.post("/v1/chat/completions", json={"messages": _prompt(3), "max_tokens": 10})
+                await c.post("/v1/chat/completions", json={"messages": _prompt(3), "max_tokens": 50})
 
             async with anyio.create_task_group() as tg:
                 for _ in range(5):
                     tg.start_soon(one)
-                await anyio.sleep(0.03)
-                assert fe.deferred == 3
+                with anyio.fail_after(10):  # poll until all 5 arrived: 2 processing, 3 deferred
+                    while not (fe.deferred == 3 and fe.processing == 2):
+                        await anyio.sleep(0.005)
     assert fe.max_processing == 2 and fe.completed == 5
 
 
