@@ -7,6 +7,8 @@
 
 A pulled file is verified once (size + sha256); a ``<file>.sha256`` sidecar remembers the
 result together with the file's size and mtime, so later resolves do not re-hash 98 MB.
+Model facts are cached the same way, as JSON in ``cache_dir()/facts/`` keyed by the file's
+resolved path, size and mtime, so only the first read of a model parses the GGUF.
 """
 
 from __future__ import annotations
@@ -271,7 +273,10 @@ def read_model_facts(path: str | Path) -> ModelFacts:
     or lacks a key squad needs (it names the key).
 
     Parsing takes ~2 s for the default model (the reader walks the whole vocabulary), so
-    results are memoized per (path, size, mtime) for the life of the process.
+    results are memoized per (path, size, mtime) for the life of the process and stored in
+    ``cache_dir()/facts/<hash>.json`` for later processes. A cache entry that is unreadable,
+    from another format version or for another (path, size, mtime) is ignored and rewritten;
+    a cache dir that cannot be written only costs a re-parse next time.
     """
     path = Path(path).expanduser()
     try:
@@ -282,7 +287,60 @@ def read_model_facts(path: str | Path) -> ModelFacts:
 
 
 @functools.lru_cache(maxsize=16)
-def _read_facts(path: Path, _size: int, _mtime_ns: int) -> ModelFacts:
+def _read_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
+    key = {"path": str(path.resolve()), "size": size, "mtime_ns": mtime_ns}
+    entry = _facts_entry(key)
+    cached = _load_facts(entry, key, path)
+    if cached is not None:
+        return cached
+    facts = _parse_facts(path)
+    _store_facts(entry, key, facts)
+    return facts
+
+
+#: Bump when ModelFacts (or how it is read) changes: older cache entries are then re-parsed.
+_FACTS_VERSION = 1
+
+
+def _facts_entry(key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / "facts" / f"{digest}.json"
+
+
+def _load_facts(entry: Path, key: dict[str, object], path: Path) -> ModelFacts | None:
+    """The cached facts in ``entry`` if it is intact and for ``key``, else None."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        record = json.loads(entry.read_text())
+        if record.get("version") != _FACTS_VERSION or record.get("key") != key:
+            return None
+        facts = record["facts"]
+        if set(facts) != {f for f in ModelFacts.__dataclass_fields__ if f != "path"}:
+            return None
+        return TypeAdapter(ModelFacts).validate_python({**facts, "path": path})
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ValidationError):
+        return None
+
+
+def _store_facts(entry: Path, key: dict[str, object], facts: ModelFacts) -> None:
+    fields = {f: getattr(facts, f) for f in ModelFacts.__dataclass_fields__ if f != "path"}
+    record = {"version": _FACTS_VERSION, "key": key, "facts": fields}
+    tmp: Path | None = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
+        tmp = Path(name)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(record) + "\n")
+        os.replace(tmp, entry)  # atomic: a concurrent reader sees the old or the new file
+    except OSError:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        # a read-only cache only costs a re-parse next time
+
+
+def _parse_facts(path: Path) -> ModelFacts:
     from gguf import GGUFReader  # numpy-heavy; import when needed
 
     if not path.is_file():
