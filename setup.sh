@@ -18,6 +18,15 @@ echo "==> installing squad into .venv"
 .venv/bin/python -m pip install --quiet -e '.[test,plot]'
 if [[ -z "${SQUAD_LLAMA_SERVER:-}" ]] && ! command -v llama-server >/dev/null 2>&1; then
   echo "==> engine: llama-server (built once, then cached)"
+  if [[ ! -x "$(.venv/bin/python -c 'from squad.engine.binary import cached_binary_path as p; print(p())')" ]]; then
+    missing=()
+    command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+    command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 || missing+=(g++)
+    if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+      echo "==> installing build tools: ${missing[*]}"
+      apt-get update -qq && apt-get install -y -qq "${missing[@]}"
+    fi
+  fi
   .venv/bin/squad engine install
 fi
 .venv/bin/squad engine info
