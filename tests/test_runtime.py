@@ -328,3 +328,17 @@ async def test_engine_gone_during_a_fan_out_is_raised_as_itself_not_a_group() ->
             await fe.stop()
             with pytest.raises(EngineGone):
                 await sq.parallel([("security", "a"), ("style", "b")])
+
+
+async def test_tools_the_chat_template_would_drop_are_warned_about_once() -> None:
+    from dataclasses import replace
+
+    events: list[Event] = []
+    agent = Agent(name="calc", tools=["add"], max_tokens=16)
+    async with FakeEngine(slots=1) as fe:
+        info = replace(fe.info, template_has_tools=False)
+        async with Squad([agent], engine=info, tools=[add], on_event=events.append) as sq:
+            await sq.run_agent("calc", "one")
+            await sq.run_agent("calc", "two")
+    warned = kinds(events, "engine.warning")
+    assert len(warned) == 1 and "chat template has no tools section" in warned[0].data["warning"]

@@ -139,6 +139,7 @@ class Squad:
         self.variables = dict(variables or {})
         self.replan = replan
         self.max_tool_rounds = max_tool_rounds
+        self._tool_warned: set[str] = set()
         self._sinks: list[EventSink] = [] if on_event is None else (
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )
@@ -483,6 +484,16 @@ class Squad:
             into[0][into[1]] = result
         return result
 
+    def _warn_no_tool_template(self, agent: str, tools: list[str]) -> None:
+        """Say once per agent that the model's chat template will drop its tool definitions."""
+        if agent in self._tool_warned:
+            return
+        self._tool_warned.add(agent)
+        self._emit(Event("engine.warning", agent, {"warning": (
+            f"agent '{agent}' has tools ({', '.join(tools)}) but the model's chat template has no tools "
+            "section, so llama-server drops them: the model cannot call them. Use a model whose "
+            "template supports tool calls, or @mentions instead of sub-agents as tools.")}))
+
     async def _converse(
         self,
         agent: Agent,
@@ -497,6 +508,8 @@ class Squad:
         subs: list[AgentResult] = []
         tools = self._tools_for(agent, priority, subs, variables)
         specs = [t.spec() for t in tools.values()] or None
+        if specs and self.info is not None and self.info.template_has_tools is False:
+            self._warn_no_tool_template(agent.name, list(tools))
         convo: list[dict[str, Any]] = [*map(dict, history), {"role": "user", "content": prompt}]
         calls: list[Any] = []
         tool_log: list[tuple[str, str, str]] = []

@@ -342,8 +342,9 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and event.kind == "engine.planned":  # the planner's warnings, in both modes
-                for warning in event.data.get("warnings") or ():
+            if self.on and event.kind in ("engine.planned", "engine.warning"):  # warnings, in both modes
+                found = event.data.get("warnings") or ([event.data["warning"]] if event.data.get("warning") else [])
+                for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:

@@ -23,6 +23,10 @@ class EngineInfo:
     - ``pool``: KV cells the slots share, in tokens. Unified: ``n_ctx``. Not unified: each slot
       has its own ``n_ctx`` cells, so admission must keep each request under ``n_ctx``.
     - ``n_ctx_train``: the model's training context (``/v1/models`` ``data[0].meta``), or None.
+    - ``template_has_tools``: whether ``/props`` ``chat_template`` refers to ``tools`` at all
+      (None when unknown). llama-server renders ``tools`` into the prompt only through the
+      model's chat template, so a template without them silently drops the tool definitions
+      (measured on b11434 with SmolLM2: the same prompt token count with and without tools).
     """
 
     base_url: str
@@ -36,3 +40,4 @@ class EngineInfo:
     model_alias: str = ""
     build_info: str = ""
     launched: bool = True
+    template_has_tools: bool | None = None

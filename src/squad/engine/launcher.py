@@ -457,6 +457,7 @@ class Launcher(AsyncResource):
             model_alias=str(state.props.get("model_alias", "")),
             build_info=str(state.props.get("build_info", "")),
             launched=True,
+            template_has_tools=state.template_has_tools,
         )
 
     async def reload(

@@ -146,6 +146,12 @@ class EngineState:
         return int(self.props["default_generation_settings"]["n_ctx"])
 
     @property
+    def template_has_tools(self) -> bool | None:
+        """Whether ``/props`` ``chat_template`` mentions ``tools`` (None without a template)."""
+        template = self.props.get("chat_template")
+        return ("tools" in template) if isinstance(template, str) and template else None
+
+    @property
     def total_slots(self) -> int:
         """``/props`` ``total_slots``."""
         return int(self.props["total_slots"])
@@ -237,6 +243,7 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
         model_alias=str(state.props.get("model_alias", "")),
         build_info=str(state.props.get("build_info", "")),
         launched=False,
+        template_has_tools=state.template_has_tools,
     )
 
 
