@@ -77,7 +77,7 @@ def run_command(
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server instead of launching one.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="Engine threads (-t).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="Engine threads (-t).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print output, steps and per-agent stats as JSON.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
