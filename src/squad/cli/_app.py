@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
+    except SystemExit as exc:  # typer turns Ctrl-C into exit 130 after the engine was stopped
+        if exc.code == 130:
+            err_console.print("[yellow]interrupted[/]: agents cancelled, engine stopped")
+        raise
     except SquadError as exc:
         sys.exit(_report(exc))
     except BaseExceptionGroup as group:  # a task group that let several errors out
