@@ -445,20 +445,8 @@ class Launcher(AsyncResource):
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
         check_applied(self.plan, total_slots=state.total_slots, n_ctx=state.n_ctx, n_ctx_train=state.n_ctx_train)
-        return EngineInfo(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            slots=state.total_slots,
-            n_ctx=state.n_ctx,
-            kv_unified=self.plan.kv_unified,
-            pool=_pool(self.plan, state.n_ctx),
-            n_ctx_train=state.n_ctx_train,
-            model_path=str(state.props.get("model_path", "")),
-            model_alias=str(state.props.get("model_alias", "")),
-            build_info=str(state.props.get("build_info", "")),
-            launched=True,
-            template_has_tools=state.template_has_tools,
-        )
+        return state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified,
+                          pool=_pool(self.plan, state.n_ctx), launched=True)
 
     async def reload(
         self,

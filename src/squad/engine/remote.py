@@ -145,6 +145,24 @@ class EngineState:
         """Per-slot context in tokens, ``/props`` ``default_generation_settings.n_ctx``."""
         return int(self.props["default_generation_settings"]["n_ctx"])
 
+    def info(self, base_url: str, api_key: str | None, *, kv_unified: bool | None, pool: int,
+             launched: bool) -> EngineInfo:
+        """The :class:`EngineInfo` these answers describe; the caller knows the KV layout."""
+        return EngineInfo(
+            base_url=base_url,
+            api_key=api_key,
+            slots=self.total_slots,
+            n_ctx=self.n_ctx,
+            kv_unified=kv_unified,
+            pool=pool,
+            n_ctx_train=self.n_ctx_train,
+            model_path=str(self.props.get("model_path", "")),
+            model_alias=str(self.props.get("model_alias", "")),
+            build_info=str(self.props.get("build_info", "")),
+            launched=launched,
+            template_has_tools=self.template_has_tools,
+        )
+
     @property
     def template_has_tools(self) -> bool | None:
         """Whether ``/props`` ``chat_template`` mentions ``tools`` (None without a template)."""
@@ -231,20 +249,8 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
         state = await read_engine(client)
     slots = state.total_slots
     unified = saved.plan.kv_unified if saved is not None and saved.plan.slots == slots else None
-    return EngineInfo(
-        base_url=base_url,
-        api_key=api_key,
-        slots=slots,
-        n_ctx=state.n_ctx,
-        kv_unified=False if slots == 1 else unified,
-        pool=state.n_ctx,
-        n_ctx_train=state.n_ctx_train,
-        model_path=str(state.props.get("model_path", "")),
-        model_alias=str(state.props.get("model_alias", "")),
-        build_info=str(state.props.get("build_info", "")),
-        launched=False,
-        template_has_tools=state.template_has_tools,
-    )
+    return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, pool=state.n_ctx,
+                      launched=False)
 
 
 def _saved_engine_at(base_url: str) -> "SavedEngine | None":
