@@ -187,3 +187,11 @@ class AgentCancelled(AgentRunError):
     def __init__(self, reason: str, *, agent: str | None = None) -> None:
         self.reason = reason
         super().__init__(f"cancelled: {reason}", agent=agent)
+
+
+def leaf_errors(group: BaseExceptionGroup) -> list[BaseException]:
+    """The exceptions inside ``group`` and its nested groups, depth first, in order."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(leaf_errors(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

@@ -31,14 +31,14 @@ import inspect
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import anyio
 
 from squad import flow
 from squad.agent import Agent, check_squad
 from squad.engine.info import EngineInfo
-from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError
+from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError, leaf_errors
 from squad.results import (
     AgentResult,
     AgentTimings,
@@ -68,18 +68,11 @@ def _single_errors() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = leaf_errors(group)
         first = next((e for e in leaves if isinstance(e, SquadError)), None)
         if first is not None and all(isinstance(e, (SquadError, anyio.get_cancelled_exc_class())) for e in leaves):
             raise first from group
         raise
-
-
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
 
 
 class Squad:

@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from squad.errors import EngineStartError, SquadError, UserError
+from squad.errors import EngineStartError, SquadError, UserError, leaf_errors
 
 app = typer.Typer(
     name="squad",
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     except SquadError as exc:
         sys.exit(_report(exc))
     except BaseExceptionGroup as group:  # a task group that let several errors out
-        first = _first_squad_error(group)
+        first = next((e for e in leaf_errors(group) if isinstance(e, SquadError)), None)
         if first is None:
             raise
         sys.exit(_report(first))
@@ -55,14 +55,6 @@ def _report(exc: SquadError) -> int:
         err_console.print("[dim]--- engine log (last lines) ---[/]")
         err_console.print(_escape(exc.log_tail), highlight=False)
     return 2 if isinstance(exc, UserError) else 1
-
-
-def _first_squad_error(group: BaseExceptionGroup) -> SquadError | None:
-    for exc in group.exceptions:
-        found = _first_squad_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, SquadError):
-            return found
-    return None
 
 
 def _escape(text: str) -> str:
