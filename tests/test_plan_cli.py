@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from squad.engine.launcher import stop_pid
 from squad.cli import main
 
 RECIPE = textwrap.dedent("""\
@@ -170,12 +171,8 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         data = run_json(capsys, "plan", str(RECIPES / "review.yaml"), "--model", model,
                         "--backend", "attached", "--url", f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_pid(proc.pid, grace=20)
+        proc.wait()
         log.close()
     assert (data["slots"], data["n_ctx"], data["command"]) == (3, 3072, None)
     assert any("2 slot(s)" in w for w in data["warnings"])

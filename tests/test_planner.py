@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from squad.engine.launcher import stop_pid
 from squad.errors import PlanError
 from squad.flow import Call, Delegate, Map, Parallel, Sequence
 from squad.planner import (
@@ -330,12 +331,8 @@ def test_kv_bytes_match_real_engine_log(llama_server_path, default_model_path, t
                 time.sleep(0.2)
                 match = re.search(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*(\d+) cells", log_path.read_text())
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_pid(proc.pid, grace=20)
+            proc.wait()
     assert match, f"no llama_kv_cache size line in the log:\n{log_path.read_text()[-2000:]}"
     mib, cells = float(match.group(1)), int(match.group(2))
     assert cells == p.n_ctx
