@@ -7,7 +7,7 @@ import pytest
 
 from squad.admission import Admission
 from squad.errors import AdmissionError
-from squad.trace import Event
+from squad.events import Event
 
 pytestmark = pytest.mark.anyio
 

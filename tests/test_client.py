@@ -21,7 +21,7 @@ from squad.errors import (
     TruncatedStream,
 )
 from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply, count_tokens
-from squad.trace import Event
+from squad.events import Event
 
 pytestmark = pytest.mark.anyio
 

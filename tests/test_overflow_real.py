@@ -16,7 +16,7 @@ from squad.admission import Admission
 from squad.client import ChatResult, EngineClient
 from squad.engine.launcher import Launcher
 from squad.planner import EnginePlan
-from squad.trace import Event
+from squad.events import Event
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

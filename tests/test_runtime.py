@@ -13,11 +13,11 @@ import pytest
 
 from squad.agent import Agent
 from squad.errors import AgentCancelled, MentionError, UserError
-from squad.results import CUT_MARK
+from squad.handback import CUT_MARK
 from squad.runtime import Squad, default_workload, run_sync
 from squad.testing import FakeEngine, Reply, count_tokens
 from squad.tools import tool
-from squad.trace import Event
+from squad.events import Event
 from squad import flow
 
 pytestmark = pytest.mark.anyio

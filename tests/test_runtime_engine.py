@@ -16,7 +16,7 @@ import pytest
 
 from squad.agent import Agent
 from squad.runtime import Squad
-from squad.trace import Event
+from squad.events import Event
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from squad.trace import Event
+from squad.events import Event
 from squad.view import LiveView, ViewState, live_view
 
 
@@ -140,7 +140,7 @@ def test_planner_warnings_are_shown_in_both_modes():
 
     from rich.console import Console
 
-    from squad.trace import Event
+    from squad.events import Event
     from squad.view import LiveView
 
     for live in (False, True):

@@ -37,7 +37,10 @@ _LAZY = {
     "attach": "squad.engine.remote",
     "load_recipe": "squad.recipe",
     "parse_mentions": "squad.mention",
-    "Event": "squad.trace",
+    "Event": "squad.events",
+    "EngineSpec": "squad.session",
+    "EngineSession": "squad.session",
+    "ChatEngine": "squad.chat",
 }
 
 __all__ = ["__version__", *_LAZY, *_error_names]

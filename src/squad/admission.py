@@ -11,9 +11,9 @@ head of the queue is never overtaken by a smaller request that would fit now. Th
 gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes to
 the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
 
-Events (``squad.trace.Event``): ``call.queued`` (tokens, position), ``call.admitted``
-(tokens, slot, queued_s, in_flight, pool_used), ``call.released`` (tokens, held_s,
-in_flight, pool_used).
+Events (:mod:`squad.events`): :class:`~squad.events.CallQueued`,
+:class:`~squad.events.CallAdmitted`, :class:`~squad.events.CallReleased`, each carrying the
+caller's :class:`~squad.events.Origin`, the call id it was given and the engine id.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ import itertools
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 
+from squad.engine.llama import round_ctx
 from squad.errors import AdmissionError
-from squad.planner import round_ctx
-from squad.trace import Event, EventSink
+from squad.events import CallAdmitted, CallQueued, CallReleased, Event, EventSink, Origin
+
+if TYPE_CHECKING:
+    from squad.engine.info import EngineInfo
 
 __all__ = ["Admission", "Reservation"]
 
@@ -36,13 +39,19 @@ __all__ = ["Admission", "Reservation"]
 @dataclass
 class Reservation:
     """A granted reservation: ``tokens`` KV cells and slot number ``slot`` (0-based) held
-    for ``agent`` until the ``reserve()`` block exits; ``queued_s`` seconds spent waiting."""
+    for ``origin`` (its call id ``call``) until the ``reserve()`` block exits; ``queued_s``
+    seconds spent waiting."""
 
-    agent: str
+    origin: Origin
     tokens: int
     priority: int = 0
     slot: int = -1
     queued_s: float = 0.0
+    call: str | None = None
+
+    @property
+    def agent(self) -> str:
+        return self.origin.agent
 
 
 @dataclass
@@ -65,18 +74,32 @@ class Admission:
     - ``per_request_limit``: most tokens one request may use, if lower than ``pool``
       (e.g. ``n_ctx`` per slot when KV is not unified).
     - ``on_event``: receives ``call.queued`` / ``call.admitted`` / ``call.released``.
+    - ``engine``: the engine id its events carry (its base URL).
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
-                 on_event: EventSink | None = None) -> None:
+                 on_event: EventSink | None = None, engine: str | None = None) -> None:
         self._check_shape(slots, pool)
         self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
         self._on_event = on_event
+        self.engine = engine
         self._running: dict[int, Reservation] = {}  # slot -> reservation
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
         self._held = False
+
+    @classmethod
+    def for_engine(cls, info: "EngineInfo", *, on_event: EventSink | None = None) -> "Admission":
+        """Admission for an engine as it reported itself: its slots, its pool, and each
+        request kept under the per-slot context ``info.n_ctx`` (which is below the pool when
+        KV is not unified, or when one slot is capped at the training context)."""
+        return cls(info.slots, info.pool, per_request_limit=info.n_ctx, on_event=on_event, engine=info.base_url)
+
+    def adopt(self, info: "EngineInfo") -> None:
+        """Take a reloaded engine's slots and pool (see :meth:`resize`)."""
+        self.engine = info.base_url
+        self.resize(info.slots, info.pool, per_request_limit=info.n_ctx)
 
     # -- views for the live display ------------------------------------------------------
 
@@ -102,11 +125,12 @@ class Admission:
 
     # -- reserve ---------------------------------------------------------------------------
 
-    def check(self, tokens: int, *, agent: str) -> None:
+    def check(self, tokens: int, *, agent: str | Origin) -> None:
         """Raise :class:`AdmissionError` if ``tokens`` could never be admitted."""
         if tokens <= 0:
             raise ValueError(f"a reservation needs a positive token count, got {tokens}")
         if tokens > self.limit:
+            agent = agent.agent if isinstance(agent, Origin) else agent
             raise AdmissionError(
                 f"agent '{agent}' needs {tokens} tokens (prompt + max_tokens) but one request may use at most "
                 f"{self.limit} tokens of this engine's context: raise the context to {round_ctx(tokens)} "
@@ -115,22 +139,27 @@ class Admission:
             )
 
     @asynccontextmanager
-    async def reserve(self, tokens: int, *, agent: str, priority: int = 0) -> AsyncIterator[Reservation]:
+    async def reserve(self, tokens: int, *, agent: str | Origin, priority: int = 0,
+                      call: str | None = None) -> AsyncIterator[Reservation]:
         """Hold ``tokens`` KV cells and one slot for the block; wait (in order) until they fit.
+
+        ``agent`` is the caller (a name or its :class:`~squad.events.Origin`); ``call`` the
+        call id its events carry.
 
         Raises :class:`AdmissionError` at once if ``tokens`` alone exceeds the pool (or
         ``per_request_limit``), or later if a :meth:`resize` makes it impossible. Cancelling
         the waiting task removes it from the queue cleanly.
         """
-        self.check(tokens, agent=agent)
-        waiter = _Waiter(Reservation(agent=agent, tokens=tokens, priority=priority), next(self._seq))
+        origin = agent if isinstance(agent, Origin) else Origin(agent)
+        self.check(tokens, agent=origin)
+        waiter = _Waiter(Reservation(origin=origin, tokens=tokens, priority=priority, call=call), next(self._seq))
         started = time.monotonic()
         self._enqueue(waiter)
         self._dispatch()
         if not waiter.granted.is_set():
             position = self._waiters.index(waiter) if waiter in self._waiters else 0
-            self._emit("call.queued", agent, tokens=tokens, position=position, in_flight=self.in_flight,
-                       pool_used=self.reserved)
+            self._emit(CallQueued, waiter.reservation, tokens=tokens, position=position,
+                       in_flight=self.in_flight, pool_used=self.reserved)
             try:
                 await waiter.granted.wait()
             except BaseException:
@@ -144,7 +173,7 @@ class Admission:
             raise waiter.error
         reservation = waiter.reservation
         reservation.queued_s = time.monotonic() - started
-        self._emit("call.admitted", agent, tokens=tokens, slot=reservation.slot, queued_s=reservation.queued_s,
+        self._emit(CallAdmitted, reservation, tokens=tokens, slot=reservation.slot, queued_s=reservation.queued_s,
                    in_flight=self.in_flight, pool_used=self.reserved)
         admitted = time.monotonic()
         try:
@@ -217,7 +246,7 @@ class Admission:
         if self._running.get(reservation.slot) is not reservation:
             return
         del self._running[reservation.slot]
-        self._emit("call.released", reservation.agent, tokens=reservation.tokens, slot=reservation.slot,
+        self._emit(CallReleased, reservation, tokens=reservation.tokens, slot=reservation.slot,
                    held_s=time.monotonic() - since, in_flight=self.in_flight, pool_used=self.reserved)
         self._dispatch()
         if not self._running:
@@ -225,9 +254,11 @@ class Admission:
                 idle.set()
             self._idle.clear()
 
-    def _emit(self, kind: str, agent: str, **data: object) -> None:
+    def _emit(self, kind: type[Event], reservation: Reservation, **data: object) -> None:
         if self._on_event is not None:
+            origin = reservation.origin
             try:
-                self._on_event(Event(kind, agent=agent, data=dict(data)))
+                self._on_event(kind(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
+                                    call=reservation.call, engine=self.engine, **data))  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - a display bug must not break admission
                 pass

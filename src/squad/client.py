@@ -1,4 +1,5 @@
-"""The one seam between agents and the engine: exact counts, admission, streaming, retries.
+"""llama-server behind the chat seam (:class:`squad.chat.ChatEngine`): exact counts,
+admission, streaming, retries.
 
 :class:`EngineClient` sends every chat call through one ``openai.AsyncOpenAI`` pointed at
 llama-server (SDK retries off), always streaming with usage requested, after reserving
@@ -22,8 +23,9 @@ waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a con
 refused or dropped before the first token (the request never reached the engine) is resent
 once at once (a stale keep-alive connection), then once more after ``restart`` (if given)
 (:class:`EngineGone`); ``Context size has been exceeded.`` while squad's own
-reservations fit the engine's pool (another client filled it) is retried with backoff up to
-``max_attempts``. Nothing else is retried: not a prompt too long, a budget, reasoning that
+reservations fit the engine's pool (another client filled it) is retried with jittered
+backoff up to ``max_attempts``. A token count (idempotent) that hits a transport error is
+retried with jittered backoff (F22). Nothing else is retried: not a prompt too long, a budget, reasoning that
 ran out, another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
 
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
@@ -32,6 +34,8 @@ frees the slot.
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -39,10 +43,20 @@ from typing import Any, Awaitable, Callable
 import anyio
 import httpx
 import openai
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from squad.admission import Admission, Reservation
+from squad.chat import CallTimings, ChatRequest, ChatResult, ToolCall, Usage
 from squad.engine.info import EngineInfo
+from squad.engine.llama import CONTEXT_EXCEEDED, round_ctx
 from squad.errors import (
     AdmissionError,
     AgentRunError,
@@ -56,62 +70,15 @@ from squad.errors import (
     SquadError,
     TruncatedStream,
 )
-from squad.planner import round_ctx
-from squad.trace import Event, EventSink
+from squad.events import CallFailed, CallFinished, CallFirstToken, CallRetried, Event, EventSink
 
-__all__ = ["EngineClient", "ChatResult", "Usage", "ToolCall", "CallTimings", "CONTEXT_EXCEEDED"]
+__all__ = ["EngineClient"]
 
-CONTEXT_EXCEEDED = "Context size has been exceeded."
-"""llama-server's message when the unified pool is exhausted (llama.cpp b11434 server)."""
+_CALL_IDS = itertools.count(1)
+"""Call ids are unique in the process: ``c1``, ``c2``, ..."""
 
-
-@dataclass(frozen=True)
-class Usage:
-    """Tokens the engine reported for one call."""
-
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A tool call the model asked for; ``arguments`` is the JSON text as generated."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-@dataclass
-class CallTimings:
-    """Seconds: ``queued_s`` waiting in admission (last attempt), ``ttft_s`` from send to the
-    first token, ``total_s`` from the first attempt's start to the end; ``tokens_per_s``
-    completion tokens over generation time; ``engine``: llama-server's ``timings`` object."""
-
-    queued_s: float = 0.0
-    ttft_s: float | None = None
-    total_s: float = 0.0
-    tokens_per_s: float | None = None
-    engine: dict[str, Any] | None = None
-
-
-@dataclass
-class ChatResult:
-    """A finished call: the answer (never partial), reasoning kept apart, tool calls, usage."""
-
-    content: str
-    reasoning: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str = "stop"
-    usage: Usage | None = None
-    timings: CallTimings = field(default_factory=CallTimings)
-    reserved_tokens: int = 0
-    attempts: int = 1
-    slot: int = -1
+COUNT_ATTEMPTS = 4
+"""Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
 
 
 class _Loading(EngineError):
@@ -119,20 +86,30 @@ class _Loading(EngineError):
 
 
 class _Innocent(ContextExceeded):
-    """The pool overflowed although squad's reservations fit it: another client did it."""
+    """The pool overflowed although squad's reservations fit it: another client did it.
+    ``reserved``: tokens squad held when it happened (the real number, for the message)."""
+
+    def __init__(self, message: str, *, agent: str, reserved: int) -> None:
+        self.reserved = reserved
+        super().__init__(message, agent=agent)
 
 
 @dataclass
 class _Call:
-    """One complete() call's state across attempts."""
+    """One complete() call's state across attempts; ``id`` is its call id."""
 
-    agent: str
+    request: ChatRequest
+    id: str
     started: float = field(default_factory=time.monotonic)
     attempts: int = 0
     restarted: bool = False
     first_loading: float | None = None
     overflows: int = 0
     gone: int = 0
+
+    @property
+    def agent(self) -> str:
+        return self.request.origin.agent
 
 
 class EngineClient:
@@ -162,10 +139,7 @@ class EngineClient:
         self._on_event, self._restart = on_event, restart
         self._retired: list[Any] = []
         self._engine = engine
-        self.admission = admission or Admission(
-            engine.slots, engine.pool, per_request_limit=None if engine.kv_unified is not False else engine.n_ctx,
-            on_event=on_event,
-        )
+        self.admission = admission or Admission.for_engine(engine, on_event=on_event)
         self._connect(engine)
 
     # -- engine and connections ---------------------------------------------------------
@@ -205,74 +179,76 @@ class EngineClient:
 
     # -- counting ---------------------------------------------------------------------------
 
-    async def count_prompt_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+    async def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
         """Exact prompt tokens for ``messages`` (+ ``tools``), from ``/v1/chat/completions/input_tokens``.
 
-        Raises :class:`EngineGone` (no connection), ``_Loading`` (503, retried by
-        :meth:`complete`), :class:`EngineError` for any other failure.
+        Idempotent, so a dropped connection is retried (field case F22): up to
+        :data:`COUNT_ATTEMPTS` attempts with jittered backoff before :class:`EngineGone`.
+        Raises ``_Loading`` (503, waited out by :meth:`complete`), :class:`EngineError` for
+        any other failure.
         """
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
-        try:
-            r = await self._http.post("/v1/chat/completions/input_tokens", json=body)
-        except httpx.TimeoutException as exc:
-            raise EngineError(f"counting prompt tokens timed out after {self.request_timeout} s") from exc
-        except httpx.TransportError as exc:
-            raise EngineGone(f"engine at {self._engine.base_url} is not answering ({exc!r})") from exc
+        r = await self._post_idempotent("/v1/chat/completions/input_tokens", body)
         if r.status_code == 503:
             raise _Loading(_message(r.json() if r.content else {}, "Loading model"))
         if r.status_code != 200:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
         return int(r.json()["input_tokens"])
 
+    count_prompt_tokens = count  # the name earlier versions used
+
+    async def _post_idempotent(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(httpx.TransportError) & retry_if_not_exception_type(httpx.TimeoutException),
+                stop=stop_after_attempt(COUNT_ATTEMPTS), wait=wait_random_exponential(0.05, max=1.0),
+                sleep=anyio.sleep, reraise=True,
+            ):
+                with attempt:
+                    return await self._http.post(path, json=body)
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"{path} timed out after {self.request_timeout} s") from exc
+        except httpx.TransportError as exc:
+            raise EngineGone(f"engine at {self._engine.base_url} is not answering ({exc!r}) "
+                             f"after {COUNT_ATTEMPTS} attempts") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
     # -- calls --------------------------------------------------------------------------------
 
-    async def complete(
-        self,
-        *,
-        agent: str,
-        messages: list[dict],
-        max_tokens: int,
-        budget: int | None = None,
-        tools: list[dict] | None = None,
-        sampling: dict | None = None,
-        priority: int = 0,
-        on_delta: Callable[[str], None] | None = None,
-    ) -> ChatResult:
-        """One chat call for ``agent``: count → check budget → reserve → stream → release.
+    async def complete(self, request: ChatRequest) -> ChatResult:
+        """One chat call: count → check budget → reserve → stream → release.
 
-        ``max_tokens`` and ``budget`` are tokens; ``sampling`` goes into the request body
-        as is (temperature, top_p, top_k, seed, ...); ``on_delta`` receives content text as
-        it streams. Returns a :class:`ChatResult`. Raises :class:`AdmissionError`
-        (over budget or pool, never sent), :class:`PromptTooLong`, :class:`ContextExceeded`,
-        :class:`TruncatedStream`, :class:`ReasoningBudgetExhausted`, :class:`CallTimeout`,
-        :class:`EngineLoadTimeout`, :class:`EngineGone`, :class:`AgentRunError`.
+        Returns a :class:`~squad.chat.ChatResult` whose ``call`` is the id its events carry.
+        Raises :class:`AdmissionError` (over budget or pool, never sent),
+        :class:`PromptTooLong`, :class:`ContextExceeded`, :class:`TruncatedStream`,
+        :class:`ReasoningBudgetExhausted`, :class:`CallTimeout`, :class:`EngineLoadTimeout`,
+        :class:`EngineGone`, :class:`AgentRunError`.
         """
-        call = _Call(agent)
-        args = dict(messages=messages, max_tokens=max_tokens, budget=budget, tools=tools, sampling=sampling,
-                    priority=priority, on_delta=on_delta)
+        call = _Call(request, f"c{next(_CALL_IDS)}")
         try:
-            result = await self._with_retries(call, args)
+            result = await self._with_retries(call)
         except SquadError as exc:
-            self._emit("call.failed", agent, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
+            self._emit(CallFailed, call, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
             raise
-        result.attempts = call.attempts
+        result.attempts, result.call = call.attempts, call.id
         result.timings.total_s = time.monotonic() - call.started
-        self._emit("call.finished", agent, attempts=call.attempts, finish_reason=result.finish_reason,
-                   usage=result.usage and {"prompt_tokens": result.usage.prompt_tokens,
-                                           "completion_tokens": result.usage.completion_tokens},
+        usage = result.usage
+        self._emit(CallFinished, call, attempts=call.attempts, finish_reason=result.finish_reason,
+                   prompt_tokens=usage.prompt_tokens if usage else None,
+                   completion_tokens=usage.completion_tokens if usage else None,
                    queued_s=result.timings.queued_s, ttft_s=result.timings.ttft_s, total_s=result.timings.total_s,
                    tokens_per_s=result.timings.tokens_per_s, slot=result.slot)
         return result
 
-    async def _with_retries(self, call: _Call, args: dict[str, Any]) -> ChatResult:
+    async def _with_retries(self, call: _Call) -> ChatResult:
         agent = call.agent
         try:
             async for attempt in self._retrying(call):
                 with attempt:
                     call.attempts += 1
-                    result = await self._attempt(call, **args)
+                    result = await self._attempt(call)
         except _Loading as exc:
             raise EngineLoadTimeout(
                 f"engine at {self._engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
@@ -281,8 +257,9 @@ class EngineClient:
         except _Innocent as exc:
             raise ContextExceeded(
                 f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
-                f"although squad had at most {self.admission.pool} tokens reserved: another client is using this "
-                "engine's pool; give squad its own engine or raise the context", agent=agent) from exc
+                f"although squad had at most {exc.reserved} of the engine's {self._engine.pool} tokens reserved: "
+                "another client is using this engine's pool; give squad its own engine or raise the context",
+                agent=agent) from exc
         return result
 
     def _retrying(self, call: _Call) -> AsyncRetrying:
@@ -307,43 +284,43 @@ class EngineClient:
                 return 0.5
             if isinstance(exc, EngineGone):
                 return 0.1 if call.gone == 1 else 0.0
-            return min(0.25 * 2 ** call.overflows, 4.0)  # overflows seen before this one
+            # overflows seen before this one; full jitter so processes sharing an engine do not
+            # collide again on the same schedule (field case F20)
+            return random.uniform(0.0, min(0.25 * 2 ** call.overflows, 4.0))
 
         async def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             reason = {_Loading: "engine loading (503)", EngineGone: "engine gone before the first token",
                       _Innocent: "pool overflowed by another client"}.get(type(exc), type(exc).__name__)
-            self._emit("call.retried", call.agent, reason=reason, attempt=state.attempt_number, error=str(exc))
+            self._emit(CallRetried, call, reason=reason, attempt=state.attempt_number, error=str(exc))
             if isinstance(exc, _Loading) and call.first_loading is None:
                 call.first_loading = time.monotonic()
             if isinstance(exc, EngineGone) and call.gone > 1 and self._restart is not None and not call.restarted:
                 call.restarted = True
-                info = await self._restart()
-                self.engine = info
-                self.admission.resize(info.slots, info.pool)
+                self.engine = await self._restart()
+                if self.admission is not None:
+                    self.admission.adopt(self.engine)
 
         return AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, (_Loading, EngineGone, _Innocent))),
             stop=stop, wait=wait, before_sleep=before_sleep, sleep=anyio.sleep, reraise=True,
         )
 
-    async def _attempt(self, call: _Call, *, messages: list[dict], max_tokens: int, budget: int | None,
-                       tools: list[dict] | None, sampling: dict | None, priority: int,
-                       on_delta: Callable[[str], None] | None) -> ChatResult:
-        agent = call.agent
-        prompt = await self.count_prompt_tokens(messages, tools)
-        need = prompt + max_tokens
-        if budget is not None and need > budget:
+    async def _attempt(self, call: _Call) -> ChatResult:
+        req, agent = call.request, call.agent
+        prompt = await self.count(req.messages, req.tools)
+        need = prompt + req.max_tokens
+        if req.budget is not None and need > req.budget:
             fixes = [f"raise its budget to {round_ctx(need)}"]
-            if prompt < budget:
-                fixes.append(f"lower max_tokens to {budget - prompt}")
+            if prompt < req.budget:
+                fixes.append(f"lower max_tokens to {req.budget - prompt}")
             fixes.append("shorten the prompt or the history it is given")
             raise AdmissionError(
-                f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {max_tokens}) but its budget is "
-                f"{budget}: " + ", or ".join(fixes), agent=agent)
-        async with self.admission.reserve(need, agent=agent, priority=priority) as reservation:
+                f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {req.max_tokens}) but its budget "
+                f"is {req.budget}: " + ", or ".join(fixes), agent=agent)
+        async with self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id) as reservation:
             with anyio.move_on_after(self.request_timeout) as deadline:
-                result = await self._stream(agent, reservation, messages, max_tokens, tools, sampling, on_delta)
+                result = await self._stream(call, reservation)
             if deadline.cancelled_caught:
                 raise CallTimeout(
                     f"agent '{agent}': the call took longer than {self.request_timeout:.0f} s and was stopped; it is not "
@@ -352,23 +329,22 @@ class EngineClient:
         result.timings.queued_s = reservation.queued_s
         return result
 
-    async def _stream(self, agent: str, reservation: Reservation, messages: list[dict], max_tokens: int,
-                      tools: list[dict] | None, sampling: dict | None,
-                      on_delta: Callable[[str], None] | None) -> ChatResult:
-        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
+        req, agent = call.request, call.agent
+        kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         sent = time.monotonic()
         got = _Assembly()
         try:
             stream = await self._openai.chat.completions.create(
-                model=self._engine.model_alias or "default", messages=messages, max_tokens=max_tokens, stream=True,
-                stream_options={"include_usage": True}, extra_body=dict(sampling or {}), **kwargs)
+                model=self._engine.model_alias or "default", messages=req.messages, max_tokens=req.max_tokens,
+                stream=True, stream_options={"include_usage": True}, extra_body=dict(req.sampling or {}), **kwargs)
         except openai.APIError as exc:
             raise self._classify(exc, agent, reservation, started=False) from exc
         try:
             async for chunk in stream:
-                if got.add(chunk, on_delta) and got.first_at is None:
+                if got.add(chunk, req.on_delta) and got.first_at is None:
                     got.first_at = time.monotonic()
-                    self._emit("call.first_token", agent, ttft_s=got.first_at - sent, slot=reservation.slot)
+                    self._emit(CallFirstToken, call, ttft_s=got.first_at - sent, slot=reservation.slot)
         except openai.APIError as exc:
             raise self._classify(exc, agent, reservation, started=got.first_at is not None, partial=got.content) from exc
         finally:
@@ -399,10 +375,10 @@ class EngineClient:
             return PromptTooLong(f"agent '{agent}': the engine refused the prompt ({message}; n_prompt_tokens="
                                  f"{n_prompt}, n_ctx={n_ctx}): {fix} or shorten the prompt", agent=agent)
         if CONTEXT_EXCEEDED in message:
-            squad_fits = self.admission.pool <= self._engine.pool
-            if squad_fits:
+            if self.admission.pool <= self._engine.pool:
                 return _Innocent(f"agent '{agent}': {message} while squad held {self.admission.reserved} of "
-                                 f"{self._engine.pool} tokens: another client filled the pool", agent=agent)
+                                 f"{self._engine.pool} tokens: another client filled the pool", agent=agent,
+                                 reserved=self.admission.reserved)
             return ContextExceeded(f"agent '{agent}': {message} squad's admission pool ({self.admission.pool}) is larger "
                                    f"than the engine's ({self._engine.pool}): build Admission from the engine's "
                                    "read-back pool", agent=agent)
@@ -411,10 +387,12 @@ class EngineClient:
                                    agent=agent, partial=partial)
         return AgentRunError(f"agent '{agent}': the engine answered HTTP {status}: {message}", agent=agent)
 
-    def _emit(self, kind: str, agent: str, **data: Any) -> None:
+    def _emit(self, kind: type[Event], call: _Call, **data: Any) -> None:
         if self._on_event is not None:
+            origin = call.request.origin
             try:
-                self._on_event(Event(kind, agent=agent, data=data))
+                self._on_event(kind(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
+                                    call=call.id, engine=self._engine.base_url, **data))
             except Exception:  # noqa: BLE001 - a display bug must not break a call
                 pass
 

@@ -24,6 +24,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Literal
 
+from squad.engine.llama import (
+    CTX_ROUND,
+    DEFAULT_SLOTS,
+    KV_TYPE_BYTES,
+    MAX_SLOTS,
+    check_cache_type,
+    round_ctx,
+    server_args,
+    slot_ctx,
+)
 from squad.errors import PlanError
 from squad.flow import Call, Node, Stage, stages
 
@@ -38,14 +48,7 @@ __all__ = [
     "plan",
     "check_attached",
     "plan_for_replan",
-    "kv_type_bytes",
 ]
-
-MAX_SLOTS = 8
-"""Upper limit on slots: a fixed constant, independent of the model (product page fact 5)."""
-
-DEFAULT_SLOTS = 2
-"""Slots when nothing is planned: main agent + one sub-agent (product page fact 4)."""
 
 DEFAULT_CTX = 8192
 """Context in tokens when nothing is planned: 4,096 per default slot. 4K holds a typical
@@ -53,34 +56,10 @@ agent turn (instructions, a short history and an answer), 2 × 4K is the product
 verification size (fact 11) and the default model's training context, and its KV cache is
 small (180 MiB for SmolLM2-135M at f16, ~1 GiB for an 8B model)."""
 
-CTX_ROUND = 256
-"""llama.cpp rounds ``-c`` up to a multiple of 256 (llama-server.md, checked on b11434)."""
-
 MLX_MIN_SHARE = 1024
 """Below this per-sequence share of the context (tokens) an MLX batch warns (fact 9)."""
 
 Backend = Literal["llama-server", "mlx", "attached"]
-
-_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32,
-               "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
-
-
-def round_ctx(n_ctx: int) -> int:
-    """Round a context length in tokens up to the next multiple of 256, as llama.cpp does."""
-    return -(-n_ctx // CTX_ROUND) * CTX_ROUND
-
-
-def kv_type_bytes(cache_type: str) -> float:
-    """Bytes per element of a KV cache type (llama-server.md "KV memory per token").
-
-    Raises :class:`PlanError` for a type llama-server does not take for ``-ctk``/``-ctv``.
-    """
-    try:
-        return _TYPE_BYTES[cache_type]
-    except KeyError:
-        known = ", ".join(_TYPE_BYTES)
-        raise PlanError(f"unknown KV cache type {cache_type!r}; use one of {known}") from None
-
 
 @dataclass(frozen=True)
 class EnginePlan:
@@ -125,13 +104,8 @@ class EnginePlan:
 
         The launcher adds host, port, API key, metrics, timeout and threads.
         """
-        args = ["-m", str(self.model), "-c", str(self.n_ctx), "-np", str(self.slots)]
-        args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
-        if self.cache_type_k != "f16":
-            args += ["-ctk", self.cache_type_k]
-        if self.cache_type_v != "f16":
-            args += ["-ctv", self.cache_type_v]
-        return args
+        return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
+                           cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
 
     @classmethod
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":
@@ -172,7 +146,7 @@ def plan(
     Raises :class:`PlanError` when an agent's budget is above the training context, a pin
     is out of range (slots 1..8, context >= 1), or the memory cannot hold one agent's budget.
     """
-    kv_type_bytes(cache_type_k), kv_type_bytes(cache_type_v)  # validate early
+    check_cache_type(cache_type_k), check_cache_type(cache_type_v)  # validate early
     _check_pins(pin_slots, pin_ctx, mlx_max_batch)
     timeline = stages(workload) if workload is not None else ()
     timeline = tuple(s for s in timeline if s.calls or s.unbounded)
@@ -266,7 +240,7 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
     if (slots, n_ctx) == (current.slots, current.n_ctx):
         return None
     reason = f"re-plan: {len(group)} agents at once this turn ({_names(stage)})"
-    per_slot = min(n_ctx, current.n_ctx_train) if current.n_ctx_train else n_ctx
+    per_slot = slot_ctx(n_ctx, slots, True, current.n_ctx_train)
     return replace(current, slots=slots, n_ctx=n_ctx, kv_unified=slots >= 2, kv_bytes=kv_bytes,
                    per_slot_ctx=per_slot, reasons=current.reasons + (reason,),
                    requested_ctx=need, peak=len(group))
@@ -466,8 +440,8 @@ def _q8_bytes(per_token: int, ctk: str, ctv: str, q8: int | None) -> int:
     if q8 is not None:
         return q8
     # Estimate: K and V halves of equal size, each scaled by its element size.
-    half = per_token / (kv_type_bytes(ctk) + kv_type_bytes(ctv))
-    return round(half * 2 * kv_type_bytes("q8_0"))
+    half = per_token / (KV_TYPE_BYTES[ctk] + KV_TYPE_BYTES[ctv])
+    return round(half * 2 * KV_TYPE_BYTES["q8_0"])
 
 
 def _where(stage: Stage | None) -> str:

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from squad.planner import EnginePlan, round_ctx
+from squad.engine.llama import round_ctx
+from squad.planner import EnginePlan
 
 __all__ = ["command_line", "plan_json", "render_plan"]
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -35,6 +35,9 @@ from squad.mention import parse_mentions
 from squad.recipe_load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipe_spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import check_template, render_template, template_paths
+
+if TYPE_CHECKING:
+    from squad.session import EngineSpec
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "load_recipe", "validate_recipe", "load_agents"]
 
@@ -111,6 +114,15 @@ class Recipe:
     warnings: list[RecipeWarning] = field(default_factory=list)
 
     # --- workload ---------------------------------------------------------------------
+    def engine_spec(self) -> "EngineSpec":
+        """The engine this recipe asks for: its model and pins (slots, context, KV cache type
+        for K and V). ``squad run`` and ``squad plan`` both start from it, then apply their
+        command-line overrides with :meth:`EngineSpec.but`."""
+        from squad.session import EngineSpec
+
+        e = self.engine
+        return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16")
+
     def workload(self) -> Node:
         """The flow as a :mod:`squad.flow` tree for the planner.
 

@@ -20,13 +20,19 @@ matching it (:meth:`Recipe.check_output`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
 from squad.errors import AgentRunError
 from squad.recipe import Recipe, Step
 from squad.results import AgentResult
+
+if TYPE_CHECKING:
+    from squad.chat import ChatEngine
+    from squad.engine.info import EngineInfo
+    from squad.planner import EnginePlan
+    from squad.session import EngineSpec
 
 __all__ = ["RecipeRun", "run_recipe", "execute_flow"]
 
@@ -47,47 +53,31 @@ class RecipeRun:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     results: list[tuple[str, AgentResult]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
-    plan: Any = None
-    info: Any = None
+    plan: "EnginePlan | None" = None
+    info: "EngineInfo | None" = None
 
 
 async def run_recipe(
     recipe: Recipe,
     *,
-    model: str | None = None,
-    slots: int | None = None,
-    ctx: int | None = None,
-    url: str | None = None,
-    api_key: str | None = None,
-    binary: str | None = None,
-    threads: int | None = None,
+    engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
     on_event: Any = None,
-    engine: Any = None,
 ) -> RecipeRun:
-    """Plan, launch (or attach to ``url``/use ``engine``), run the flow, close the engine.
+    """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
-    ``model``/``slots``/``ctx`` override the recipe's. Raises the failing agent's
+    ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
+    ``recipe.engine_spec().but(...)`` to override some. Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
     from squad.runtime import Squad
 
-    attached = url is not None or engine is not None
-    options: dict[str, Any] = {}
-    if not attached:
-        options = {
-            "model": model or recipe.model,
-            "slots": slots if slots is not None else recipe.engine.slots,
-            "ctx": ctx if ctx is not None else recipe.engine.ctx,
-            "binary": binary,
-            "threads": threads,
-        }
     async with Squad(
-        list(recipe.agents.values()), main=recipe.main, url=url, api_key=api_key, engine=engine,
-        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, **options,
+        list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
+        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params},
     ) as squad:
         run = await execute_flow(recipe, squad)
-        run.plan, run.info = squad.plan, squad.info
+        run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         run.value = recipe.check_output(run.output)
     return run

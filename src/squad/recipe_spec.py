@@ -14,20 +14,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from squad.planner import MAX_SLOTS
+from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
-__all__ = ["EngineSpec", "ParamSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec", "PARAM_TYPES", "coerce_param"]
+__all__ = ["EngineSection", "ParamSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec", "PARAM_TYPES", "coerce_param"]
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 PARAM_TYPES = ("string", "int", "number", "bool", "enum", "list", "file")
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EngineSpec(_Strict):
+class EngineSection(_Strict):
     """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned number."""
 
     slots: Literal["auto"] | int = "auto"
@@ -35,7 +34,7 @@ class EngineSpec(_Strict):
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")
-    def _range(self) -> "EngineSpec":
+    def _range(self) -> "EngineSection":
         if isinstance(self.slots, int) and not 1 <= self.slots <= MAX_SLOTS:
             raise ValueError(f"slots must be auto or 1..{MAX_SLOTS}, got {self.slots}")
         if isinstance(self.ctx, int) and self.ctx < 256:
@@ -127,7 +126,7 @@ class RecipeSpec(_Strict):
     name: str = Field(pattern=ID_PATTERN)
     description: str = ""
     model: str | None = None
-    engine: EngineSpec = EngineSpec()
+    engine: EngineSection = EngineSection()
     params: dict[str, ParamSpec] = {}
     include: list[str] = []
     agents: dict[str, dict[str, Any]] = {}

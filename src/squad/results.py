@@ -9,7 +9,7 @@ never an ``output`` and never enters a history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Sequence
 
 from squad.errors import AgentCancelled, AgentRunError
 
@@ -18,14 +18,12 @@ __all__ = [
     "AgentTimings",
     "RunResult",
     "Usage",
-    "CUT_MARK",
-    "cut_answers",
-    "compose_hand_back",
+    "first_failure",
+    "cancelled_result",
+    "usage_of",
+    "timings_of",
+    "slot_of",
 ]
-
-CUT_MARK = "[cut: {n} tokens omitted]"
-"""Appended to a sub-agent answer cut to fit the main agent's budget."""
-
 
 @dataclass(frozen=True)
 class Usage:
@@ -70,7 +68,8 @@ class AgentResult:
     ``cancelled_reason`` says why it was cancelled (e.g. ``"cancelled because 'style' failed"``).
     ``history`` is the conversation without the system message, ending with the answer
     (only on success); ``tool_calls`` lists ``(name, arguments, result_text)`` in order;
-    ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools.
+    ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools;
+    ``conversation`` is the id its events carry.
     """
 
     agent: str
@@ -84,6 +83,7 @@ class AgentResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     subs: list["AgentResult"] = field(default_factory=list)
+    conversation: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -131,63 +131,6 @@ class RunResult:
         return "\n".join(lines)
 
 
-# --- handing answers back to a main agent -----------------------------------------------
-
-
-def compose_hand_back(text: str, names: Sequence[str], answers: Sequence[str]) -> str:
-    """``text``, then each sub-agent's answer under ``[@name]``: the ONE message a main agent gets."""
-    parts = [text.rstrip(), "", "Answers from the sub-agents you mentioned:"]
-    for name, answer in zip(names, answers):
-        parts += ["", f"[@{name}]", answer.strip()]
-    return "\n".join(parts)
-
-
-async def cut_answers(
-    answers: Sequence[str], room: int, count: Callable[[str], Awaitable[int]]
-) -> list[tuple[str, int]]:
-    """Fit ``answers`` into ``room`` tokens by equal shares; returns ``(text, omitted_tokens)``.
-
-    ``count`` gives a text's tokens (the engine's tokenizer). Answers that fit their share
-    are kept whole and the rest of their share goes to the others (water-filling); a cut
-    answer keeps the longest prefix that fits its share minus the marker and ends with
-    :data:`CUT_MARK`.
-    """
-    sizes = [await count(a) for a in answers]
-    room = max(0, room)
-    if sum(sizes) <= room:
-        return [(a, 0) for a in answers]
-    shares = [0] * len(answers)
-    left, order = room, sorted(range(len(answers)), key=lambda i: sizes[i])
-    for k, i in enumerate(order):
-        share = left // (len(order) - k)
-        shares[i] = min(sizes[i], share)
-        left -= shares[i]
-    out = []
-    for answer, size, share in zip(answers, sizes, shares):
-        if size <= share:
-            out.append((answer, 0))
-            continue
-        mark_cost = await count(CUT_MARK.format(n=size))
-        keep = await _prefix(answer, share - mark_cost, count)
-        omitted = size - await count(keep)
-        out.append(((keep.rstrip() + " " if keep.strip() else "") + CUT_MARK.format(n=omitted), omitted))
-    return out
-
-
-async def _prefix(text: str, tokens: int, count: Callable[[str], Awaitable[int]]) -> str:
-    """Longest prefix of ``text`` with at most ``tokens`` tokens (binary search on characters)."""
-    if tokens <= 0:
-        return ""
-    lo, hi = 0, len(text)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if await count(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return text[:lo]
-
-
 def first_failure(results: Sequence[AgentResult]) -> AgentRunError | None:
     """The error of the first result that failed on its own (not cancelled), or None."""
     for r in results:
@@ -196,10 +139,10 @@ def first_failure(results: Sequence[AgentResult]) -> AgentRunError | None:
     return None
 
 
-def cancelled_result(agent: str, reason: str, total_s: float = 0.0) -> AgentResult:
+def cancelled_result(agent: str, reason: str, total_s: float = 0.0, conversation: str | None = None) -> AgentResult:
     """The result of an agent cancelled for ``reason`` (no output, AgentCancelled error)."""
     return AgentResult(agent=agent, error=AgentCancelled(reason, agent=agent), cancelled_reason=reason,
-                       timings=AgentTimings(total_s=total_s))
+                       timings=AgentTimings(total_s=total_s), conversation=conversation)
 
 
 def usage_of(calls: Sequence[Any]) -> Usage:

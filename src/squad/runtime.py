@@ -1,7 +1,7 @@
-"""The runtime: a :class:`Squad` owns one engine and runs a main agent and its sub-agents
-as concurrent tasks on it.
+"""The runtime: a :class:`Squad` runs a main agent and its sub-agents as concurrent tasks
+on one engine session (:class:`~squad.session.EngineSession`).
 
-Every model call goes through the squad's one :class:`~squad.client.EngineClient` and its
+Every model call goes through the session's :class:`~squad.chat.ChatEngine` and its
 :class:`~squad.admission.Admission`, so no more requests are in flight than the engine has
 slots, and never more tokens than its pool holds. The main agent calls with priority 0,
 sub-agents with their depth (1, 2, ...), so a main agent is never starved by its own
@@ -17,17 +17,15 @@ Parallel blocks (``run`` fan-out, ``parallel``, ``map``) have a policy:
 ``Squad.cancel(reason)`` cancels every running operation; each agent records that reason
 and the operation raises :class:`~squad.errors.AgentCancelled`.
 
-Sub-agent answers handed back to a main agent are cut by one visible rule when they would
-overflow its budget (:func:`cut_answers`): the room left (budget - max_tokens - the prompt
-without the answers, counted by the engine) is shared equally; an answer shorter than its
-share keeps all of it and leaves the rest to the others; a longer one is cut to its share and
-ends with ``[cut: N tokens omitted]``; an ``answer.cut`` event says so.
+Each agent conversation gets an id (``name#n``) and knows its parent conversation; events
+carry both (:mod:`squad.events`). One agent turn is :func:`squad.turn.run_turn`; answers
+handed back to a main agent are cut by :mod:`squad.handback`'s rule.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import itertools
 import time
 from contextvars import ContextVar
 from pathlib import Path
@@ -37,28 +35,37 @@ import anyio
 
 from squad import flow
 from squad.agent import Agent, check_squad
+from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError, leaf_errors
-from squad.results import (
-    AgentResult,
-    AgentTimings,
-    RunResult,
-    cancelled_result,
-    compose_hand_back,
-    cut_answers,
-    first_failure,
-    slot_of,
-    timings_of,
-    usage_of,
+from squad.events import (
+    AgentCancelled as AgentCancelledEvent,
 )
-from squad.tools import Tool, run_tool_calls
-from squad.trace import Event, EventSink, emit_to
+from squad.events import (
+    AgentFailed,
+    AgentFinished,
+    AgentStarted,
+    EngineWarning,
+    Event,
+    EventSink,
+    MentionDispatched,
+    MentionQueued,
+    Origin,
+    emit_to,
+)
+from squad.handback import TextCounter, hand_back
+from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
+from squad.session import EngineSession, EngineSpec
+from squad.tools import Tool
+from squad.turn import run_turn
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
 
 Policy = Literal["collect", "fail-fast"]
 _OP_REASON: ContextVar[list[str | None]] = ContextVar("squad_cancel_reason")
 """The running operation's cancel reason holder (set by ``Squad.cancel``), seen by its tasks."""
+_CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
+"""The conversation whose turn is running: the parent of conversations it starts."""
 
 
 @contextlib.contextmanager
@@ -78,24 +85,27 @@ def _single_errors() -> Iterator[None]:
 class Squad:
     """Agents that share one engine. ``async with Squad(agents, ...) as sq: await sq.run(text)``.
 
-    Engine, one of:
+    The engine (``engine=``), one of:
 
-    - ``engine=EngineInfo``: use that engine as is (tests with ``squad.testing.FakeEngine``);
-    - ``url=`` (+ ``api_key=``): attach to a running llama-server (``squad.engine.remote.attach``);
-    - otherwise launch one: the planner sizes it for ``workload`` (default
-      :func:`default_workload`) from the model's GGUF facts (``model``: name or path, None =
-      the default model) and the memory free for KV; ``slots``/``ctx`` pin those values.
+    - an :class:`~squad.session.EngineSpec`: launch one planned for ``workload`` (default
+      :func:`default_workload`), or attach to ``EngineSpec(url=...)``;
+    - an :class:`~squad.engine.info.EngineInfo`: an engine already running, used as reported;
+    - a :class:`~squad.chat.ChatEngine`: used as is (``squad.testing.ScriptedEngine``);
+    - None: the short forms ``model``, ``slots``, ``ctx``, ``threads`` (launch) or ``url`` +
+      ``api_key`` (attach) build the spec; nothing at all launches the built-in model.
 
     ``main`` names the main agent (default: the first). ``tools`` are the function tools
     agents may name. ``variables`` are passed to every agent's instructions template.
     ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
     a launched engine with more slots (otherwise they queue in squad, with an event).
-    ``threads``/``binary`` go to the launcher (``-t``, llama-server path).
     ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
     asked once more without tools.
 
+    After entry, ``session`` is the :class:`~squad.session.EngineSession` (``session.info``:
+    what the engine reported; ``session.plan``: the plan, None when not launched).
+
     Raises :class:`UserError` for an inconsistent squad (unknown sub-agent or tool, a
-    cycle, duplicate names, ``slots``/``ctx`` with an engine squad does not launch).
+    cycle, duplicate names, short forms together with ``engine=``, pins with ``url``).
     """
 
     def __init__(
@@ -103,21 +113,19 @@ class Squad:
         agents: Sequence[Agent],
         *,
         main: str | None = None,
+        engine: EngineSpec | EngineInfo | ChatEngine | None = None,
         model: str | Path | None = None,
         slots: int | None = None,
         ctx: int | None = None,
+        threads: int | None = None,
         url: str | None = None,
         api_key: str | None = None,
-        engine: EngineInfo | None = None,
         workload: flow.Node | None = None,
         replan: bool = False,
         on_event: EventSink | Sequence[EventSink] | None = None,
         tools: Sequence[Tool] = (),
         variables: Mapping[str, Any] | None = None,
-        threads: int | None = None,
-        binary: str | Path | None = None,
         max_tool_rounds: int = 4,
-        request_timeout: float = 600.0,
     ) -> None:
         if not agents:
             raise UserError("a squad needs at least one agent")
@@ -126,8 +134,10 @@ class Squad:
         if main is not None and main not in self.agents:
             raise UserError(f"main agent {main!r} is not in the squad (agents: {', '.join(self.agents)})")
         self.main: str = main or agents[0].name
-        if (slots is not None or ctx is not None) and (engine is not None or url is not None):
-            raise UserError("slots= and ctx= size an engine squad launches; drop them with url= or engine=")
+        short = dict(model=model, slots=slots, ctx=ctx, threads=threads, url=url, api_key=api_key)
+        if engine is not None and any(v is not None for v in short.values()):
+            given = ", ".join(k for k, v in short.items() if v is not None)
+            raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
         self.workload: flow.Node = workload or default_workload(self.agents, self.main)
         self.variables = dict(variables or {})
         self.replan = replan
@@ -136,93 +146,41 @@ class Squad:
         self._sinks: list[EventSink] = [] if on_event is None else (
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )
-        self._engine_arg = engine
-        self._url, self._api_key = url, api_key
-        self._model, self._slots, self._ctx, self._threads, self._binary = model, slots, ctx, threads, binary
-        self._request_timeout = request_timeout
-        self._stack: contextlib.AsyncExitStack | None = None
+        self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
+                                     self.workload, on_event=self._emit)
+        self._open = False
         self._scopes: dict[anyio.CancelScope, list[str | None]] = {}
-        self._empty_count: int | None = None
-        self._replan_lock = anyio.Lock()
-        self.info: EngineInfo | None = None
-        self.plan: Any = None
-        self.launcher: Any = None
-        self.admission: Any = None
-        self.client: Any = None
+        self._conversations = itertools.count(1)
+        self._count_text: TextCounter | None = None
 
     # --- engine -------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "Squad":
-        stack = contextlib.AsyncExitStack()
-        try:
-            self.info = await self._open_engine(stack)
-            from squad.admission import Admission
-            from squad.client import EngineClient
+    @property
+    def info(self) -> EngineInfo:
+        """What the engine reported (``/props`` read back), once open."""
+        return self.session.info
 
-            self.admission = Admission(self.info.slots, self.info.pool, on_event=self._emit)
-            restart = self.launcher.restart if self.launcher is not None else None
-            client = EngineClient(
-                self.info,
-                admission=self.admission,
-                request_timeout=self._request_timeout,
-                on_event=self._emit,
-                restart=restart,
-            )
-            if hasattr(client, "__aenter__"):
-                client = await stack.enter_async_context(client)
-            elif hasattr(client, "aclose"):
-                stack.push_async_callback(client.aclose)
-            self.client = client
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
-        self._emit(Event("squad.ready", data={"slots": self.info.slots, "pool": self.info.pool,
-                                               "base_url": self.info.base_url, "main": self.main}))
+    @property
+    def chat(self) -> ChatEngine:
+        """The :class:`~squad.chat.ChatEngine` every call goes through, once open."""
+        return self.session.chat
+
+    async def __aenter__(self) -> "Squad":
+        await self.session.__aenter__()
+        self._count_text = TextCounter(self.session.chat)
+        self._open = True
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.cancel("the squad is closing")
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.aclose()
-
-    async def _open_engine(self, stack: contextlib.AsyncExitStack) -> EngineInfo:
-        if self._engine_arg is not None:
-            return self._engine_arg
-        if self._url is not None:
-            from squad.engine.remote import attach
-
-            return await attach(self._url, self._api_key)
-        from squad.engine.launcher import Launcher, free_port
-        from squad.engine.models import read_model_facts, resolve_model
-        from squad.machine import memory_for_kv
-        from squad.planner import plan
-
-        model_path = await anyio.to_thread.run_sync(lambda: resolve_model(self._model))
-        facts = await anyio.to_thread.run_sync(lambda: read_model_facts(model_path))
-        self.plan = plan(
-            self.workload,
-            model=model_path,
-            n_ctx_train=facts.n_ctx_train,
-            kv_bytes_per_token=facts.kv_bytes_per_token("f16", "f16"),
-            memory_for_kv=memory_for_kv(model_path),
-            pin_slots=self._slots,
-            pin_ctx=self._ctx,
-        )
-        self._emit(Event("engine.planned", data={"slots": self.plan.slots, "n_ctx": self.plan.n_ctx,
-                                                  "reasons": list(self.plan.reasons),
-                                                  "warnings": list(self.plan.warnings)}))
-        launcher = Launcher(self.plan, binary=self._binary, threads=self._threads,
-                            request_timeout=self._request_timeout, port=free_port())  # one port across reloads
-        self.launcher = await stack.enter_async_context(launcher)
-        return self.launcher.info
+        self._open = False
+        await self.session.aclose()
 
     def _emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
 
     def _require_open(self) -> None:
-        if self.client is None:
+        if not self._open:
             raise UserError("the squad is not open: use `async with Squad(...) as sq:` (or run_sync)")
 
     # --- public operations --------------------------------------------------------------
@@ -255,20 +213,23 @@ class Squad:
         if parsed.unknown:
             hint = f" (known sub-agents of {main.name!r}: {', '.join(known) or 'none'})"
             raise MentionError("; ".join(u.message() for u in parsed.unknown) + hint)
+        origin = self._origin(main)
         async with self._operation():
             subs: list[AgentResult] = []
             message = text
             if parsed.dispatches:
-                self._emit(Event("mention.dispatched", main.name, {"agents": parsed.agents}))
-                await self._fit_fanout(main, parsed.agents)
-                subs = await self._parallel(
-                    [(d.agent, d.text) for d in parsed.dispatches], policy=policy, priority=1, variables=variables
-                )
+                self._emit(MentionDispatched(agent=main.name, conversation=origin.conversation,
+                                             parent=origin.parent, agents=parsed.agents))
+                await self._fit_fanout(main, parsed.agents, origin)
+                subs = await self._parallel([(d.agent, d.text) for d in parsed.dispatches], policy=policy,
+                                            priority=1, variables=variables, parent=origin.conversation)
                 failed = first_failure(subs)
                 if policy == "fail-fast" and failed is not None:
                     raise failed
-                message = await self.hand_back(main, text, subs, history=history, variables=variables)
-            result = await self._recorded(main, message, history=history, priority=0, variables=variables)
+                message = await self.hand_back(main, text, subs, history=history, variables=variables,
+                                               origin=origin)
+            result = await self._recorded(main, message, history=history, priority=0, variables=variables,
+                                          origin=origin)
         if result.error is not None:
             raise result.error
         return RunResult(output=result.output, main=result, subs=subs + result.subs, history=result.history)
@@ -376,37 +337,24 @@ class Squad:
         if scope.cancelled_caught:
             raise AgentCancelled(holder[0] or "cancelled by the caller")
 
-    async def _fit_fanout(self, main: Agent, subs: Sequence[str]) -> None:
+    def _origin(self, agent: Agent, parent: str | None = None) -> Origin:
+        """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
+        return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get())
+
+    async def _fit_fanout(self, main: Agent, subs: Sequence[str], origin: Origin) -> None:
         """More sub-agents than slots: replan a launched engine if allowed, else say they queue."""
-        assert self.info is not None
         n = len(subs)
         if n <= self.info.slots:
             return
-        if self.replan and self.launcher is not None and self.plan is not None:
-            async with self._replan_lock:
-                from squad.machine import memory_for_kv
-                from squad.planner import plan_for_replan
-
-                group = [flow.Call(main.name, main.budget)] + [flow.Call(s, self.agents[s].budget) for s in subs]
-                new = plan_for_replan(self.plan, group, memory_for_kv=memory_for_kv(self.plan.model))
-                if new is not None and new != self.plan:
-                    self._emit(Event("engine.replanning", data={"from_slots": self.info.slots, "to_slots": new.slots,
-                                                                "n_ctx": new.n_ctx, "agents": n}))
-                    try:
-                        await self.launcher.reload(new, drain=lambda: self.admission.drain(30.0, hold=True))
-                    finally:
-                        self.plan, self.info = self.launcher.plan, self.launcher.info or self.info
-                        self.admission.resize(self.info.slots, self.info.pool)
-                    if hasattr(self.client, "engine"):
-                        self.client.engine = self.info
-                    self._emit(Event("engine.replanned", data={"slots": self.info.slots, "pool": self.info.pool}))
+        if self.replan:
+            group = [flow.Call(main.name, main.budget)] + [flow.Call(s, self.agents[s].budget) for s in subs]
+            await self.session.replan(group)
             if n <= self.info.slots:
                 return
-        self._emit(Event("mention.queued", data={
-            "agents": n, "slots": self.info.slots,
-            "message": f"{n} sub-agents mentioned but the engine has slots={self.info.slots}: "
-                       f"{n - self.info.slots} wait in squad's queue (pass replan=True or raise slots)",
-        }))
+        self._emit(MentionQueued(
+            agent=main.name, conversation=origin.conversation, parent=origin.parent, agents=n, slots=self.info.slots,
+            message=f"{n} sub-agents mentioned but the engine has slots={self.info.slots}: "
+                    f"{n - self.info.slots} wait in squad's queue (pass replan=True or raise slots)"))
 
     async def _parallel(
         self,
@@ -416,6 +364,7 @@ class Squad:
         priority: int,
         max_concurrency: int | None = None,
         variables: Mapping[str, Any] | None = None,
+        parent: str | None = None,
     ) -> list[AgentResult]:
         if policy not in ("collect", "fail-fast"):
             raise UserError(f"policy {policy!r}: use 'collect' or 'fail-fast'")
@@ -430,8 +379,10 @@ class Squad:
                     def reason() -> str | None:
                         return f"cancelled because {sibling_failed[0]!r} failed" if sibling_failed else None
 
-                    result = await self._recorded(self.agents[name], prompt, priority=priority, variables=variables,
-                                                  limiter=limiter, cancel_reason=reason, into=(results, i))
+                    agent = self.agents[name]
+                    result = await self._recorded(agent, prompt, priority=priority, variables=variables,
+                                                  limiter=limiter, cancel_reason=reason, into=(results, i),
+                                                  origin=self._origin(agent, parent))
                     if policy == "fail-fast" and result.error is not None and not sibling_failed:
                         sibling_failed.append(name)
                         tg.cancel_scope.cancel(f"sibling {name!r} failed")
@@ -452,27 +403,33 @@ class Squad:
         limiter: anyio.CapacityLimiter | None = None,
         cancel_reason: Callable[[], str | None] = lambda: None,
         into: tuple[list[AgentResult | None], int] | None = None,
+        origin: Origin | None = None,
     ) -> AgentResult:
         """Run one conversation and always produce its AgentResult (stored in ``into`` too,
         so a cancelled one is recorded before the cancellation propagates)."""
+        origin = origin or self._origin(agent)
+        ids = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
         start = time.monotonic()
-        self._emit(Event("agent.started", agent.name, {"priority": priority}))
+        self._emit(AgentStarted(**ids, priority=priority))
+        token = _CONVERSATION.set(origin.conversation)
         try:
             async with limiter if limiter is not None else contextlib.nullcontext():
-                result = await self._converse(agent, prompt, history, priority, variables)
+                result = await self._converse(agent, origin, prompt, history, priority, variables)
         except anyio.get_cancelled_exc_class():
             reason = cancel_reason() or _OP_REASON.get([None])[0] or "cancelled by the caller"
-            result = cancelled_result(agent.name, reason, time.monotonic() - start)
-            self._emit(Event("agent.cancelled", agent.name, {"reason": reason}))
+            result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
+            self._emit(AgentCancelledEvent(**ids, reason=reason))
             if into is not None:
                 into[0][into[1]] = result
             raise
         except AgentRunError as exc:
-            result = AgentResult(agent=agent.name, error=exc,
-                                 timings=AgentTimings(total_s=time.monotonic() - start))
-            self._emit(Event("agent.failed", agent.name, {"error": f"{type(exc).__name__}: {exc}"}))
+            result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
+                                 conversation=origin.conversation)
+            self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
         else:
-            self._emit(Event("agent.finished", agent.name, {"summary": result.summary()}))
+            self._emit(AgentFinished(**ids, summary=result.summary()))
+        finally:
+            _CONVERSATION.reset(token)
         if into is not None:
             into[0][into[1]] = result
         return result
@@ -482,57 +439,21 @@ class Squad:
         if agent in self._tool_warned:
             return
         self._tool_warned.add(agent)
-        self._emit(Event("engine.warning", agent, {"warning": (
+        self._emit(EngineWarning(agent=agent, engine=self.info.base_url, warning=(
             f"agent '{agent}' has tools ({', '.join(tools)}) but the model's chat template has no tools "
             "section, so llama-server drops them: the model cannot call them. Use a model whose "
-            "template supports tool calls, or @mentions instead of sub-agents as tools.")}))
+            "template supports tool calls, or @mentions instead of sub-agents as tools.")))
 
-    async def _converse(
-        self,
-        agent: Agent,
-        prompt: str,
-        history: Sequence[Mapping[str, Any]],
-        priority: int,
-        variables: Mapping[str, Any] | None,
-    ) -> AgentResult:
-        """The tool-calling loop for one agent turn; raises AgentRunError on failure."""
-        start = time.monotonic()
-        system = self._system(agent, variables)
+    async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
+                        priority: int, variables: Mapping[str, Any] | None) -> AgentResult:
+        """One turn of ``agent`` with its tools (:func:`squad.turn.run_turn`); raises AgentRunError."""
         subs: list[AgentResult] = []
         tools = self._tools_for(agent, priority, subs, variables)
-        specs = [t.spec() for t in tools.values()] or None
-        if specs and self.info is not None and self.info.template_has_tools is False:
+        if tools and self.info.template_has_tools is False:
             self._warn_no_tool_template(agent.name, list(tools))
-        convo: list[dict[str, Any]] = [*map(dict, history), {"role": "user", "content": prompt}]
-        calls: list[Any] = []
-        tool_log: list[tuple[str, str, str]] = []
-        for round_no in range(self.max_tool_rounds + 1):
-            offer = specs if round_no < self.max_tool_rounds else None
-            messages = ([{"role": "system", "content": system}] if system else []) + convo
-            reply = await self.client.complete(
-                agent=agent.name, messages=messages, max_tokens=agent.max_tokens, budget=agent.budget,
-                tools=offer, sampling=agent.sampling.as_params() or None, priority=priority,
-            )
-            calls.append(reply)
-            if offer and reply.tool_calls:
-                convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in reply.tool_calls
-                ]})
-                outcomes = await run_tool_calls(tools, reply.tool_calls)
-                for call, outcome in zip(reply.tool_calls, outcomes):
-                    convo.append({"role": "tool", "tool_call_id": call.id, "content": outcome.text})
-                    tool_log.append((call.name, call.arguments, outcome.text))
-                    self._emit(Event("tool.called", agent.name, {"tool": call.name, "ok": outcome.ok}))
-                continue
-            if reply.content:
-                convo.append({"role": "assistant", "content": reply.content})
-            break
-        result = AgentResult(
-            agent=agent.name, output=reply.content or "", reasoning=reply.reasoning or "",
-            usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
-            slot=slot_of(reply), history=convo, tool_calls=tool_log,
-        )
+        result = await run_turn(self.chat, agent, origin, system=self._system(agent, variables), prompt=prompt,
+                                history=history, tools=tools, priority=priority,
+                                max_tool_rounds=self.max_tool_rounds, on_event=self._emit)
         result.subs = subs
         return result
 
@@ -573,37 +494,18 @@ class Squad:
         *,
         history: Sequence[Mapping[str, Any]] = (),
         variables: Mapping[str, Any] | None = None,
+        origin: Origin | None = None,
     ) -> str:
         """The ONE user message giving the main agent ``text`` and its sub-agents' answers,
-        cut to fit its budget by the rule in the module docstring."""
-        answers = [r.output if r.ok else f"(failed: {r.error})" for r in subs]
-        frame = compose_hand_back(text, [r.agent for r in subs], [""] * len(subs))
+        cut to fit its budget by the rule of :mod:`squad.handback`."""
+        self._require_open()
+        assert self._count_text is not None
         system = self._system(main, variables)
-        base = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
+        prefix = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
         specs = [t.spec() for t in self._tools_for(main, 0, [], variables).values()] or None
-        used = await self._count([*base, {"role": "user", "content": frame}], specs)
-        room = main.budget - main.max_tokens - used - _CUT_RESERVE * len(subs)
-        cut = await cut_answers(answers, room, self._count_text)
-        for r, (kept, omitted) in zip(subs, cut):
-            if omitted:
-                self._emit(Event("answer.cut", r.agent, {
-                    "omitted_tokens": omitted, "room_tokens": room, "main": main.name,
-                    "rule": "equal share of the main agent's remaining budget",
-                }))
-        return compose_hand_back(text, [r.agent for r in subs], [kept for kept, _ in cut])
-
-    async def _count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        counted = self.client.count_prompt_tokens(messages, tools)
-        return int(await counted if inspect.isawaitable(counted) else counted)
-
-    async def _count_text(self, text: str) -> int:
-        if self._empty_count is None:
-            self._empty_count = await self._count([{"role": "user", "content": ""}], None)
-        return max(0, await self._count([{"role": "user", "content": text}], None) - self._empty_count)
-
-
-_CUT_RESERVE = 4
-"""Tokens kept free per answer: joining texts can tokenize a little differently."""
+        return await hand_back(self.chat, origin or Origin(main.name), budget=main.budget, max_tokens=main.max_tokens,
+                               prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
+                               on_event=self._emit)
 
 
 def default_workload(agents: Mapping[str, Agent], main: str) -> flow.Node:

@@ -1,22 +1,14 @@
-"""Run events: what happened to which agent, when. Sinks receive them as they happen.
+"""Run traces: events written as JSON Lines, read back, and summarized per agent and call.
 
-Event kinds (``Event.kind``) used across squad:
-``engine.loaded`` (data: the read-back plan), ``agent.started``, ``call.queued``
-(data: tokens, position), ``call.admitted`` (data: reserved tokens, in_flight, pool_used),
-``call.first_token``, ``call.finished`` (data: usage, timings), ``call.failed``
-(data: error, retry), ``call.retried``, ``call.released``, ``agent.finished``,
-``agent.failed``, ``agent.cancelled`` (data: reason). The runtime also emits
-``engine.planned``, ``squad.ready`` and ``engine.replanned`` (data: slots, pool).
+- :class:`JsonlTrace` is an :data:`~squad.events.EventSink` that appends each event as one
+  JSON line (the record format is in :mod:`squad.events`); :func:`load_trace` reads it back
+  as typed events.
+- :func:`summarize` digests events (live or loaded) into a :class:`TraceSummary`: one
+  :class:`CallSpan` per engine call, matched by its call id (queue, admission, first token,
+  end, release), one :class:`AgentSummary` per agent, the engine loads and the peak number
+  of calls holding a slot at once.
 
-Optional data keys that this module understands when present: ``call`` (an id that ties
-the events of one call together; without it calls are matched first-in-first-out per
-agent), ``slot`` (the engine slot id), ``pool``/``n_ctx``/``slots`` on ``engine.loaded``.
-
-A trace on disk is JSON Lines, one object per event::
-
-    {"kind": "call.admitted", "agent": "style", "t": 0.512, "wall": 1764470000.1, "data": {...}}
-
-``t`` is seconds since the first event of the trace; ``wall`` is Unix time in seconds.
+``t`` in a trace file is seconds since the trace's first event; ``wall`` is Unix time.
 """
 
 from __future__ import annotations
@@ -25,18 +17,30 @@ import dataclasses
 import enum
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Iterable
 
 from squad.errors import UserError
+from squad.events import (
+    AgentCancelled,
+    AgentFailed,
+    AgentFinished,
+    AgentStarted,
+    CallAdmitted,
+    CallFailed,
+    CallFinished,
+    CallFirstToken,
+    CallQueued,
+    CallReleased,
+    CallRetried,
+    EngineLoaded,
+    Event,
+    event_from_record,
+)
 
 __all__ = [
-    "Event",
-    "EventSink",
-    "emit_to",
     "JsonlTrace",
     "default_trace_path",
     "default_trace_dir",
@@ -48,32 +52,6 @@ __all__ = [
     "CallSpan",
     "EngineLoad",
 ]
-
-
-@dataclass(frozen=True)
-class Event:
-    """One run event. ``t`` is ``time.monotonic()`` seconds; ``wall`` is ``time.time()``.
-
-    Events read back by :func:`load_trace` carry ``t`` relative to the trace's first event.
-    """
-
-    kind: str
-    agent: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    t: float = field(default_factory=time.monotonic)
-    wall: float = field(default_factory=time.time)
-
-
-EventSink = Callable[[Event], None]
-
-
-def emit_to(sinks: list[EventSink], event: Event) -> None:
-    """Deliver ``event`` to every sink; a failing sink never breaks a run."""
-    for sink in sinks:
-        try:
-            sink(event)
-        except Exception:  # noqa: BLE001 - a display bug must not kill agents
-            pass
 
 
 # --------------------------------------------------------------------------- writing
@@ -154,13 +132,8 @@ class JsonlTrace:
             return
         if self._t0 is None:
             self._t0 = event.t
-        record = {
-            "kind": event.kind,
-            "agent": event.agent,
-            "t": round(event.t - self._t0, 6),
-            "wall": event.wall,
-            "data": jsonable(event.data),
-        }
+        record = {"kind": event.kind, "t": round(event.t - self._t0, 6), "wall": event.wall,
+                  **event.ids(), "data": jsonable(event.data)}
         out = self._open()
         out.write(json.dumps(record, ensure_ascii=False) + "\n")
         out.flush()
@@ -178,9 +151,8 @@ class JsonlTrace:
 
 
 def load_trace(path: Path | str) -> list[Event]:
-    """Read a JSONL trace written by :class:`JsonlTrace`; ``t`` stays relative to its start.
-
-    A torn last line (the run crashed mid-write) is skipped. Raises :class:`UserError` when
+    """Read a JSONL trace written by :class:`JsonlTrace` as typed events; ``t`` stays relative
+    to its start. Lines of kinds this version does not know are skipped. A torn last line (the run crashed mid-write) is skipped. Raises :class:`UserError` when
     the file is missing or a line is not a trace event.
     """
     path = Path(path)
@@ -195,17 +167,10 @@ def load_trace(path: Path | str) -> list[Event]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            events.append(
-                Event(
-                    kind=str(record["kind"]),
-                    agent=record.get("agent"),
-                    data=dict(record.get("data") or {}),
-                    t=float(record["t"]),
-                    wall=float(record.get("wall", 0.0)),
-                )
-            )
-        except (ValueError, KeyError, TypeError) as exc:
+            event = event_from_record(json.loads(line))
+            if event is not None:  # a kind from another version: skipped
+                events.append(event)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if number == len(lines):  # torn last line after a crash
                 break
             raise UserError(
@@ -227,17 +192,19 @@ def default_trace_dir() -> Path:
 
 @dataclass
 class CallSpan:
-    """One engine call, seconds relative to the trace start.
+    """One engine call (one call id), seconds relative to the trace start.
 
-    ``queued`` is when the call asked for admission (None when it was admitted without a
-    ``call.queued`` event), ``admitted`` when it got a slot and its reservation, ``first_token``
-    and ``end`` when the stream produced its first token and ended. ``slot`` is the engine
-    slot id when the events carry one, else the lowest lane free at admission (squad's view
-    of which slot it held). ``error`` is set for failed calls.
+    ``queued`` is when it entered squad's admission queue (None when admitted at once),
+    ``admitted`` when it got a slot and its reservation, ``first_token`` and ``end`` when the
+    stream produced its first token and ended (finished, failed or released). ``slot`` is
+    squad's slot number; ``conversation``/``parent`` place it in its agent conversation.
+    ``error`` is set for a failed call; ``retried`` when it was sent more than once.
     """
 
     agent: str
-    call: str | None = None
+    call: str
+    conversation: str | None = None
+    parent: str | None = None
     queued: float | None = None
     admitted: float | None = None
     first_token: float | None = None
@@ -294,10 +261,11 @@ class EngineLoad:
     """An ``engine.loaded`` event: when, and what the engine reported it applied."""
 
     t: float
-    slots: int | None
-    n_ctx: int | None
-    pool: int | None
-    data: dict[str, Any]
+    slots: int
+    n_ctx: int
+    pool: int
+    reason: str
+    engine: str | None
 
 
 @dataclass
@@ -316,101 +284,23 @@ class TraceSummary:
         return jsonable(self)
 
 
-def _find(data: Any, key: str) -> Any:
-    """The first value stored under ``key`` in nested dicts (breadth first)."""
-    queue = [data]
-    while queue:
-        item = queue.pop(0)
-        if isinstance(item, dict):
-            if key in item and item[key] is not None:
-                return item[key]
-            queue.extend(v for v in item.values() if isinstance(v, dict))
-    return None
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
-class _CallMatcher:
-    """Ties call.* events to spans.
-
-    By ``data["call"]`` when present; else by (agent, ``data["slot"]``): admission gives each
-    call in flight its own slot number, and the client and admission repeat it on
-    ``call.first_token``, ``call.finished`` and ``call.released``. Without either, first in
-    first out per agent.
-    """
-
-    def __init__(self) -> None:
-        self.spans: list[CallSpan] = []
-
-    @staticmethod
-    def _id(event: Event) -> str | None:
-        call_id = event.data.get("call")
-        return None if call_id is None else str(call_id)
-
-    def begin(self, event: Event) -> CallSpan:
-        span = CallSpan(agent=event.agent or "?", call=self._id(event))
-        self.spans.append(span)
-        return span
-
-    def released_before(self, event: Event) -> CallSpan | None:
-        """The span admission already released for this ``call.finished`` (the client reports
-        a call finished after its reservation is given back), if any. A call already streaming
-        on that slot is this event's call instead; one just admitted to the freed slot is not."""
-        if any(s.first_token is not None for s in self._open_for(event)):
-            return None
-        slot = _int(event.data.get("slot"))
-        for span in reversed(self.spans):
-            if (span.agent == (event.agent or "?") and span.error == _RELEASED
-                    and (slot is None or span.slot == slot)):
-                return span
-        return None
-
-    def _open_for(self, event: Event) -> list[CallSpan]:
-        slot = _int(event.data.get("slot"))
-        return [s for s in self.spans if s.agent == (event.agent or "?") and s.end is None
-                and (slot is None or s.slot == slot)]
-
-    def find(self, event: Event, *, need: str) -> CallSpan:
-        """The open span this event belongs to (one whose ``need`` time is unset); a new
-        span when none matches (the trace began mid-call)."""
-        agent, call_id, slot = event.agent or "?", self._id(event), _int(event.data.get("slot"))
-        open_ = [s for s in self.spans if s.agent == agent and s.end is None and getattr(s, need) is None]
-        if call_id is not None:
-            matches = [s for s in open_ if s.call == call_id]
-        elif slot is not None and need != "admitted":
-            matches = [s for s in open_ if s.slot == slot] or [
-                s for s in open_ if s.slot is None and s.admitted is not None
-            ]
-        else:
-            matches = open_
-        return matches[0] if matches else self.begin(event)
-
-
 _RELEASED = "ended without finishing"
 """Provisional error of a call released by admission before any ``call.finished``."""
-
-_LOADS = ("engine.loaded", "engine.replanned")
-"""Kinds that report what a (re)loaded engine applied; ``squad.ready`` counts when the run
-had no such event before it (an engine squad attached to rather than launched)."""
 
 
 def summarize(events: Iterable[Event]) -> TraceSummary:
     """Digest events (live or from :func:`load_trace`) into a :class:`TraceSummary`.
 
-    Times are made relative to the first event. Unknown kinds are ignored. A call that is
-    released without ``call.finished`` counts as failed, with the error of its agent's
-    ``agent.failed``/``agent.cancelled`` event when one follows.
+    Calls are matched by their call id, so two calls of one agent on the same slot back to
+    back are two spans. Times are made relative to the first event. A call released without
+    a ``call.finished`` counts as failed, with its ``call.failed`` error when there is one, else
+    the error of its conversation's ``agent.failed``/``agent.cancelled``.
     """
     events = sorted(events, key=lambda e: e.t)
     t0 = events[0].t if events else 0.0
     agents: dict[str, AgentSummary] = {}
     loads: list[EngineLoad] = []
-    calls = _CallMatcher()
+    spans: dict[str, CallSpan] = {}
     peak_reported = 0
 
     def agent(name: str | None) -> AgentSummary:
@@ -419,104 +309,92 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             agents[key] = AgentSummary(name=key)
         return agents[key]
 
+    def span(ev: Event) -> CallSpan | None:
+        if ev.call is None:
+            return None
+        if ev.call not in spans:
+            spans[ev.call] = CallSpan(agent=ev.agent or "?", call=ev.call, conversation=ev.conversation,
+                                      parent=ev.parent)
+            agent(ev.agent)
+        return spans[ev.call]
+
     for ev in events:
         t = ev.t - t0
-        kind, data = ev.kind, ev.data
-        if kind in _LOADS or (kind == "squad.ready" and not loads):
-            loads.append(EngineLoad(t=t, slots=_int(_find(data, "slots")), n_ctx=_int(_find(data, "n_ctx")),
-                                    pool=_int(_find(data, "pool")), data=data))
-        elif kind == "agent.started":
+        if isinstance(ev, EngineLoaded):
+            loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
+                                    engine=ev.engine))
+        elif isinstance(ev, AgentStarted):
             a = agent(ev.agent)
             a.started = t if a.started is None else a.started
-        elif kind in ("agent.finished", "agent.failed", "agent.cancelled"):
-            _agent_end(agent(ev.agent), kind, data, t, calls.spans)
-        elif kind == "call.queued":
-            calls.begin(ev).queued = t
-            agent(ev.agent)
-        elif kind == "call.admitted":
-            span = calls.find(ev, need="admitted")
-            span.admitted = t
-            span.reserved = _int(data.get("reserved") or data.get("tokens"))
-            span.slot = _int(data.get("slot"))
-            peak_reported = max(peak_reported, _int(data.get("in_flight")) or 0)
-        elif kind == "call.first_token":
-            span = calls.find(ev, need="first_token")
-            span.first_token = t
-        elif kind in ("call.finished", "call.failed", "call.released"):
-            span = calls.released_before(ev) if kind == "call.finished" else None
-            span = span or calls.find(ev, need="end")
-            if kind == "call.released" and span.admitted is None and span.queued is None:
-                calls.spans.remove(span)  # released a call that already ended
-                continue
-            span.end = t
-            usage = data.get("usage") or {}
-            if isinstance(usage, dict):
-                span.prompt_tokens = _int(usage.get("prompt_tokens"))
-                span.completion_tokens = _int(usage.get("completion_tokens"))
-            if kind == "call.finished":
-                span.error = None
-            else:
-                span.error = _error_text(data.get("error")) if data.get("error") else _RELEASED
-                span.retried = bool(data.get("retry"))
-        elif kind == "call.retried":
-            for span in reversed(calls.spans):
-                if span.agent == (ev.agent or "?") and span.end is None:
-                    span.retried = True
-                    break
+        elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
+            _agent_end(agent(ev.agent), ev, t, [s for s in spans.values() if s.conversation == ev.conversation])
+        elif (s := span(ev)) is not None:
+            peak_reported = max(peak_reported, _call_event(s, ev, t))
 
     duration = (events[-1].t - t0) if events else 0.0
-    _assign_lanes(calls.spans, duration)
-    for span in calls.spans:
-        a = agent(span.agent)
+    calls = list(spans.values())
+    _assign_lanes(calls, duration)
+    for s in calls:
+        a = agent(s.agent)
         a.calls += 1
-        a.queued_s += span.wait_s
-        if span.first_token is not None and a.first_token is None:
-            a.first_token = span.first_token
-            a.ttft_s = span.first_token - span.start
-        a.prompt_tokens += span.prompt_tokens or 0
-        a.completion_tokens += span.completion_tokens or 0
-        if span.slot is not None and span.slot not in a.slots:
-            a.slots.append(span.slot)
-        if span.error and span.error != _RELEASED and not span.retried:
-            _add_error(a.errors, span.error)
+        a.queued_s += s.wait_s
+        if s.first_token is not None and a.first_token is None:
+            a.first_token = s.first_token
+            a.ttft_s = s.first_token - s.start
+        a.prompt_tokens += s.prompt_tokens or 0
+        a.completion_tokens += s.completion_tokens or 0
+        if s.slot is not None and s.slot not in a.slots:
+            a.slots.append(s.slot)
+        if s.error and s.error != _RELEASED and not s.retried:
+            _add_error(a.errors, s.error)
         if a.started is None:
-            a.started = span.start
+            a.started = s.start
     for a in agents.values():
-        open_calls = [s for s in calls.spans if s.agent == a.name and s.end is None]
-        ends = [s.end for s in calls.spans if s.agent == a.name and s.end is not None]
-        if a.ended is None and a.status == "running" and ends and not open_calls:
+        mine = [s for s in calls if s.agent == a.name]
+        ends = [s.end for s in mine if s.end is not None]
+        if a.ended is None and a.status == "running" and ends and all(s.end is not None for s in mine):
             a.ended = max(ends)
             a.status = "failed" if a.errors else "done"
-    return TraceSummary(
-        agents=agents,
-        calls=calls.spans,
-        engine_loads=loads,
-        max_in_flight=max(peak_reported, _peak(calls.spans, duration)),
-        duration_s=duration,
-        events=len(events),
-    )
+    return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
+                        max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
+                        events=len(events))
 
 
-def _agent_end(a: AgentSummary, kind: str, data: dict[str, Any], t: float, spans: list[CallSpan]) -> None:
+def _call_event(s: CallSpan, ev: Event, t: float) -> int:
+    """Fold one call event into its span; returns the in-flight count it reports (or 0)."""
+    if isinstance(ev, CallQueued):
+        s.queued = t
+    elif isinstance(ev, CallAdmitted):
+        s.admitted, s.reserved, s.slot = t, ev.tokens, ev.slot
+        return ev.in_flight
+    elif isinstance(ev, CallFirstToken):
+        s.first_token = t if s.first_token is None else s.first_token
+    elif isinstance(ev, CallFinished):
+        s.end, s.error = t, None
+        s.prompt_tokens, s.completion_tokens = ev.prompt_tokens, ev.completion_tokens
+    elif isinstance(ev, CallFailed):
+        s.end, s.error = t, f"{ev.error}: {ev.message}" if ev.message else ev.error
+    elif isinstance(ev, CallReleased):
+        if s.end is None:
+            s.end, s.error = t, _RELEASED
+    elif isinstance(ev, CallRetried):
+        s.retried = True
+    return 0
+
+
+def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
     a.ended = t
-    a.status = {"agent.finished": "done", "agent.failed": "failed"}.get(kind, "cancelled")
-    reason = data.get("reason") or data.get("error")
+    a.status = {AgentFinished: "done", AgentFailed: "failed"}.get(type(ev), "cancelled")
+    reason = getattr(ev, "reason", None) or getattr(ev, "error", None)
     if not reason:
         return
-    a.reason = _error_text(reason)
-    if kind == "agent.failed":
+    a.reason = str(reason)
+    if isinstance(ev, AgentFailed):
         _add_error(a.errors, a.reason)
-    for span in reversed(spans):  # the call that died with it gets the reason
-        if span.agent == a.name and span.error == _RELEASED:
-            span.error = a.reason if kind == "agent.failed" else f"cancelled: {a.reason}"
+    for s in reversed(spans):  # the call that died with it gets the reason
+        if s.error == _RELEASED:
+            s.error = a.reason if isinstance(ev, AgentFailed) else f"cancelled: {a.reason}"
             break
-
-
-def _error_text(error: Any) -> str:
-    """An error as trace text: ``"TypeName: message"`` for exceptions, else ``str()``."""
-    if error is None:
-        return "failed"
-    return jsonable(error) if isinstance(error, BaseException) else str(error)
 
 
 def _add_error(errors: list[str], error: str) -> None:

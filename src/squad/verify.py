@@ -22,7 +22,8 @@ from openai import AsyncOpenAI
 from squad.engine.info import EngineInfo
 from squad.engine.launcher import Launcher
 from squad.engine.remote import control_client, read_engine
-from squad.planner import EnginePlan, round_ctx
+from squad.engine.llama import round_ctx
+from squad.planner import EnginePlan
 
 __all__ = ["RequestTiming", "Check", "VerifyReport", "verify_engine", "run_verify"]
 

@@ -1,6 +1,6 @@
 """The live terminal view of a run: one row per agent, slots busy, pool reserved vs n_ctx.
 
-Driven only by :class:`~squad.trace.Event` objects. :class:`ViewState` is a pure state
+Driven only by :mod:`squad.events` objects. :class:`ViewState` is a pure state
 machine (``apply(event)``), so it is tested without a terminal; :class:`LiveView` draws it
 with rich's ``Live`` when stdout is a terminal, prints one plain line per event otherwise,
 and prints nothing when turned off (``--quiet``)::
@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -26,12 +25,25 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from squad.trace import Event, _find, _int
+from squad.events import (
+    AgentCancelled,
+    AgentFailed,
+    AgentFinished,
+    AgentStarted,
+    CallAdmitted,
+    CallFailed,
+    CallFinished,
+    CallFirstToken,
+    CallQueued,
+    CallReleased,
+    CallRetried,
+    EngineLoaded,
+    EnginePlanned,
+    EngineWarning,
+    Event,
+)
 
 __all__ = ["AgentRow", "ViewState", "LiveView", "live_view"]
-
-_LOAD_KINDS = ("engine.loaded", "engine.replanned", "squad.ready")
-"""Events that say what the engine applied (slots, pool)."""
 
 _STYLE = {
     "started": "cyan",
@@ -59,8 +71,8 @@ class AgentRow:
     calls: int = 0
     waiting: int = 0
     """Its calls in squad's admission queue."""
-    held: dict[Any, int] = field(default_factory=dict)
-    """Its calls in flight: slot (or a placeholder key) -> tokens reserved in the pool."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Its calls in flight: call id -> tokens reserved in the pool."""
     queue_position: int | None = None
     completion_tokens: int = 0
     tokens_per_s: float | None = None
@@ -106,102 +118,77 @@ class ViewState:
         return self.agents[key]
 
     def apply(self, event: Event) -> None:
-        """Fold one event into the state. Unknown kinds are ignored."""
-        t, data, kind = event.t, event.data, event.kind
+        """Fold one event into the state. Kinds the view does not show are ignored."""
+        t = event.t
         if self.t0 is None:
             self.t0 = t
         self.last = max(self.last, t)
-        if kind == "engine.planned":
-            self.planned = (_int(data.get("slots")), _int(data.get("n_ctx")))
-            return
-        if kind in _LOAD_KINDS:
-            self.loads += kind != "squad.ready"
-            self.slots = _int(_find(data, "slots")) or self.slots
-            self.pool = _int(_find(data, "pool")) or _int(_find(data, "n_ctx")) or self.pool
-            return
-        if kind.startswith("agent."):
-            self._agent_event(kind, self.row(event.agent, t), data, t)
-        elif kind.startswith("call."):
-            self._call_event(kind, self.row(event.agent, t), data, t)
+        if isinstance(event, EnginePlanned):
+            self.planned = (event.slots, event.n_ctx)
+        elif isinstance(event, EngineLoaded):
+            self.loads += event.reason != "given"
+            self.slots, self.pool = event.slots, event.pool
+        elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
+            self._agent_event(event, self.row(event.agent, t), t)
+        elif event.call is not None:
+            self._call_event(event, self.row(event.agent, t), t)
 
     def _set(self, row: AgentRow, state: str, t: float) -> None:
         if row.state != state:
             row.state, row.since = state, t
 
-    def _agent_event(self, kind: str, row: AgentRow, data: dict[str, Any], t: float) -> None:
-        if kind == "agent.started":
+    def _agent_event(self, event: Event, row: AgentRow, t: float) -> None:
+        if isinstance(event, AgentStarted):
             row.started = t
             self._set(row, "started", t)
-        elif kind == "agent.finished":
+        elif isinstance(event, AgentFinished):
             self._set(row, "done", t)
-        elif kind in ("agent.failed", "agent.cancelled"):
-            self._set(row, "failed" if kind == "agent.failed" else "cancelled", t)
-            row.detail = str(data.get("reason") or data.get("error") or row.detail)
+        elif isinstance(event, AgentFailed):
+            self._set(row, "failed", t)
+            row.detail = event.error
+        elif isinstance(event, AgentCancelled):
+            self._set(row, "cancelled", t)
+            row.detail = event.reason
 
-    def _call_event(self, kind: str, row: AgentRow, data: dict[str, Any], t: float) -> None:
-        if kind == "call.queued":
-            row.queue_position = _int(data.get("position"))
+    def _call_event(self, event: Event, row: AgentRow, t: float) -> None:
+        call = event.call or ""
+        if isinstance(event, CallQueued):
+            row.queue_position = event.position
             row.waiting += 1
             self.waiting += 1
             self._set(row, "waiting", t)
-        elif kind == "call.admitted":
+        elif isinstance(event, CallAdmitted):
             if row.waiting:
                 row.waiting -= 1
                 self.waiting = max(0, self.waiting - 1)
-            reserved = _int(data.get("reserved")) or _int(data.get("tokens")) or 0
-            slot = _int(data.get("slot"))
-            row.held[slot if slot is not None else f"#{row.calls}"] = reserved
+            row.held[call] = event.tokens
             row.calls += 1
             row.queue_position = None
-            self.busy += 1
-            self.pool_used += reserved
-            self._reported(data)
+            self._reported(event.in_flight, event.pool_used)
             self._set(row, "prefill", t)
-        elif kind == "call.first_token":
-            row.ttft_s = _int_or_float(_find(data, "ttft_s")) or (t - row.since)
+        elif isinstance(event, CallFirstToken):
+            row.ttft_s = event.ttft_s
             self._set(row, "generating", t)
-        elif kind == "call.progress":
-            row.completion_tokens = _int(data.get("completion_tokens")) or row.completion_tokens
-        elif kind in ("call.finished", "call.failed", "call.released"):
-            self._free(row, data)
-            if kind == "call.finished":
-                self._finished(row, data, t)
-            elif kind == "call.failed":
-                row.detail = str(data.get("error") or "failed")
-                self._set(row, "retrying" if data.get("retry") else "failed", t)
-        elif kind == "call.retried":
-            row.detail = str(data.get("reason") or data.get("error") or "")
+        elif isinstance(event, CallReleased):
+            row.held.pop(call, None)
+            self._reported(event.in_flight, event.pool_used)
+        elif isinstance(event, CallFinished):
+            row.held.pop(call, None)
+            row.completion_tokens += event.completion_tokens or 0
+            row.tokens_per_s = event.tokens_per_s or row.tokens_per_s
+            if row.state not in ("done", "failed", "cancelled"):
+                self._set(row, "idle" if not row.held else row.state, t)
+        elif isinstance(event, CallFailed):
+            row.held.pop(call, None)
+            row.detail = event.error
+            self._set(row, "failed", t)
+        elif isinstance(event, CallRetried):
+            row.detail = event.reason or event.error
             self._set(row, "retrying", t)
 
-    def _free(self, row: AgentRow, data: dict[str, Any]) -> None:
-        """Give back the slot and reservation of the call this event ends (once)."""
-        slot = _int(data.get("slot"))
-        key = slot if slot in row.held else next(iter(row.held), None) if slot is None else None
-        if key is not None:
-            self.busy = max(0, self.busy - 1)
-            self.pool_used = max(0, self.pool_used - row.held.pop(key))
-        elif row.waiting and slot is None and not data.get("retry"):  # ended while still queued
-            row.waiting -= 1
-            self.waiting = max(0, self.waiting - 1)
-        self._reported(data)
-
-    def _reported(self, data: dict[str, Any]) -> None:
-        """Admission's own counts, when the event carries them, are the truth."""
-        in_flight, pool_used = _int(data.get("in_flight")), _int(data.get("pool_used"))
-        if in_flight is not None:
-            self.busy = in_flight
-        if pool_used is not None:
-            self.pool_used = pool_used
-
-    def _finished(self, row: AgentRow, data: dict[str, Any], t: float) -> None:
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            row.completion_tokens += _int(usage.get("completion_tokens")) or 0
-        tps = _int_or_float(_find(data, "tokens_per_s"))
-        if tps:
-            row.tokens_per_s = tps
-        if row.state not in ("done", "failed", "cancelled"):
-            self._set(row, "idle" if not row.held else row.state, t)
+    def _reported(self, in_flight: int, pool_used: int) -> None:
+        """Admission's own counts are the truth for busy slots and the pool."""
+        self.busy, self.pool_used = in_flight, pool_used
 
     # ------------------------------------------------------------------ rendering
 
@@ -263,31 +250,26 @@ class ViewState:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = event.agent or "-"
-        data = event.data
-        if event.kind in _LOAD_KINDS:
-            what = {"squad.ready": "engine ready", "engine.replanned": "engine reloaded"}.get(event.kind, "engine loaded")
-            text = f"{what}: {self.slots} slots, pool {self.pool} tokens"
-        elif event.kind == "engine.planned":
+        if isinstance(event, EngineLoaded):
+            text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
+        elif isinstance(event, EnginePlanned):
             text = self.status_line()
-        elif event.kind == "agent.started":
+        elif isinstance(event, AgentStarted):
             text = "started"
-        elif event.kind == "call.queued":
-            text = f"waiting for a slot ({_int(data.get('tokens')) or '?'} tokens) · {self.status_line()}"
-        elif event.kind == "call.admitted":
-            tokens = _int(data.get("reserved")) or _int(data.get("tokens")) or "?"
-            text = f"admitted ({tokens} tokens reserved) · {self.status_line()}"
-        elif event.kind == "call.first_token":
+        elif isinstance(event, CallQueued):
+            text = f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
+        elif isinstance(event, CallAdmitted):
+            text = f"admitted ({event.tokens} tokens reserved) · {self.status_line()}"
+        elif isinstance(event, CallFirstToken):
             text = "first token"
-        elif event.kind == "call.finished":
-            row = self.agents.get(name)
-            rate = f", {row.tokens_per_s:.0f} tok/s" if row and row.tokens_per_s else ""
+        elif isinstance(event, CallFinished):
+            rate = f", {event.tokens_per_s:.0f} tok/s" if event.tokens_per_s else ""
             text = f"call finished{rate}"
-        elif event.kind == "call.failed":
-            again = " (will retry)" if data.get("retry") else ""
-            text = f"call failed{again}: {data.get('error')}"
-        elif event.kind == "call.retried":
-            text = f"retrying: {data.get('reason') or data.get('error')}"
-        elif event.kind in ("agent.finished", "agent.failed", "agent.cancelled"):
+        elif isinstance(event, CallFailed):
+            text = f"call failed: {event.error}: {event.message}"
+        elif isinstance(event, CallRetried):
+            text = f"retrying: {event.reason or event.error}"
+        elif isinstance(event, (AgentFinished, AgentFailed, AgentCancelled)):
             row = self.agents.get(name)
             text = self.describe(row, event.t) if row else event.kind
         else:
@@ -295,15 +277,8 @@ class ViewState:
         return f"[{t:7.2f}s] {name:<14} {text}"
 
 
-def _int_or_float(value: Any) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
 class LiveView:
-    """An :data:`~squad.trace.EventSink` that shows the run; use as a context manager.
+    """An :data:`~squad.events.EventSink` that shows the run; use as a context manager.
 
     - ``on=False``: shows nothing (``--quiet``).
     - stdout is a terminal: a rich ``Live`` table redrawn 4 times per second.
@@ -342,8 +317,8 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and event.kind in ("engine.planned", "engine.warning"):  # warnings, in both modes
-                found = event.data.get("warnings") or ([event.data["warning"]] if event.data.get("warning") else [])
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning)):  # warnings, in both modes
+                found = event.warnings if isinstance(event, EnginePlanned) else [event.warning]
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from squad.errors import EngineStartError, SquadError, UserError, leaf_errors
+
+if TYPE_CHECKING:
+    from squad.session import EngineSpec
 
 app = typer.Typer(
     name="squad",
@@ -61,3 +66,37 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+def collect_params(items: list[str]) -> dict[str, str | list[str]]:
+    """``-p`` values for every command: ``["topic=cats", "item=a", "item=b"]`` ->
+    ``{"topic": "cats", "item": ["a", "b"]}`` (a repeated name becomes a list). Raises
+    :class:`UserError` for an item without ``=``."""
+    params: dict[str, str | list[str]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
+        if name in params:
+            before = params[name]
+            params[name] = [*(before if isinstance(before, list) else [before]), value]
+        else:
+            params[name] = value
+    return params
+
+
+def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,
+                **overrides: Any) -> "EngineSpec":
+    """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's
+    :meth:`~squad.recipe.Recipe.engine_spec`, or the default) with the command-line
+    ``overrides`` that were given (model, slots, ctx, cache types, binary, threads); with
+    ``url`` an engine to attach to instead (pins on the command line are then an error)."""
+    from squad.session import EngineSpec
+
+    if url is not None:
+        if overrides.get("slots") is not None or overrides.get("ctx") is not None:
+            raise UserError("--slots/--ctx size an engine squad launches; drop them with --url")
+        return EngineSpec(url=url, api_key=api_key)
+    given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
+    return (base or EngineSpec()).but(**given)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -173,8 +173,6 @@ def engine_status(
             raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not running; start it again")
         url, api_key = saved.url, saved.api_key
     info, busy = anyio.run(lambda: _status(url, api_key))
-    if saved is not None:  # we started it: its KV layout is known from the plan
-        info = replace(info, kv_unified=saved.plan.kv_unified, pool=saved.plan.n_ctx if saved.plan.kv_unified else info.pool)
     warning = pool_warning(info)
     if as_json:
         out = {**asdict(info), "api_key": None, "busy_slots": busy, "pid": saved.pid if saved else None, "warning": warning}

@@ -9,11 +9,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from squad.cli._app import app, console
+from squad.cli._app import app, collect_params, console, engine_spec
 from squad.errors import UserError
 from squad.flow import Call, Node, Parallel, Sequence
 
-__all__ = ["plan_command", "parse_agents", "parse_params"]
+__all__ = ["plan_command", "parse_agents"]
 
 
 @app.command("plan")
@@ -35,47 +35,24 @@ def plan_command(
 ) -> None:
     """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
     against the memory available, warnings and the exact llama-server command line."""
-    from squad.engine.models import read_model_facts, resolve_model
-    from squad.machine import memory_for_kv
-    from squad.planner import plan
     from squad.planview import plan_json, render_plan
+    from squad.session import plan_engine
 
     if backend not in ("llama-server", "mlx", "attached"):
         raise UserError(f"--backend {backend!r}: use llama-server, mlx or attached")
     if (recipe is None) == (agents is None):
         raise UserError("give a recipe file, or --agents NAME:BUDGET,... for a quick workload (not both)")
     workload: Node | None
-    cache_type = None
+    base = None
     if recipe is not None:
-        loaded = _load_recipe(recipe, parse_params(param))
-        workload = loaded.workload()
-        model = model or getattr(loaded, "model", None)
-        engine = getattr(loaded, "engine", None)
-        slots = slots if slots is not None else _pin(getattr(engine, "slots", None))
-        ctx = ctx if ctx is not None else _pin(getattr(engine, "ctx", None))
-        cache_type = getattr(engine, "cache_type", None)
+        loaded = _load_recipe(recipe, collect_params(param))
+        workload, base = loaded.workload(), loaded.engine_spec()
     else:
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
-    ctk = ctk or cache_type or "f16"
-    ctv = ctv or ctk
-
-    model_path = resolve_model(model, pull=False)
-    facts = read_model_facts(model_path)
-    the_plan = plan(
-        workload,
-        model=model_path,
-        n_ctx_train=facts.n_ctx_train,
-        kv_bytes_per_token=facts.kv_bytes_per_token(ctk, ctv),
-        kv_bytes_per_token_q8_0=facts.kv_bytes_per_token("q8_0", "q8_0"),
-        memory_for_kv=memory_for_kv(model_path),
-        backend=backend,  # type: ignore[arg-type]
-        pin_slots=slots,
-        pin_ctx=ctx,
-        cache_type_k=ctk,
-        cache_type_v=ctv,
-        mlx_max_batch=mlx_batch,
-    )
+    spec = engine_spec(base, model=model, slots=slots, ctx=ctx, cache_type_k=ctk,
+                       cache_type_v=ctv or ctk, backend=backend, mlx_max_batch=mlx_batch)
+    the_plan = plan_engine(spec, workload, pull=False)
     if url is not None:
         if backend != "attached":
             raise UserError("--url is for an attached engine: add --backend attached")
@@ -85,17 +62,6 @@ def plan_command(
         typer.echo(json.dumps(plan_json(the_plan, binary), indent=2))
     else:
         render_plan(the_plan, console, binary)
-
-
-def parse_params(items: list[str]) -> dict[str, str]:
-    """``["topic=cats", "n=3"]`` → ``{"topic": "cats", "n": "3"}``; raises UserError otherwise."""
-    params: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
-        params[name.strip()] = value
-    return params
 
 
 def parse_agents(text: str) -> tuple[Call, ...]:
@@ -132,10 +98,6 @@ def _check_engine(the_plan: Any, url: str, api_key: str | None) -> Any:
     found = check_attached(the_plan, info.slots, info.n_ctx, kv_unified=info.kv_unified)
     reason = f"attached engine at {url}: {info.slots} slot(s), context {info.n_ctx:,} per slot"
     return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,), warnings=the_plan.warnings + tuple(found))
-
-
-def _pin(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _binary() -> str:

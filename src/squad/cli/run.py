@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,30 +16,13 @@ import anyio
 import typer
 from rich.table import Table
 
-from squad.cli._app import app, console, err_console
-from squad.errors import AgentRunError, RecipeError, UserError
+from squad.cli._app import app, collect_params, console, engine_spec, err_console
+from squad.errors import RecipeError, UserError
 
-__all__ = ["run_command", "chat_command", "validate_command", "collect_params", "chat_loop"]
+__all__ = ["run_command", "chat_command", "validate_command"]
 
 recipes_app = typer.Typer(help="Work with recipe files.", no_args_is_help=True)
 app.add_typer(recipes_app, name="recipes")
-
-
-def collect_params(items: list[str]) -> dict[str, str | list[str]]:
-    """``["topic=cats", "item=a", "item=b"]`` -> ``{"topic": "cats", "item": ["a", "b"]}``
-    (a repeated name becomes a list). Raises :class:`UserError` for an item without ``=``."""
-    params: dict[str, str | list[str]] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
-        if name in params:
-            before = params[name]
-            params[name] = [*(before if isinstance(before, list) else [before]), value]
-        else:
-            params[name] = value
-    return params
 
 
 @recipes_app.command("validate")
@@ -93,8 +75,8 @@ def run_command(
     from squad.view import live_view
 
     loaded = load_recipe(recipe, collect_params(param))
-    if url is not None and (slots is not None or ctx is not None):
-        raise UserError("--slots/--ctx size an engine squad launches; drop them with --url")
+    spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
+                       binary=llama_server, threads=threads)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -102,8 +84,7 @@ def run_command(
 
     async def main() -> Any:
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink:
-            return await run_recipe(loaded, model=model, slots=slots, ctx=ctx, url=url, api_key=api_key,
-                                    binary=llama_server, threads=threads, on_event=[tracer, sink])
+            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink])
 
     result = anyio.run(main)
     rows = step_table(result)
@@ -169,96 +150,47 @@ def chat_command(
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
-    agents, main_name, variables, chosen_model = _chat_agents(recipe, agent_file, main, param)
-    anyio.run(lambda: chat_loop(agents, main_name, variables=variables, model=model or chosen_model,
-                                slots=slots, ctx=ctx, url=url, api_key=api_key, binary=llama_server,
-                                replan=replan))
+    from squad.chatloop import chat_loop
+    from squad.runtime import Squad
+    from squad.view import LiveView
+
+    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param)
+    spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server)
+    view = LiveView(console=err_console, live=False)
+
+    def say(kind: str, text: str) -> None:
+        style = {"answer": f"[bold]{main_name}>[/] ", "warning": "[yellow]warning[/] ", "error": "[red]error[/] "}
+        (console if kind == "answer" else err_console).print(style.get(kind, "") + _esc(text))
+
+    async def run() -> None:
+        async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
+                         replan=replan) as sq:
+            await chat_loop(sq, lambda: input("you> "), say)
+
+    anyio.run(run)
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str]) -> tuple[list[Any], str, dict[str, Any], str | None]:
+                 param: list[str]) -> tuple[list[Any], str, dict[str, Any], Any]:
     from squad.agent import Agent
     from squad.recipe import load_agents, load_recipe
 
     if recipe is not None and agent_file is not None:
         raise UserError("give --recipe or --agent-file, not both")
+    base = None
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param))
-        agents, lead, variables, chosen = dict(loaded.agents), main or loaded.main, {"params": loaded.params}, loaded.model
+        agents, lead, variables, base = dict(loaded.agents), main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
     elif agent_file is not None:
-        agents, variables, chosen = load_agents(agent_file), {}, None
+        agents, variables = load_agents(agent_file), {}
         lead = main or next(iter(agents), "")
     else:
         agents = {"assistant": Agent(name="assistant", instructions="You are a helpful assistant. Be brief.",
                                      budget=2048, max_tokens=256)}
-        lead, variables, chosen = "assistant", {}, None
+        lead, variables = "assistant", {}
     if lead not in agents:
         raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")
-    return list(agents.values()), lead, variables, chosen
-
-
-async def chat_loop(
-    agents: list[Any], main: str, *, variables: dict[str, Any], model: str | None = None,
-    slots: int | None = None, ctx: int | None = None, url: str | None = None, binary: str | None = None,
-    read: Any = None, engine: Any = None, quiet: bool = False, replan: bool = False, api_key: str | None = None,
-) -> list[dict[str, Any]]:
-    """The REPL: each line is one main-agent turn (``Squad.run``); @mentioned sub-agents run
-    at once and their answers are handed back. Unknown @mentions are warnings with
-    suggestions (the line runs without them). History is trimmed, oldest turns first, to
-    half the main agent's budget. ``/quit`` (or end of input) ends; returns the history."""
-    from squad.mention import parse_mentions
-    from squad.runtime import Squad
-    from squad.view import LiveView
-
-    read = read or (lambda: input("you> "))
-    view = LiveView(on=not quiet, console=err_console, live=False)
-    options: dict[str, Any] = {} if (url or engine) else {"model": model, "slots": slots, "ctx": ctx, "binary": binary}
-    async with Squad(agents, main=main, url=url, api_key=api_key, engine=engine, on_event=view,
-                     variables=variables, replan=replan, **options) as sq:
-        lead = sq.agents[main]
-        subs = sq._sub_names(lead)  # noqa: SLF001 - the runtime's rule for who may be mentioned
-        err_console.print(f"chat with [bold]{main}[/]; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
-                          f"engine {sq.info.slots} slots, context {sq.info.n_ctx}. /quit ends.")
-        history: list[dict[str, Any]] = []
-        while True:
-            try:
-                line = await anyio.to_thread.run_sync(read)
-            except EOFError:
-                break
-            if line.strip() in ("/quit", "/exit"):
-                break
-            if not line.strip():
-                continue
-            parsed = parse_mentions(line, subs)
-            for unknown in parsed.unknown:
-                err_console.print(f"[yellow]warning[/] {_esc(unknown.message())}; not dispatched")
-                line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)
-            try:
-                result = await sq.run(line, history=history)
-            except UserError as exc:
-                err_console.print(f"[red]error[/] {_esc(str(exc))}")
-                continue
-            except AgentRunError as exc:
-                err_console.print(f"[red]{type(exc).__name__}[/] {_esc(str(exc))}")
-                continue
-            console.print(f"[bold]{main}>[/] {_esc(result.output)}")
-            history = await _trim(sq, result.history, lead.budget // 2)
-    return history
-
-
-async def _trim(sq: Any, history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """Drop the oldest user/assistant turns until ``history`` counts at most ``limit`` tokens."""
-    import inspect
-
-    history = list(history)
-    while history:
-        counted = sq.client.count_prompt_tokens(history, None)
-        tokens = await counted if inspect.isawaitable(counted) else counted
-        if tokens <= limit:
-            break
-        cut = next((i for i, m in enumerate(history[1:], 1) if m.get("role") == "user"), len(history))
-        history = history[cut:]
-    return history
+    return list(agents.values()), lead, variables, base
 
 
 def _esc(text: str) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import math
 import os
 import re
 import secrets
@@ -39,7 +38,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -50,7 +48,8 @@ from squad.dirs import state_dir
 from squad.engine.info import EngineInfo
 from squad.engine.remote import EngineState, control_client, read_engine, wait_healthy
 from squad.errors import EngineNotFound, EngineStartError, PlanMismatch
-from squad.planner import EnginePlan, round_ctx
+from squad.engine.llama import launch_args, slot_ctx
+from squad.planner import EnginePlan
 
 __all__ = [
     "Launcher",
@@ -84,31 +83,17 @@ def build_args(
     threads: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """llama-server arguments (without the binary) for ``plan`` on ``127.0.0.1:port``.
-
-    ``-to`` (server read/write timeout, seconds) is at least ``request_timeout`` so squad's own
-    deadline always fires first (field case F04). No API key here: it goes in the environment.
-    """
-    args = [*plan.server_args(), "--host", "127.0.0.1", "--port", str(port), "--metrics"]
-    args += ["-to", str(max(1, math.ceil(request_timeout)) + 10)]
-    if threads is not None:
-        args += ["-t", str(threads)]
-    return [*args, *extra_args]
+    """llama-server arguments (without the binary) for ``plan`` on ``127.0.0.1:port``: the
+    plan's own (:meth:`EnginePlan.server_args`) then the launch's
+    (:func:`squad.engine.llama.launch_args`)."""
+    return [*plan.server_args(), *launch_args(port=port, request_timeout=request_timeout, threads=threads,
+                                               extra_args=extra_args)]
 
 
 def expected_slot_ctx(plan: EnginePlan, n_ctx_train: int | None = None) -> int:
-    """The per-slot context (tokens) ``/props`` must report for ``plan``.
-
-    llama.cpp b11434 (``src/llama-context.cpp``, ``server-context.cpp n_ctx_slot()``):
-    ``n_ctx = pad256(-c)``; per slot = ``n_ctx`` with unified KV, else ``pad256(n_ctx / slots)``;
-    then capped at the model's training context. Measured: ``-c 16384 -np 2 --kv-unified``
-    on SmolLM2 (n_ctx_train 8192) reports 8192 while the whole 16384-cell pool is allocated.
-    """
-    n_ctx = round_ctx(plan.n_ctx)
-    per_slot = n_ctx if plan.kv_unified else round_ctx(n_ctx // plan.slots)
-    if n_ctx_train:
-        per_slot = min(per_slot, n_ctx_train)
-    return per_slot
+    """The per-slot context (tokens) ``/props`` must report for ``plan``
+    (:func:`squad.engine.llama.slot_ctx`)."""
+    return slot_ctx(plan.n_ctx, plan.slots, plan.kv_unified, n_ctx_train)
 
 
 def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train: int | None) -> None:
@@ -124,7 +109,7 @@ def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train
     expected = expected_slot_ctx(plan, n_ctx_train)
     if n_ctx == expected:
         return
-    if plan.kv_unified and plan.slots >= 2 and n_ctx == expected_slot_ctx(replace(plan, kv_unified=False), n_ctx_train):
+    if plan.kv_unified and plan.slots >= 2 and n_ctx == slot_ctx(plan.n_ctx, plan.slots, False, n_ctx_train):
         hint = (
             "the slots do not share one KV pool (--kv-unified was not applied), so each request "
             f"gets only 1/{plan.slots} of the context; use a llama-server that supports "
@@ -149,12 +134,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _pool(plan: EnginePlan, n_ctx: int) -> int:
-    """Cells the slots share: the whole pool when unified (it can exceed the per-slot n_ctx when
-    the slot is capped at n_ctx_train); else each slot owns n_ctx cells of its own."""
-    return max(round_ctx(plan.n_ctx), n_ctx) if plan.kv_unified else n_ctx * plan.slots
 
 
 # --- the process ---------------------------------------------------------------------------------
@@ -445,8 +424,8 @@ class Launcher(AsyncResource):
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
         check_applied(self.plan, total_slots=state.total_slots, n_ctx=state.n_ctx, n_ctx_train=state.n_ctx_train)
-        return state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified,
-                          pool=_pool(self.plan, state.n_ctx), launched=True)
+        return state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
+                          requested_ctx=self.plan.n_ctx)
 
     async def reload(
         self,

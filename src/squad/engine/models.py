@@ -21,21 +21,20 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 
 import httpx
 
 from squad.dirs import cache_dir
 from squad.engine import pypi
-from squad.errors import ModelError, UserError
+from squad.engine.llama import kv_row_bytes, round_ctx
+from squad.errors import ModelError
 
 __all__ = [
     "DEFAULT_MODEL",
     "KnownModel",
     "ModelEntry",
     "ModelFacts",
-    "KV_TYPE_BYTES",
     "known_models",
     "list_models",
     "pull_model",
@@ -184,18 +183,6 @@ def resolve_model(
 
 # --- GGUF facts -------------------------------------------------------------------------
 
-#: Bytes per KV element by cache type (ggml block size / elements; from llama-server.md).
-KV_TYPE_BYTES: dict[str, Fraction] = {
-    "f32": Fraction(4),
-    "f16": Fraction(2),
-    "bf16": Fraction(2),
-    "q8_0": Fraction(34, 32),
-    "q4_0": Fraction(18, 32),
-    "q4_1": Fraction(20, 32),
-    "q5_0": Fraction(22, 32),
-    "q5_1": Fraction(24, 32),
-}
-
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -234,8 +221,8 @@ class ModelFacts:
         """KV bytes one cell (token) takes summed over all layers.
 
         Per layer: ``n_head_kv × key_length × bytes(k) + n_head_kv × value_length × bytes(v)``.
-        SmolLM2-135M at f16: 30 × 3 × 64 × (2+2) = 23,040. Raises ``UserError`` for an unknown
-        cache type.
+        SmolLM2-135M at f16: 30 × 3 × 64 × (2+2) = 23,040. Raises
+        :class:`~squad.errors.PlanError` for a cache type llama-server does not take.
         """
         return sum(self._layer_bytes(i, cache_type_k, cache_type_v) for i in range(self.n_layer))
 
@@ -250,10 +237,10 @@ class ModelFacts:
         rule in llama-server.md). Only an estimate: llama.cpp's exact sizing also depends on
         unified vs per-slot streams and on flash attention; compare with ``-lv 4`` output.
         """
-        cells = _pad256(n_ctx)
+        cells = round_ctx(n_ctx)
         swa_cells = cells
         if self.sliding_window:
-            swa_cells = min(cells, _pad256(self.sliding_window * slots + n_ubatch))
+            swa_cells = min(cells, round_ctx(self.sliding_window * slots + n_ubatch))
         total = 0
         for i in range(self.n_layer):
             is_swa = bool(self.sliding_window_pattern and self.sliding_window_pattern[i])
@@ -265,7 +252,7 @@ class ModelFacts:
         k, v = self.key_length, self.value_length
         if self.sliding_window_pattern and self.sliding_window_pattern[layer]:
             k, v = self.key_length_swa or k, self.value_length_swa or v
-        return _row_bytes(heads * k, type_k) + _row_bytes(heads * v, type_v)
+        return kv_row_bytes(heads * k, type_k) + kv_row_bytes(heads * v, type_v)
 
 
 def read_model_facts(path: str | Path) -> ModelFacts:
@@ -465,16 +452,6 @@ def _is_gguf(path: Path) -> bool:
         return False
 
 
-def _row_bytes(n_elements: int, cache_type: str) -> int:
-    try:
-        per = KV_TYPE_BYTES[cache_type]
-    except KeyError:
-        raise UserError(
-            f"unknown KV cache type {cache_type!r}; use one of {', '.join(KV_TYPE_BYTES)}"
-        ) from None
-    return -((-n_elements * per.numerator) // per.denominator)  # ceil
-
-
 def _per_layer(value: object, n_layer: int, path: Path) -> tuple[int, ...]:
     if isinstance(value, list):
         if len(value) != n_layer:
@@ -510,6 +487,3 @@ def _swa_pattern(value: object, n_layer: int, arch: str) -> tuple[bool, ...] | N
 def _opt_int(value: object) -> int | None:
     return int(value) if value else None
 
-
-def _pad256(n: int) -> int:
-    return -(-n // 256) * 256

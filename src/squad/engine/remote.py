@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from squad.dirs import state_dir
 from squad.engine.info import EngineInfo
+from squad.engine.llama import pool_cells
 from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
 
 __all__ = [
@@ -145,9 +146,12 @@ class EngineState:
         """Per-slot context in tokens, ``/props`` ``default_generation_settings.n_ctx``."""
         return int(self.props["default_generation_settings"]["n_ctx"])
 
-    def info(self, base_url: str, api_key: str | None, *, kv_unified: bool | None, pool: int,
-             launched: bool) -> EngineInfo:
-        """The :class:`EngineInfo` these answers describe; the caller knows the KV layout."""
+    def info(self, base_url: str, api_key: str | None, *, kv_unified: bool | None, launched: bool,
+             requested_ctx: int | None = None) -> EngineInfo:
+        """The :class:`EngineInfo` these answers describe. The caller knows the KV layout
+        (``kv_unified``, None = unknown) and the ``-c`` it asked for, if any; the pool follows
+        :func:`squad.engine.llama.pool_cells`."""
+        pool = pool_cells(self.n_ctx, self.total_slots, kv_unified, requested_ctx)
         return EngineInfo(
             base_url=base_url,
             api_key=api_key,
@@ -248,9 +252,10 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
         await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
         state = await read_engine(client)
     slots = state.total_slots
-    unified = saved.plan.kv_unified if saved is not None and saved.plan.slots == slots else None
-    return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, pool=state.n_ctx,
-                      launched=False)
+    known = saved is not None and saved.plan.slots == slots  # squad engine start recorded its plan
+    unified = saved.plan.kv_unified if known else None
+    return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
+                      requested_ctx=saved.plan.n_ctx if known else None)
 
 
 def _saved_engine_at(base_url: str) -> "SavedEngine | None":

@@ -1,0 +1,75 @@
+"""The chat loop: a main agent in a conversation with a person, sub-agents by @mention.
+
+:func:`chat_loop` reads lines, runs each as one main-agent turn (:meth:`Squad.run`: the
+@mentioned sub-agents run at once and their answers are handed back), and prints the answer.
+It is the library's loop; ``squad chat`` only wires it to the terminal.
+
+- An unknown @mention is a warning with suggestions; the line runs without it.
+- History is kept within half of the main agent's budget (tokens, counted exactly): the
+  oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
+- ``/quit`` or ``/exit`` (or end of input) ends the loop.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import anyio
+
+from squad.chat import ChatEngine
+from squad.errors import AgentRunError, UserError
+from squad.mention import parse_mentions
+from squad.runtime import Squad
+
+__all__ = ["chat_loop", "trim_history", "HISTORY_SHARE"]
+
+HISTORY_SHARE = 0.5
+"""The share of the main agent's budget its kept history may use (tokens)."""
+
+Say = Callable[[str, str], None]
+"""``say(kind, text)``: kind is ``answer``, ``warning``, ``error`` or ``info``."""
+
+
+async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dict[str, Any]]:
+    """Run the loop on an open ``squad``; ``read()`` returns the next line (raises EOFError at
+    the end; it runs in a worker thread). Returns the history kept at the end."""
+    main = squad.agents[squad.main]
+    subs = squad._sub_names(main)  # noqa: SLF001 - the runtime's rule for who may be mentioned
+    say("info", f"chat with {main.name}; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
+                f"engine {squad.info.slots} slots, context {squad.info.n_ctx}. /quit ends.")
+    history: list[dict[str, Any]] = []
+    limit = int(main.budget * HISTORY_SHARE)
+    while True:
+        try:
+            line = await anyio.to_thread.run_sync(read)
+        except EOFError:
+            break
+        if line.strip() in ("/quit", "/exit"):
+            break
+        if not line.strip():
+            continue
+        for unknown in parse_mentions(line, subs).unknown:
+            say("warning", f"{unknown.message()}; not dispatched")
+            line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)
+        try:
+            result = await squad.run(line, history=history)
+        except UserError as exc:
+            say("error", str(exc))
+            continue
+        except AgentRunError as exc:
+            say("error", f"{type(exc).__name__}: {exc}")
+            continue
+        say("answer", result.output)
+        history = await trim_history(squad.chat, result.history, limit)
+    return history
+
+
+async def trim_history(chat: ChatEngine, history: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Drop the oldest user turns (a user message and what followed it) until ``history``
+    counts at most ``limit`` tokens."""
+    history = list(history)
+    while history and await chat.count(history, None) > limit:
+        cut = next((i for i, m in enumerate(history[1:], 1) if m.get("role") == "user"), len(history))
+        history = history[cut:]
+    return history

