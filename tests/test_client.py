@@ -8,7 +8,8 @@ import anyio
 import pytest
 
 from squad.admission import Admission
-from squad.client import ChatResult, EngineClient, ToolCall
+from squad.chat import ChatRequest, ChatResult, ToolCall
+from squad.client import EngineClient
 from squad.errors import (
     AdmissionError,
     AgentRunError,
@@ -21,9 +22,14 @@ from squad.errors import (
     TruncatedStream,
 )
 from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply, count_tokens
-from squad.events import Event
+from squad.events import Event, Origin
 
 pytestmark = pytest.mark.anyio
+
+
+async def complete(client: EngineClient, *, agent: str, **request) -> ChatResult:
+    """One call through the chat seam, as the runtime makes it."""
+    return await client.complete(ChatRequest(origin=Origin(agent, f"{agent}#1"), **request))
 
 
 def _user(words: int, word: str = "count") -> list[dict]:
@@ -34,7 +40,7 @@ async def test_plain_call_result_usage_timings():
     async with FakeEngine(slots=2, n_ctx=1024) as fe, EngineClient(fe.info) as client:
         fe.script(Reply(content="the answer is four", finish_reason="stop"))
         seen: list[str] = []
-        r = await client.complete(agent="main", messages=_user(5), max_tokens=50, on_delta=seen.append)
+        r = await complete(client, agent="main", messages=_user(5), max_tokens=50, on_delta=seen.append)
     assert isinstance(r, ChatResult)
     assert r.content == "the answer is four" and "".join(seen) == r.content and r.finish_reason == "stop"
     assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (12, 4)
@@ -47,7 +53,7 @@ async def test_plain_call_result_usage_timings():
 async def test_count_prompt_tokens_is_the_engines_count():
     async with FakeEngine() as fe, EngineClient(fe.info) as client:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-        assert await client.count_prompt_tokens(_user(7), tools) == count_tokens(_user(7), tools)
+        assert await client.count(_user(7), tools) == count_tokens(_user(7), tools)
 
 
 async def test_f01_four_agents_all_finish_through_admission():
@@ -66,7 +72,7 @@ async def test_f01_four_agents_all_finish_through_admission():
             results: list[ChatResult] = []
 
             async def agent(i: int) -> None:
-                results.append(await client.complete(agent=f"a{i}", messages=_user(163), max_tokens=400))
+                results.append(await complete(client, agent=f"a{i}", messages=_user(163), max_tokens=400))
 
             async with anyio.create_task_group() as tg:
                 for i in range(4):
@@ -79,9 +85,9 @@ async def test_f01_four_agents_all_finish_through_admission():
 async def test_admission_error_before_the_engine_is_called():
     async with FakeEngine(n_ctx=1024) as fe, EngineClient(fe.info) as client:
         with pytest.raises(AdmissionError, match="budget is 300"):
-            await client.complete(agent="w", messages=_user(100), max_tokens=250, budget=300)
+            await complete(client, agent="w", messages=_user(100), max_tokens=250, budget=300)
         with pytest.raises(AdmissionError, match="raise the context to 1280"):
-            await client.complete(agent="w", messages=_user(100), max_tokens=1000)
+            await complete(client, agent="w", messages=_user(100), max_tokens=1000)
     assert fe.requests == []
 
 
@@ -89,7 +95,7 @@ async def test_prompt_too_long_is_typed_and_not_retried():
     async with FakeEngine(n_ctx=256) as fe:
         client = EngineClient(fe.info, admission=Admission(slots=2, pool=4096))  # admission thinks it fits
         with pytest.raises(PromptTooLong, match="exceeds the available context size") as err:
-            await client.complete(agent="w", messages=_user(300), max_tokens=10)
+            await complete(client, agent="w", messages=_user(300), max_tokens=10)
         await client.aclose()
     assert err.value.agent == "w" and len(fe.requests) == 1
 
@@ -97,7 +103,7 @@ async def test_prompt_too_long_is_typed_and_not_retried():
 async def test_f03_loading_503_is_waited_out():
     events: list[Event] = []
     async with FakeEngine(load_time=1.0) as fe, EngineClient(fe.info, on_event=events.append) as client:
-        r = await client.complete(agent="main", messages=_user(3), max_tokens=5)
+        r = await complete(client, agent="main", messages=_user(3), max_tokens=5)
     assert r.content and r.attempts > 1
     assert any(e.kind == "call.retried" and "503" in e.data["reason"] for e in events)
 
@@ -105,14 +111,14 @@ async def test_f03_loading_503_is_waited_out():
 async def test_f03_loading_past_the_deadline_says_so():
     async with FakeEngine(load_time=30) as fe, EngineClient(fe.info, load_deadline=0.6) as client:
         with pytest.raises(EngineLoadTimeout, match="still answered 503"):
-            await client.complete(agent="main", messages=_user(3), max_tokens=5)
+            await complete(client, agent="main", messages=_user(3), max_tokens=5)
 
 
 async def test_f04_no_sdk_retries_and_a_timeout_is_not_resent():
     async with FakeEngine(token_delay=0.2) as fe, EngineClient(fe.info, request_timeout=0.5) as client:
         assert client._openai.max_retries == 0
         with pytest.raises(CallTimeout, match="not resent unchanged"):
-            await client.complete(agent="slow", messages=_user(3), max_tokens=50)
+            await complete(client, agent="slow", messages=_user(3), max_tokens=50)
         with anyio.fail_after(5):
             while fe.processing:
                 await anyio.sleep(0.01)
@@ -124,7 +130,7 @@ async def test_other_500_is_not_retried_and_the_failure_is_an_event():
     async with FakeEngine() as fe, EngineClient(fe.info, on_event=events.append) as client:
         fe.script(Reply(status=500, error_message="boom"))
         with pytest.raises(AgentRunError, match="HTTP 500: boom"):
-            await client.complete(agent="a", messages=_user(3), max_tokens=5)
+            await complete(client, agent="a", messages=_user(3), max_tokens=5)
     assert len(fe.requests) == 1
     assert [e.data["error"] for e in events if e.kind == "call.failed"] == ["AgentRunError"]
 
@@ -133,7 +139,7 @@ async def test_f05_error_frame_mid_stream_is_typed_with_the_servers_message():
     async with FakeEngine() as fe, EngineClient(fe.info, max_attempts=1) as client:
         fe.script(Reply(content="partial words here", error_after=2, error_message="slot crashed: out of memory"))
         with pytest.raises(TruncatedStream, match="slot crashed: out of memory") as err:
-            await client.complete(agent="a", messages=_user(3), max_tokens=50)
+            await complete(client, agent="a", messages=_user(3), max_tokens=50)
     assert err.value.partial == "partial words"
 
 
@@ -141,7 +147,7 @@ async def test_f05_stream_without_finish_reason_is_truncated_and_partial_kept_ap
     async with FakeEngine() as fe, EngineClient(fe.info) as client:
         fe.script(Reply(content="half an answer that stops", truncate_after=3))
         with pytest.raises(TruncatedStream, match="without a finish_reason") as err:
-            await client.complete(agent="a", messages=_user(3), max_tokens=50)
+            await complete(client, agent="a", messages=_user(3), max_tokens=50)
     assert err.value.partial == "half an answer"
     assert len(fe.requests) == 1
 
@@ -149,18 +155,18 @@ async def test_f05_stream_without_finish_reason_is_truncated_and_partial_kept_ap
 async def test_f06_usage_only_chunk_is_tolerated_and_recorded():
     async with FakeEngine() as fe, EngineClient(fe.info) as client:
         fe.script(Reply(content="a b", finish_reason="stop"))
-        r = await client.complete(agent="a", messages=_user(3), max_tokens=50)
+        r = await complete(client, agent="a", messages=_user(3), max_tokens=50)
     assert r.usage is not None and r.usage.completion_tokens == 2
 
 
 async def test_f07_reasoning_apart_and_budget_exhausted_while_reasoning():
     async with FakeEngine() as fe, EngineClient(fe.info) as client:
         fe.script(Reply(reasoning="let me think step by step", content="yes"))
-        r = await client.complete(agent="t", messages=_user(3), max_tokens=50)
+        r = await complete(client, agent="t", messages=_user(3), max_tokens=50)
         assert (r.reasoning, r.content) == ("let me think step by step", "yes")
         fe.script(Reply(reasoning=" ".join(["hmm"] * 40), content="never reached"))
         with pytest.raises(ReasoningBudgetExhausted, match="reasoning") as err:
-            await client.complete(agent="t", messages=_user(3), max_tokens=20)
+            await complete(client, agent="t", messages=_user(3), max_tokens=20)
     assert err.value.agent == "t" and len(fe.requests) == 2  # not retried
 
 
@@ -168,7 +174,7 @@ async def test_tool_call_deltas_are_assembled_by_index():
     async with FakeEngine() as fe, EngineClient(fe.info) as client:
         fe.script(Reply(content="", tool_calls=[{"name": "search", "arguments": json.dumps({"q": "x y"})},
                                                 {"name": "read", "arguments": "{}"}]))
-        r = await client.complete(agent="a", messages=_user(3), max_tokens=50,
+        r = await complete(client, agent="a", messages=_user(3), max_tokens=50,
                                   tools=[{"type": "function", "function": {"name": "search"}}])
     assert r.finish_reason == "tool_calls"
     assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("search", {"q": "x y"}), ("read", {})]
@@ -180,7 +186,7 @@ async def test_f08_more_callers_than_slots_never_more_in_flight_and_queued_visib
     async with FakeEngine(slots=2, n_ctx=4096, token_delay=0.002) as fe:
         async with EngineClient(fe.info, on_event=events.append) as client:
             async def agent(i: int) -> None:
-                await client.complete(agent=f"sub{i}", messages=_user(5), max_tokens=20, priority=1)
+                await complete(client, agent=f"sub{i}", messages=_user(5), max_tokens=20, priority=1)
 
             async with anyio.create_task_group() as tg:
                 for i in range(5):
@@ -195,7 +201,7 @@ async def test_innocent_overflow_by_another_client_is_retried():
     events: list[Event] = []
     async with FakeEngine() as fe, EngineClient(fe.info, on_event=events.append) as client:
         fe.script(Reply(content="a b c", error_after=1))  # error frame: Context size has been exceeded.
-        r = await client.complete(agent="a", messages=_user(3), max_tokens=5)
+        r = await complete(client, agent="a", messages=_user(3), max_tokens=5)
     assert r.attempts == 2 and r.content
     assert any(e.kind == "call.retried" and "another client" in e.data["reason"] for e in events)
 
@@ -204,7 +210,7 @@ async def test_innocent_overflow_gives_up_after_max_attempts():
     async with FakeEngine() as fe, EngineClient(fe.info, max_attempts=2) as client:
         fe.script(*[Reply(status=500, error_message=CONTEXT_EXCEEDED)] * 2)
         with pytest.raises(ContextExceeded, match="another client"):
-            await client.complete(agent="a", messages=_user(3), max_tokens=5)
+            await complete(client, agent="a", messages=_user(3), max_tokens=5)
     assert len(fe.requests) == 2
 
 
@@ -220,7 +226,7 @@ async def test_engine_gone_restarts_once_and_retries():
     try:
         async with EngineClient(fe.info, restart=restart) as client:
             await fe.stop()
-            r = await client.complete(agent="a", messages=_user(3), max_tokens=5)
+            r = await complete(client, agent="a", messages=_user(3), max_tokens=5)
             assert r.content and restarts == [1]
             await fe.stop()
             restarts.clear()
@@ -231,7 +237,7 @@ async def test_engine_gone_restarts_once_and_retries():
 
             client._restart = dead_restart
             with pytest.raises(EngineGone):
-                await client.complete(agent="a", messages=_user(3), max_tokens=5)
+                await complete(client, agent="a", messages=_user(3), max_tokens=5)
             assert restarts == [1]  # once per call, then the error
     finally:
         await fe.stop()
@@ -244,17 +250,17 @@ async def test_engine_gone_without_restart_fails_at_once():
     await fe.stop()
     async with EngineClient(info) as client:
         with pytest.raises(EngineGone, match="not answering"):
-            await client.complete(agent="a", messages=_user(3), max_tokens=5)
+            await complete(client, agent="a", messages=_user(3), max_tokens=5)
 
 
 async def test_cancelling_a_call_closes_the_stream_and_frees_the_slot():
     async with FakeEngine(slots=1, token_delay=0.05) as fe, EngineClient(fe.info) as client:
         with anyio.move_on_after(0.3):
-            await client.complete(agent="a", messages=_user(3), max_tokens=500)
+            await complete(client, agent="a", messages=_user(3), max_tokens=500)
         assert client.admission.in_flight == 0 and client.admission.reserved == 0
         with anyio.fail_after(5):
             while fe.processing:
                 await anyio.sleep(0.01)
         assert fe.disconnects == 1
         fe.script(Reply(content="next", finish_reason="stop"))
-        assert (await client.complete(agent="b", messages=_user(3), max_tokens=5)).content == "next"
+        assert (await complete(client, agent="b", messages=_user(3), max_tokens=5)).content == "next"

@@ -6,6 +6,7 @@ EXPECTED = {
     "__version__",
     "Agent", "Sampling", "Squad", "run_sync", "AgentResult", "RunResult", "Tool", "tool",
     "EnginePlan", "plan", "EngineInfo", "Launcher", "attach", "load_recipe", "parse_mentions", "Event",
+    "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
     "PlanMismatch", "EngineGone", "ModelError",
@@ -24,3 +25,15 @@ def test_public_names_are_pinned():
 def test_every_public_name_resolves():
     for name in squad.__all__:
         assert getattr(squad, name) is not None, name
+
+
+def test_type_checkers_see_every_lazy_name():
+    """The TYPE_CHECKING block names exactly the lazily imported public names."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(squad.__file__).read_text())
+    guarded = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", None) == "TYPE_CHECKING"
+               for stmt in node.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names}
+    assert guarded == set(squad._LAZY)

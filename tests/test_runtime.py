@@ -253,7 +253,7 @@ async def test_map_keeps_input_order_and_respects_max_concurrency() -> None:
 async def test_bad_squads_are_user_errors() -> None:
     with pytest.raises(UserError, match="main agent 'boss'"):
         Squad(team(), main="boss")
-    with pytest.raises(UserError, match="slots= and ctx="):
+    with pytest.raises(UserError, match="slots and ctx size an engine squad launches"):
         Squad(team(), url="http://127.0.0.1:1", slots=2)
     with pytest.raises(UserError, match="not open"):
         await Squad(team()).run("hi")
@@ -287,7 +287,7 @@ class ReloadingLauncher:
     def __init__(self, fe: FakeEngine, plan: Any) -> None:
         self.fe, self.plan, self.info, self.reloads = fe, plan, fe.info, []
 
-    async def reload(self, plan: Any, *, drain: Any = None) -> bool:
+    async def reload(self, plan: Any, *, drain: Any = None, drain_timeout: float = 30.0) -> bool:
         if drain is not None:
             await drain()
         self.reloads.append(plan)
@@ -299,6 +299,9 @@ class ReloadingLauncher:
     async def restart(self) -> Any:
         return await self.fe.restart()
 
+    async def aclose(self) -> None:
+        """The fake engine is stopped by its own context manager."""
+
 
 async def test_replan_reloads_a_launched_engine_with_more_slots() -> None:
     from squad.planner import EnginePlan
@@ -309,11 +312,11 @@ async def test_replan_reloads_a_launched_engine_with_more_slots() -> None:
     agents += [Agent(name=n, budget=256, max_tokens=16) for n in names]
     async with FakeEngine(slots=2, n_ctx=4096, token_delay=0.02) as fe:
         async with Squad(agents, engine=fe.info, replan=True, on_event=events.append) as sq:
-            sq.launcher = ReloadingLauncher(fe, EnginePlan.simple("/fake/model.gguf", slots=2, n_ctx=4096))
-            sq.plan = sq.launcher.plan
+            launcher = ReloadingLauncher(fe, EnginePlan.simple("/fake/model.gguf", slots=2, n_ctx=4096))
+            sq.session.launcher, sq.session.plan = launcher, launcher.plan  # as if squad had launched it
             result = await sq.run(" ".join(f"@{n}" for n in names) + " say hi")
-            assert sq.info.slots == 6 and sq.admission.slots == 6
-    assert [p.slots for p in sq.launcher.reloads] == [6]  # lead + 5 sub-agents
+            assert sq.info.slots == 6 and sq.session.admission.slots == 6
+    assert [p.slots for p in launcher.reloads] == [6]  # lead + 5 sub-agents
     assert all(s.ok for s in result.subs)
     assert fe.max_processing == 5  # the whole fan-out at once after the reload
     assert [e.data["to_slots"] for e in kinds(events, "engine.replanning")] == [6]

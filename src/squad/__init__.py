@@ -5,8 +5,11 @@ The public API is ``__all__``; everything else is private. Names are imported on
 
 - Agents and runs: :class:`Agent`, :class:`Squad`, :func:`run_sync`, :class:`AgentResult`,
   :class:`RunResult`, :class:`Tool`, :func:`tool`.
-- Engine: :func:`plan` -> :class:`EnginePlan`; :class:`Launcher` (starts llama-server and reads
-  back :class:`EngineInfo`); :func:`attach` (an engine already running).
+- Engine: :class:`EngineSpec` (which engine: model and pins, or a URL) -> :func:`plan_engine`
+  -> :class:`EnginePlan` (:func:`plan` is the pure planner); :class:`EngineSession` (launches
+  or attaches, owns admission and the client); :class:`Launcher` (starts llama-server and
+  reads back :class:`EngineInfo`); :func:`attach` (an engine already running).
+- The chat seam: :class:`ChatEngine`, :class:`ChatRequest`, :class:`ChatResult`.
 - Recipes and mentions: :func:`load_recipe`, :func:`parse_mentions`.
 - Errors: the tree in :mod:`squad.errors`, all importable from here.
 """
@@ -14,7 +17,7 @@ The public API is ``__all__``; everything else is private. Names are imported on
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from squad.errors import *  # noqa: F403
 from squad.errors import __all__ as _error_names
@@ -40,10 +43,28 @@ _LAZY = {
     "Event": "squad.events",
     "EngineSpec": "squad.session",
     "EngineSession": "squad.session",
+    "plan_engine": "squad.session",
     "ChatEngine": "squad.chat",
+    "ChatRequest": "squad.chat",
+    "ChatResult": "squad.chat",
 }
 
 __all__ = ["__version__", *_LAZY, *_error_names]
+
+if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run time
+    from squad.agent import Agent, Sampling
+    from squad.chat import ChatEngine, ChatRequest, ChatResult
+    from squad.engine.info import EngineInfo
+    from squad.engine.launcher import Launcher
+    from squad.engine.remote import attach
+    from squad.events import Event
+    from squad.mention import parse_mentions
+    from squad.planner import EnginePlan, plan
+    from squad.recipe import load_recipe
+    from squad.results import AgentResult, RunResult
+    from squad.runtime import Squad, run_sync
+    from squad.session import EngineSession, EngineSpec, plan_engine
+    from squad.tools import Tool, tool
 
 
 def __getattr__(name: str) -> Any:

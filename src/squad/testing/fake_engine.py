@@ -62,38 +62,10 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("squad.testing needs the 'testing' extra: pip install 'squad[testing]'") from exc
 
 from squad.engine.info import EngineInfo
+from squad.engine.llama import CONTEXT_EXCEEDED
+from squad.testing.counting import _words, count_tokens
 
-__all__ = ["FakeEngine", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD", "CONTEXT_EXCEEDED"]
-
-MESSAGE_OVERHEAD = 4
-"""Tokens each chat message costs beyond its words (role markers)."""
-
-PROMPT_OVERHEAD = 3
-"""Tokens every prompt costs beyond its messages (the assistant turn opener)."""
-
-CONTEXT_EXCEEDED = "Context size has been exceeded."
-"""llama-server's message when the unified pool is exhausted by the running requests."""
-
-
-def _words(text: Any) -> int:
-    if text is None:
-        return 0
-    if isinstance(text, list):  # content parts
-        return sum(_words(part.get("text")) for part in text if isinstance(part, dict))
-    return len(str(text).split())
-
-
-def count_tokens(messages: list[dict], tools: list[dict] | None = None) -> int:
-    """Prompt tokens the fake charges for ``messages`` (+ ``tools``): words + overheads."""
-    n = PROMPT_OVERHEAD
-    for m in messages:
-        n += MESSAGE_OVERHEAD + _words(m.get("content")) + _words(m.get("reasoning_content"))
-        if m.get("tool_calls"):
-            n += _words(json.dumps(m["tool_calls"]))
-    if tools:
-        n += _words(json.dumps(tools))
-    return n
-
+__all__ = ["FakeEngine", "Reply"]
 
 @dataclass
 class Reply:
