@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import anyio
+import httpx
 import pytest
 
 from squad.admission import Admission
@@ -264,3 +265,52 @@ async def test_cancelling_a_call_closes_the_stream_and_frees_the_slot():
         assert fe.disconnects == 1
         fe.script(Reply(content="next", finish_reason="stop"))
         assert (await complete(client, agent="b", messages=_user(3), max_tokens=5)).content == "next"
+
+
+class _FlakyTransport(httpx.AsyncBaseTransport):
+    """Drops the first ``drops`` requests to ``path`` with ``httpx.ReadError('')`` (F22)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, path: str, drops: int) -> None:
+        self.inner, self.path, self.drops, self.seen = inner, path, drops, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == self.path:
+            self.seen += 1
+            if self.seen <= self.drops:
+                raise httpx.ReadError("")
+        return await self.inner.handle_async_request(request)
+
+
+async def test_f22_a_dropped_token_count_is_retried_not_engine_gone():
+    async with FakeEngine() as fe, EngineClient(fe.info, counter=None) as client:
+        flaky = _FlakyTransport(httpx.AsyncHTTPTransport(), "/v1/chat/completions/input_tokens", drops=2)
+        client._http = httpx.AsyncClient(base_url=fe.base_url, transport=flaky)
+        assert await client.count(_user(7)) == count_tokens(_user(7))
+        assert flaky.seen == 3
+        fe.script(Reply(content="fine"))
+        assert (await complete(client, agent="a", messages=_user(8), max_tokens=5)).content == "fine"
+
+
+async def test_f22_control_requests_survive_a_dropped_connection():
+    from squad.engine.remote import control_client, read_engine
+
+    async with FakeEngine(slots=3) as fe:
+        flaky = _FlakyTransport(httpx.AsyncHTTPTransport(), "/props", drops=1)
+        async with control_client(fe.base_url, transport=flaky) as http:
+            state = await read_engine(http)
+    assert state.total_slots == 3 and flaky.seen == 2
+
+
+async def test_counts_are_remembered_and_local_counts_need_no_round_trip():
+    class Words:
+        def count_chat(self, messages, tools=None):
+            return count_tokens(messages, tools)
+
+        def count_text(self, text):
+            return len(text.split())
+
+    async with FakeEngine() as fe, EngineClient(fe.info, counter=Words()) as client:
+        fe.script(Reply(content="ok"), Reply(content="ok"))
+        for _ in range(2):
+            await complete(client, agent="a", messages=_user(9), max_tokens=5)
+    assert fe.count_requests == 0

@@ -347,3 +347,33 @@ def test_cli_trace_plot_without_matplotlib_says_how_to_install(tmp_path, monkeyp
     result = runner.invoke(app, ["trace", "plot", str(path), "-o", str(tmp_path / "x.png")])
     assert isinstance(result.exception, UserError)
     assert "pip install 'squad[plot]'" in str(result.exception)
+
+
+def test_a_retried_call_that_still_fails_keeps_its_error_and_its_last_end():
+    events = [
+        ev(AgentStarted, 0.0, "a"),
+        ev(CallAdmitted, 0.0, "a", "c1", tokens=100, slot=0, in_flight=1, pool_used=100),
+        ev(CallReleased, 0.1, "a", "c1", tokens=100, slot=0),
+        ev(CallRetried, 0.1, "a", "c1", reason="engine loading (503)", attempt=1),
+        ev(CallAdmitted, 0.6, "a", "c1", tokens=100, slot=0, in_flight=1, pool_used=100),
+        ev(CallReleased, 2.0, "a", "c1", tokens=100, slot=0),
+        ev(CallFailed, 2.0, "a", "c1", error="EngineLoadTimeout", message="still loading"),
+    ]
+    s = summarize(events)
+    (span,) = s.calls
+    assert span.retried and (span.admitted, span.end) == (approx(0.6), approx(2.0))
+    assert s.agents["a"].errors == ["EngineLoadTimeout: still loading"] and s.agents["a"].status == "failed"
+
+
+def test_one_failed_conversation_of_an_agent_stays_visible():
+    events = [ev(AgentStarted, 0.0, "w", conversation="w#1"), ev(AgentStarted, 0.0, "w", conversation="w#2"),
+              ev(AgentFailed, 0.5, "w", conversation="w#1", error="boom"),
+              ev(AgentFinished, 1.0, "w", conversation="w#2")]
+    assert summarize(events).agents["w"].status == "failed"
+
+
+def test_a_one_line_file_that_is_not_a_trace_is_an_error(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text("this is not json\n")
+    with pytest.raises(UserError, match="not a squad trace event"):
+        load_trace(path)

@@ -133,7 +133,7 @@ def test_calls_of_one_agent_are_held_by_call_id():
     s.apply(ev(CallFinished, 1.0, "w", "c1", finish_reason="stop", completion_tokens=30, tokens_per_s=60.0, slot=0))
     assert (s.busy, s.pool_used, w.held) == (1, 250, {"c2": 250})  # c2 untouched, c1 not freed twice
     s.apply(ev(CallAdmitted, 1.0, "w", "c3", tokens=200, slot=0, queued_s=1.0, in_flight=2, pool_used=450))
-    assert (s.waiting, w.waiting, w.held) == (0, 0, {"c2": 250, "c3": 200})
+    assert (s.waiting, w.waiting, w.held) == (0, set(), {"c2": 250, "c3": 200})
     s.apply(ev(CallReleased, 1.1, "w", "c2", tokens=250, slot=1, in_flight=1, pool_used=200))  # died: no finished
     assert (s.busy, s.pool_used, w.held, w.in_flight, w.calls) == (1, 200, {"c3": 200}, 1, 3)
     assert w.completion_tokens == 30
@@ -213,3 +213,23 @@ def test_planner_and_engine_warnings_are_shown_in_both_modes():
         text = out.getvalue()
         assert "warning: 1 slot(s) but 3 agents run at once: serialized" in text, live
         assert "warning: agent 'a' has tools but the template drops them" in text, live
+
+
+def test_a_call_cancelled_or_failed_while_queued_stops_waiting():
+    s = ViewState()
+    s.apply(ev(EngineLoaded, 0.0, slots=1, n_ctx=1024, pool=1024))
+    s.apply(ev(CallQueued, 0.1, "b", "c2", tokens=100, position=0))
+    s.apply(ev(CallQueued, 0.1, "c", "c3", tokens=100, position=1))
+    assert s.waiting == 2
+    s.apply(ev(AgentCancelled, 0.2, "b", reason="sibling 'a' failed"))
+    s.apply(ev(CallFailed, 0.2, "c", "c3", error="AdmissionError"))
+    assert s.waiting == 0 and "0 waiting" in s.status_line()
+    assert s.line(ev(CallFailed, 0.2, "c", "c3", error="AdmissionError")).endswith("call failed: AdmissionError")
+
+
+def test_a_retried_call_counts_once():
+    s = ViewState()
+    for t in (0.0, 1.0):
+        s.apply(ev(CallAdmitted, t, "a", "c1", tokens=10, slot=0, in_flight=1, pool_used=10))
+        s.apply(ev(CallReleased, t + 0.1, "a", "c1", tokens=10, slot=0))
+    assert s.agents["a"].calls == 1

@@ -34,11 +34,15 @@ frees the slot.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import random
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
 
 import anyio
 import httpx
@@ -70,12 +74,18 @@ from squad.errors import (
     SquadError,
     TruncatedStream,
 )
-from squad.events import CallFailed, CallFinished, CallFirstToken, CallRetried, Event, EventSink
+from squad.events import CallFailed, CallFinished, CallFirstToken, CallRetried, EngineWarning, Event, EventSink
+
+if TYPE_CHECKING:
+    from squad.engine.tokens import TokenCounter
 
 __all__ = ["EngineClient"]
 
 _CALL_IDS = itertools.count(1)
 """Call ids are unique in the process: ``c1``, ``c2``, ..."""
+
+COUNT_CACHE = 4096
+"""Prompt counts remembered (least recently used dropped first)."""
 
 COUNT_ATTEMPTS = 4
 """Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
@@ -122,6 +132,9 @@ class EngineClient:
     - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
     - ``load_deadline``: seconds to wait out 503 before :class:`EngineLoadTimeout`.
     - ``max_attempts``: attempts for an innocent ``Context size has been exceeded.``.
+    - ``counter``: the token counter for prompts; ``"auto"`` (default) uses the engine's model
+      file when it is on this machine (:func:`squad.engine.tokens.counter_for_model`), None
+      always asks the engine.
     """
 
     def __init__(
@@ -134,12 +147,18 @@ class EngineClient:
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
         load_deadline: float = 120.0,
         max_attempts: int = 3,
+        counter: "TokenCounter | None | Literal['auto']" = "auto",
     ) -> None:
         self.request_timeout, self.load_deadline, self.max_attempts = request_timeout, load_deadline, max_attempts
         self._on_event, self._restart = on_event, restart
         self._retired: list[Any] = []
         self._engine = engine
         self.admission = admission or Admission.for_engine(engine, on_event=on_event)
+        self._counter_arg = counter
+        self._local: TokenCounter | None = None
+        self._local_ready = False
+        self._local_lock = anyio.Lock()
+        self._counts: OrderedDict[str, int] = OrderedDict()
         self._connect(engine)
 
     # -- engine and connections ---------------------------------------------------------
@@ -179,14 +198,70 @@ class EngineClient:
 
     # -- counting ---------------------------------------------------------------------------
 
-    async def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
-        """Exact prompt tokens for ``messages`` (+ ``tools``), from ``/v1/chat/completions/input_tokens``.
+    async def prepare(self) -> None:
+        """Load the local token counter for the engine's model file, if there is one (blocking
+        work in a worker thread: ~0.1 s from squad's cache, ~2 s the first time for a model).
+        :meth:`count` calls it on first use; the session calls it at open so no call waits."""
+        if self._local_ready:
+            return
+        async with self._local_lock:
+            if not self._local_ready:
+                self._local = await anyio.to_thread.run_sync(self._find_local_counter)
+                self._local_ready = True
 
-        Idempotent, so a dropped connection is retried (field case F22): up to
-        :data:`COUNT_ATTEMPTS` attempts with jittered backoff before :class:`EngineGone`.
-        Raises ``_Loading`` (503, waited out by :meth:`complete`), :class:`EngineError` for
-        any other failure.
+    def _find_local_counter(self) -> "TokenCounter | None":
+        if self._counter_arg != "auto":
+            return self._counter_arg  # type: ignore[return-value]
+        from squad.engine.tokens import counter_for_model
+
+        path = Path(self._engine.model_path) if self._engine.model_path else None
+        if path is None or not path.is_file():
+            return None
+        try:
+            return counter_for_model(path)
+        except SquadError:
+            return None
+
+    async def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+        """Exact prompt tokens for ``messages`` (+ ``tools``): what ``/v1/chat/completions/input_tokens``
+        would answer.
+
+        The common path makes no round trip: the model's own tokenizer and chat template from
+        its GGUF (:mod:`squad.engine.tokens`, proved equal to the engine's count), and recent
+        counts are remembered. The engine is asked when the model file is not here (an
+        attached engine elsewhere) or the counter cannot be exact for this request
+        (:class:`~squad.engine.tokens.NotExact`); that request is idempotent, so a dropped
+        connection is retried (field case F22): up to :data:`COUNT_ATTEMPTS` attempts with
+        jittered backoff before :class:`EngineGone`. Raises ``_Loading`` (503, waited out by
+        :meth:`complete`), :class:`EngineError` for any other failure.
         """
+        key = _count_key(messages, tools)
+        known = self._counts.get(key)
+        if known is not None:
+            self._counts.move_to_end(key)
+            return known
+        await self.prepare()
+        n = self._count_local(messages, tools)
+        if n is None:
+            n = await self._count_remote(messages, tools)
+        self._counts[key] = n
+        if len(self._counts) > COUNT_CACHE:
+            self._counts.popitem(last=False)
+        return n
+
+    count_prompt_tokens = count  # the name earlier versions used
+
+    def _count_local(self, messages: list[dict], tools: list[dict] | None) -> int | None:
+        if self._local is None:
+            return None
+        from squad.engine.tokens import NotExact
+
+        try:
+            return self._local.count_chat(messages, tools)
+        except NotExact:
+            return None
+
+    async def _count_remote(self, messages: list[dict], tools: list[dict] | None) -> int:
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
@@ -197,7 +272,17 @@ class EngineClient:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
         return int(r.json()["input_tokens"])
 
-    count_prompt_tokens = count  # the name earlier versions used
+    def _reconcile(self, counted: int, usage: Usage | None) -> None:
+        """The engine's own prompt count is the truth: if it ever says more than the local
+        counter did, stop trusting the local counter for this engine (admission must never
+        reserve less than the engine uses) and say so once."""
+        if usage is None or self._local is None or usage.prompt_tokens <= counted:
+            return
+        self._local, self._counts = None, OrderedDict()
+        if self._on_event is not None:
+            self._on_event(EngineWarning(engine=self._engine.base_url, warning=(
+                f"the local token count ({counted}) was below the engine's ({usage.prompt_tokens}) for "
+                f"{Path(self._engine.model_path).name}: squad now asks the engine to count every prompt")))
 
     async def _post_idempotent(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -254,6 +339,12 @@ class EngineClient:
                 f"engine at {self._engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
                 f"while agent '{agent}' waited: wait for the model to load or raise load_deadline"
             ) from exc
+        except EngineGone as exc:
+            if await self._engine_up():  # not gone: the connection failed, the engine did not
+                raise AgentRunError(
+                    f"agent '{agent}': the connection to the engine failed {call.gone} times before the first token "
+                    f"although the engine answers /health ({exc}); try again", agent=agent) from exc
+            raise
         except _Innocent as exc:
             raise ContextExceeded(
                 f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
@@ -261,6 +352,20 @@ class EngineClient:
                 "another client is using this engine's pool; give squad its own engine or raise the context",
                 agent=agent) from exc
         return result
+
+    async def _engine_up(self, probes: int = 3, every: float = 0.3) -> bool:
+        """True if ``/health`` answers at all (200 or 503 loading) within ``probes`` tries: the
+        engine is only declared gone when it is confirmed down (field case F22)."""
+        for i in range(probes):
+            try:
+                r = await self._http.get("/health", timeout=2.0)
+                if r.status_code in (200, 503):
+                    return True
+            except httpx.TransportError:
+                pass
+            if i + 1 < probes:
+                await anyio.sleep(every)
+        return False
 
     def _retrying(self, call: _Call) -> AsyncRetrying:
         """The one retry policy (see the module docstring)."""
@@ -327,6 +432,7 @@ class EngineClient:
                     "resent unchanged: raise request_timeout, shorten the prompt or lower max_tokens", agent=agent)
         result.reserved_tokens, result.slot = need, reservation.slot
         result.timings.queued_s = reservation.queued_s
+        self._reconcile(prompt, result.usage)
         return result
 
     async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
@@ -395,6 +501,11 @@ class EngineClient:
                                     call=call.id, engine=self._engine.base_url, **data))
             except Exception:  # noqa: BLE001 - a display bug must not break a call
                 pass
+
+
+def _count_key(messages: list[dict], tools: list[dict] | None) -> str:
+    text = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _message(body: Any, default: str) -> str:

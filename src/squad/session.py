@@ -203,9 +203,10 @@ class EngineSession(AsyncResource):
         from squad.client import EngineClient
 
         restart = self._restart if self.launcher is not None else None
-        self._chat = EngineClient(info, admission=Admission.for_engine(info, on_event=self._emit),
-                                  request_timeout=spec.request_timeout, on_event=self._emit, restart=restart)
-        self._owns_chat = True
+        client = EngineClient(info, admission=Admission.for_engine(info, on_event=self._emit),
+                              request_timeout=spec.request_timeout, on_event=self._emit, restart=restart)
+        self._chat, self._owns_chat = client, True
+        await client.prepare()  # the model's tokenizer, so calls count prompts without a round trip
         self._loaded(reason)
 
     async def aclose(self) -> None:

@@ -171,7 +171,7 @@ def load_trace(path: Path | str) -> list[Event]:
             if event is not None:  # a kind from another version: skipped
                 events.append(event)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            if number == len(lines):  # torn last line after a crash
+            if number == len(lines) and events:  # torn last line after a crash
                 break
             raise UserError(
                 f"{path}:{number}: not a squad trace event ({exc}); expected one JSON object per line "
@@ -327,7 +327,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a = agent(ev.agent)
             a.started = t if a.started is None else a.started
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
-            _agent_end(agent(ev.agent), ev, t, [s for s in spans.values() if s.conversation == ev.conversation])
+            _agent_end(agent(ev.agent), ev, t, [s for s in spans.values()
+                                                if s.agent == ev.agent and s.conversation == ev.conversation])
         elif (s := span(ev)) is not None:
             peak_reported = max(peak_reported, _call_event(s, ev, t))
 
@@ -345,7 +346,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         a.completion_tokens += s.completion_tokens or 0
         if s.slot is not None and s.slot not in a.slots:
             a.slots.append(s.slot)
-        if s.error and s.error != _RELEASED and not s.retried:
+        if s.error and s.error != _RELEASED:  # call.failed is final (retries are inside one call)
             _add_error(a.errors, s.error)
         if a.started is None:
             a.started = s.start
@@ -377,14 +378,16 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
     elif isinstance(ev, CallReleased):
         if s.end is None:
             s.end, s.error = t, _RELEASED
-    elif isinstance(ev, CallRetried):
-        s.retried = True
+    elif isinstance(ev, CallRetried):  # the attempt that ended is not the call's end
+        s.retried, s.end, s.error = True, None, None
     return 0
 
 
 def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
     a.ended = t
-    a.status = {AgentFinished: "done", AgentFailed: "failed"}.get(type(ev), "cancelled")
+    status = {AgentFinished: "done", AgentFailed: "failed"}.get(type(ev), "cancelled")
+    if a.status != "failed":  # one failed conversation of an agent (e.g. a map item) stays visible
+        a.status = status
     reason = getattr(ev, "reason", None) or getattr(ev, "error", None)
     if not reason:
         return

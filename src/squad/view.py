@@ -68,9 +68,10 @@ class AgentRow:
     since: float = 0.0
     """When the agent entered ``state``."""
     started: float = 0.0
-    calls: int = 0
-    waiting: int = 0
-    """Its calls in squad's admission queue."""
+    waiting: set[str] = field(default_factory=set)
+    """Its calls (ids) in squad's admission queue."""
+    call_ids: set[str] = field(default_factory=set)
+    """Every call it made (a retried call counts once)."""
     held: dict[str, int] = field(default_factory=dict)
     """Its calls in flight: call id -> tokens reserved in the pool."""
     queue_position: int | None = None
@@ -83,6 +84,10 @@ class AgentRow:
     @property
     def in_flight(self) -> int:
         return len(self.held)
+
+    @property
+    def calls(self) -> int:
+        return len(self.call_ids)
 
     @property
     def reserved(self) -> int:
@@ -104,12 +109,16 @@ class ViewState:
     pool: int | None = None
     pool_used: int = 0
     busy: int = 0
-    waiting: int = 0
     loads: int = 0
     planned: tuple[int | None, int | None] | None = None
     """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
     t0: float | None = None
     last: float = 0.0
+
+    @property
+    def waiting(self) -> int:
+        """Calls in squad's admission queue, all agents."""
+        return sum(len(r.waiting) for r in self.agents.values())
 
     def row(self, name: str | None, t: float) -> AgentRow:
         key = name or "?"
@@ -149,20 +158,19 @@ class ViewState:
         elif isinstance(event, AgentCancelled):
             self._set(row, "cancelled", t)
             row.detail = event.reason
+        if isinstance(event, (AgentFailed, AgentCancelled)):
+            row.waiting.clear()  # a call cancelled while queued emits nothing of its own
 
     def _call_event(self, event: Event, row: AgentRow, t: float) -> None:
         call = event.call or ""
         if isinstance(event, CallQueued):
             row.queue_position = event.position
-            row.waiting += 1
-            self.waiting += 1
+            row.waiting.add(call)
             self._set(row, "waiting", t)
         elif isinstance(event, CallAdmitted):
-            if row.waiting:
-                row.waiting -= 1
-                self.waiting = max(0, self.waiting - 1)
+            row.waiting.discard(call)
             row.held[call] = event.tokens
-            row.calls += 1
+            row.call_ids.add(call)
             row.queue_position = None
             self._reported(event.in_flight, event.pool_used)
             self._set(row, "prefill", t)
@@ -180,6 +188,7 @@ class ViewState:
                 self._set(row, "idle" if not row.held else row.state, t)
         elif isinstance(event, CallFailed):
             row.held.pop(call, None)
+            row.waiting.discard(call)  # failed while still queued (e.g. a resize made it impossible)
             row.detail = event.error
             self._set(row, "failed", t)
         elif isinstance(event, CallRetried):
@@ -266,7 +275,7 @@ class ViewState:
             rate = f", {event.tokens_per_s:.0f} tok/s" if event.tokens_per_s else ""
             text = f"call finished{rate}"
         elif isinstance(event, CallFailed):
-            text = f"call failed: {event.error}: {event.message}"
+            text = f"call failed: {event.error}" + (f": {event.message}" if event.message else "")
         elif isinstance(event, CallRetried):
             text = f"retrying: {event.reason or event.error}"
         elif isinstance(event, (AgentFinished, AgentFailed, AgentCancelled)):

@@ -27,7 +27,14 @@ from typing import Any
 import anyio
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+    wait_random_exponential,
+)
 
 from squad.dirs import state_dir
 from squad.engine.info import EngineInfo
@@ -53,6 +60,9 @@ POLL_INTERVAL = 0.1
 
 CONTROL_TIMEOUT = 10.0
 """Seconds for one control request (``/props``, ``/slots``, ...)."""
+
+CONTROL_ATTEMPTS = 4
+"""Attempts for one control request that hit a transport error (field case F22)."""
 
 CONNECT_GRACE = 5.0
 """Seconds :func:`attach` waits for anything to answer at the URL before giving up."""
@@ -194,10 +204,17 @@ class EngineState:
 
 
 async def _get_json(client: httpx.AsyncClient, path: str, *, optional: bool = False) -> Any:
+    """GET ``path`` (idempotent: a transport error is retried with jittered backoff, field
+    case F22, before :class:`EngineGone`)."""
     try:
-        response = await client.get(path)
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(CONTROL_ATTEMPTS), wait=wait_random_exponential(0.05, max=1.0),
+                                           retry=retry_if_exception_type(httpx.TransportError), sleep=anyio.sleep,
+                                           reraise=True):
+            with attempt:
+                response = await client.get(path)
     except httpx.TransportError as exc:
-        raise EngineGone(f"engine at {client.base_url} stopped answering ({type(exc).__name__} on {path})") from exc
+        raise EngineGone(f"engine at {client.base_url} stopped answering ({type(exc).__name__} on {path}, "
+                         f"{CONTROL_ATTEMPTS} attempts)") from exc
     if response.status_code == 401:
         raise UserError(
             f"engine at {client.base_url} rejected the API key on {path} (HTTP 401): pass the key "

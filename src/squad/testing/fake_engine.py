@@ -155,6 +155,8 @@ class FakeEngine:
         self.load_time, self.token_delay, self.n_ctx_train, self.model_path = load_time, token_delay, n_ctx_train, model_path
         self.responder: Callable[[dict], Reply] | None = None
         self.requests: list[dict] = []
+        self.count_requests = 0
+        """How many ``/v1/chat/completions/input_tokens`` requests were answered."""
         self.max_processing = self.max_held = self.overflows = self.completed = self.disconnects = 0
         self.deferred = 0
         self._script: collections.deque[Reply] = collections.deque()
@@ -294,6 +296,7 @@ class FakeEngine:
         if gated := self._gate(request):
             return gated
         body = await request.json()
+        self.count_requests += 1
         return JSONResponse({"input_tokens": count_tokens(body.get("messages", []), body.get("tools"))})
 
     # -- chat ----------------------------------------------------------------------------
