@@ -168,9 +168,10 @@ async def main(argv: list[str] | None = None) -> str:
         f"{args.repeats} repeats, median (min–max))\n\n{md_table(headers, rows)}\n\n"
         "Targets, judged on the medians:\n\n" + "\n".join(targets) + "\n\n"
         "ms/call = wall time of N concurrent calls / N (the fake engine runs in the same process and "
-        "counts on both sides). Overhead and squad/raw are computed per repeat from the paired squad "
-        "and raw runs (their order alternating), then summarised. Memory: tracemalloc peak during "
-        "one run / N.\n"
+        "counts on both sides). Each repeat times the second run of a fresh Squad and of a fresh openai "
+        "client (the first, untimed, opens their connections). Overhead and squad/raw are computed per "
+        "repeat from the paired squad and raw runs (their order alternating), then summarised. Memory: "
+        "tracemalloc peak during one run / N.\n"
     )
     print(text)
     return text
