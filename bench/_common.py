@@ -9,6 +9,7 @@ import platform
 import secrets
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -65,6 +66,20 @@ class HandEngine:
     proc: subprocess.Popen
     ready_s: float
     argv: list[str]
+    slots: int
+    """``total_slots`` read back from ``/props``."""
+    n_ctx: int
+    """``default_generation_settings.n_ctx`` read back from ``/props`` (per slot; with unified KV the pool)."""
+
+
+DEFAULTS_ARGS = ["-m", str(MODEL)]
+"""llama-server as users start it: only the model (plus host, port and threads like every hand
+engine). b11434 then picks its own slot count and context; read them back, never assume them."""
+
+
+def defaults_label(engine: HandEngine) -> str:
+    """The engine column for the llama-server defaults way: what it read back."""
+    return f"defaults (read back: {engine.slots} slots, n_ctx {engine.n_ctx})"
 
 
 def hand_argv(server_args: Sequence[str], port: int) -> list[str]:
@@ -95,7 +110,10 @@ async def hand_engine(server_args: Sequence[str], *, timeout: float = 120.0) -> 
                 if time.monotonic() - started > timeout:
                     raise RuntimeError("llama-server not ready in time")
                 await anyio.sleep(0.02)
-        yield HandEngine(base, key, proc, time.monotonic() - started, argv)
+            ready_s = time.monotonic() - started
+            props = (await http.get(base + "/props", headers={"Authorization": f"Bearer {key}"}, timeout=10.0)).json()
+        yield HandEngine(base, key, proc, ready_s, argv, slots=int(props["total_slots"]),
+                         n_ctx=int(props["default_generation_settings"]["n_ctx"]))
     finally:
         proc.terminate()
         try:
@@ -175,6 +193,27 @@ def pct(values: Sequence[float], q: float) -> float | None:
 
 def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """``median (min–max)`` of repeated measurements; just the value for one; ``-`` for none."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt(values[0], digits)
+    return f"{fmt(statistics.median(values), digits)} ({fmt(min(values), digits)}–{fmt(max(values), digits)})"
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Per-repeat ratios of paired measurements (repeat i of one way over repeat i of the other)."""
+    return [a / b for a, b in zip(numerators, denominators) if b]
+
+
+def against(value: float | None, target: float) -> str:
+    """``met`` when ``value`` <= ``target``; ``not met`` otherwise; ``no data`` without a value."""
+    if value is None:
+        return "no data"
+    return "met" if value <= target else "not met"
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

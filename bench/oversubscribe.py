@@ -7,7 +7,10 @@ with ``Context size has been exceeded.`` once the pool is full.
 
 - naive: plain ``openai`` + anyio task group, all N at once (what users write);
 - squad: ``Squad.map`` attached to the same engine (``url=``): its admission reserves
-  prompt + max_tokens per call and admits only what the pool the engine reported can hold.
+  prompt + max_tokens per call and admits only what the pool the engine reported can hold;
+- llama-server defaults: the same naive gather against a second engine started with only
+  ``-m MODEL`` (no ``-np``/``-c``: b11434 picks its own slots and a bigger context). Its
+  read-back slots and n_ctx are printed with how many agents completed or failed.
 
 Prints completed / failed / wall time / generated tokens as a markdown table.
 
@@ -25,7 +28,7 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODEL, hand_engine, md_table, raw_fanout, story_prompt  # noqa: E402
+from _common import DEFAULTS_ARGS, MODEL, defaults_label, hand_engine, md_table, raw_fanout, story_prompt  # noqa: E402
 
 
 async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens: int, budget: int):  # type: ignore[no-untyped-def]
@@ -40,6 +43,13 @@ async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens:
     errors = [str(r.error) for r in results if not r.ok]
     tokens = sum(r.usage.completion_tokens for r in results if r.ok)
     return wall, len(results) - len(errors), errors, tokens
+
+
+async def naive_run(eng, prompts: list[str], max_tokens: int):  # type: ignore[no-untyped-def]
+    """All prompts at once with plain openai + anyio: (wall s, completed, errors, generated tokens)."""
+    wall, calls = await raw_fanout(eng.base_url, eng.api_key, prompts, max_tokens)
+    errors = [c.error for c in calls if c.error]
+    return wall, len(calls) - len(errors), errors, sum(c.tokens for c in calls)
 
 
 def _kinds(errors: list[str]) -> str:
@@ -59,22 +69,32 @@ async def main(argv: list[str] | None = None) -> str:
         args.agents, args.max_tokens, args.ctx, args.slots = 3, 160, 512, 2
     prompts = [story_prompt(i) for i in range(args.agents)]
     flags = ["-m", str(MODEL), "-c", str(args.ctx), "-np", str(args.slots), "--kv-unified"]
+    small = " ".join(flags[2:])
     rows = []
+
+    def add(way: str, engine: str, wall: float, done: int, errors: list[str], tokens: int) -> None:
+        rows.append([way, engine, done, len(errors), f"{wall:.2f}", tokens, _kinds(errors)])
+
     async with hand_engine(flags) as eng:
-        wall, calls = await raw_fanout(eng.base_url, eng.api_key, prompts, args.max_tokens)
-        errors = [c.error for c in calls if c.error]
-        rows.append(["naive gather (openai + anyio)", len(calls) - len(errors), len(errors), f"{wall:.2f}",
-                     sum(c.tokens for c in calls), _kinds(errors)])
+        add("naive gather (openai + anyio)", small, *await naive_run(eng, prompts, args.max_tokens))
         print("naive done", file=sys.stderr)
-        wall, done, errors, tokens = await squad_run(eng.base_url, eng.api_key, prompts, args.max_tokens,
-                                                     budget=args.max_tokens + 128)
-        rows.append(["squad (admission)", done, len(errors), f"{wall:.2f}", tokens, _kinds(errors)])
-    table = md_table(["way", "completed", "failed", "wall s", "generated tokens", "errors"], rows)
+        squad = await squad_run(eng.base_url, eng.api_key, prompts, args.max_tokens, budget=args.max_tokens + 128)
+        add("squad (admission)", small, *squad)
+        print("squad done", file=sys.stderr)
+    async with hand_engine(DEFAULTS_ARGS) as defaults:
+        wall, done, errors, tokens = await naive_run(defaults, prompts, args.max_tokens)
+        add("naive gather on llama-server defaults", defaults_label(defaults), wall, done, errors, tokens)
+        print("defaults done", file=sys.stderr)
+    table = md_table(["way", "engine", "completed", "failed", "wall s", "generated tokens", "errors"], rows)
     text = (
-        f"### Oversubscription: `llama-server -c {args.ctx} -np {args.slots} --kv-unified`, {args.agents} agents, "
+        f"### Oversubscription: `llama-server {small}`, {args.agents} agents, "
         f"max_tokens={args.max_tokens}, temperature 0\n\n{table}\n\n"
         "Each agent's request needs its prompt plus up to max_tokens cells; together the running requests "
-        "exceed the pool. squad admits a call only while the reservations fit the pool the engine reported.\n"
+        "exceed the pool. squad admits a call only while the reservations fit the pool the engine reported.\n\n"
+        f"llama-server defaults (`llama-server {' '.join(defaults.argv[1:])}`, no `-np`/`-c`; port picked per "
+        f"run) read back {defaults.slots} slots and n_ctx {defaults.n_ctx} from `/props` (the pool above has "
+        f"{args.ctx} cells): {done} of {args.agents} agents completed, {len(errors)} failed. "
+        f"squad wall (admission on the {args.ctx}-cell pool) / defaults wall: {squad[0] / wall:.2f}.\n"
     )
     print(text)
     return text
