@@ -1,32 +1,22 @@
-"""llama-server behind the chat seam (:class:`squad.chat.ChatEngine`): exact counts,
-admission, streaming, retries.
+"""llama-server behind the chat seam (:class:`squad.chat.ChatEngine`): count, admit, stream,
+retry.
 
 :class:`EngineClient` sends every chat call through one ``openai.AsyncOpenAI`` pointed at
 llama-server (SDK retries off), always streaming with usage requested, after reserving
-``prompt tokens + max_tokens`` in :class:`~squad.admission.Admission`. Prompt counts come
-from the engine's ``POST /v1/chat/completions/input_tokens`` (exact, no heuristics).
-
-Stream rules (field cases in ``shared/cases/README.md``):
-
-- the usage-only final chunk (``choices: []``) is read for usage, never indexed (F06);
-- ``reasoning_content`` deltas (a llama-server extra field) are kept apart from content;
-- tool-call deltas are assembled by ``index``;
-- an error frame becomes :class:`ContextExceeded` (``Context size has been exceeded.``) or
-  :class:`TruncatedStream` keeping the server's message; a stream that ends without a
-  ``finish_reason`` is :class:`TruncatedStream`, the partial text only on the exception (F05);
-- ``finish_reason == "length"`` with reasoning but no answer is
-  :class:`ReasoningBudgetExhausted` (F07);
-- HTTP 400 ``exceed_context_size_error`` is :class:`PromptTooLong`.
+``prompt tokens + max_tokens`` in :class:`~squad.admission.Admission`. Prompt counts are
+exact (:mod:`squad.counting`: the model's own tokenizer, else the engine's count). Chunks and
+errors are read by :mod:`squad.stream` (field cases F05-F07, F17).
 
 Retry policy (all of it, in :meth:`EngineClient._retrying`): 503 loading/restarting is
 waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a connection
 refused or dropped before the first token (the request never reached the engine) is resent
-once at once (a stale keep-alive connection), then once more after ``restart`` (if given)
-(:class:`EngineGone`); ``Context size has been exceeded.`` while squad's own
-reservations fit the engine's pool (another client filled it) is retried with jittered
-backoff up to ``max_attempts``. A token count (idempotent) that hits a transport error is
-retried with jittered backoff (F22). Nothing else is retried: not a prompt too long, a budget, reasoning that
-ran out, another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
+once at once (a stale keep-alive connection), then once more after ``restart`` (if given);
+it is only :class:`EngineGone` when ``/health`` confirms the engine is down (F22).
+``Context size has been exceeded.`` while squad's own reservations fit the engine's pool
+(another client filled it) is retried with jittered backoff up to ``max_attempts`` (F20).
+A token count (idempotent) that hits a transport error is retried with jittered backoff
+(F22). Nothing else is retried: not a prompt too long, a budget, reasoning that ran out,
+another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
 
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
 frees the slot.
@@ -39,9 +29,7 @@ import itertools
 import json
 import random
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
 
 import anyio
@@ -58,7 +46,8 @@ from tenacity import (
 )
 
 from squad.admission import Admission, Reservation
-from squad.chat import CallTimings, ChatRequest, ChatResult, ToolCall, Usage
+from squad.chat import ChatRequest, ChatResult
+from squad.counting import PromptCounter
 from squad.engine.info import EngineInfo
 from squad.engine.llama import CONTEXT_EXCEEDED, round_ctx
 from squad.errors import (
@@ -69,12 +58,24 @@ from squad.errors import (
     EngineError,
     EngineGone,
     EngineLoadTimeout,
-    PromptTooLong,
-    ReasoningBudgetExhausted,
     SquadError,
-    TruncatedStream,
 )
-from squad.events import CallFailed, CallFinished, CallFirstToken, CallRetried, EngineWarning, Event, EventSink
+from squad.events import (
+    CallFailed,
+    CallFinished,
+    CallFirstToken,
+    CallRetried,
+    EngineWarning,
+    Event,
+    EventSink,
+)
+from squad.stream import (
+    InnocentOverflow,
+    Loading,
+    StreamAssembly,
+    classify,
+    error_message,
+)
 
 if TYPE_CHECKING:
     from squad.engine.tokens import TokenCounter
@@ -89,19 +90,6 @@ COUNT_CACHE = 4096
 
 COUNT_ATTEMPTS = 4
 """Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
-
-
-class _Loading(EngineError):
-    """503 from the engine (loading or restarting); retried until ``load_deadline``."""
-
-
-class _Innocent(ContextExceeded):
-    """The pool overflowed although squad's reservations fit it: another client did it.
-    ``reserved``: tokens squad held when it happened (the real number, for the message)."""
-
-    def __init__(self, message: str, *, agent: str, reserved: int) -> None:
-        self.reserved = reserved
-        super().__init__(message, agent=agent)
 
 
 @dataclass
@@ -154,11 +142,7 @@ class EngineClient:
         self._retired: list[Any] = []
         self._engine = engine
         self.admission = admission or Admission.for_engine(engine, on_event=on_event)
-        self._counter_arg = counter
-        self._local: TokenCounter | None = None
-        self._local_ready = False
-        self._local_lock = anyio.Lock()
-        self._counts: OrderedDict[str, int] = OrderedDict()
+        self.counter = PromptCounter(engine.model_path, self._count_remote, counter)
         self._connect(engine)
 
     # -- engine and connections ---------------------------------------------------------
@@ -199,90 +183,31 @@ class EngineClient:
     # -- counting ---------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Load the local token counter for the engine's model file, if there is one (blocking
-        work in a worker thread: ~0.1 s from squad's cache, ~2 s the first time for a model).
-        :meth:`count` calls it on first use; the session calls it at open so no call waits."""
-        if self._local_ready:
-            return
-        async with self._local_lock:
-            if not self._local_ready:
-                self._local = await anyio.to_thread.run_sync(self._find_local_counter)
-                self._local_ready = True
-
-    def _find_local_counter(self) -> "TokenCounter | None":
-        if self._counter_arg != "auto":
-            return self._counter_arg  # type: ignore[return-value]
-        from squad.engine.tokens import counter_for_model
-
-        path = Path(self._engine.model_path) if self._engine.model_path else None
-        if path is None or not path.is_file():
-            return None
-        try:
-            return counter_for_model(path)
-        except SquadError:
-            return None
+        """Load the local token counter for the engine's model (:class:`~squad.counting.PromptCounter`);
+        :meth:`count` does it on first use; the session does it at open so no call waits."""
+        await self.counter.prepare()
 
     async def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
-        """Exact prompt tokens for ``messages`` (+ ``tools``): what ``/v1/chat/completions/input_tokens``
-        would answer.
-
-        The common path makes no round trip: the model's own tokenizer and chat template from
-        its GGUF (:mod:`squad.engine.tokens`, proved equal to the engine's count), and recent
-        counts are remembered. The engine is asked when the model file is not here (an
-        attached engine elsewhere) or the counter cannot be exact for this request
-        (:class:`~squad.engine.tokens.NotExact`); that request is idempotent, so a dropped
-        connection is retried (field case F22): up to :data:`COUNT_ATTEMPTS` attempts with
-        jittered backoff before :class:`EngineGone`. Raises ``_Loading`` (503, waited out by
-        :meth:`complete`), :class:`EngineError` for any other failure.
-        """
-        key = _count_key(messages, tools)
-        known = self._counts.get(key)
-        if known is not None:
-            self._counts.move_to_end(key)
-            return known
-        await self.prepare()
-        n = self._count_local(messages, tools)
-        if n is None:
-            n = await self._count_remote(messages, tools)
-        self._counts[key] = n
-        if len(self._counts) > COUNT_CACHE:
-            self._counts.popitem(last=False)
-        return n
+        """Exact prompt tokens for ``messages`` (+ ``tools``), as ``/v1/chat/completions/input_tokens``
+        would answer: remembered, or counted with the model's own tokenizer, or asked of the
+        engine (:mod:`squad.counting`). Raises ``Loading`` (503, waited out by :meth:`complete`),
+        :class:`EngineGone`, :class:`EngineError`."""
+        return (await self.counter(messages, tools))[0]
 
     count_prompt_tokens = count  # the name earlier versions used
 
-    def _count_local(self, messages: list[dict], tools: list[dict] | None) -> int | None:
-        if self._local is None:
-            return None
-        from squad.engine.tokens import NotExact
-
-        try:
-            return self._local.count_chat(messages, tools)
-        except NotExact:
-            return None
-
     async def _count_remote(self, messages: list[dict], tools: list[dict] | None) -> int:
+        """The engine's count. Idempotent, so a dropped connection is retried (field case F22):
+        up to :data:`COUNT_ATTEMPTS` attempts with jittered backoff before :class:`EngineGone`."""
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
         r = await self._post_idempotent("/v1/chat/completions/input_tokens", body)
         if r.status_code == 503:
-            raise _Loading(_message(r.json() if r.content else {}, "Loading model"))
+            raise Loading(error_message(r.json() if r.content else {}, "Loading model"))
         if r.status_code != 200:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
         return int(r.json()["input_tokens"])
-
-    def _reconcile(self, counted: int, usage: Usage | None) -> None:
-        """The engine's own prompt count is the truth: if it ever says more than the local
-        counter did, stop trusting the local counter for this engine (admission must never
-        reserve less than the engine uses) and say so once."""
-        if usage is None or self._local is None or usage.prompt_tokens <= counted:
-            return
-        self._local, self._counts = None, OrderedDict()
-        if self._on_event is not None:
-            self._on_event(EngineWarning(engine=self._engine.base_url, warning=(
-                f"the local token count ({counted}) was below the engine's ({usage.prompt_tokens}) for "
-                f"{Path(self._engine.model_path).name}: squad now asks the engine to count every prompt")))
 
     async def _post_idempotent(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -334,7 +259,7 @@ class EngineClient:
                 with attempt:
                     call.attempts += 1
                     result = await self._attempt(call)
-        except _Loading as exc:
+        except Loading as exc:
             raise EngineLoadTimeout(
                 f"engine at {self._engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
                 f"while agent '{agent}' waited: wait for the model to load or raise load_deadline"
@@ -345,7 +270,7 @@ class EngineClient:
                     f"agent '{agent}': the connection to the engine failed {call.gone} times before the first token "
                     f"although the engine answers /health ({exc}); try again", agent=agent) from exc
             raise
-        except _Innocent as exc:
+        except InnocentOverflow as exc:
             raise ContextExceeded(
                 f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
                 f"although squad had at most {exc.reserved} of the engine's {self._engine.pool} tokens reserved: "
@@ -372,7 +297,7 @@ class EngineClient:
 
         def stop(state: RetryCallState) -> bool:
             exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, _Loading):
+            if isinstance(exc, Loading):
                 return time.monotonic() - (call.first_loading or call.started) >= self.load_deadline
             if isinstance(exc, EngineGone):
                 # The request never reached the engine, so resending is safe: once at once
@@ -385,7 +310,7 @@ class EngineClient:
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, _Loading):
+            if isinstance(exc, Loading):
                 return 0.5
             if isinstance(exc, EngineGone):
                 return 0.1 if call.gone == 1 else 0.0
@@ -395,10 +320,10 @@ class EngineClient:
 
         async def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            reason = {_Loading: "engine loading (503)", EngineGone: "engine gone before the first token",
-                      _Innocent: "pool overflowed by another client"}.get(type(exc), type(exc).__name__)
+            reason = {Loading: "engine loading (503)", EngineGone: "engine gone before the first token",
+                      InnocentOverflow: "pool overflowed by another client"}.get(type(exc), type(exc).__name__)
             self._emit(CallRetried, call, reason=reason, attempt=state.attempt_number, error=str(exc))
-            if isinstance(exc, _Loading) and call.first_loading is None:
+            if isinstance(exc, Loading) and call.first_loading is None:
                 call.first_loading = time.monotonic()
             if isinstance(exc, EngineGone) and call.gone > 1 and self._restart is not None and not call.restarted:
                 call.restarted = True
@@ -407,13 +332,13 @@ class EngineClient:
                     self.admission.adopt(self.engine)
 
         return AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, (_Loading, EngineGone, _Innocent))),
+            retry=retry_if_exception(lambda e: isinstance(e, (Loading, EngineGone, InnocentOverflow))),
             stop=stop, wait=wait, before_sleep=before_sleep, sleep=anyio.sleep, reraise=True,
         )
 
     async def _attempt(self, call: _Call) -> ChatResult:
         req, agent = call.request, call.agent
-        prompt = await self.count(req.messages, req.tools)
+        prompt, local = await self.counter(req.messages, req.tools)
         need = prompt + req.max_tokens
         if req.budget is not None and need > req.budget:
             fixes = [f"raise its budget to {round_ctx(need)}"]
@@ -432,66 +357,39 @@ class EngineClient:
                     "resent unchanged: raise request_timeout, shorten the prompt or lower max_tokens", agent=agent)
         result.reserved_tokens, result.slot = need, reservation.slot
         result.timings.queued_s = reservation.queued_s
-        self._reconcile(prompt, result.usage)
+        if local and result.usage is not None:
+            warning = self.counter.reconcile(prompt, result.usage.prompt_tokens)
+            if warning is not None and self._on_event is not None:
+                self._on_event(EngineWarning(engine=self._engine.base_url, warning=warning))
         return result
 
     async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         sent = time.monotonic()
-        got = _Assembly()
+        got = StreamAssembly()
         try:
             stream = await self._openai.chat.completions.create(
                 model=self._engine.model_alias or "default", messages=req.messages, max_tokens=req.max_tokens,
                 stream=True, stream_options={"include_usage": True}, extra_body=dict(req.sampling or {}), **kwargs)
         except openai.APIError as exc:
-            raise self._classify(exc, agent, reservation, started=False) from exc
+            raise self._classify(exc, agent, started=False) from exc
         try:
             async for chunk in stream:
                 if got.add(chunk, req.on_delta) and got.first_at is None:
                     got.first_at = time.monotonic()
                     self._emit(CallFirstToken, call, ttft_s=got.first_at - sent, slot=reservation.slot)
         except openai.APIError as exc:
-            raise self._classify(exc, agent, reservation, started=got.first_at is not None, partial=got.content) from exc
+            raise self._classify(exc, agent, started=got.first_at is not None, partial=got.content) from exc
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.close()  # on cancellation too: the engine frees the slot
         return got.result(agent, sent)
 
-    def _classify(self, exc: openai.APIError, agent: str, reservation: Reservation, *, started: bool,
-                  partial: str = "") -> Exception:
-        """Turn an SDK error into squad's error tree."""
-        body = exc.body if isinstance(exc.body, dict) else {}
-        body = body.get("error", body) if isinstance(body.get("error"), dict) else body
-        message = str(body.get("message") or exc.message)
-        if isinstance(exc, openai.APITimeoutError):
-            return CallTimeout(f"agent '{agent}': no answer from the engine within {self.request_timeout:.0f} s; "
-                               "not resent unchanged: raise request_timeout or shorten the prompt", agent=agent)
-        if isinstance(exc, openai.APIConnectionError):
-            if not started:
-                return EngineGone(f"engine at {self._engine.base_url} is not answering ({message})")
-            return TruncatedStream(f"agent '{agent}': connection to the engine dropped mid-answer ({message})",
-                                   agent=agent, partial=partial)
-        status = getattr(exc, "status_code", None)
-        if status == 503:
-            return _Loading(message)
-        if body.get("type") == "exceed_context_size_error" or status == 400 and "exceeds the available context" in message:
-            n_prompt, n_ctx = body.get("n_prompt_tokens"), body.get("n_ctx")
-            fix = f"raise the context to {round_ctx(int(n_prompt) + 1)}" if n_prompt else "raise the context"
-            return PromptTooLong(f"agent '{agent}': the engine refused the prompt ({message}; n_prompt_tokens="
-                                 f"{n_prompt}, n_ctx={n_ctx}): {fix} or shorten the prompt", agent=agent)
-        if CONTEXT_EXCEEDED in message:
-            if self.admission.pool <= self._engine.pool:
-                return _Innocent(f"agent '{agent}': {message} while squad held {self.admission.reserved} of "
-                                 f"{self._engine.pool} tokens: another client filled the pool", agent=agent,
-                                 reserved=self.admission.reserved)
-            return ContextExceeded(f"agent '{agent}': {message} squad's admission pool ({self.admission.pool}) is larger "
-                                   f"than the engine's ({self._engine.pool}): build Admission from the engine's "
-                                   "read-back pool", agent=agent)
-        if status is None:  # an error frame inside the stream
-            return TruncatedStream(f"agent '{agent}': the engine ended the stream with an error: {message}",
-                                   agent=agent, partial=partial)
-        return AgentRunError(f"agent '{agent}': the engine answered HTTP {status}: {message}", agent=agent)
+    def _classify(self, exc: openai.APIError, agent: str, *, started: bool, partial: str = "") -> Exception:
+        return classify(exc, agent, base_url=self._engine.base_url, engine_pool=self._engine.pool,
+                        squad_pool=self.admission.pool, squad_reserved=self.admission.reserved,
+                        request_timeout=self.request_timeout, started=started, partial=partial)
 
     def _emit(self, kind: type[Event], call: _Call, **data: Any) -> None:
         if self._on_event is not None:
@@ -506,71 +404,3 @@ class EngineClient:
 def _count_key(messages: list[dict], tools: list[dict] | None) -> str:
     text = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _message(body: Any, default: str) -> str:
-    err = body.get("error") if isinstance(body, dict) else None
-    return str(err.get("message", default)) if isinstance(err, dict) else default
-
-
-class _Assembly:
-    """Accumulates one stream's chunks: content, reasoning, tool calls by index, usage."""
-
-    def __init__(self) -> None:
-        self.content = self.reasoning = ""
-        self.calls: dict[int, dict[str, str]] = {}
-        self.finish_reason: str | None = None
-        self.usage: Usage | None = None
-        self.timings: dict[str, Any] | None = None
-        self.first_at: float | None = None
-
-    def add(self, chunk: Any, on_delta: Callable[[str], None] | None) -> bool:
-        """Take one chunk; True when it carried generated text or a tool call."""
-        extra = chunk.model_extra or {}
-        if isinstance(extra.get("timings"), dict):
-            self.timings = extra["timings"]
-        if chunk.usage is not None:
-            self.usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-        produced = False
-        for choice in chunk.choices:  # empty for the usage-only chunk
-            delta = choice.delta
-            reasoning = (delta.model_extra or {}).get("reasoning_content")
-            if reasoning:
-                self.reasoning += reasoning
-                produced = True
-            if delta.content:
-                self.content += delta.content
-                produced = True
-                if on_delta is not None:
-                    on_delta(delta.content)
-            for tc in delta.tool_calls or []:
-                slot = self.calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                slot["id"] = tc.id or slot["id"]
-                if tc.function is not None:
-                    slot["name"] += tc.function.name or ""
-                    slot["arguments"] += tc.function.arguments or ""
-                produced = True
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-        return produced
-
-    def result(self, agent: str, sent: float) -> ChatResult:
-        if self.finish_reason is None:
-            raise TruncatedStream(
-                f"agent '{agent}': the stream ended without a finish_reason after {len(self.content)} characters; "
-                "the partial answer was discarded", agent=agent, partial=self.content)
-        tool_calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
-                      for i, c in sorted(self.calls.items())]
-        if self.finish_reason == "length" and not self.content.strip() and self.reasoning and not tool_calls:
-            used = self.usage.completion_tokens if self.usage else "all"
-            raise ReasoningBudgetExhausted(
-                f"agent '{agent}' spent {used} tokens (its whole max_tokens) reasoning and gave no answer: raise "
-                "max_tokens or ask for less reasoning; it is not retried with the same budget", agent=agent)
-        end = time.monotonic()
-        ttft = self.first_at - sent if self.first_at is not None else None
-        rate = None
-        if self.usage and self.first_at is not None and end > self.first_at:
-            rate = self.usage.completion_tokens / (end - self.first_at)
-        timings = CallTimings(ttft_s=ttft, tokens_per_s=rate, engine=self.timings)
-        return ChatResult(content=self.content, reasoning=self.reasoning, tool_calls=tool_calls,
-                          finish_reason=self.finish_reason, usage=self.usage, timings=timings)
