@@ -31,7 +31,7 @@ async def main(argv: list[str] | None = None) -> Path:
     trace_path.unlink(missing_ok=True)
     recipe = load_recipe(args.recipe, {})
     with JsonlTrace(trace_path) as sink:
-        await run_recipe(recipe, model=str(MODEL), threads=THREADS, on_event=sink)
+        await run_recipe(recipe, engine=recipe.engine_spec().but(model=str(MODEL), threads=THREADS), on_event=sink)
     summary = summarize(load_trace(trace_path))
     plot_timeline(summary, args.output, title=f"squad run {args.recipe}")
     print(f"trace: {trace_path}\nimage: {args.output}")

@@ -43,7 +43,7 @@ def test_shipped_recipe_runs_on_real_engine(path, llama_server_path, default_mod
     recipe = load_recipe(path)
 
     async def main():
-        return await run_recipe(recipe, binary=str(llama_server_path), threads=2)
+        return await run_recipe(recipe, engine=recipe.engine_spec().but(binary=str(llama_server_path), threads=2))
 
     run = anyio.run(main)
     assert run.output.strip(), "the final step produced no text"

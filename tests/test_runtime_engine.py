@@ -17,6 +17,7 @@ import pytest
 from squad.agent import Agent
 from squad.runtime import Squad
 from squad.events import Event
+from squad.session import EngineSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -44,9 +45,9 @@ async def test_lead_mentions_three_sub_agents_on_a_planned_engine(
 ) -> None:
     events: list[Event] = []
     agents = squad_of(["security", "style", "tests"])
-    async with Squad(agents, model=default_model_path, binary=llama_server_path, threads=2,
+    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
                      on_event=events.append) as sq:
-        assert sq.plan.slots >= 4 and sq.info.slots >= 4  # lead + 3 subs planned
+        assert sq.session.plan.slots >= 4 and sq.info.slots >= 4  # lead + 3 subs planned
         assert sq.info.n_ctx >= 512 + 3 * 256
         result = await sq.run("@security @style @tests Should we store passwords in plain text?")
     assert [s.agent for s in result.subs] == ["security", "style", "tests"]
@@ -66,8 +67,8 @@ async def test_fan_out_beyond_slots_never_exceeds_slots_in_flight(
 ) -> None:
     events: list[Event] = []
     names = [f"s{i}" for i in range(5)]
-    async with Squad(squad_of(names), model=default_model_path, binary=llama_server_path, threads=2,
-                     slots=2, on_event=events.append) as sq:
+    async with Squad(squad_of(names), engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
+                     on_event=events.append) as sq:
         assert sq.info.slots == 2
         seen: list[int] = []
         stop = anyio.Event()
@@ -93,17 +94,17 @@ async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
     import signal
 
     events: list[Event] = []
-    async with Squad(squad_of(["alpha"]), model=default_model_path, binary=llama_server_path, threads=2,
+    async with Squad(squad_of(["alpha"]), engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
                      on_event=events.append) as sq:
         first = await sq.run_agent("alpha", "Say hello.")
-        plan_before, old_pid = sq.plan, sq.launcher.pid
+        plan_before, old_pid = sq.session.plan, sq.session.launcher.pid
         os.kill(old_pid, signal.SIGKILL)
         with anyio.fail_after(60):
-            while sq.launcher.running:
+            while sq.session.launcher.running:
                 await anyio.sleep(0.05)
         second = await sq.run_agent("alpha", "Say goodbye.")
-        assert sq.launcher.pid != old_pid
-        assert sq.plan == plan_before
+        assert sq.session.launcher.pid != old_pid
+        assert sq.session.plan == plan_before
     assert first.ok and first.output and second.ok and second.output
     retried = [e for e in events if e.kind == "call.retried"]
     assert any("gone" in str(e.data.get("reason")) for e in retried)
@@ -123,7 +124,7 @@ async def test_default_model_template_has_no_tools_and_squad_says_so(
 
     events: list[Event] = []
     agent = Agent(name="calc", tools=["add"], **TINY)
-    async with Squad([agent], model=default_model_path, binary=llama_server_path, threads=2,
+    async with Squad([agent], engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
                      tools=[add], on_event=events.append) as sq:
         assert sq.info.template_has_tools is False
         await sq.run_agent("calc", "Add 2 and 3.")

@@ -29,7 +29,7 @@ import itertools
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
@@ -37,7 +37,7 @@ from squad import flow
 from squad.agent import Agent, check_squad
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
-from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError, leaf_errors
+from squad.errors import AgentRunError, MentionError, UserError
 from squad.events import (
     AgentCancelled as AgentCancelledEvent,
 )
@@ -53,33 +53,17 @@ from squad.events import (
     Origin,
     emit_to,
 )
+from squad import blocks
+from squad.blocks import Operations, Policy, run_block
 from squad.handback import TextCounter, hand_back
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool
-from squad.turn import run_turn
+from squad.turn import agent_tools, no_tool_template, run_turn
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
-
-Policy = Literal["collect", "fail-fast"]
-_OP_REASON: ContextVar[list[str | None]] = ContextVar("squad_cancel_reason")
-"""The running operation's cancel reason holder (set by ``Squad.cancel``), seen by its tasks."""
 _CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
 """The conversation whose turn is running: the parent of conversations it starts."""
-
-
-@contextlib.contextmanager
-def _single_errors() -> Iterator[None]:
-    """Let a squad error raised inside a task group (e.g. EngineGone, which no agent result
-    can hold) leave it as itself, not wrapped in an ExceptionGroup nobody downstream catches."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = leaf_errors(group)
-        first = next((e for e in leaves if isinstance(e, SquadError)), None)
-        if first is not None and all(isinstance(e, (SquadError, anyio.get_cancelled_exc_class())) for e in leaves):
-            raise first from group
-        raise
 
 
 class Squad:
@@ -149,7 +133,7 @@ class Squad:
         self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
                                      self.workload, on_event=self._emit)
         self._open = False
-        self._scopes: dict[anyio.CancelScope, list[str | None]] = {}
+        self._operations = Operations()
         self._conversations = itertools.count(1)
         self._count_text: TextCounter | None = None
 
@@ -214,7 +198,7 @@ class Squad:
             hint = f" (known sub-agents of {main.name!r}: {', '.join(known) or 'none'})"
             raise MentionError("; ".join(u.message() for u in parsed.unknown) + hint)
         origin = self._origin(main)
-        async with self._operation():
+        async with self._operations.operation():
             subs: list[AgentResult] = []
             message = text
             if parsed.dispatches:
@@ -250,7 +234,7 @@ class Squad:
         """
         self._require_open()
         agent = self._agent(name)
-        async with self._operation():
+        async with self._operations.operation():
             result = await self._recorded(agent, prompt, history=history, priority=priority, variables=variables)
         if result.error is not None:
             raise result.error
@@ -274,7 +258,7 @@ class Squad:
         """
         self._require_open()
         pairs = [(self._agent(name).name, prompt) for name, prompt in calls]
-        async with self._operation():
+        async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority,
                                            max_concurrency=max_concurrency, variables=variables)
         failed = first_failure(results)
@@ -299,9 +283,7 @@ class Squad:
     def cancel(self, reason: str = "cancelled by the caller") -> None:
         """Cancel every running operation; each agent records ``reason``. Safe to call from
         any task of the squad's event loop; operations started later run normally."""
-        for scope, holder in list(self._scopes.items()):
-            holder[0] = reason
-            scope.cancel(reason)
+        self._operations.cancel(reason)
 
     # --- internals ----------------------------------------------------------------------
 
@@ -319,23 +301,6 @@ class Squad:
         if agent.name == self.main:
             return [n for n in self.agents if n != agent.name]
         return []
-
-    @contextlib.asynccontextmanager
-    async def _operation(self):  # type: ignore[no-untyped-def]
-        """A cancel scope ``cancel()`` can reach; turns that cancellation into AgentCancelled."""
-        holder: list[str | None] = [None]
-        token = _OP_REASON.set(holder)
-        try:
-            with anyio.CancelScope() as scope:
-                self._scopes[scope] = holder
-                try:
-                    yield
-                finally:
-                    del self._scopes[scope]
-        finally:
-            _OP_REASON.reset(token)
-        if scope.cancelled_caught:
-            raise AgentCancelled(holder[0] or "cancelled by the caller")
 
     def _origin(self, agent: Agent, parent: str | None = None) -> Origin:
         """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
@@ -366,31 +331,13 @@ class Squad:
         variables: Mapping[str, Any] | None = None,
         parent: str | None = None,
     ) -> list[AgentResult]:
-        if policy not in ("collect", "fail-fast"):
-            raise UserError(f"policy {policy!r}: use 'collect' or 'fail-fast'")
-        results: list[AgentResult | None] = [None] * len(pairs)
-        limiter = anyio.CapacityLimiter(max_concurrency) if max_concurrency else None
-        sibling_failed: list[str] = []
+        async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
+                      record: Callable[[AgentResult], None]) -> AgentResult:
+            agent = self.agents[pairs[i][0]]
+            return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
+                                        cancel_reason=reason, origin=self._origin(agent, parent), record=record)
 
-        with _single_errors():
-            async with anyio.create_task_group() as tg:
-
-                async def one(i: int, name: str, prompt: str) -> None:
-                    def reason() -> str | None:
-                        return f"cancelled because {sibling_failed[0]!r} failed" if sibling_failed else None
-
-                    agent = self.agents[name]
-                    result = await self._recorded(agent, prompt, priority=priority, variables=variables,
-                                                  limiter=limiter, cancel_reason=reason, into=(results, i),
-                                                  origin=self._origin(agent, parent))
-                    if policy == "fail-fast" and result.error is not None and not sibling_failed:
-                        sibling_failed.append(name)
-                        tg.cancel_scope.cancel(f"sibling {name!r} failed")
-
-                for i, (name, prompt) in enumerate(pairs):
-                    tg.start_soon(one, i, name, prompt)
-        return [r if r is not None else cancelled_result(pairs[i][0], "cancelled before it started")
-                for i, r in enumerate(results)]
+        return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
 
     async def _recorded(
         self,
@@ -402,10 +349,10 @@ class Squad:
         variables: Mapping[str, Any] | None = None,
         limiter: anyio.CapacityLimiter | None = None,
         cancel_reason: Callable[[], str | None] = lambda: None,
-        into: tuple[list[AgentResult | None], int] | None = None,
         origin: Origin | None = None,
+        record: Callable[[AgentResult], None] | None = None,
     ) -> AgentResult:
-        """Run one conversation and always produce its AgentResult (stored in ``into`` too,
+        """Run one conversation and always produce its AgentResult (given to ``record`` too,
         so a cancelled one is recorded before the cancellation propagates)."""
         origin = origin or self._origin(agent)
         ids = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
@@ -416,11 +363,11 @@ class Squad:
             async with limiter if limiter is not None else contextlib.nullcontext():
                 result = await self._converse(agent, origin, prompt, history, priority, variables)
         except anyio.get_cancelled_exc_class():
-            reason = cancel_reason() or _OP_REASON.get([None])[0] or "cancelled by the caller"
+            reason = cancel_reason() or blocks.cancel_reason()
             result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
             self._emit(AgentCancelledEvent(**ids, reason=reason))
-            if into is not None:
-                into[0][into[1]] = result
+            if record is not None:
+                record(result)
             raise
         except AgentRunError as exc:
             result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
@@ -430,27 +377,16 @@ class Squad:
             self._emit(AgentFinished(**ids, summary=result.summary()))
         finally:
             _CONVERSATION.reset(token)
-        if into is not None:
-            into[0][into[1]] = result
         return result
-
-    def _warn_no_tool_template(self, agent: str, tools: list[str]) -> None:
-        """Say once per agent that the model's chat template will drop its tool definitions."""
-        if agent in self._tool_warned:
-            return
-        self._tool_warned.add(agent)
-        self._emit(EngineWarning(agent=agent, engine=self.info.base_url, warning=(
-            f"agent '{agent}' has tools ({', '.join(tools)}) but the model's chat template has no tools "
-            "section, so llama-server drops them: the model cannot call them. Use a model whose "
-            "template supports tool calls, or @mentions instead of sub-agents as tools.")))
 
     async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
                         priority: int, variables: Mapping[str, Any] | None) -> AgentResult:
         """One turn of ``agent`` with its tools (:func:`squad.turn.run_turn`); raises AgentRunError."""
         subs: list[AgentResult] = []
         tools = self._tools_for(agent, priority, subs, variables)
-        if tools and self.info.template_has_tools is False:
-            self._warn_no_tool_template(agent.name, list(tools))
+        if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
+            self._tool_warned.add(agent.name)  # once per agent
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
         result = await run_turn(self.chat, agent, origin, system=self._system(agent, variables), prompt=prompt,
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=self.max_tool_rounds, on_event=self._emit)
@@ -461,30 +397,18 @@ class Squad:
         subs = [self.agents[n] for n in self._sub_names(agent)]
         return agent.system_prompt(subs, {**self.variables, **(variables or {})})
 
-    def _tools_for(
-        self, agent: Agent, priority: int, subs: list[AgentResult], variables: Mapping[str, Any] | None
-    ) -> dict[str, Tool]:
-        tools = {name: self.tools[name] for name in agent.tools}
-        if agent.sub_agent_tools:
-            for name in agent.agents:
-                tools[f"ask_{name}"] = self._ask_tool(self.agents[name], priority + 1, subs, variables)
-        return tools
+    def _tools_for(self, agent: Agent, priority: int, subs: list[AgentResult],
+                   variables: Mapping[str, Any] | None) -> dict[str, Tool]:
+        """Its function tools and, with ``sub_agent_tools``, an ``ask_<name>`` tool per sub-agent
+        (a sub-agent conversation at ``priority + 1``; its result is appended to ``subs``)."""
 
-    def _ask_tool(
-        self, sub: Agent, priority: int, subs: list[AgentResult], variables: Mapping[str, Any] | None
-    ) -> Tool:
-        async def ask(task: str) -> str:
-            result = await self._recorded(sub, task, priority=priority, variables=variables)
+        async def ask(sub: Agent, task: str) -> AgentResult:
+            result = await self._recorded(sub, task, priority=priority + 1, variables=variables)
             subs.append(result)
-            if result.error is not None:
-                raise result.error
-            return result.output
+            return result
 
-        description = f"Ask the sub-agent {sub.name!r} to do a task and return its answer."
-        if sub.description:
-            description += f" It is for: {sub.description}"
-        ask.__doc__ = f"{description}\n\nArgs:\n    task: what {sub.name} should do, self-contained"
-        return Tool.from_function(ask, name=f"ask_{sub.name}", description=description)
+        subs_as_tools = [self.agents[n] for n in agent.agents] if agent.sub_agent_tools else []
+        return agent_tools(agent, self.tools, subs_as_tools, ask)
 
     async def hand_back(
         self,

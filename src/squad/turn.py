@@ -10,7 +10,7 @@ round offers no tools, so the model must answer. The result is an
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
@@ -18,7 +18,41 @@ from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn"]
+__all__ = ["run_turn", "agent_tools", "no_tool_template"]
+
+Ask = Callable[[Agent, str], Awaitable[AgentResult]]
+"""Runs a sub-agent conversation on a task and returns its result."""
+
+
+def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:
+    """The tools ``agent`` may call: its named function tools from ``registry``, and an
+    ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output
+    (its error, if it fails, goes back to the model as the tool result)."""
+    tools = {name: registry[name] for name in agent.tools}
+    for sub in sub_agents:
+        tools[f"ask_{sub.name}"] = _ask_tool(sub, ask)
+    return tools
+
+
+def _ask_tool(sub: Agent, ask: Ask) -> Tool:
+    async def ask_sub(task: str) -> str:
+        result = await ask(sub, task)
+        if result.error is not None:
+            raise result.error
+        return result.output
+
+    description = f"Ask the sub-agent {sub.name!r} to do a task and return its answer."
+    if sub.description:
+        description += f" It is for: {sub.description}"
+    ask_sub.__doc__ = f"{description}\n\nArgs:\n    task: what {sub.name} should do, self-contained"
+    return Tool.from_function(ask_sub, name=f"ask_{sub.name}", description=description)
+
+
+def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
+    """The warning for an agent with tools on a model whose chat template has no tools section."""
+    return (f"agent '{agent}' has tools ({', '.join(tools)}) but the model's chat template has no tools "
+            "section, so llama-server drops them: the model cannot call them. Use a model whose "
+            "template supports tool calls, or @mentions instead of sub-agents as tools.")
 
 
 async def run_turn(
