@@ -21,7 +21,8 @@ async def main(argv: list[str] | None = None) -> Path:
     from squad.cli.trace import plot_timeline
     from squad.recipe import load_recipe
     from squad.recipe_run import run_recipe
-    from squad.trace import JsonlTrace, load_trace, summarize
+    from squad.summary import summarize
+    from squad.trace import JsonlTrace, load_trace
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", nargs="?", type=Path, default=Path("recipes/review.yaml"))

@@ -30,7 +30,8 @@ from squad.events import (
     Event,
     MentionDispatched,
 )
-from squad.trace import JsonlTrace, default_trace_path, jsonable, load_trace, summarize
+from squad.summary import summarize
+from squad.trace import JsonlTrace, default_trace_path, jsonable, load_trace
 
 URL = "http://127.0.0.1:8080"
 T0 = 100.0

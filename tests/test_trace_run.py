@@ -13,7 +13,8 @@ from rich.console import Console
 from squad.agent import Agent
 from squad.cli.trace import plot_timeline
 from squad.runtime import Squad
-from squad.trace import JsonlTrace, load_trace, summarize
+from squad.summary import summarize
+from squad.trace import JsonlTrace, load_trace
 from squad.view import LiveView
 
 pytestmark = pytest.mark.anyio

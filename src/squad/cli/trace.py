@@ -13,7 +13,8 @@ from rich.table import Table
 
 from squad.cli._app import app, console
 from squad.errors import UserError
-from squad.trace import CallSpan, TraceSummary, default_trace_dir, load_trace, summarize
+from squad.summary import CallSpan, TraceSummary, summarize
+from squad.trace import default_trace_dir, load_trace
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")

@@ -16,17 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from squad.engine.llama import CONTEXT_EXCEEDED
 from squad.testing.counting import MESSAGE_OVERHEAD, PROMPT_OVERHEAD, count_tokens
+from squad.testing.generation import Reply
 from squad.testing.scripted import ScriptedEngine
 
 if TYPE_CHECKING:
-    from squad.testing.fake_engine import FakeEngine, Reply
+    from squad.testing.fake_engine import FakeEngine
 
 __all__ = ["ScriptedEngine", "FakeEngine", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD",
            "CONTEXT_EXCEEDED"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("FakeEngine", "Reply"):
+    if name == "FakeEngine":
         from squad.testing import fake_engine
 
         return getattr(fake_engine, name)

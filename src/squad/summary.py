@@ -1,0 +1,292 @@
+"""A run's events digested: per agent, per call, engine loads, peak concurrency.
+
+:func:`summarize` turns events (live, or read back by :func:`squad.trace.load_trace`) into a
+:class:`TraceSummary`: one :class:`CallSpan` per engine call, matched by its call id (queue,
+admission, first token, end, release), one :class:`AgentSummary` per agent, the engine loads
+and the peak number of calls holding a slot at once. ``squad trace show/plot`` and
+``squad run``'s table read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from squad.events import (
+    AgentCancelled,
+    AgentFailed,
+    AgentFinished,
+    AgentStarted,
+    CallAdmitted,
+    CallFailed,
+    CallFinished,
+    CallFirstToken,
+    CallQueued,
+    CallReleased,
+    CallRetried,
+    EngineLoaded,
+    Event,
+)
+from squad.trace import jsonable
+
+__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad"]
+
+
+@dataclass
+class CallSpan:
+    """One engine call (one call id), seconds relative to the trace start.
+
+    ``queued`` is when it entered squad's admission queue (None when admitted at once),
+    ``admitted`` when it got a slot and its reservation, ``first_token`` and ``end`` when the
+    stream produced its first token and ended (finished, failed or released). ``slot`` is
+    squad's slot number; ``conversation``/``parent`` place it in its agent conversation.
+    ``error`` is set for a failed call; ``retried`` when it was sent more than once.
+    """
+
+    agent: str
+    call: str
+    conversation: str | None = None
+    parent: str | None = None
+    queued: float | None = None
+    admitted: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+    slot: int | None = None
+    reserved: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    retried: bool = False
+
+    @property
+    def start(self) -> float:
+        """When the call began (queued, else admitted, else first token)."""
+        for t in (self.queued, self.admitted, self.first_token, self.end):
+            if t is not None:
+                return t
+        return 0.0
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds spent in squad's admission queue."""
+        if self.queued is None or self.admitted is None:
+            return 0.0
+        return max(0.0, self.admitted - self.queued)
+
+
+@dataclass
+class AgentSummary:
+    """What one agent did: times in seconds from the trace start, tokens from usage."""
+
+    name: str
+    started: float | None = None
+    ended: float | None = None
+    status: str = "running"
+    """``running`` (no end event: the run crashed or is still going), ``done``, ``failed``
+    or ``cancelled``."""
+    calls: int = 0
+    queued_s: float = 0.0
+    """Total seconds its calls waited in squad's admission queue."""
+    first_token: float | None = None
+    """When its first call's first token arrived."""
+    ttft_s: float | None = None
+    """Seconds from its first call's start to that first token."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    slots: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    reason: str | None = None
+
+
+@dataclass
+class EngineLoad:
+    """An ``engine.loaded`` event: when, and what the engine reported it applied."""
+
+    t: float
+    slots: int
+    n_ctx: int
+    pool: int
+    reason: str
+    engine: str | None
+
+
+@dataclass
+class TraceSummary:
+    """A trace digested: per-agent rows, calls as spans, engine loads, peak concurrency."""
+
+    agents: dict[str, AgentSummary]
+    calls: list[CallSpan]
+    engine_loads: list[EngineLoad]
+    max_in_flight: int
+    duration_s: float
+    events: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form (``squad trace show --json``)."""
+        return jsonable(self)
+
+
+_RELEASED = "ended without finishing"
+"""Provisional error of a call released by admission before any ``call.finished``."""
+
+
+def summarize(events: Iterable[Event]) -> TraceSummary:
+    """Digest events (live or from :func:`load_trace`) into a :class:`TraceSummary`.
+
+    Calls are matched by their call id, so two calls of one agent on the same slot back to
+    back are two spans. Times are made relative to the first event. A call released without
+    a ``call.finished`` counts as failed, with its ``call.failed`` error when there is one, else
+    the error of its conversation's ``agent.failed``/``agent.cancelled``.
+    """
+    events = sorted(events, key=lambda e: e.t)
+    t0 = events[0].t if events else 0.0
+    agents: dict[str, AgentSummary] = {}
+    loads: list[EngineLoad] = []
+    spans: dict[str, CallSpan] = {}
+    peak_reported = 0
+
+    def agent(name: str | None) -> AgentSummary:
+        key = name or "?"
+        if key not in agents:
+            agents[key] = AgentSummary(name=key)
+        return agents[key]
+
+    def span(ev: Event) -> CallSpan | None:
+        if ev.call is None:
+            return None
+        if ev.call not in spans:
+            spans[ev.call] = CallSpan(agent=ev.agent or "?", call=ev.call, conversation=ev.conversation,
+                                      parent=ev.parent)
+            agent(ev.agent)
+        return spans[ev.call]
+
+    for ev in events:
+        t = ev.t - t0
+        if isinstance(ev, EngineLoaded):
+            loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
+                                    engine=ev.engine))
+        elif isinstance(ev, AgentStarted):
+            a = agent(ev.agent)
+            a.started = t if a.started is None else a.started
+        elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
+            _agent_end(agent(ev.agent), ev, t, [s for s in spans.values()
+                                                if s.agent == ev.agent and s.conversation == ev.conversation])
+        elif (s := span(ev)) is not None:
+            peak_reported = max(peak_reported, _call_event(s, ev, t))
+
+    duration = (events[-1].t - t0) if events else 0.0
+    calls = list(spans.values())
+    _assign_lanes(calls, duration)
+    for s in calls:
+        a = agent(s.agent)
+        a.calls += 1
+        a.queued_s += s.wait_s
+        if s.first_token is not None and a.first_token is None:
+            a.first_token = s.first_token
+            a.ttft_s = s.first_token - s.start
+        a.prompt_tokens += s.prompt_tokens or 0
+        a.completion_tokens += s.completion_tokens or 0
+        if s.slot is not None and s.slot not in a.slots:
+            a.slots.append(s.slot)
+        if s.error and s.error != _RELEASED:  # call.failed is final (retries are inside one call)
+            _add_error(a.errors, s.error)
+        if a.started is None:
+            a.started = s.start
+    for a in agents.values():
+        mine = [s for s in calls if s.agent == a.name]
+        ends = [s.end for s in mine if s.end is not None]
+        if a.ended is None and a.status == "running" and ends and all(s.end is not None for s in mine):
+            a.ended = max(ends)
+            a.status = "failed" if a.errors else "done"
+    return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
+                        max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
+                        events=len(events))
+
+
+def _call_event(s: CallSpan, ev: Event, t: float) -> int:
+    """Fold one call event into its span; returns the in-flight count it reports (or 0)."""
+    if isinstance(ev, CallQueued):
+        s.queued = t
+    elif isinstance(ev, CallAdmitted):
+        s.admitted, s.reserved, s.slot = t, ev.tokens, ev.slot
+        return ev.in_flight
+    elif isinstance(ev, CallFirstToken):
+        s.first_token = t if s.first_token is None else s.first_token
+    elif isinstance(ev, CallFinished):
+        s.end, s.error = t, None
+        s.prompt_tokens, s.completion_tokens = ev.prompt_tokens, ev.completion_tokens
+    elif isinstance(ev, CallFailed):
+        s.end, s.error = t, f"{ev.error}: {ev.message}" if ev.message else ev.error
+    elif isinstance(ev, CallReleased):
+        if s.end is None:
+            s.end, s.error = t, _RELEASED
+    elif isinstance(ev, CallRetried):  # the attempt that ended is not the call's end
+        s.retried, s.end, s.error = True, None, None
+    return 0
+
+
+def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
+    a.ended = t
+    status = {AgentFinished: "done", AgentFailed: "failed"}.get(type(ev), "cancelled")
+    if a.status != "failed":  # one failed conversation of an agent (e.g. a map item) stays visible
+        a.status = status
+    reason = getattr(ev, "reason", None) or getattr(ev, "error", None)
+    if not reason:
+        return
+    a.reason = str(reason)
+    if isinstance(ev, AgentFailed):
+        _add_error(a.errors, a.reason)
+    for s in reversed(spans):  # the call that died with it gets the reason
+        if s.error == _RELEASED:
+            s.error = a.reason if isinstance(ev, AgentFailed) else f"cancelled: {a.reason}"
+            break
+
+
+def _add_error(errors: list[str], error: str) -> None:
+    """Append ``error`` unless the same message is already there (with or without a type)."""
+    for i, known in enumerate(errors):
+        if error in known:
+            return
+        if known in error:
+            errors[i] = error
+            return
+    errors.append(error)
+
+
+def _occupancy(span: CallSpan, end_of_trace: float) -> tuple[float, float] | None:
+    begin = span.admitted if span.admitted is not None else span.first_token
+    if begin is None:
+        return None
+    return begin, span.end if span.end is not None else max(end_of_trace, begin) + 1e-9
+
+
+def _peak(spans: list[CallSpan], end_of_trace: float) -> int:
+    """Most calls holding a slot at once (admitted and not yet ended)."""
+    marks: list[tuple[float, int]] = []
+    for span in spans:
+        occ = _occupancy(span, end_of_trace)
+        if occ:
+            marks += [(occ[0], 1), (occ[1], -1)]
+    peak = current = 0
+    for _, step in sorted(marks, key=lambda m: (m[0], m[1])):  # ends before starts at a tie
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def _assign_lanes(spans: list[CallSpan], end_of_trace: float) -> None:
+    """Give spans without an engine slot id the lowest lane free when they were admitted."""
+    busy: dict[int, float] = {}  # lane -> until
+    for span in sorted(spans, key=lambda s: _occupancy(s, end_of_trace) or (math.inf, 0)):
+        occ = _occupancy(span, end_of_trace)
+        if occ is None:
+            continue
+        if span.slot is not None:
+            busy[span.slot] = max(busy.get(span.slot, 0.0), occ[1])
+            continue
+        lane = 0
+        while busy.get(lane, -math.inf) > occ[0]:
+            lane += 1
+        span.slot = lane
+        busy[lane] = occ[1]
