@@ -13,7 +13,6 @@ import time
 import types
 from pathlib import Path
 
-import httpx
 import pytest
 
 from squad.engine import binary, pypi

@@ -1,6 +1,5 @@
 """Recipes: workload shapes, templating (F10), parameters, and the flow on the fake engine."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,7 @@ import pytest
 from squad.errors import RecipeError, UserError
 from squad.flow import Call, Delegate, Map, Parallel, Sequence
 from squad.recipe import load_recipe, validate_recipe
-from squad.recipe_run import execute_flow, run_recipe
+from squad.recipe_run import run_recipe
 from squad.testing import FakeEngine, Reply
 
 RECIPES = Path(__file__).parent.parent / "recipes"
