@@ -122,3 +122,23 @@ def test_plan_and_run_start_the_engine_with_the_same_argv(tmp_path, llama_server
     started = argv_log.read_text().splitlines()
     assert started[:len(server_args_planned)] == server_args_planned
     assert "-ctk" in started and started[started.index("-ctk") + 1] == "q8_0"
+
+
+@pytest.mark.anyio
+async def test_an_engine_that_admits_on_its_own_gets_no_reservations():
+    """A proxy in front of llama-server (admits=True): squad sends without reserving; the
+    engine's own queue (here the fake's deferral) holds the rest."""
+    from squad import Agent, Squad
+    from squad.testing import FakeEngine
+
+    seen = []
+    async with FakeEngine(slots=2, token_delay=0.01) as fe:
+        async with Squad([Agent(name="w", budget=512, max_tokens=8)],
+                         engine=EngineSpec(url=fe.base_url, admits=True), on_event=seen.append) as sq:
+            assert sq.session.admission is None
+            results = await sq.map("w", [f"item {i}" for i in range(4)])
+    assert all(r.ok for r in results)
+    assert not [e for e in seen if e.kind in ("call.queued", "call.admitted")]
+    assert len([e for e in seen if e.kind == "call.finished"]) == 4
+    with pytest.raises(UserError, match="admits=True"):
+        EngineSpec(admits=True)

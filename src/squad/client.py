@@ -24,6 +24,7 @@ frees the slot.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -114,7 +115,8 @@ class EngineClient:
     """Chat calls to one engine. Async context manager; see the module docstring for the rules.
 
     - ``engine``: the read-back :class:`EngineInfo` (settable after a reload).
-    - ``admission``: shared admission; default built from ``engine.slots`` and the pool
+    - ``admission``: shared admission; ``"auto"`` (default) builds it from what the engine
+      reported; None sends without reserving (an engine that admits on its own, a proxy)
       (not unified KV: each request is also kept under ``n_ctx``).
     - ``request_timeout``: seconds one attempt may take end to end (F04: never resent).
     - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
@@ -129,7 +131,7 @@ class EngineClient:
         self,
         engine: EngineInfo,
         *,
-        admission: Admission | None = None,
+        admission: "Admission | None | Literal['auto']" = "auto",
         request_timeout: float = 600.0,
         on_event: EventSink | None = None,
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
@@ -141,7 +143,8 @@ class EngineClient:
         self._on_event, self._restart = on_event, restart
         self._retired: list[Any] = []
         self._engine = engine
-        self.admission = admission or Admission.for_engine(engine, on_event=on_event)
+        self.admission: Admission | None = (Admission.for_engine(engine, on_event=on_event) if admission == "auto"
+                                            else admission)  # type: ignore[assignment]
         self.counter = PromptCounter(engine.model_path, self._count_remote, counter)
         self._connect(engine)
 
@@ -348,7 +351,9 @@ class EngineClient:
             raise AdmissionError(
                 f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {req.max_tokens}) but its budget "
                 f"is {req.budget}: " + ", or ".join(fixes), agent=agent)
-        async with self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id) as reservation:
+        admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
+                    if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
+        async with admitted as reservation:
             with anyio.move_on_after(self.request_timeout) as deadline:
                 result = await self._stream(call, reservation)
             if deadline.cancelled_caught:
@@ -388,7 +393,8 @@ class EngineClient:
 
     def _classify(self, exc: openai.APIError, agent: str, *, started: bool, partial: str = "") -> Exception:
         return classify(exc, agent, base_url=self._engine.base_url, engine_pool=self._engine.pool,
-                        squad_pool=self.admission.pool, squad_reserved=self.admission.reserved,
+                        squad_pool=self.admission.pool if self.admission else self._engine.pool,
+                        squad_reserved=self.admission.reserved if self.admission else 0,
                         request_timeout=self.request_timeout, started=started, partial=partial)
 
     def _emit(self, kind: type[Event], call: _Call, **data: Any) -> None:

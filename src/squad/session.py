@@ -50,7 +50,9 @@ class EngineSpec:
     - ``binary``: the ``llama-server`` to run (None: found or built by squad); ``threads``: ``-t``;
     - ``backend``/``mlx_max_batch``: for ``squad plan`` of other backends.
 
-    Or attach: ``url`` (+ ``api_key``) of a running engine; pins are then an error.
+    Or attach: ``url`` (+ ``api_key``) of a running engine; pins are then an error. ``admits``:
+    the engine at ``url`` admits on its own (a proxy in front of llama-server that queues by
+    slots and KV pool itself), so squad sends without reserving.
 
     ``request_timeout`` (seconds) bounds one call end to end, and the engine's own ``-to``
     is set above it. Raises :class:`UserError` for a bad combination or cache type.
@@ -65,6 +67,7 @@ class EngineSpec:
     threads: int | None = None
     url: str | None = None
     api_key: str | None = None
+    admits: bool = False
     request_timeout: float = 600.0
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
@@ -79,6 +82,8 @@ class EngineSpec:
                     raise UserError(f"{name}: {exc}") from None
         if self.url is not None and (self.slots is not None or self.ctx is not None):
             raise UserError("slots and ctx size an engine squad launches; drop them to attach to a URL")
+        if self.admits and self.url is None:
+            raise UserError("admits=True describes an engine at a URL that admits on its own: give its url")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"threads must be at least 1, got {self.threads}")
 
@@ -203,7 +208,8 @@ class EngineSession(AsyncResource):
         from squad.client import EngineClient
 
         restart = self._restart if self.launcher is not None else None
-        client = EngineClient(info, admission=Admission.for_engine(info, on_event=self._emit),
+        admission = None if spec.admits else Admission.for_engine(info, on_event=self._emit)
+        client = EngineClient(info, admission=admission,
                               request_timeout=spec.request_timeout, on_event=self._emit, restart=restart)
         self._chat, self._owns_chat = client, True
         await client.prepare()  # the model's tokenizer, so calls count prompts without a round trip
