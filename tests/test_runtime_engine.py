@@ -129,3 +129,25 @@ async def test_default_model_template_has_no_tools_and_squad_says_so(
         assert sq.info.template_has_tools is False
         await sq.run_agent("calc", "Add 2 and 3.")
     assert any(e.kind == "engine.warning" and "calc" in e.data["warning"] for e in events)
+
+
+async def test_prompts_are_counted_locally_and_match_the_engines_usage(
+    llama_server_path: Path, default_model_path: Path
+) -> None:
+    """On a launched engine every prompt is counted with the model's own tokenizer (no round
+    trip), and what admission reserved is exactly the engine's prompt count + max_tokens."""
+    text = "Review this:\n" + Path(__file__).read_text()[:1500].replace("@", "(at)") + "\nnaïve café 한국어 🙂 {\"k\": 1} ops@example.org"
+    agents = [a.model_copy(update={"budget": 2048}) for a in squad_of(["security", "style"])]
+    seen: list[Event] = []
+    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
+                     on_event=seen.append) as sq:
+        assert sq.chat.counter.local is not None
+        result = await sq.run("@security @style " + text)
+        assert sq.chat.counter.remote_counts == 0
+    assert result.main.ok and all(s.ok for s in result.subs)
+    max_tokens = {a.name: a.max_tokens for a in agents}
+    admitted = {e.call: e.tokens for e in seen if e.kind == "call.admitted"}
+    finished = [e for e in seen if e.kind == "call.finished"]
+    assert len(finished) == 3 and all(e.prompt_tokens > 100 for e in finished)
+    for e in finished:  # reserved == the engine's own prompt count + max_tokens, exactly
+        assert admitted[e.call] == e.prompt_tokens + max_tokens[e.agent]
