@@ -10,7 +10,7 @@ import pytest
 
 from squad.engine.launcher import Launcher
 from squad.engine.models import read_model_facts
-from squad.flow import Call
+from squad.workload import Call
 from squad.planner import plan, plan_for_replan
 
 RECIPE = textwrap.dedent("""\

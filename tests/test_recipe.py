@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from squad.errors import RecipeError, UserError
-from squad.flow import Call, Delegate, Map, Parallel, Sequence
+from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.recipe import load_recipe, validate_recipe
 from squad.recipe_run import execute_flow, run_recipe
 from squad.testing import FakeEngine, Reply

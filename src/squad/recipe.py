@@ -30,11 +30,11 @@ from pydantic import ValidationError
 
 from squad.agent import NAME_PATTERN, Agent, check_squad
 from squad.errors import RecipeError, UserError
-from squad.flow import Call, Delegate, Map, Node, Parallel, Sequence
 from squad.mention import parse_mentions
 from squad.recipe_load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipe_spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import check_template, render_template, template_paths
+from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
 
 if TYPE_CHECKING:
     from squad.session import EngineSpec
@@ -124,7 +124,7 @@ class Recipe:
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16")
 
     def workload(self) -> Node:
-        """The flow as a :mod:`squad.flow` tree for the planner.
+        """The flow as a :mod:`squad.workload` tree for the planner.
 
         A call is ``Call(agent, budget)``; a prompt that @mentions sub-agents (or an agent
         that may call sub-agents as tools) is ``Delegate(agent, Parallel(subs))``; a parallel

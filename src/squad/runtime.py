@@ -33,7 +33,6 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import anyio
 
-from squad import flow
 from squad.agent import Agent, check_squad
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
@@ -58,6 +57,7 @@ from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool
 from squad.turn import run_turn
+from squad.workload import Call, Delegate, Node, Parallel
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
 
@@ -120,7 +120,7 @@ class Squad:
         threads: int | None = None,
         url: str | None = None,
         api_key: str | None = None,
-        workload: flow.Node | None = None,
+        workload: Node | None = None,
         replan: bool = False,
         on_event: EventSink | Sequence[EventSink] | None = None,
         tools: Sequence[Tool] = (),
@@ -138,7 +138,7 @@ class Squad:
         if engine is not None and any(v is not None for v in short.values()):
             given = ", ".join(k for k, v in short.items() if v is not None)
             raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
-        self.workload: flow.Node = workload or default_workload(self.agents, self.main)
+        self.workload: Node = workload or default_workload(self.agents, self.main)
         self.variables = dict(variables or {})
         self.replan = replan
         self.max_tool_rounds = max_tool_rounds
@@ -347,7 +347,7 @@ class Squad:
         if n <= self.info.slots:
             return
         if self.replan:
-            group = [flow.Call(main.name, main.budget)] + [flow.Call(s, self.agents[s].budget) for s in subs]
+            group = [Call(main.name, main.budget)] + [Call(s, self.agents[s].budget) for s in subs]
             await self.session.replan(group)
             if n <= self.info.slots:
                 return
@@ -508,15 +508,15 @@ class Squad:
                                on_event=self._emit)
 
 
-def default_workload(agents: Mapping[str, Agent], main: str) -> flow.Node:
+def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
     """The workload when none is given: the main agent as a Delegate over its sub-agents in
     parallel (a chat turn that @mentions all of them), or just the main agent."""
     lead = agents[main]
     names = list(lead.agents) or [n for n in agents if n != main]
-    call = flow.Call(lead.name, lead.budget)
+    call = Call(lead.name, lead.budget)
     if not names:
         return call
-    return flow.Delegate(main=call, subs=flow.Parallel(tuple(flow.Call(n, agents[n].budget) for n in names)))
+    return Delegate(main=call, subs=Parallel(tuple(Call(n, agents[n].budget) for n in names)))
 
 
 def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunResult:

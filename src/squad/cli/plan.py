@@ -11,7 +11,7 @@ import typer
 
 from squad.cli._app import app, collect_params, console, engine_spec
 from squad.errors import UserError
-from squad.flow import Call, Node, Parallel, Sequence
+from squad.workload import Call, Node, Parallel, Sequence
 
 __all__ = ["plan_command", "parse_agents"]
 
