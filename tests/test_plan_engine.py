@@ -30,7 +30,7 @@ RECIPE = textwrap.dedent("""\
 
 @pytest.mark.engine
 def test_recipe_plan_launches_exactly_and_replans(llama_server_path, default_model_path, tmp_path):
-    from squad.recipe import load_recipe
+    from squad.recipes import load_recipe
 
     path = tmp_path / "small.yaml"
     path.write_text(RECIPE)

@@ -6,9 +6,8 @@ from pathlib import Path
 import pytest
 
 from squad.errors import RecipeError, UserError
+from squad.recipes import execute_flow, load_recipe, run_recipe, validate_recipe
 from squad.workload import Call, Delegate, Map, Parallel, Sequence
-from squad.recipe import load_recipe, validate_recipe
-from squad.recipe_run import execute_flow, run_recipe
 from squad.testing import FakeEngine, Reply
 
 RECIPES = Path(__file__).parent.parent / "recipes"

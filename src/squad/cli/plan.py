@@ -79,7 +79,7 @@ def parse_agents(text: str) -> tuple[Call, ...]:
 
 def _load_recipe(path: Path, params: dict[str, str]) -> Any:
     try:
-        from squad.recipe import load_recipe
+        from squad.recipes import load_recipe
     except ImportError as exc:  # the recipe loader lands separately
         raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
     return load_recipe(path, params)

@@ -31,7 +31,7 @@ def validate_command(
 ) -> None:
     """Check recipes without a model: YAML, keys, types, agents, templates, @mentions,
     parameters. Prints OK, warnings or the error for each file; exit 2 if any has errors."""
-    from squad.recipe import validate_recipe
+    from squad.recipes import validate_recipe
 
     failed = 0
     for path in files:
@@ -69,8 +69,7 @@ def run_command(
 
     Every run writes a JSONL trace (default: the newest file in ~/.local/state/squad/traces;
     see `squad trace show`)."""
-    from squad.recipe import load_recipe
-    from squad.recipe_run import run_recipe, step_table
+    from squad.recipes import load_recipe, run_recipe, step_table
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
@@ -173,7 +172,7 @@ def chat_command(
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
                  param: list[str]) -> tuple[list[Any], str, dict[str, Any], Any]:
     from squad.agent import Agent
-    from squad.recipe import load_agents, load_recipe
+    from squad.recipes import load_agents, load_recipe
 
     if recipe is not None and agent_file is not None:
         raise UserError("give --recipe or --agent-file, not both")
