@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import anyio
 
-from squad.agent import Agent, check_squad
+from squad.agent import Agent, check_squad, sub_agent_names
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.errors import AgentCancelled, AgentRunError, MentionError, SquadError, UserError, leaf_errors
@@ -312,13 +312,8 @@ class Squad:
             raise UserError(f"no agent named {name!r} (agents: {', '.join(self.agents)})") from None
 
     def _sub_names(self, agent: Agent) -> list[str]:
-        """Sub-agents ``agent`` may call: its ``agents``; for the main agent with none
-        declared, every other agent."""
-        if agent.agents:
-            return list(agent.agents)
-        if agent.name == self.main:
-            return [n for n in self.agents if n != agent.name]
-        return []
+        """Sub-agents ``agent`` may call (:func:`squad.agent.sub_agent_names`)."""
+        return sub_agent_names(agent, self.agents, self.main)
 
     @contextlib.asynccontextmanager
     async def _operation(self):  # type: ignore[no-untyped-def]
@@ -512,7 +507,7 @@ def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
     """The workload when none is given: the main agent as a Delegate over its sub-agents in
     parallel (a chat turn that @mentions all of them), or just the main agent."""
     lead = agents[main]
-    names = list(lead.agents) or [n for n in agents if n != main]
+    names = sub_agent_names(lead, agents, main)
     call = Call(lead.name, lead.budget)
     if not names:
         return call

@@ -1,6 +1,7 @@
 """``squad run``, ``squad chat`` and ``squad recipes validate``.
 
-- ``squad recipes validate FILE...``: every recipe check, no model needed; exit 2 on errors.
+- ``squad recipes validate FILE...``: every recipe check, no engine started (budgets are
+  checked against the model file when it is on disk); exit 2 on errors.
 - ``squad run RECIPE -p k=v ...``: validate -> plan -> launch (or ``--url`` attach) -> run the
   flow -> print the final output (stdout) and a per-agent summary (stderr).
 - ``squad chat``: a main agent in a REPL; lines may @mention sub-agents.
@@ -29,8 +30,9 @@ app.add_typer(recipes_app, name="recipes")
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
 ) -> None:
-    """Check recipes without a model: YAML, keys, types, agents, templates, @mentions,
-    parameters. Prints OK, warnings or the error for each file; exit 2 if any has errors."""
+    """Check recipes without an engine: YAML, keys, types, agents, templates, @mentions,
+    parameters; when the model file is on disk, budgets against it (fixed prompts counted
+    with its tokenizer). Prints OK, warnings or the error for each file; exit 2 if any has errors."""
     from squad.recipes import validate_recipe
 
     failed = 0

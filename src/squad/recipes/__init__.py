@@ -6,7 +6,8 @@ One way through (format in ``docs/recipes.md``):
 - :mod:`~squad.recipes.load`: strict YAML reading, every node with its line and column.
 - :mod:`~squad.recipes.check`: every check before any model call; builds the
   :class:`Recipe` (:func:`load_recipe`, :func:`validate_recipe`, :func:`load_agents`).
-- :mod:`~squad.recipes.budgets`: budgets against the model file when it is on disk.
+- :mod:`~squad.recipes.budgets`: budgets against the model file when it is on disk (training
+  context; fixed prompts counted with the model's tokenizer).
 - :mod:`~squad.recipes.model`: the checked :class:`Recipe` and :class:`Step`: its engine
   spec, its workload for the planner, its templates rendered at run time.
 - :mod:`~squad.recipes.run`: running the flow on a :class:`squad.runtime.Squad`

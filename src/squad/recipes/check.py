@@ -9,9 +9,10 @@ column, field path and a "did you mean" for near misses): YAML syntax and strict
 (:mod:`squad.recipes.load`), unknown keys and wrong types (:mod:`squad.recipes.spec`),
 unknown agents and sub-agents, include cycles, step ids (unique; only earlier steps may be
 read), template syntax and variables (``params.*``, ``steps.ID.output``/``outputs``,
-``item``/``index`` in a map), @mentions in prompts, parameter values, the model, and
-budgets above the model's training context when its file is on disk
-(:mod:`squad.recipes.budgets`). A declared parameter no template uses is a warning.
+``item``/``index`` in a map), @mentions in prompts, parameter values, the model, and, when
+the model file is on disk, budgets against it (:mod:`squad.recipes.budgets`: above the
+training context, or too small for a fixed prompt). A declared parameter no template uses is
+a warning.
 
 Templates are rendered later, one field at a time (:meth:`Recipe.render_prompt`).
 """
@@ -26,10 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from squad.agent import NAME_PATTERN, Agent, check_squad
+from squad.agent import NAME_PATTERN, Agent, check_squad, sub_agent_names
 from squad.errors import RecipeError, UserError
 from squad.mention import parse_mentions
-from squad.recipes.budgets import n_ctx_train
+from squad.recipes.budgets import check_prompts, n_ctx_train
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
@@ -47,14 +48,16 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
     ``require_params=False`` lets required parameters stay unset (for ``squad plan``
-    without values); their value is then None. Raises :class:`RecipeError`.
+    without values); their value is then None. When the model file is on disk, budgets are
+    checked against it, fixed prompts counted with these values
+    (:func:`squad.recipes.budgets.check_prompts`). Raises :class:`RecipeError`.
     """
     return _Loader(Path(path)).load(params or {}, require_params=require_params)
 
 
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
-    """Run every check on the recipe at ``path`` without parameter values or a model call.
-    Returns the warnings; raises :class:`RecipeError` for the first error."""
+    """Run every check on the recipe at ``path`` without parameter values (defaults only) or
+    a model call. Returns the warnings; raises :class:`RecipeError` for the first error."""
     return _Loader(Path(path)).load({}, require_params=False).warnings
 
 
@@ -111,11 +114,14 @@ class _Loader:
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
             cache_type=spec.engine.cache_type,
         )
-        return Recipe(
+        recipe = Recipe(
             name=spec.name, description=spec.description, path=self.path, model=model, engine=engine,
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
         )
+        unset = {name for name, p in spec.params.items() if p.required and name not in given}
+        check_prompts(recipe, unset=unset)
+        return recipe
 
     # agents and includes ----------------------------------------------------------------
     def collect_agents(self, located: Located, stack: list[Path]) -> dict[str, tuple[dict, Located, Path_]]:
@@ -314,11 +320,7 @@ class _Loader:
         parsed = parse_mentions(prompt, list(self.agents))
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
-        if agent == self.main:
-            lead = self.agents[agent]
-            allowed = list(lead.agents) or [n for n in self.agents if n != agent]
-        else:
-            allowed = []
+        allowed = sub_agent_names(self.agents[agent], self.agents, self.main) if agent == self.main else []
         for name in parsed.agents:
             if agent != self.main:
                 raise self.located.error(
