@@ -95,14 +95,14 @@ async def squad_fanout(sq, firsts: FirstTokens, prompts: list[str]) -> tuple[flo
 
 async def run_k(k: int, max_tokens: int, repeats: int, hand: dict[str, tuple[str, object]]) -> dict[str, Way]:  # type: ignore[no-untyped-def]
     """All ways at K; ``hand`` maps the hand-engine ways to (engine label, their kept openai client)."""
-    from squad import flow
+    from squad.workload import Call, Map
     from squad.agent import Agent, Sampling
     from squad.runtime import Squad
 
     prompts = [story_prompt(i) for i in range(k)]
     ways = {"squad": Way(), "raw": Way(), **{name: Way(engine=label) for name, (label, _) in hand.items()}}
     writer = Agent(name="writer", budget=BUDGET, max_tokens=max_tokens, sampling=Sampling(temperature=0))
-    workload = flow.Map(flow.Call("writer", BUDGET), count=k, limit=k)
+    workload = Map(Call("writer", BUDGET), count=k, limit=k)
     firsts = FirstTokens()
     async with Squad([writer], workload=workload, model=MODEL, threads=THREADS, on_event=firsts) as sq:
         info = sq.info

@@ -19,8 +19,7 @@ from _common import MODEL, THREADS  # noqa: E402
 
 async def main(argv: list[str] | None = None) -> Path:
     from squad.cli.trace import plot_timeline
-    from squad.recipe import load_recipe
-    from squad.recipe_run import run_recipe
+    from squad.recipes import load_recipe, run_recipe
     from squad.summary import summarize
     from squad.trace import JsonlTrace, load_trace
 

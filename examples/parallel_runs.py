@@ -14,7 +14,7 @@ import argparse
 
 import anyio
 
-from squad import flow
+from squad.workload import Call, Map
 from squad.agent import Agent
 from squad.runtime import Squad
 
@@ -37,7 +37,7 @@ INPUTS = [
 
 
 async def main(model: str | None, limit: int) -> None:
-    workload = flow.Map(flow.Call(SUMMARIZER.name, SUMMARIZER.budget), count=len(INPUTS), limit=limit)
+    workload = Map(Call(SUMMARIZER.name, SUMMARIZER.budget), count=len(INPUTS), limit=limit)
     async with Squad([SUMMARIZER], model=model, workload=workload, threads=2) as sq:
         print(f"engine: slots={sq.info.slots} n_ctx={sq.info.n_ctx}")
         results = await sq.map("summarizer", INPUTS, max_concurrency=limit)

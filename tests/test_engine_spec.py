@@ -16,7 +16,7 @@ import pytest
 from squad.engine.llama import CACHE_TYPES, KV_TYPE_BYTES, server_args
 from squad.errors import PlanError, RecipeError, UserError
 from squad.planner import plan
-from squad.recipe import load_recipe
+from squad.recipes import load_recipe
 from squad.session import EngineSpec, plan_engine
 
 RECIPE = """\

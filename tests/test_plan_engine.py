@@ -10,7 +10,7 @@ import pytest
 
 from squad.engine.launcher import Launcher
 from squad.engine.models import read_model_facts
-from squad.flow import Call
+from squad.workload import Call
 from squad.planner import plan, plan_for_replan
 
 RECIPE = textwrap.dedent("""\
@@ -30,7 +30,7 @@ RECIPE = textwrap.dedent("""\
 
 @pytest.mark.engine
 def test_recipe_plan_launches_exactly_and_replans(llama_server_path, default_model_path, tmp_path):
-    from squad.recipe import load_recipe
+    from squad.recipes import load_recipe
 
     path = tmp_path / "small.yaml"
     path.write_text(RECIPE)

@@ -13,7 +13,7 @@ import pytest
 
 from squad.engine.launcher import stop_pid
 from squad.errors import PlanError
-from squad.flow import Call, Delegate, Map, Parallel, Sequence
+from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.planner import (
     DEFAULT_CTX,
     DEFAULT_SLOTS,

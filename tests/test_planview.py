@@ -5,7 +5,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from squad.flow import Call, Map, Parallel, Sequence
+from squad.workload import Call, Map, Parallel, Sequence
 from squad.planner import plan
 from squad.planview import command_line, plan_json, render_plan
 

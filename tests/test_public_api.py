@@ -37,3 +37,14 @@ def test_type_checkers_see_every_lazy_name():
                and getattr(node.test, "id", None) == "TYPE_CHECKING"
                for stmt in node.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names}
     assert guarded == set(squad._LAZY)
+
+
+def test_recipes_package_exports_one_way_through():
+    import squad.recipes
+
+    assert set(squad.recipes.__all__) == {
+        "load_recipe", "validate_recipe", "load_agents", "Recipe", "Step", "EngineSettings", "RecipeWarning",
+        "run_recipe", "execute_flow", "RecipeRun", "step_table",
+    }
+    assert all(getattr(squad.recipes, name) is not None for name in squad.recipes.__all__)
+    assert squad.load_recipe is squad.recipes.load_recipe

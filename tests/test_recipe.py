@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 
 from squad.errors import RecipeError, UserError
-from squad.flow import Call, Delegate, Map, Parallel, Sequence
-from squad.recipe import load_recipe, validate_recipe
-from squad.recipe_run import run_recipe
+from squad.recipes import load_recipe, run_recipe, validate_recipe
+from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.testing import FakeEngine, Reply
 
 RECIPES = Path(__file__).parent.parent / "recipes"

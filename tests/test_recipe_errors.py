@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from squad.errors import RecipeError
-from squad.recipe import load_recipe, validate_recipe
+from squad.recipes import load_recipe, validate_recipe
 
 BAD = Path(__file__).parent / "recipes_bad"
 

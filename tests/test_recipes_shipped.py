@@ -6,8 +6,7 @@ import anyio
 import pytest
 
 from squad.cli import main as squad_main
-from squad.recipe import load_recipe, validate_recipe
-from squad.recipe_run import run_recipe
+from squad.recipes import load_recipe, run_recipe, validate_recipe
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 

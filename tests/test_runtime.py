@@ -18,7 +18,7 @@ from squad.runtime import Squad, default_workload, run_sync
 from squad.testing import FakeEngine, Reply, count_tokens
 from squad.tools import tool
 from squad.events import Event
-from squad import flow
+from squad.workload import Call, Delegate, Parallel
 
 pytestmark = pytest.mark.anyio
 
@@ -262,9 +262,9 @@ async def test_bad_squads_are_user_errors() -> None:
 def test_default_workload_is_main_delegating_to_all_subs_in_parallel() -> None:
     agents = {a.name: a for a in team()}
     node = default_workload(agents, "lead")
-    assert node == flow.Delegate(main=flow.Call("lead", 2048),
-                                 subs=flow.Parallel(tuple(flow.Call(n, 512) for n in SUBS)))
-    assert default_workload({"solo": Agent(name="solo")}, "solo") == flow.Call("solo", 2048)
+    assert node == Delegate(main=Call("lead", 2048),
+                                 subs=Parallel(tuple(Call(n, 512) for n in SUBS)))
+    assert default_workload({"solo": Agent(name="solo")}, "solo") == Call("solo", 2048)
 
 
 def test_run_sync_from_plain_code() -> None:

@@ -131,7 +131,7 @@ def _recipe(tmp_path, instructions, prompt, n_default=3):
     ],
 )
 def test_validate_recipe_compiles_every_template_field(tmp_path, instructions, prompt, line, field, problem):
-    from squad.recipe import validate_recipe
+    from squad.recipes import validate_recipe
 
     path = _recipe(tmp_path, instructions, prompt)
     with pytest.raises(RecipeError) as info:
@@ -142,7 +142,7 @@ def test_validate_recipe_compiles_every_template_field(tmp_path, instructions, p
 
 
 def test_recipe_prompt_runtime_error_names_file_and_field(tmp_path):
-    from squad.recipe import load_recipe
+    from squad.recipes import load_recipe
 
     recipe = load_recipe(_recipe(tmp_path, "You", "{{ 10 / params.n }}"), {"n": "0"})
     with pytest.raises(RecipeError) as info:

@@ -38,7 +38,7 @@ _LAZY = {
     "EngineInfo": "squad.engine.info",
     "Launcher": "squad.engine.launcher",
     "attach": "squad.engine.remote",
-    "load_recipe": "squad.recipe",
+    "load_recipe": "squad.recipes",
     "parse_mentions": "squad.mention",
     "Event": "squad.events",
     "EngineSpec": "squad.session",
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.events import Event
     from squad.mention import parse_mentions
     from squad.planner import EnginePlan, plan
-    from squad.recipe import load_recipe
+    from squad.recipes import load_recipe
     from squad.results import AgentResult, RunResult
     from squad.runtime import Squad, run_sync
     from squad.session import EngineSession, EngineSpec, plan_engine

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from squad.errors import UserError
 
-__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error"]
+__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names"]
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 """An agent name: a letter, then letters, digits, ``-`` or ``_`` (what ``@name`` can spell)."""
@@ -152,6 +152,16 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = ()) -> dict
                 )
     _check_cycles(by_name)
     return by_name
+
+
+def sub_agent_names(agent: Agent, squad: Mapping[str, Agent], main: str) -> list[str]:
+    """The sub-agents ``agent`` may call (by @mention or as tools), in order: its ``agents``;
+    for the main agent ``main`` when it declares none, every other agent of ``squad``."""
+    if agent.agents:
+        return list(agent.agents)
+    if agent.name == main:
+        return [n for n in squad if n != agent.name]
+    return []
 
 
 def _check_cycles(by_name: Mapping[str, Agent]) -> None:

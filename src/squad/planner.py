@@ -35,7 +35,7 @@ from squad.engine.llama import (
     slot_ctx,
 )
 from squad.errors import PlanError
-from squad.flow import Call, Node, Stage, stages
+from squad.workload import Call, Node, Stage, stages
 
 __all__ = [
     "EnginePlan",
@@ -75,7 +75,7 @@ class EnginePlan:
     - ``kv_bytes``: estimated KV cache size in bytes for ``n_ctx`` cells, or None if unknown.
     - ``per_slot_ctx``: tokens one request may use (the whole pool when unified, capped at
       the training context; an MLX batch's per-sequence share).
-    - ``timeline``: the workload's concurrency stages (:func:`squad.flow.stages`), for display.
+    - ``timeline``: the workload's concurrency stages (:func:`squad.workload.stages`), for display.
     - ``requested_ctx``: the context before rounding up to 256 (what was pinned or summed).
     - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
     - ``n_ctx_train``: the model's training context in tokens, or None.
@@ -130,7 +130,7 @@ def plan(
 ) -> EnginePlan:
     """Size the engine for ``workload``.
 
-    - ``workload``: a :mod:`squad.flow` tree, or None when there is nothing to plan.
+    - ``workload``: a :mod:`squad.workload` tree, or None when there is nothing to plan.
     - ``n_ctx_train``: the model's training context in tokens (GGUF ``{arch}.context_length``).
     - ``kv_bytes_per_token``: KV bytes per context cell at ``cache_type_k``/``cache_type_v``
       (``ModelFacts.kv_bytes_per_token``); None = unknown, no memory check. ``kv_bytes`` is

@@ -33,8 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
-from squad import flow
-from squad.agent import Agent, check_squad
+from squad.agent import Agent, check_squad, sub_agent_names
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.errors import AgentRunError, MentionError, UserError
@@ -60,6 +59,7 @@ from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool
 from squad.turn import agent_tools, no_tool_template, run_turn
+from squad.workload import Call, Delegate, Node, Parallel
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload"]
 _CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
@@ -104,7 +104,7 @@ class Squad:
         threads: int | None = None,
         url: str | None = None,
         api_key: str | None = None,
-        workload: flow.Node | None = None,
+        workload: Node | None = None,
         replan: bool = False,
         on_event: EventSink | Sequence[EventSink] | None = None,
         tools: Sequence[Tool] = (),
@@ -122,7 +122,7 @@ class Squad:
         if engine is not None and any(v is not None for v in short.values()):
             given = ", ".join(k for k, v in short.items() if v is not None)
             raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
-        self.workload: flow.Node = workload or default_workload(self.agents, self.main)
+        self.workload: Node = workload or default_workload(self.agents, self.main)
         self.variables = dict(variables or {})
         self.replan = replan
         self.max_tool_rounds = max_tool_rounds
@@ -294,13 +294,8 @@ class Squad:
             raise UserError(f"no agent named {name!r} (agents: {', '.join(self.agents)})") from None
 
     def _sub_names(self, agent: Agent) -> list[str]:
-        """Sub-agents ``agent`` may call: its ``agents``; for the main agent with none
-        declared, every other agent."""
-        if agent.agents:
-            return list(agent.agents)
-        if agent.name == self.main:
-            return [n for n in self.agents if n != agent.name]
-        return []
+        """Sub-agents ``agent`` may call (:func:`squad.agent.sub_agent_names`)."""
+        return sub_agent_names(agent, self.agents, self.main)
 
     def _origin(self, agent: Agent, parent: str | None = None) -> Origin:
         """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
@@ -312,7 +307,7 @@ class Squad:
         if n <= self.info.slots:
             return
         if self.replan:
-            group = [flow.Call(main.name, main.budget)] + [flow.Call(s, self.agents[s].budget) for s in subs]
+            group = [Call(main.name, main.budget)] + [Call(s, self.agents[s].budget) for s in subs]
             await self.session.replan(group)
             if n <= self.info.slots:
                 return
@@ -432,15 +427,15 @@ class Squad:
                                on_event=self._emit)
 
 
-def default_workload(agents: Mapping[str, Agent], main: str) -> flow.Node:
+def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
     """The workload when none is given: the main agent as a Delegate over its sub-agents in
     parallel (a chat turn that @mentions all of them), or just the main agent."""
     lead = agents[main]
-    names = list(lead.agents) or [n for n in agents if n != main]
-    call = flow.Call(lead.name, lead.budget)
+    names = sub_agent_names(lead, agents, main)
+    call = Call(lead.name, lead.budget)
     if not names:
         return call
-    return flow.Delegate(main=call, subs=flow.Parallel(tuple(flow.Call(n, agents[n].budget) for n in names)))
+    return Delegate(main=call, subs=Parallel(tuple(Call(n, agents[n].budget) for n in names)))
 
 
 def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunResult:

@@ -31,7 +31,7 @@ from squad.engine.launcher import Launcher, free_port
 from squad.engine.llama import check_cache_type
 from squad.errors import UserError
 from squad.events import EngineLoaded, EnginePlanned, EngineReplanning, Event, EventSink, emit_to
-from squad.flow import Call, Node
+from squad.workload import Call, Node
 from squad.planner import Backend, EnginePlan, plan, plan_for_replan
 
 __all__ = ["EngineSpec", "EngineSession", "plan_engine"]

@@ -89,7 +89,7 @@ def collect_params(items: list[str]) -> dict[str, str | list[str]]:
 def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,
                 **overrides: Any) -> "EngineSpec":
     """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's
-    :meth:`~squad.recipe.Recipe.engine_spec`, or the default) with the command-line
+    :meth:`~squad.recipes.Recipe.engine_spec`, or the default) with the command-line
     ``overrides`` that were given (model, slots, ctx, cache types, binary, threads); with
     ``url`` an engine to attach to instead (pins on the command line are then an error)."""
     from squad.session import EngineSpec

@@ -11,7 +11,7 @@ import typer
 
 from squad.cli._app import app, collect_params, console, engine_spec
 from squad.errors import UserError
-from squad.flow import Call, Node, Parallel, Sequence
+from squad.workload import Call, Node, Parallel, Sequence
 
 __all__ = ["plan_command", "parse_agents"]
 
@@ -79,7 +79,7 @@ def parse_agents(text: str) -> tuple[Call, ...]:
 
 def _load_recipe(path: Path, params: dict[str, str]) -> Any:
     try:
-        from squad.recipe import load_recipe
+        from squad.recipes import load_recipe
     except ImportError as exc:  # the recipe loader lands separately
         raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
     return load_recipe(path, params)

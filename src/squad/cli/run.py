@@ -1,6 +1,7 @@
 """``squad run``, ``squad chat`` and ``squad recipes validate``.
 
-- ``squad recipes validate FILE...``: every recipe check, no model needed; exit 2 on errors.
+- ``squad recipes validate FILE...``: every recipe check, no engine started (budgets are
+  checked against the model file when it is on disk); exit 2 on errors.
 - ``squad run RECIPE -p k=v ...``: validate -> plan -> launch (or ``--url`` attach) -> run the
   flow -> print the final output (stdout) and a per-agent summary (stderr).
 - ``squad chat``: a main agent in a REPL; lines may @mention sub-agents.
@@ -29,9 +30,10 @@ app.add_typer(recipes_app, name="recipes")
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
 ) -> None:
-    """Check recipes without a model: YAML, keys, types, agents, templates, @mentions,
-    parameters. Prints OK, warnings or the error for each file; exit 2 if any has errors."""
-    from squad.recipe import validate_recipe
+    """Check recipes without an engine: YAML, keys, types, agents, templates, @mentions,
+    parameters; when the model file is on disk, budgets against it (fixed prompts counted
+    with its tokenizer). Prints OK, warnings or the error for each file; exit 2 if any has errors."""
+    from squad.recipes import validate_recipe
 
     failed = 0
     for path in files:
@@ -69,8 +71,7 @@ def run_command(
 
     Every run writes a JSONL trace (default: the newest file in ~/.local/state/squad/traces;
     see `squad trace show`)."""
-    from squad.recipe import load_recipe
-    from squad.recipe_run import run_recipe, step_table
+    from squad.recipes import load_recipe, run_recipe, step_table
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
@@ -173,7 +174,7 @@ def chat_command(
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
                  param: list[str]) -> tuple[list[Any], str, dict[str, Any], Any]:
     from squad.agent import Agent
-    from squad.recipe import load_agents, load_recipe
+    from squad.recipes import load_agents, load_recipe
 
     if recipe is not None and agent_file is not None:
         raise UserError("give --recipe or --agent-file, not both")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import anyio
 
 from squad.errors import AgentRunError
-from squad.recipe import Recipe, Step
+from squad.recipes.model import Recipe, Step
 from squad.results import AgentResult
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from squad.planner import EnginePlan
     from squad.session import EngineSpec
 
-__all__ = ["RecipeRun", "run_recipe", "execute_flow"]
+__all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table"]
 
 
 @dataclass

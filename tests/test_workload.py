@@ -1,10 +1,10 @@
-"""The concurrency analysis shared by recipes, mentions and batches (squad.flow)."""
+"""The concurrency analysis shared by recipes, mentions and batches (squad.workload)."""
 
 import math
 
 import pytest
 
-from squad.flow import Call, Delegate, Map, Parallel, Sequence, Stage, calls, peak_concurrency, peak_context, stages
+from squad.workload import Call, Delegate, Map, Parallel, Sequence, Stage, calls, peak_concurrency, peak_context, stages
 
 lead, sec, style, tests_ = (Call(n, 4096) for n in ("lead", "security", "style", "tests"))
 big = Call("big", 8000)

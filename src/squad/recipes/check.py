@@ -1,17 +1,18 @@
-"""YAML recipes: load one strictly, check it before any model call, turn it into a workload.
+"""Checking a recipe before any model call, and building the :class:`Recipe` it describes.
 
-A recipe (format in ``docs/recipes.md``) declares a model, engine settings, typed
-parameters, agents (with budgets, possibly from ``include:`` files), a main agent and a
-flow of steps. :func:`load_recipe` gives a :class:`Recipe`; :func:`validate_recipe` runs
-every check without parameter values or a model and returns warnings.
+:func:`load_recipe` gives a checked :class:`~squad.recipes.model.Recipe`;
+:func:`validate_recipe` runs every check without parameter values and returns warnings;
+:func:`load_agents` reads a shared agents file.
 
 Checked before anything runs (each a :class:`~squad.errors.RecipeError` with file, line,
 column, field path and a "did you mean" for near misses): YAML syntax and strictness
-(:mod:`squad.recipe_load`), unknown keys and wrong types, unknown agents and sub-agents,
-include cycles, step ids (unique; only earlier steps may be read), template syntax and
-variables (``params.*``, ``steps.ID.output``/``outputs``, ``item``/``index`` in a map),
-@mentions in prompts, parameter values, the model, and budgets above the model's
-training context. A declared parameter no template uses is a warning.
+(:mod:`squad.recipes.load`), unknown keys and wrong types (:mod:`squad.recipes.spec`),
+unknown agents and sub-agents, include cycles, step ids (unique; only earlier steps may be
+read), template syntax and variables (``params.*``, ``steps.ID.output``/``outputs``,
+``item``/``index`` in a map), @mentions in prompts, parameter values, the model, and, when
+the model file is on disk, budgets against it (:mod:`squad.recipes.budgets`: above the
+training context, or too small for a fixed prompt). A declared parameter no template uses is
+a warning.
 
 Templates are rendered later, one field at a time (:meth:`Recipe.render_prompt`).
 """
@@ -19,215 +20,26 @@ Templates are rendered later, one field at a time (:meth:`Recipe.render_prompt`)
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
-from squad.agent import NAME_PATTERN, Agent, check_squad
+from squad.agent import NAME_PATTERN, Agent, check_squad, sub_agent_names
 from squad.errors import RecipeError, UserError
-from squad.flow import Call, Delegate, Map, Node, Parallel, Sequence
 from squad.mention import parse_mentions
-from squad.recipe_load import Located, Path_, field_path, pydantic_error, read_yaml
-from squad.recipe_spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, render_template, template_paths
+from squad.recipes.budgets import check_prompts, n_ctx_train
+from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
+from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
+from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
+from squad.templates import check_template, template_paths
 
-if TYPE_CHECKING:
-    from squad.session import EngineSpec
-
-__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "load_recipe", "validate_recipe", "load_agents"]
+__all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params"]
 
 _STEP_FIELDS = ("output", "outputs")
 _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.outputs?)?)$")
-
-
-class RecipeWarning(UserWarning):
-    """Something legal but probably unintended (an unused parameter). ``str()`` gives
-    ``file:line:col: field: message`` like :class:`RecipeError`."""
-
-    def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
-                 column: int | None = None, field: str | None = None) -> None:
-        self.problem, self.file, self.line, self.column, self.field = problem, file, line, column, field
-        super().__init__(str(RecipeError(problem, file=file, line=line, column=column, field=field)))
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Engine settings the recipe pins; None = auto (the planner decides)."""
-
-    slots: int | None = None
-    ctx: int | None = None
-    cache_type: str | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    """One checked flow step.
-
-    - ``kind``: ``call`` (one prompt), ``parallel`` (``steps`` at once, ``policy``) or
-      ``map`` (``prompt`` once per item of ``over``, ``concurrency`` at a time).
-    - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
-    - ``mentions``: sub-agents the prompt @mentions (as declared).
-    - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
-    """
-
-    id: str
-    kind: Literal["call", "parallel", "map"]
-    agent: str = ""
-    to_main: bool = False
-    prompt: str = ""
-    mentions: tuple[str, ...] = ()
-    steps: tuple["Step", ...] = ()
-    policy: Literal["collect", "fail-fast"] = "collect"
-    over: tuple[str, ...] = ()
-    split: Literal["lines", "json"] = "lines"
-    concurrency: int | None = None
-    loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
-
-
-@dataclass
-class Recipe:
-    """A loaded, checked recipe.
-
-    - ``model``: None (the built-in default), a registry name, or an absolute GGUF path.
-    - ``engine``: pinned slots/ctx/cache type (None = auto).
-    - ``params``: parameter values, typed (str, int, float, bool, list[str]; file = its text).
-    - ``agents``: :class:`squad.agent.Agent` by name; ``main`` names the main agent.
-    - ``output_schema``: JSON schema for the final output, or None.
-    """
-
-    name: str
-    description: str
-    path: Path
-    model: str | None
-    engine: EngineSettings
-    params: dict[str, Any]
-    param_specs: dict[str, ParamSpec]
-    agents: dict[str, Agent]
-    main: str
-    flow: tuple[Step, ...]
-    output_schema: dict[str, Any] | None = None
-    warnings: list[RecipeWarning] = field(default_factory=list)
-
-    # --- workload ---------------------------------------------------------------------
-    def engine_spec(self) -> "EngineSpec":
-        """The engine this recipe asks for: its model and pins (slots, context, KV cache type
-        for K and V). ``squad run`` and ``squad plan`` both start from it, then apply their
-        command-line overrides with :meth:`EngineSpec.but`."""
-        from squad.session import EngineSpec
-
-        e = self.engine
-        return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16")
-
-    def workload(self) -> Node:
-        """The flow as a :mod:`squad.flow` tree for the planner.
-
-        A call is ``Call(agent, budget)``; a prompt that @mentions sub-agents (or an agent
-        that may call sub-agents as tools) is ``Delegate(agent, Parallel(subs))``; a parallel
-        block is ``Parallel``; a map is ``Map(item, count, limit=concurrency)`` with ``count``
-        known when it maps over a list parameter.
-        """
-        return Sequence(tuple(self._node(step) for step in self.flow), label=self.name)
-
-    def _node(self, step: Step) -> Node:
-        if step.kind == "parallel":
-            return Parallel(tuple(self._node(s) for s in step.steps), label=step.id)
-        call = self._agent_node(step.agent, step.mentions)
-        if step.kind == "map":
-            count = None
-            if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
-                count = len(self.params[step.over[1]])
-            return Map(call, count=count, limit=step.concurrency, label=step.id)
-        return call
-
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
-        agent = self.agents[name]
-        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
-        if not subs:
-            return Call(name, agent.budget)
-        nodes = tuple(self._agent_node(sub) for sub in subs)
-        return Delegate(Call(name, agent.budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
-
-    # --- run-time helpers -------------------------------------------------------------
-    def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], **extra: Any) -> str:
-        """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
-        (``item``/``index`` in a map). Raises :class:`RecipeError` naming the field."""
-        variables = {"params": self.params, "steps": outputs, **extra}
-        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
-
-    def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-        """The list a map step fans out over. Raises :class:`RecipeError` if a step output
-        does not split into a list as declared."""
-        if step.over[0] == "params":
-            value = self.params[step.over[1]]
-            return [str(v) for v in value] if isinstance(value, list) else _lines(str(value))
-        out = outputs[step.over[1]]
-        if len(step.over) > 2 and step.over[2] == "outputs":
-            return [str(v) for v in out["outputs"]]
-        text = str(out["output"])
-        if step.split == "json":
-            try:
-                value = json.loads(_strip_fence(text))
-            except json.JSONDecodeError as exc:
-                raise RecipeError(f"step '{step.over[1]}' output is not a JSON list ({exc.msg}): {text[:200]!r}",
-                                  **_file_loc(step.loc), field=f"{step.loc.get('field')}") from None
-            if not isinstance(value, list):
-                raise RecipeError(f"step '{step.over[1]}' output is JSON but not a list", **_file_loc(step.loc))
-            return [v if isinstance(v, str) else json.dumps(v) for v in value]
-        return _lines(text)
-
-    def check_output(self, text: str) -> Any:
-        """Parse ``text`` as JSON and validate it against ``output_schema``; returns the value.
-        Raises :class:`UserError` saying what does not match."""
-        import jsonschema
-
-        try:
-            value = json.loads(_strip_fence(text))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"the final output is not JSON ({exc.msg}), but the recipe declares an output schema: {text[:200]!r}") from None
-        try:
-            jsonschema.validate(value, self.output_schema or {})
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-            raise UserError(f"the final output does not match the recipe's output schema at {where}: {exc.message}") from None
-        return value
-
-    def steps_by_id(self) -> dict[str, Step]:
-        """Every step, nested ones included, by id."""
-        found: dict[str, Step] = {}
-
-        def walk(steps: tuple[Step, ...]) -> None:
-            for s in steps:
-                found[s.id] = s
-                walk(s.steps)
-
-        walk(self.flow)
-        return found
-
-
-def _file_loc(loc: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: loc.get(k) for k in ("file", "line", "column")}
-
-
-def _lines(text: str) -> list[str]:
-    items = []
-    for line in text.splitlines():
-        line = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s+", "", line).strip()
-        if line:
-            items.append(line)
-    return items
-
-
-def _strip_fence(text: str) -> str:
-    m = re.search(r"```(?:json)?\s*\n(.*?)```", text, re.DOTALL)
-    return m.group(1) if m else text.strip()
-
-
-# --- loading -------------------------------------------------------------------------------
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
@@ -236,14 +48,16 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
     ``require_params=False`` lets required parameters stay unset (for ``squad plan``
-    without values); their value is then None. Raises :class:`RecipeError`.
+    without values); their value is then None. When the model file is on disk, budgets are
+    checked against it, fixed prompts counted with these values
+    (:func:`squad.recipes.budgets.check_prompts`). Raises :class:`RecipeError`.
     """
     return _Loader(Path(path)).load(params or {}, require_params=require_params)
 
 
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
-    """Run every check on the recipe at ``path`` without parameter values or a model call.
-    Returns the warnings; raises :class:`RecipeError` for the first error."""
+    """Run every check on the recipe at ``path`` without parameter values (defaults only) or
+    a model call. Returns the warnings; raises :class:`RecipeError` for the first error."""
     return _Loader(Path(path)).load({}, require_params=False).warnings
 
 
@@ -300,11 +114,14 @@ class _Loader:
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
             cache_type=spec.engine.cache_type,
         )
-        return Recipe(
+        recipe = Recipe(
             name=spec.name, description=spec.description, path=self.path, model=model, engine=engine,
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
         )
+        unset = {name for name, p in spec.params.items() if p.required and name not in given}
+        check_prompts(recipe, unset=unset)
+        return recipe
 
     # agents and includes ----------------------------------------------------------------
     def collect_agents(self, located: Located, stack: list[Path]) -> dict[str, tuple[dict, Located, Path_]]:
@@ -385,15 +202,15 @@ class _Loader:
             "or a path to a .gguf file", ("model",))
 
     def _check_budgets(self, model: str | None, agents: Mapping[str, Agent], raw: Mapping) -> None:
-        n_ctx_train = _n_ctx_train(model)
-        if n_ctx_train is None:
+        trained = n_ctx_train(model)
+        if trained is None:
             return
         for name, agent in agents.items():
-            if agent.budget > n_ctx_train:
+            if agent.budget > trained:
                 _, src, base = raw[name]
                 raise src.error(
                     f"budget {agent.budget} tokens is above the model's training context "
-                    f"({n_ctx_train}); lower it to at most {n_ctx_train}", (*base, "budget"))
+                    f"({trained}); lower it to at most {trained}", (*base, "budget"))
 
     # templates ----------------------------------------------------------------------------
     def _check_instructions(self, agent: Agent, src: Located, base: Path_) -> None:
@@ -503,11 +320,7 @@ class _Loader:
         parsed = parse_mentions(prompt, list(self.agents))
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
-        if agent == self.main:
-            lead = self.agents[agent]
-            allowed = list(lead.agents) or [n for n in self.agents if n != agent]
-        else:
-            allowed = []
+        allowed = sub_agent_names(self.agents[agent], self.agents, self.main) if agent == self.main else []
         for name in parsed.agents:
             if agent != self.main:
                 raise self.located.error(
@@ -570,17 +383,3 @@ def _ids_in(step: Step) -> set[str]:
     for s in step.steps:
         out |= _ids_in(s)
     return out
-
-
-def _n_ctx_train(model: str | None) -> int | None:
-    """The model's training context in tokens, when its file is on disk; else None."""
-    try:
-        from squad.engine.models import model_path, read_model_facts, DEFAULT_MODEL, known_models
-
-        name = model or DEFAULT_MODEL
-        path = model_path(name) if name in known_models() else Path(name)
-        if not path.is_file():
-            return None
-        return read_model_facts(path).n_ctx_train
-    except Exception:  # noqa: BLE001 - facts are a bonus check; the planner checks again
-        return None

@@ -1,0 +1,213 @@
+"""A checked recipe: its steps, the workload it gives the planner, its templates rendered.
+
+:class:`Recipe` and :class:`Step` are what :func:`squad.recipes.load_recipe` returns after
+every check (:mod:`squad.recipes.check`); nothing here reads a file. A recipe gives
+
+- :meth:`Recipe.engine_spec`: the engine it asks for (model and pins);
+- :meth:`Recipe.workload`: its flow as a :mod:`squad.workload` tree for the planner;
+- at run time (:mod:`squad.recipes.run`): prompts rendered one field at a time
+  (:meth:`Recipe.render_prompt`), the items a map fans out over (:meth:`Recipe.items`) and the
+  final output checked against the output schema (:meth:`Recipe.check_output`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from squad.agent import Agent
+from squad.errors import RecipeError, UserError
+from squad.recipes.spec import ParamSpec
+from squad.templates import render_template
+from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
+
+if TYPE_CHECKING:
+    from squad.session import EngineSpec
+
+__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning"]
+
+
+class RecipeWarning(UserWarning):
+    """Something legal but probably unintended (an unused parameter). ``str()`` gives
+    ``file:line:col: field: message`` like :class:`RecipeError`."""
+
+    def __init__(self, problem: str, *, file: str | None = None, line: int | None = None,
+                 column: int | None = None, field: str | None = None) -> None:
+        self.problem, self.file, self.line, self.column, self.field = problem, file, line, column, field
+        super().__init__(str(RecipeError(problem, file=file, line=line, column=column, field=field)))
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine settings the recipe pins; None = auto (the planner decides)."""
+
+    slots: int | None = None
+    ctx: int | None = None
+    cache_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One checked flow step.
+
+    - ``kind``: ``call`` (one prompt), ``parallel`` (``steps`` at once, ``policy``) or
+      ``map`` (``prompt`` once per item of ``over``, ``concurrency`` at a time).
+    - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
+    - ``mentions``: sub-agents the prompt @mentions (as declared).
+    - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
+    """
+
+    id: str
+    kind: Literal["call", "parallel", "map"]
+    agent: str = ""
+    to_main: bool = False
+    prompt: str = ""
+    mentions: tuple[str, ...] = ()
+    steps: tuple["Step", ...] = ()
+    policy: Literal["collect", "fail-fast"] = "collect"
+    over: tuple[str, ...] = ()
+    split: Literal["lines", "json"] = "lines"
+    concurrency: int | None = None
+    loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Recipe:
+    """A loaded, checked recipe.
+
+    - ``model``: None (the built-in default), a registry name, or an absolute GGUF path.
+    - ``engine``: pinned slots/ctx/cache type (None = auto).
+    - ``params``: parameter values, typed (str, int, float, bool, list[str]; file = its text).
+    - ``agents``: :class:`squad.agent.Agent` by name; ``main`` names the main agent.
+    - ``output_schema``: JSON schema for the final output, or None.
+    """
+
+    name: str
+    description: str
+    path: Path
+    model: str | None
+    engine: EngineSettings
+    params: dict[str, Any]
+    param_specs: dict[str, ParamSpec]
+    agents: dict[str, Agent]
+    main: str
+    flow: tuple[Step, ...]
+    output_schema: dict[str, Any] | None = None
+    warnings: list[RecipeWarning] = field(default_factory=list)
+
+    # --- workload ---------------------------------------------------------------------
+    def engine_spec(self) -> "EngineSpec":
+        """The engine this recipe asks for: its model and pins (slots, context, KV cache type
+        for K and V). ``squad run`` and ``squad plan`` both start from it, then apply their
+        command-line overrides with :meth:`EngineSpec.but`."""
+        from squad.session import EngineSpec
+
+        e = self.engine
+        return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16")
+
+    def workload(self) -> Node:
+        """The flow as a :mod:`squad.workload` tree for the planner.
+
+        A call is ``Call(agent, budget)``; a prompt that @mentions sub-agents (or an agent
+        that may call sub-agents as tools) is ``Delegate(agent, Parallel(subs))``; a parallel
+        block is ``Parallel``; a map is ``Map(item, count, limit=concurrency)`` with ``count``
+        known when it maps over a list parameter.
+        """
+        return Sequence(tuple(self._node(step) for step in self.flow), label=self.name)
+
+    def _node(self, step: Step) -> Node:
+        if step.kind == "parallel":
+            return Parallel(tuple(self._node(s) for s in step.steps), label=step.id)
+        call = self._agent_node(step.agent, step.mentions)
+        if step.kind == "map":
+            count = None
+            if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
+                count = len(self.params[step.over[1]])
+            return Map(call, count=count, limit=step.concurrency, label=step.id)
+        return call
+
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
+        agent = self.agents[name]
+        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
+        if not subs:
+            return Call(name, agent.budget)
+        nodes = tuple(self._agent_node(sub) for sub in subs)
+        return Delegate(Call(name, agent.budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
+
+    # --- run-time helpers -------------------------------------------------------------
+    def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], **extra: Any) -> str:
+        """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
+        (``item``/``index`` in a map). Raises :class:`RecipeError` naming the field."""
+        variables = {"params": self.params, "steps": outputs, **extra}
+        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
+
+    def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """The list a map step fans out over. Raises :class:`RecipeError` if a step output
+        does not split into a list as declared."""
+        if step.over[0] == "params":
+            value = self.params[step.over[1]]
+            return [str(v) for v in value] if isinstance(value, list) else _lines(str(value))
+        out = outputs[step.over[1]]
+        if len(step.over) > 2 and step.over[2] == "outputs":
+            return [str(v) for v in out["outputs"]]
+        text = str(out["output"])
+        if step.split == "json":
+            try:
+                value = json.loads(_strip_fence(text))
+            except json.JSONDecodeError as exc:
+                raise RecipeError(f"step '{step.over[1]}' output is not a JSON list ({exc.msg}): {text[:200]!r}",
+                                  **_file_loc(step.loc), field=f"{step.loc.get('field')}") from None
+            if not isinstance(value, list):
+                raise RecipeError(f"step '{step.over[1]}' output is JSON but not a list", **_file_loc(step.loc))
+            return [v if isinstance(v, str) else json.dumps(v) for v in value]
+        return _lines(text)
+
+    def check_output(self, text: str) -> Any:
+        """Parse ``text`` as JSON and validate it against ``output_schema``; returns the value.
+        Raises :class:`UserError` saying what does not match."""
+        import jsonschema
+
+        try:
+            value = json.loads(_strip_fence(text))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"the final output is not JSON ({exc.msg}), but the recipe declares an output schema: {text[:200]!r}") from None
+        try:
+            jsonschema.validate(value, self.output_schema or {})
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+            raise UserError(f"the final output does not match the recipe's output schema at {where}: {exc.message}") from None
+        return value
+
+    def steps_by_id(self) -> dict[str, Step]:
+        """Every step, nested ones included, by id."""
+        found: dict[str, Step] = {}
+
+        def walk(steps: tuple[Step, ...]) -> None:
+            for s in steps:
+                found[s.id] = s
+                walk(s.steps)
+
+        walk(self.flow)
+        return found
+
+
+def _file_loc(loc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: loc.get(k) for k in ("file", "line", "column")}
+
+
+def _lines(text: str) -> list[str]:
+    items = []
+    for line in text.splitlines():
+        line = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s+", "", line).strip()
+        if line:
+            items.append(line)
+    return items
+
+
+def _strip_fence(text: str) -> str:
+    m = re.search(r"```(?:json)?\s*\n(.*?)```", text, re.DOTALL)
+    return m.group(1) if m else text.strip()
