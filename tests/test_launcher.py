@@ -17,16 +17,16 @@ import psutil
 import pytest
 
 from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
+from squad.engine import control, process
 from squad.engine import launcher as launcher_mod
-from squad.engine import remote
 from squad.engine.launcher import (
     Launcher,
     build_args,
     check_applied,
     default_load_timeout,
     expected_slot_ctx,
-    reap_stale_engines,
 )
+from squad.engine.process import reap_stale_engines
 from squad.errors import EngineStartError, PlanMismatch
 from squad.planner import EnginePlan
 
@@ -132,7 +132,7 @@ def real(model: Path, slots: int, n_ctx: int, unified: bool | None = None) -> En
 @pytest.mark.engine
 @pytest.mark.anyio
 async def test_reads_back_rounded_context_and_slots(server_bin, model_file, state_tmp, monkeypatch):
-    monkeypatch.setattr(remote, "POLL_INTERVAL", 0.02)
+    monkeypatch.setattr(control, "POLL_INTERVAL", 0.02)
     async with Launcher(real(model_file, 4, 1000), binary=server_bin, threads=THREADS) as engine:
         info = engine.info
         assert (info.n_ctx, info.slots, info.pool, info.kv_unified) == (1024, 4, 1024, True)
@@ -221,7 +221,7 @@ async def test_no_orphan_after_exception_or_cancellation(server_bin, model_file,
 @pytest.mark.anyio
 async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(server_bin, model_file, state_tmp):
     first = real(model_file, 1, 512)
-    port = launcher_mod.free_port()  # the runtime keeps one port (and key) across reloads
+    port = process.free_port()  # the runtime keeps one port (and key) across reloads
     async with Launcher(first, binary=server_bin, threads=THREADS, port=port) as engine:
         url, key = engine.base_url, engine.api_key
         pid = engine.pid
@@ -258,11 +258,11 @@ _CHILD = textwrap.dedent(
     # restore python's handler so SIGINT raises KeyboardInterrupt as it does in a terminal
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import sys, anyio
-    from squad.engine import launcher
+    from squad.engine import process
     from squad.engine.launcher import Launcher
     from squad.planner import EnginePlan
     if sys.argv[3] == "no-pdeathsig":
-        launcher._pdeathsig_preexec = lambda: None
+        process._pdeathsig_preexec = lambda: None
     async def main():
         plan = EnginePlan(model=sys.argv[2], slots=1, n_ctx=512, kv_unified=False)
         async with Launcher(plan, binary=sys.argv[1], threads=1) as engine:

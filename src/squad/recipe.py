@@ -369,7 +369,7 @@ class _Loader:
     def _model(self, model: str | None) -> str | None:
         if model is None or model == "default":
             return None
-        from squad.engine.models import known_models
+        from squad.engine.registry import known_models
 
         if model in known_models():
             return model
@@ -575,7 +575,8 @@ def _ids_in(step: Step) -> set[str]:
 def _n_ctx_train(model: str | None) -> int | None:
     """The model's training context in tokens, when its file is on disk; else None."""
     try:
-        from squad.engine.models import model_path, read_model_facts, DEFAULT_MODEL, known_models
+        from squad.engine.facts import read_model_facts
+        from squad.engine.registry import DEFAULT_MODEL, known_models, model_path
 
         name = model or DEFAULT_MODEL
         path = model_path(name) if name in known_models() else Path(name)
