@@ -11,10 +11,15 @@ The API key is random per launch and reaches the engine through ``LLAMA_API_KEY`
 environment, never argv (argv is visible to every user in ``ps``). The engine log
 (stdout + stderr) goes to ``state_dir()/logs``.
 
-**No llama-server outlives squad.** The launcher stops its engine when the ``async with`` block
-ends normally, with an exception, or by cancellation (Ctrl-C), shielded from cancellation; if
-squad dies without running that code, PDEATHSIG (Linux) or the pid files the next launch reaps
-stop it. How, and what each guarantee rests on: :mod:`squad.engine.process`.
+A server squad did not start is never adopted (field case F15): a port something already
+answers on is refused before the spawn, and after ``/health`` the launcher checks that the
+process it started (or a child of it) is the one listening.
+
+**No llama-server outlives squad.** The launcher stops its engine (its whole process group)
+when the ``async with`` block ends normally, with an exception, or by cancellation (Ctrl-C),
+shielded from cancellation; if squad dies without running that code, PDEATHSIG (Linux) or the
+pid files the next launch reaps stop it. How, and what each guarantee rests on:
+:mod:`squad.engine.process`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from squad.engine import process
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx
-from squad.errors import PlanMismatch
+from squad.errors import EngineStartError, PlanMismatch
 from squad.planner import EnginePlan
 
 __all__ = [
@@ -127,9 +132,9 @@ class Launcher(AsyncResource):
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
       no PDEATHSIG, own session, no pid file.
 
-    Starting raises :class:`EngineNotFound`, :class:`EngineStartError` (process exited; carries
-    the log tail), :class:`EngineLoadTimeout`, :class:`PlanMismatch`. The engine is stopped
-    before any of them propagates.
+    Starting raises :class:`EngineNotFound`, :class:`EngineStartError` (process exited, carrying
+    the log tail; or the port is taken by another program, F15), :class:`EngineLoadTimeout`,
+    :class:`PlanMismatch`. The engine is stopped before any of them propagates.
     """
 
     def __init__(
@@ -194,6 +199,11 @@ class Launcher(AsyncResource):
             await anyio.to_thread.run_sync(process.reap_stale_engines)
         binary = _resolve_binary(self._binary_arg)
         port = self.port or process.free_port()
+        if process.port_in_use(port):  # never adopt a server squad did not start (F15)
+            raise EngineStartError(
+                f"port {port} on 127.0.0.1 is in use by another program: pass another port, or none "
+                "so squad picks a free one"
+            )
         self.base_url = f"http://127.0.0.1:{port}"
         logs = self.log_dir or state_dir() / "logs"
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
@@ -202,17 +212,19 @@ class Launcher(AsyncResource):
         args = build_args(
             self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads, extra_args=self.extra_args
         )
-        self._proc = process.spawn(binary, args, api_key=self.api_key, log_path=self.log_path, detached=self.detached)
+        engine_id = process.new_engine_id()
+        self._proc = process.spawn(binary, args, api_key=self.api_key, log_path=self.log_path, detached=self.detached,
+                                   engine_id=engine_id)
         try:
             if not self.detached:
-                self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path)
-            self.info = await self._ready()
+                self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path, engine_id)
+            self.info = await self._ready(port)
         except BaseException:
             await self._stop()
             raise
         return self.info
 
-    async def _ready(self) -> EngineInfo:
+    async def _ready(self, port: int) -> EngineInfo:
         proc, plan, log_path = self._proc, self.plan, self.log_path
         assert proc is not None and log_path is not None and self.base_url is not None
 
@@ -223,6 +235,11 @@ class Launcher(AsyncResource):
         timeout = self.load_timeout if self.load_timeout is not None else default_load_timeout(plan.model)
         async with control_client(self.base_url, self.api_key) as client:
             self.loading_polls = await wait_healthy(client, timeout=timeout, check_alive=check_alive)
+            if process.listens(proc.pid, port) is False:  # another server answered (F15)
+                raise EngineStartError(
+                    f"port {port} answered, but not from the llama-server squad started (pid {proc.pid}): "
+                    "another program listens there; pass another port, or none so squad picks a free one"
+                )
             state = await read_engine(client, with_slots=False)
         return self._info_from(state)
 

@@ -12,6 +12,13 @@ squad process is gone, checking pid *and* process start time (psutil) so a reuse
 killed. Engines started with ``detached=True`` (``squad engine start``) are meant to outlive
 squad and are exempt from both.
 
+The engine may be a wrapper script that runs llama-server without ``exec`` (field case F16).
+So every engine starts in its own session and process group, and every stop (:func:`stop`,
+:func:`stop_pid`, reaping) signals the whole group and waits for the engine and every process
+it started, not only for the one squad started. PDEATHSIG reaches only that one: when squad is SIGKILLed, such a
+wrapper's llama-server survives until the next launch reaps it, found by its process group and
+the ``SQUAD_ENGINE_ID`` the launch put in its environment (never by pid alone).
+
 The API key reaches the engine through ``LLAMA_API_KEY`` in its environment, never argv (argv
 is visible to every user in ``ps``). The engine log (stdout + stderr) goes to one file per
 launch; :func:`start_error` turns its tail into the error a user sees when loading fails.
@@ -24,6 +31,7 @@ import ctypes
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +49,9 @@ __all__ = [
     "GRACE",
     "alive",
     "free_port",
+    "listens",
+    "new_engine_id",
+    "port_in_use",
     "log_tail",
     "prune_logs",
     "reap_stale_engines",
@@ -67,6 +78,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """True if something accepts TCP connections on 127.0.0.1:``port`` now (field case F15)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+        except OSError:
+            return False
+
+
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` or one of its descendants listens on TCP ``port``: proof that
+    the server answering there is the one squad started (field case F15). None when the
+    operating system does not tell (psutil ``AccessDenied``)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            return None
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
 # --- spawning ------------------------------------------------------------------------------------
 
 
@@ -85,12 +127,25 @@ def _pdeathsig_preexec() -> Callable[[], None] | None:
     return preexec
 
 
-def spawn(binary: Path, args: list[str], *, api_key: str, log_path: Path, detached: bool) -> subprocess.Popen:
-    """Start ``binary args`` with ``LLAMA_API_KEY=api_key``, stdout + stderr appended to
-    ``log_path``. Not ``detached``: PDEATHSIG on Linux (call from the event loop's thread).
-    ``detached``: its own session, no PDEATHSIG. Raises :class:`EngineNotFound` when the binary
-    cannot be run."""
-    env = {**os.environ, "LLAMA_API_KEY": api_key}
+ENGINE_ID_VAR = "SQUAD_ENGINE_ID"
+"""Environment variable holding a random id per launch: marks the engine's processes (and a
+wrapper script's children, which inherit it) for :func:`reap_stale_engines`."""
+
+
+def new_engine_id() -> str:
+    """A fresh random ``SQUAD_ENGINE_ID``."""
+    return secrets.token_hex(8)
+
+
+def spawn(
+    binary: Path, args: list[str], *, api_key: str, log_path: Path, detached: bool, engine_id: str | None = None,
+) -> subprocess.Popen:
+    """Start ``binary args`` in its own session and process group (process group id = its pid)
+    with ``LLAMA_API_KEY=api_key`` and ``SQUAD_ENGINE_ID=engine_id`` (None: a fresh one),
+    stdout + stderr appended to ``log_path``. Not ``detached``: PDEATHSIG on Linux (call from
+    the event loop's thread). ``detached``: no PDEATHSIG. Raises :class:`EngineNotFound` when the
+    binary cannot be run."""
+    env = {**os.environ, "LLAMA_API_KEY": api_key, ENGINE_ID_VAR: engine_id or new_engine_id()}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         try:
@@ -101,7 +156,7 @@ def spawn(binary: Path, args: list[str], *, api_key: str, log_path: Path, detach
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=None if detached else _pdeathsig_preexec(),
-                start_new_session=detached,
+                start_new_session=True,  # its own process group: a stop reaches a wrapper's children (F16)
                 close_fds=True,
             )
         except OSError as exc:
@@ -131,6 +186,9 @@ _REASON = re.compile(r"(error|failed|invalid|cannot|unable|not found|no such)", 
 _PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")  # "0.00.217.549 W " timestamps and levels
 
 
+_BIND_FAILED = "couldn't bind HTTP server socket"
+
+
 def _reason(tail: str) -> str:
     for line in tail.splitlines():
         if _REASON.search(line):
@@ -140,8 +198,16 @@ def _reason(tail: str) -> str:
 
 def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> EngineStartError:
     """The :class:`EngineStartError` for an engine that exited while loading ``model``: the
-    first error-like line of its log, a hint, the log tail and path."""
+    first error-like line of its log, a hint (the port is taken, not a llama-server, or the
+    model), the log tail and path."""
     tail = log_tail(log_path)
+    if _BIND_FAILED in tail:  # llama.cpp tools/server/server.cpp, when the port is taken (F15)
+        return EngineStartError(
+            f"llama-server could not listen: {_reason(tail)}. The port is in use by another program: "
+            f"pass another port, or none so squad picks a free one; full log: {log_path}",
+            log_tail=tail,
+            log_path=str(log_path),
+        )
     if not tail.strip():  # it never got as far as logging: not a working llama-server at all
         hint = (f"{proc.args[0] if isinstance(proc.args, list) else proc.args} printed nothing: check that it "
                 "is llama-server (`squad engine info`, or --llama-server / SQUAD_LLAMA_SERVER)")
@@ -166,38 +232,95 @@ def alive(pid: int, create_time: float) -> bool:
         return False
 
 
+def _members(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc`` and its descendants (psutil objects: each remembers its start time, so a later
+    signal never reaches a reused pid)."""
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [proc]
+
+
+def _running(members: list[psutil.Process]) -> list[psutil.Process]:
+    """The ``members`` still running (a zombie has stopped)."""
+    running = []
+    for member in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if member.is_running() and member.status() != psutil.STATUS_ZOMBIE:
+                running.append(member)
+    return running
+
+
+def _signal(leader: psutil.Process | None, members: list[psutil.Process], sig: int) -> None:
+    """Send ``sig`` to the process group ``leader`` leads (skipped once the leader is gone:
+    its id could be reused) and to each of ``members`` still running (some may have left it)."""
+    if leader is not None and hasattr(os, "killpg") and leader.is_running():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(leader.pid, sig)
+    for member in _running(members):
+        with contextlib.suppress(psutil.Error):
+            member.send_signal(sig)
+
+
+def _group_leader(proc: psutil.Process) -> psutil.Process | None:
+    """``proc`` when it leads its own process group (every engine :func:`spawn` starts does)."""
+    try:
+        return proc if hasattr(os, "getpgid") and os.getpgid(proc.pid) == proc.pid else None
+    except OSError:
+        return None
+
+
+def _terminate(leader: psutil.Process | None, members: list[psutil.Process], grace: float) -> None:
+    """SIGTERM, wait up to ``grace`` s for every member, SIGKILL and wait for the rest; blocking."""
+    _signal(leader, members, signal.SIGTERM)
+    _, running = psutil.wait_procs(members, timeout=grace)
+    if running:
+        _signal(leader, running, signal.SIGKILL)
+        psutil.wait_procs(running, timeout=grace)
+
+
 def stop_pid(pid: int, *, create_time: float | None = None, grace: float = GRACE) -> bool:
-    """SIGTERM a process, SIGKILL it after ``grace`` seconds; blocking. False if it was not running
-    (or its start time differs from ``create_time``: the pid was reused)."""
+    """SIGTERM a process and, when it leads a process group, the whole group (a wrapper script's
+    llama-server, F16); SIGKILL what still runs after ``grace`` seconds; blocking. False if it was
+    not running (a zombie is not), or its start time differs from ``create_time``: the pid was
+    reused."""
     try:
         proc = psutil.Process(pid)
         if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
             return False
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
     except psutil.NoSuchProcess:
         return False
+    _terminate(_group_leader(proc), _members(proc), grace)
     return True
 
 
 async def stop(proc: subprocess.Popen, grace: float = GRACE) -> None:
-    """SIGTERM, wait up to ``grace`` s, SIGKILL, reap. Shielded: runs to the end under cancellation."""
+    """SIGTERM the engine's process group, wait up to ``grace`` s for each of its processes,
+    SIGKILL what is left, reap. Shielded: runs to the end under cancellation.
+
+    The group is signalled only while squad has not reaped the engine (alive or a zombie, its
+    pid and so its group id cannot be reused); processes that left the group are signalled one
+    by one."""
     with anyio.CancelScope(shield=True):
-        if proc.poll() is None:
+        leader, members = None, []
+        if proc.returncode is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leader = psutil.Process(proc.pid)
+                members = _members(leader)
+        _signal(leader, members, signal.SIGTERM)
+        with anyio.move_on_after(grace):
+            while _running(members):
+                await anyio.sleep(0.05)
+        if _running(members):
+            _signal(leader, members, signal.SIGKILL)
+            while _running(members):
+                await anyio.sleep(0.02)
+        while proc.poll() is None:  # reap; the kill only matters if psutil could not see it
             with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            with anyio.move_on_after(grace):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                while proc.poll() is None:
-                    await anyio.sleep(0.02)
+                proc.kill()
+            await anyio.sleep(0.02)
 
 
 # --- pid files: the fallback against orphans where PDEATHSIG does not exist ----------------------
@@ -209,15 +332,17 @@ def _pid_dir() -> Path:
     return path
 
 
-def write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path) -> Path:
-    """Record ``proc`` and its owner (this process), each with its start time, in
-    ``state_dir()/engines/<pid>.json``; returns the path (delete it once the engine is stopped)."""
+def write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path, engine_id: str) -> Path:
+    """Record ``proc`` (its process group and ``SQUAD_ENGINE_ID``) and its owner (this
+    process), each with its start time, in ``state_dir()/engines/<pid>.json``; returns the path
+    (delete it once the engine is stopped)."""
     me = psutil.Process()
     record = {
         "pid": proc.pid,
         "create_time": psutil.Process(proc.pid).create_time(),
         "owner_pid": me.pid,
         "owner_create_time": me.create_time(),
+        "engine_id": engine_id,
         "url": base_url,
         "log": str(log_path),
     }
@@ -226,11 +351,24 @@ def write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path) -> Path
     return path
 
 
+def _survivors(pgid: int, engine_id: str) -> list[psutil.Process]:
+    """Processes still in group ``pgid`` whose environment carries ``engine_id``: what a wrapper
+    script started after PDEATHSIG killed the wrapper itself (F16)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.environ().get(ENGINE_ID_VAR) == engine_id:
+                found.append(proc)
+    return found
+
+
 def reap_stale_engines() -> list[int]:
     """Stop engines a squad process launched and left behind when it died; return their pids.
 
     Reads ``state_dir()/engines/*.json``; an engine is stale when its owner (pid + start time)
-    is gone. Pid files of live owners are kept; unreadable ones are removed.
+    is gone. Its whole process group is stopped; when the engine itself is gone, the processes
+    left in its group that carry its ``SQUAD_ENGINE_ID`` are. Pid files of live owners are kept;
+    unreadable ones are removed.
     """
     reaped = []
     for path in _pid_dir().glob("*.json"):
@@ -240,6 +378,10 @@ def reap_stale_engines() -> list[int]:
                 continue
             if stop_pid(record["pid"], create_time=record["create_time"], grace=2.0):
                 reaped.append(record["pid"])
+            elif hasattr(os, "getpgid") and record.get("engine_id"):
+                survivors = _survivors(record["pid"], record["engine_id"])
+                _terminate(None, survivors, 2.0)
+                reaped.extend(p.pid for p in survivors)
         except (OSError, ValueError, KeyError, TypeError):
             pass
         path.unlink(missing_ok=True)
