@@ -47,7 +47,7 @@ def free_port() -> int:
 def _die_with_parent():  # type: ignore[no-untyped-def]
     """Linux: the engine gets SIGKILL when this process dies (squad's launcher does the same)."""
     try:
-        from squad.engine.launcher import _pdeathsig_preexec
+        from squad.engine.process import _pdeathsig_preexec
     except ImportError:
         return None
     return _pdeathsig_preexec()

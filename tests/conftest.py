@@ -34,7 +34,7 @@ def _engine() -> Path | str:
 
 @functools.cache
 def _model() -> Path | str:
-    from squad.engine.models import resolve_model
+    from squad.engine.registry import resolve_model
 
     try:
         return resolve_model(None, pull=True)

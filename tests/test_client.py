@@ -292,7 +292,7 @@ async def test_f22_a_dropped_token_count_is_retried_not_engine_gone():
 
 
 async def test_f22_control_requests_survive_a_dropped_connection():
-    from squad.engine.remote import control_client, read_engine
+    from squad.engine.control import control_client, read_engine
 
     async with FakeEngine(slots=3) as fe:
         flaky = _FlakyTransport(httpx.AsyncHTTPTransport(), "/props", drops=1)

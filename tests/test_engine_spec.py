@@ -91,7 +91,7 @@ def test_an_unknown_cache_type_is_refused_everywhere_with_the_same_list(bad, tmp
         plan(None, model=Path("m.gguf"), cache_type_k=bad)
     with pytest.raises(PlanError, match=listed):
         server_args("m.gguf", n_ctx=1024, slots=1, kv_unified=False, cache_type_k=bad)
-    from squad.engine.models import read_model_facts
+    from squad.engine.facts import read_model_facts
 
     with pytest.raises(PlanError, match=listed):
         read_model_facts(default_model_path).kv_bytes_per_token(bad, bad)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,16 +18,16 @@ import psutil
 import pytest
 
 from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
+from squad.engine import control, process
 from squad.engine import launcher as launcher_mod
-from squad.engine import remote
 from squad.engine.launcher import (
     Launcher,
     build_args,
     check_applied,
     default_load_timeout,
     expected_slot_ctx,
-    reap_stale_engines,
 )
+from squad.engine.process import reap_stale_engines
 from squad.errors import EngineStartError, PlanMismatch
 from squad.planner import EnginePlan
 
@@ -132,7 +133,7 @@ def real(model: Path, slots: int, n_ctx: int, unified: bool | None = None) -> En
 @pytest.mark.engine
 @pytest.mark.anyio
 async def test_reads_back_rounded_context_and_slots(server_bin, model_file, state_tmp, monkeypatch):
-    monkeypatch.setattr(remote, "POLL_INTERVAL", 0.02)
+    monkeypatch.setattr(control, "POLL_INTERVAL", 0.02)
     async with Launcher(real(model_file, 4, 1000), binary=server_bin, threads=THREADS) as engine:
         info = engine.info
         assert (info.n_ctx, info.slots, info.pool, info.kv_unified) == (1024, 4, 1024, True)
@@ -221,7 +222,7 @@ async def test_no_orphan_after_exception_or_cancellation(server_bin, model_file,
 @pytest.mark.anyio
 async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(server_bin, model_file, state_tmp):
     first = real(model_file, 1, 512)
-    port = launcher_mod.free_port()  # the runtime keeps one port (and key) across reloads
+    port = process.free_port()  # the runtime keeps one port (and key) across reloads
     async with Launcher(first, binary=server_bin, threads=THREADS, port=port) as engine:
         url, key = engine.base_url, engine.api_key
         pid = engine.pid
@@ -251,6 +252,105 @@ async def test_reload_is_noop_for_equal_plan_and_restarts_for_a_different_one(se
         assert infos[0].slots == 2
 
 
+# --- F15: a server squad did not start is never adopted ------------------------------------------
+
+
+def _impostor(port: int) -> subprocess.Popen:
+    """A llama-server look-alike on ``port``: /health 200 and /props of another model."""
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+        ANS = {"/health": {"status": "ok"}, "/v1/models": {"data": [{"meta": {"n_ctx_train": 8192}}]},
+               "/props": {"default_generation_settings": {"n_ctx": 512}, "total_slots": 1,
+                          "model_path": "/impostor.gguf"}}
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps(ANS.get(self.path, {})).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            def log_message(self, *args):
+                pass
+        server = HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+        print("up", flush=True)
+        server.serve_forever()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.anyio
+async def test_a_port_in_use_is_refused_before_the_spawn(server_bin, model_file, state_tmp):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        launcher = Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS, port=port)
+        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is in use"):
+            await launcher.start()
+        assert launcher.pid is None
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_a_late_engine_does_not_adopt_the_server_already_answering(server_bin, model_file, tmp_path, state_tmp,
+                                                                          monkeypatch):
+    """F15: the binary binds late and something else answers /health meanwhile."""
+    monkeypatch.setattr(process, "port_in_use", lambda port: False)  # the impostor came after the check
+    port = process.free_port()
+    late = _script(tmp_path, "late.sh", f'sleep 1\nexec "{server_bin}" "$@"')
+    impostor = _impostor(port)
+    try:
+        launcher = Launcher(real(model_file, 1, 512), binary=late, threads=THREADS, port=port)
+        with pytest.raises(EngineStartError, match="not from the llama-server squad started"):
+            await launcher.start()
+        assert launcher.pid is None and launcher.info is None
+    finally:
+        impostor.kill()
+        impostor.wait()
+        impostor.stdout.close()
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_an_engine_that_cannot_bind_says_the_port_is_taken(server_bin, model_file, state_tmp, monkeypatch):
+    """F15 with the plain binary: the error names the port, not the model file."""
+    monkeypatch.setattr(process, "port_in_use", lambda port: False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(EngineStartError, match="could not listen.*in use by another program") as exc:
+            await Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS, port=port).start()
+    assert "GGUF" not in str(exc.value)
+
+
+# --- F16: an engine behind a wrapper script --------------------------------------------------------
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_an_engine_behind_a_wrapper_script_is_stopped_with_it(server_bin, model_file, tmp_path, state_tmp):
+    """F16: the wrapper runs llama-server without exec; leaving the block stops both."""
+    wrapper = _script(tmp_path, "wrapper.sh", f'export SQUAD_TEST_WRAPPED=1\n"{server_bin}" "$@"')
+    async with Launcher(real(model_file, 1, 512), binary=wrapper, threads=THREADS) as engine:
+        (child,) = psutil.Process(engine.pid).children()
+        assert child.exe() == str(server_bin) and engine.info.slots == 1
+        pids = (engine.pid, child.pid)
+    assert all(wait_gone(pid, 10) for pid in pids)
+
+
 _CHILD = textwrap.dedent(
     """
     import signal
@@ -258,11 +358,11 @@ _CHILD = textwrap.dedent(
     # restore python's handler so SIGINT raises KeyboardInterrupt as it does in a terminal
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import sys, anyio
-    from squad.engine import launcher
+    from squad.engine import process
     from squad.engine.launcher import Launcher
     from squad.planner import EnginePlan
     if sys.argv[3] == "no-pdeathsig":
-        launcher._pdeathsig_preexec = lambda: None
+        process._pdeathsig_preexec = lambda: None
     async def main():
         plan = EnginePlan(model=sys.argv[2], slots=1, n_ctx=512, kv_unified=False)
         async with Launcher(plan, binary=sys.argv[1], threads=1) as engine:
@@ -326,6 +426,25 @@ def test_pid_file_fallback_reaps_engine_of_a_killed_squad(server_bin, model_file
     finally:
         _stop(child, engine_pid)
 
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PDEATHSIG is Linux-only")
+def test_a_wrapped_engine_of_a_killed_squad_is_reaped(server_bin, model_file, tmp_path, state_tmp):
+    """F16 when squad is SIGKILLed: PDEATHSIG kills the wrapper only; the next launch reaps its
+    llama-server (same process group, same SQUAD_ENGINE_ID)."""
+    wrapper = _script(tmp_path, "wrapper.sh", f'"{server_bin}" "$@"')
+    child, wrapper_pid = _run_child(wrapper, model_file, "pdeathsig")
+    (engine,) = psutil.Process(wrapper_pid).children()
+    try:
+        child.kill()
+        child.wait(30)
+        assert wait_gone(wrapper_pid)  # the kernel killed the wrapper ...
+        assert not gone(engine.pid)  # ... not what it started
+        assert reap_stale_engines() == [engine.pid]
+        assert wait_gone(engine.pid)
+    finally:
+        _stop(child, engine.pid)
 
 def test_public_names():
     assert set(launcher_mod.__all__) >= {"Launcher", "build_args", "check_applied", "expected_slot_ctx"}

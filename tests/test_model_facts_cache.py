@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from squad.engine import models
-from squad.engine.models import read_model_facts
+from squad.engine import facts
+from squad.engine.facts import read_model_facts
 
 
 def _gguf(path: Path, n_layer: int = 4) -> Path:
@@ -35,9 +35,9 @@ def _gguf(path: Path, n_layer: int = 4) -> Path:
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
-    models._read_facts.cache_clear()  # the in-process memo would hide the disk cache
+    facts._read_facts.cache_clear()  # the in-process memo would hide the disk cache
     yield tmp_path / "cache" / "facts"
-    models._read_facts.cache_clear()
+    facts._read_facts.cache_clear()
 
 
 def _forbid_reader(monkeypatch) -> None:
@@ -51,7 +51,7 @@ def test_second_read_comes_from_the_cache_without_opening_the_gguf(cache, tmp_pa
     path = _gguf(tmp_path / "m.gguf")
     first = read_model_facts(path)
     assert len(list(cache.glob("*.json"))) == 1
-    models._read_facts.cache_clear()  # as a new process would start
+    facts._read_facts.cache_clear()  # as a new process would start
     _forbid_reader(monkeypatch)
     second = read_model_facts(path)
     assert second == first
@@ -77,10 +77,10 @@ def test_corrupt_or_old_entry_is_ignored_and_rewritten(cache, tmp_path, monkeypa
     good = entry.read_text()
     assert damage(good) != good
     entry.write_text(damage(good))
-    models._read_facts.cache_clear()
+    facts._read_facts.cache_clear()
     assert read_model_facts(path) == first  # re-parsed
     assert json.loads(entry.read_text()) == json.loads(good)  # and rewritten
-    models._read_facts.cache_clear()
+    facts._read_facts.cache_clear()
     _forbid_reader(monkeypatch)
     assert read_model_facts(path) == first
 
@@ -106,7 +106,7 @@ def test_errors_are_not_cached(cache, tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"PK not a gguf")
     for _ in range(2):
-        with pytest.raises(models.ModelError, match="not a GGUF file"):
+        with pytest.raises(facts.ModelError, match="not a GGUF file"):
             read_model_facts(junk)
-        models._read_facts.cache_clear()
+        facts._read_facts.cache_clear()
     assert not cache.exists() or not list(cache.glob("*.json"))

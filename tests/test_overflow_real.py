@@ -13,14 +13,16 @@ import openai
 import pytest
 
 from squad.admission import Admission
-from squad.client import ChatResult, EngineClient
+from squad.chat import ChatRequest, ChatResult
+from squad.client import EngineClient
 from squad.engine.launcher import Launcher
+from squad.events import Event, Origin
 from squad.planner import EnginePlan
-from squad.events import Event
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
-CONTEXT_EXCEEDED = "Context size has been exceeded."
+from squad.engine.llama import CONTEXT_EXCEEDED
+
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 PROMPT = ("Write the numbers from one to five hundred in words, one per line, with no other text. "
           "Do not stop early and do not skip any number. " * 5).strip()
@@ -81,8 +83,8 @@ async def test_f01_naive_load_overflows_but_squad_finishes_all_four(engine):
         results: list[ChatResult] = []
 
         async def agent(i: int) -> None:
-            results.append(await client.complete(agent=f"counter{i}", messages=_messages(i), max_tokens=400,
-                                                 sampling=SAMPLING))
+            results.append(await client.complete(ChatRequest(origin=Origin(f"counter{i}"), messages=_messages(i),
+                                                             max_tokens=400, sampling=SAMPLING)))
 
         async with anyio.create_task_group() as tg:
             for i in range(4):
@@ -105,8 +107,9 @@ async def test_cancelling_a_call_frees_the_engine_slot(engine):
 
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: client.complete(agent="a", messages=_messages(0), max_tokens=400,
-                                                      sampling=SAMPLING, on_delta=lambda _: first.set()))
+                tg.start_soon(lambda: client.complete(ChatRequest(
+                    origin=Origin("a"), messages=_messages(0), max_tokens=400, sampling=SAMPLING,
+                    on_delta=lambda _: first.set())))
                 t0 = anyio.current_time()
                 with anyio.fail_after(60):
                     await first.wait()

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from squad.engine.launcher import stop_pid
+from squad.engine.process import stop_pid
 from squad.cli import main
 
 RECIPE = textwrap.dedent("""\

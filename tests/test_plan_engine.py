@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from squad.engine.launcher import Launcher
-from squad.engine.models import read_model_facts
+from squad.engine.facts import read_model_facts
 from squad.workload import Call
 from squad.planner import plan, plan_for_replan
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from squad.engine.launcher import stop_pid
+from squad.engine.process import stop_pid
 from squad.errors import PlanError
 from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.planner import (
@@ -302,7 +302,7 @@ def test_replan_none_for_mlx_attached_or_no_memory():
 # --- the real engine ---------------------------------------------------------------------
 
 def test_default_model_facts_give_the_documented_kv_bytes(default_model_path):
-    from squad.engine.models import read_model_facts
+    from squad.engine.facts import read_model_facts
 
     facts = read_model_facts(default_model_path)
     assert facts.kv_bytes_per_token("f16", "f16") == SMOL_KV

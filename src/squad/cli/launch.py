@@ -21,17 +21,9 @@ from rich.table import Table
 from squad.cli._app import app, console, err_console
 from squad.cli.engine import engine_app
 from squad.engine.info import EngineInfo
-from squad.engine.remote import (
-    SavedEngine,
-    SavedPlan,
-    attach,
-    control_client,
-    load_saved_engine,
-    pool_warning,
-    read_engine,
-    save_engine,
-    saved_engine_path,
-)
+from squad.engine.control import attach, control_client, pool_warning, read_engine
+from squad.engine.process import alive, stop_pid
+from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine, saved_engine_path
 from squad.errors import EngineGone, UserError
 from squad.planner import DEFAULT_SLOTS, MAX_SLOTS, EnginePlan
 
@@ -103,10 +95,10 @@ def engine_start(
 ) -> None:
     """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
     from squad.engine.launcher import Launcher
-    from squad.engine.models import resolve_model
+    from squad.engine.registry import resolve_model
 
     saved = load_saved_engine()
-    if saved is not None and _running(saved):
+    if saved is not None and alive(saved.pid, saved.create_time):
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
     plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
 
@@ -148,8 +140,6 @@ def engine_start(
 @engine_app.command("stop")
 def engine_stop() -> None:
     """Stop the engine `squad engine start` left running (SIGTERM, then SIGKILL after 5 s)."""
-    from squad.engine.launcher import stop_pid
-
     saved = load_saved_engine()
     if saved is None:
         raise UserError(f"no engine to stop: {saved_engine_path()} does not exist (start one with `squad engine start`)")
@@ -169,7 +159,7 @@ def engine_status(
     if url is None:
         if saved is None:
             raise UserError("no engine given: pass --url URL, or start one with `squad engine start`")
-        if not _running(saved):
+        if not alive(saved.pid, saved.create_time):
             raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not running; start it again")
         url, api_key = saved.url, saved.api_key
     info, busy = anyio.run(lambda: _status(url, api_key))
@@ -194,10 +184,3 @@ async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None
     async with control_client(info.base_url, info.api_key) as client:
         state = await read_engine(client)
     return info, state.busy_slots()
-
-
-def _running(saved: SavedEngine) -> bool:
-    try:
-        return abs(psutil.Process(saved.pid).create_time() - saved.create_time) <= 1.0
-    except psutil.Error:
-        return False

@@ -91,7 +91,7 @@ def _check_engine(the_plan: Any, url: str, api_key: str | None) -> Any:
 
     import anyio
 
-    from squad.engine.remote import attach
+    from squad.engine.control import attach
     from squad.planner import check_attached
 
     info = anyio.run(attach, url, api_key)

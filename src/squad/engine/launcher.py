@@ -11,44 +11,34 @@ The API key is random per launch and reaches the engine through ``LLAMA_API_KEY`
 environment, never argv (argv is visible to every user in ``ps``). The engine log
 (stdout + stderr) goes to ``state_dir()/logs``.
 
-**No llama-server outlives squad.** The launcher stops its engine (SIGTERM, then SIGKILL after
-a grace period) when the ``async with`` block ends normally, with an exception, or by
-cancellation (Ctrl-C); the stop runs shielded from cancellation. If squad itself dies without
-running that code (SIGKILL, a hard crash): on Linux the engine is started with
-``prctl(PR_SET_PDEATHSIG, SIGKILL)`` so the kernel kills it when squad goes. The signal
-fires when the *thread* that spawned the engine exits, so the launcher spawns from the event
-loop's thread, never from a worker thread. Elsewhere (macOS, Windows) each launch writes a pid
-file to ``state_dir()/engines``; the next launch kills engines whose squad process is gone,
-checking pid *and* process start time (psutil) so a reused pid is never killed.
-Engines started with ``detached=True`` (``squad engine start``) are meant to outlive squad and
-are exempt from both.
+A server squad did not start is never adopted (field case F15): a port something already
+answers on is refused before the spawn, and after ``/health`` the launcher checks that the
+process it started (or a child of it) is the one listening.
+
+**No llama-server outlives squad.** The launcher stops its engine (its whole process group)
+when the ``async with`` block ends normally, with an exception, or by cancellation (Ctrl-C),
+shielded from cancellation; if squad dies without running that code, PDEATHSIG (Linux) or the
+pid files the next launch reaps stop it. How, and what each guarantee rests on:
+:mod:`squad.engine.process`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import json
-import os
-import re
 import secrets
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
-import psutil
 from anyio.abc import AsyncResource
 
 from squad.dirs import state_dir
+from squad.engine import process
+from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
-from squad.engine.remote import EngineState, control_client, read_engine, wait_healthy
-from squad.errors import EngineNotFound, EngineStartError, PlanMismatch
 from squad.engine.llama import launch_args, slot_ctx
+from squad.errors import EngineStartError, PlanMismatch
 from squad.planner import EnginePlan
 
 __all__ = [
@@ -57,18 +47,8 @@ __all__ = [
     "expected_slot_ctx",
     "check_applied",
     "default_load_timeout",
-    "free_port",
-    "reap_stale_engines",
-    "stop_pid",
 ]
 
-GRACE = 5.0
-"""Seconds between SIGTERM and SIGKILL when stopping an engine."""
-
-LOG_TAIL_LINES = 30
-KEEP_LOGS = 50
-"""Engine logs kept in the log directory; older ones are deleted at each start."""
-_PR_SET_PDEATHSIG = 1
 _GIB = 1024**3
 
 
@@ -129,180 +109,10 @@ def default_load_timeout(model: Path | str) -> float:
     return 60.0 + 60.0 * size / _GIB
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# --- the process ---------------------------------------------------------------------------------
-
-
 def _resolve_binary(explicit: Path | str | None) -> Path:
     from squad.engine.binary import resolve_llama_server
 
     return Path(resolve_llama_server(explicit).path)
-
-
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec function asking the kernel to SIGKILL the child when its parent thread dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved in the parent: no dlopen after fork
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _spawn(binary: Path, args: list[str], *, api_key: str, log_path: Path, detached: bool) -> subprocess.Popen:
-    env = {**os.environ, "LLAMA_API_KEY": api_key}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        try:
-            return subprocess.Popen(
-                [str(binary), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=None if detached else _pdeathsig_preexec(),
-                start_new_session=detached,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise EngineNotFound(f"cannot run llama-server at {binary}: {exc}") from exc
-
-
-def _prune_logs(log_dir: Path, keep: int = KEEP_LOGS) -> None:
-    logs = sorted(log_dir.glob("llama-server-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for old in logs[keep:]:
-        old.unlink(missing_ok=True)
-
-
-def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of an engine log ("" if unreadable)."""
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-_REASON = re.compile(r"(error|failed|invalid|cannot|unable|not found|no such)", re.IGNORECASE)
-_PREFIX = re.compile(r"^[\d.:]+\s+[A-Z]\s+")  # "0.00.217.549 W " timestamps and levels
-
-
-def _reason(tail: str) -> str:
-    for line in tail.splitlines():
-        if _REASON.search(line):
-            return _PREFIX.sub("", line).strip()
-    return "no error line in the log"
-
-
-def _start_error(proc: subprocess.Popen, plan: EnginePlan, log_path: Path) -> EngineStartError:
-    tail = log_tail(log_path)
-    if not tail.strip():  # it never got as far as logging: not a working llama-server at all
-        hint = (f"{proc.args[0] if isinstance(proc.args, list) else proc.args} printed nothing: check that it "
-                "is llama-server (`squad engine info`, or --llama-server / SQUAD_LLAMA_SERVER)")
-    else:
-        hint = "Check that the model is a complete GGUF file llama.cpp supports"
-    return EngineStartError(
-        f"llama-server exited with status {proc.returncode} while loading {plan.model}: {_reason(tail)}. "
-        f"{hint}; full log: {log_path}",
-        log_tail=tail,
-        log_path=str(log_path),
-    )
-
-
-def stop_pid(pid: int, *, create_time: float | None = None, grace: float = GRACE) -> bool:
-    """SIGTERM a process, SIGKILL it after ``grace`` seconds; blocking. False if it was not running
-    (or its start time differs from ``create_time``: the pid was reused)."""
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
-            return False
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(grace)
-    except psutil.NoSuchProcess:
-        return False
-    return True
-
-
-async def _stop(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM, wait up to ``grace`` s, SIGKILL, reap. Shielded: runs to the end under cancellation."""
-    with anyio.CancelScope(shield=True):
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            with anyio.move_on_after(grace):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                while proc.poll() is None:
-                    await anyio.sleep(0.02)
-
-
-# --- pid files: the fallback against orphans where PDEATHSIG does not exist ----------------------
-
-
-def _pid_dir() -> Path:
-    path = state_dir() / "engines"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path) -> Path:
-    me = psutil.Process()
-    record = {
-        "pid": proc.pid,
-        "create_time": psutil.Process(proc.pid).create_time(),
-        "owner_pid": me.pid,
-        "owner_create_time": me.create_time(),
-        "url": base_url,
-        "log": str(log_path),
-    }
-    path = _pid_dir() / f"{proc.pid}.json"
-    path.write_text(json.dumps(record))
-    return path
-
-
-def _alive(pid: int, create_time: float) -> bool:
-    try:
-        return abs(psutil.Process(pid).create_time() - create_time) <= 1.0
-    except psutil.Error:
-        return False
-
-
-def reap_stale_engines() -> list[int]:
-    """Stop engines a squad process launched and left behind when it died; return their pids.
-
-    Reads ``state_dir()/engines/*.json``; an engine is stale when its owner (pid + start time)
-    is gone. Pid files of live owners are kept; unreadable ones are removed.
-    """
-    reaped = []
-    for path in _pid_dir().glob("*.json"):
-        try:
-            record = json.loads(path.read_text())
-            if _alive(record["owner_pid"], record["owner_create_time"]):
-                continue
-            if stop_pid(record["pid"], create_time=record["create_time"], grace=2.0):
-                reaped.append(record["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        path.unlink(missing_ok=True)
-    return reaped
 
 
 # --- the launcher --------------------------------------------------------------------------------
@@ -322,9 +132,9 @@ class Launcher(AsyncResource):
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
       no PDEATHSIG, own session, no pid file.
 
-    Starting raises :class:`EngineNotFound`, :class:`EngineStartError` (process exited; carries
-    the log tail), :class:`EngineLoadTimeout`, :class:`PlanMismatch`. The engine is stopped
-    before any of them propagates.
+    Starting raises :class:`EngineNotFound`, :class:`EngineStartError` (process exited, carrying
+    the log tail; or the port is taken by another program, F15), :class:`EngineLoadTimeout`,
+    :class:`PlanMismatch`. The engine is stopped before any of them propagates.
     """
 
     def __init__(
@@ -338,7 +148,7 @@ class Launcher(AsyncResource):
         log_dir: Path | None = None,
         extra_args: Sequence[str] = (),
         port: int | None = None,
-        grace: float = GRACE,
+        grace: float = process.GRACE,
         detached: bool = False,
     ) -> None:
         self.plan = plan
@@ -386,38 +196,50 @@ class Launcher(AsyncResource):
             return self.info
         self._starts += 1
         if not self.detached:
-            await anyio.to_thread.run_sync(reap_stale_engines)
+            await anyio.to_thread.run_sync(process.reap_stale_engines)
         binary = _resolve_binary(self._binary_arg)
-        port = self.port or free_port()
+        port = self.port or process.free_port()
+        if process.port_in_use(port):  # never adopt a server squad did not start (F15)
+            raise EngineStartError(
+                f"port {port} on 127.0.0.1 is in use by another program: pass another port, or none "
+                "so squad picks a free one"
+            )
         self.base_url = f"http://127.0.0.1:{port}"
         logs = self.log_dir or state_dir() / "logs"
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         if logs.is_dir():
-            _prune_logs(logs)
+            process.prune_logs(logs)
         args = build_args(
             self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads, extra_args=self.extra_args
         )
-        self._proc = _spawn(binary, args, api_key=self.api_key, log_path=self.log_path, detached=self.detached)
+        engine_id = process.new_engine_id()
+        self._proc = process.spawn(binary, args, api_key=self.api_key, log_path=self.log_path, detached=self.detached,
+                                   engine_id=engine_id)
         try:
             if not self.detached:
-                self._pidfile = _write_pidfile(self._proc, self.base_url, self.log_path)
-            self.info = await self._ready()
+                self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path, engine_id)
+            self.info = await self._ready(port)
         except BaseException:
             await self._stop()
             raise
         return self.info
 
-    async def _ready(self) -> EngineInfo:
+    async def _ready(self, port: int) -> EngineInfo:
         proc, plan, log_path = self._proc, self.plan, self.log_path
         assert proc is not None and log_path is not None and self.base_url is not None
 
         def check_alive() -> None:
             if proc.poll() is not None:
-                raise _start_error(proc, plan, log_path)
+                raise process.start_error(proc, plan.model, log_path)
 
         timeout = self.load_timeout if self.load_timeout is not None else default_load_timeout(plan.model)
         async with control_client(self.base_url, self.api_key) as client:
             self.loading_polls = await wait_healthy(client, timeout=timeout, check_alive=check_alive)
+            if process.listens(proc.pid, port) is False:  # another server answered (F15)
+                raise EngineStartError(
+                    f"port {port} answered, but not from the llama-server squad started (pid {proc.pid}): "
+                    "another program listens there; pass another port, or none so squad picks a free one"
+                )
             state = await read_engine(client, with_slots=False)
         return self._info_from(state)
 
@@ -479,7 +301,7 @@ class Launcher(AsyncResource):
     async def _stop(self) -> None:
         proc, self._proc, self.info = self._proc, None, None
         if proc is not None:
-            await _stop(proc, self.grace)
+            await process.stop(proc, self.grace)
         if self._pidfile is not None:
             self._pidfile.unlink(missing_ok=True)
             self._pidfile = None

@@ -67,16 +67,13 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import functools
-import hashlib
 import json
-import os
-import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from squad.dirs import cache_dir
+from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
 from squad.errors import ModelError, SquadError
 
 __all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model"]
@@ -301,14 +298,13 @@ _CACHE_VERSION = 1
 def _counter(resolved: str, size: int, mtime_ns: int) -> GGUFCounter | None:
     path = Path(resolved)
     key = {"path": resolved, "size": size, "mtime_ns": mtime_ns}
-    entry = cache_dir() / "tokenizers" / (
-        hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + ".json")
+    entry = cache_entry("tokenizers", key)
     record = _load_entry(entry, key)
     if record is not None:
         with contextlib.suppress(Exception):  # a damaged cache entry: rebuild it from the GGUF
             return _from_record(path, record)
     record = _build_record(path, key)
-    _store_entry(entry, record)
+    write_entry(entry, record)
     try:
         return _from_record(path, record)
     except Exception:  # noqa: BLE001 -- e.g. a template jinja2 cannot compile
@@ -324,12 +320,7 @@ def _from_record(path: Path, record: dict) -> GGUFCounter | None:
 
 
 def _build_record(path: Path, key: dict) -> dict:
-    from gguf import GGUFReader
-
-    try:
-        fields = GGUFReader(path, "r").fields
-    except Exception as exc:
-        raise ModelError(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
+    fields = read_fields(path)
 
     def get(name: str, default: Any = None) -> Any:
         field = fields.get(name)
@@ -391,29 +382,12 @@ def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], spl
 
 
 def _load_entry(entry: Path, key: dict) -> dict | None:
-    try:
-        record = json.loads(entry.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("version") != _CACHE_VERSION or record.get("key") != key:
+    record = read_entry(entry, key, _CACHE_VERSION)
+    if record is None:
         return None
     if not record.get("unsupported") and not {"tokenizer", "meta"} <= set(record):
         return None
     return record
-
-
-def _store_entry(entry: Path, record: dict) -> None:
-    tmp: Path | None = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
-        tmp = Path(name)
-        with os.fdopen(fd, "w") as out:
-            json.dump(record, out)
-        os.replace(tmp, entry)  # atomic for concurrent readers
-    except OSError:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)  # a read-only cache only costs a rebuild next time
 
 
 def _raise_exception(message: str) -> None:

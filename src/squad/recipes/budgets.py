@@ -42,7 +42,7 @@ def model_file(model: str | None) -> Path | None:
     ``model`` is a recipe's checked model: None (the default model), a known name (its file in
     ``cache_dir()/models``) or an absolute path.
     """
-    from squad.engine.models import DEFAULT_MODEL, known_models, model_path
+    from squad.engine.registry import DEFAULT_MODEL, known_models, model_path
 
     name = model or DEFAULT_MODEL
     path = model_path(name) if name in known_models() else Path(name)
@@ -52,7 +52,7 @@ def model_file(model: str | None) -> Path | None:
 def n_ctx_train(model: str | None) -> int | None:
     """The model's training context in tokens, when its file is on disk; else None."""
     try:
-        from squad.engine.models import read_model_facts
+        from squad.engine.facts import read_model_facts
 
         path = model_file(model)
         return None if path is None else read_model_facts(path).n_ctx_train

@@ -186,7 +186,7 @@ class _Loader:
     def _model(self, model: str | None) -> str | None:
         if model is None or model == "default":
             return None
-        from squad.engine.models import known_models
+        from squad.engine.registry import known_models
 
         if model in known_models():
             return model

