@@ -33,7 +33,7 @@ _LAZY = {
     "RunResult": "squad.results",
     "Tool": "squad.tools",
     "tool": "squad.tools",
-    "EnginePlan": "squad.planner",
+    "EnginePlan": "squad.engine.plan",
     "plan": "squad.planner",
     "EngineInfo": "squad.engine.info",
     "Launcher": "squad.engine.launcher",
@@ -57,9 +57,10 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.engine.control import attach
     from squad.engine.info import EngineInfo
     from squad.engine.launcher import Launcher
+    from squad.engine.plan import EnginePlan
     from squad.events import Event
     from squad.mention import parse_mentions
-    from squad.planner import EnginePlan, plan
+    from squad.planner import plan
     from squad.recipes import load_recipe
     from squad.results import AgentResult, RunResult
     from squad.runtime import Squad, run_sync

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from squad.engine.llama import round_ctx
-from squad.planner import EnginePlan
+from squad.engine.plan import EnginePlan
 
 __all__ = ["command_line", "plan_json", "render_plan"]
 

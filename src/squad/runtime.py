@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import anyio
 
 from squad.agent import Agent, check_squad, sub_agent_names
+from squad.blocks import Operations, Policy, run_block
+from squad.blocks import cancel_reason as operation_cancel_reason
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.errors import AgentRunError, MentionError, UserError
@@ -52,8 +54,6 @@ from squad.events import (
     Origin,
     emit_to,
 )
-from squad import blocks
-from squad.blocks import Operations, Policy, run_block
 from squad.handback import TextCounter, hand_back
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.session import EngineSession, EngineSpec
@@ -358,7 +358,7 @@ class Squad:
             async with limiter if limiter is not None else contextlib.nullcontext():
                 result = await self._converse(agent, origin, prompt, history, priority, variables)
         except anyio.get_cancelled_exc_class():
-            reason = cancel_reason() or blocks.cancel_reason()
+            reason = cancel_reason() or operation_cancel_reason()
             result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
             self._emit(AgentCancelledEvent(**ids, reason=reason))
             if record is not None:

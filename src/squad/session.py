@@ -29,11 +29,12 @@ from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.engine.launcher import Launcher
 from squad.engine.llama import check_cache_type
+from squad.engine.plan import Backend, EnginePlan
 from squad.engine.process import free_port
 from squad.errors import UserError
 from squad.events import EngineLoaded, EnginePlanned, EngineReplanning, Event, EventSink, emit_to
+from squad.planner import plan, plan_for_replan
 from squad.workload import Call, Node
-from squad.planner import Backend, EnginePlan, plan, plan_for_replan
 
 __all__ = ["EngineSpec", "EngineSession", "plan_engine"]
 

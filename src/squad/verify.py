@@ -23,7 +23,7 @@ from squad.engine.control import control_client, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.launcher import Launcher
 from squad.engine.llama import round_ctx
-from squad.planner import EnginePlan
+from squad.engine.plan import EnginePlan
 
 __all__ = ["RequestTiming", "Check", "VerifyReport", "verify_engine", "run_verify"]
 

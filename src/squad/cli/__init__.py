@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-from squad.cli._app import app, main
 from squad.cli import engine as _engine  # noqa: F401  (registers commands)
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
 from squad.cli import trace as _trace  # noqa: F401
+from squad.cli._app import app, main
 
 __all__ = ["app", "main"]

@@ -20,12 +20,13 @@ from rich.table import Table
 
 from squad.cli._app import app, console, err_console
 from squad.cli.engine import engine_app
-from squad.engine.info import EngineInfo
 from squad.engine.control import attach, control_client, pool_warning, read_engine
+from squad.engine.info import EngineInfo
+from squad.engine.llama import DEFAULT_SLOTS, MAX_SLOTS
+from squad.engine.plan import EnginePlan
 from squad.engine.process import alive, stop_pid
 from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine, saved_engine_path
 from squad.errors import EngineGone, UserError
-from squad.planner import DEFAULT_SLOTS, MAX_SLOTS, EnginePlan
 
 __all__ = ["verify", "engine_start", "engine_stop", "engine_status"]
 

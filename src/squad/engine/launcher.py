@@ -38,8 +38,8 @@ from squad.engine import process
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx
+from squad.engine.plan import EnginePlan
 from squad.errors import EngineStartError, PlanMismatch
-from squad.planner import EnginePlan
 
 __all__ = [
     "Launcher",

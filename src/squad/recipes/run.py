@@ -31,7 +31,7 @@ from squad.results import AgentResult
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
     from squad.engine.info import EngineInfo
-    from squad.planner import EnginePlan
+    from squad.engine.plan import EnginePlan
     from squad.session import EngineSpec
 
 __all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table"]

@@ -1,0 +1,76 @@
+"""The engine plan: what one llama-server is to be started with.
+
+An :class:`EnginePlan` is made by the planner (:func:`squad.planner.plan`, through
+:func:`squad.session.plan_engine`), realised by the launcher (:meth:`EnginePlan.server_args`
+gives the argv, from :mod:`squad.engine.llama`) and compared after load with what the engine
+reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from squad.engine.llama import DEFAULT_SLOTS, round_ctx, server_args
+
+if TYPE_CHECKING:
+    from squad.workload import Stage
+
+__all__ = ["EnginePlan", "Backend"]
+
+Backend = Literal["llama-server", "mlx", "attached"]
+"""What serves the plan: llama-server squad launches, mlxcel-server (one slot), or an engine
+squad attaches to (planned only to check it)."""
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """An immutable engine configuration.
+
+    Two plans compare equal exactly when they would start the same engine (model, slots,
+    context, unified KV, KV cache types, backend); reasons, warnings and estimates do not
+    take part in the comparison, so the launcher reloads only on a real difference.
+
+    - ``n_ctx``: total context in tokens, already rounded up to a multiple of 256.
+    - ``slots``: parallel request slots (``-np``), 1..8.
+    - ``kv_unified``: pass ``--kv-unified`` (always True when ``slots >= 2`` on llama-server).
+    - ``kv_bytes``: estimated KV cache size in bytes for ``n_ctx`` cells, or None if unknown.
+    - ``per_slot_ctx``: tokens one request may use (the whole pool when unified, capped at
+      the training context; an MLX batch's per-sequence share).
+    - ``timeline``: the workload's concurrency stages (:func:`squad.workload.stages`), for display.
+    - ``requested_ctx``: the context before rounding up to 256 (what was pinned or summed).
+    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
+    - ``n_ctx_train``: the model's training context in tokens, or None.
+    - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
+    """
+
+    model: Path
+    slots: int
+    n_ctx: int
+    kv_unified: bool
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    backend: Backend = "llama-server"
+    kv_bytes: int | None = field(default=None, compare=False)
+    per_slot_ctx: int | None = field(default=None, compare=False)
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    timeline: "tuple[Stage, ...]" = field(default=(), compare=False)
+    requested_ctx: int | None = field(default=None, compare=False)
+    memory_for_kv: int | None = field(default=None, compare=False)
+    n_ctx_train: int | None = field(default=None, compare=False)
+    peak: int | None = field(default=None, compare=False)
+
+    def server_args(self) -> list[str]:
+        """The llama-server arguments that realise this plan (model, context, slots, KV).
+
+        The launcher adds host, port, API key, metrics, timeout and threads.
+        """
+        return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
+                           cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+
+    @classmethod
+    def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":
+        """A plan with the given slots and context and the unified-KV rule applied."""
+        return cls(model=Path(model), slots=slots, n_ctx=round_ctx(n_ctx), kv_unified=slots >= 2)
