@@ -234,26 +234,30 @@ class AgentCancelled(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallQueued(Event):
-    """``tokens`` asked for (prompt + max_tokens); ``position`` in the queue (0 = head)."""
+class _Admission(Event):
+    """What admission says of every call: ``tokens`` reserved or asked for (prompt +
+    max_tokens), and after the event the calls in flight and the tokens reserved in the pool."""
 
-    kind: ClassVar[str] = "call.queued"
     tokens: int
-    position: int = 0
     in_flight: int = 0
     pool_used: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallAdmitted(Event):
-    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited; pool after it."""
+class CallQueued(_Admission):
+    """``position`` in squad's queue (0 = head)."""
+
+    kind: ClassVar[str] = "call.queued"
+    position: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallAdmitted(_Admission):
+    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited."""
 
     kind: ClassVar[str] = "call.admitted"
-    tokens: int
     slot: int
     queued_s: float = 0.0
-    in_flight: int = 0
-    pool_used: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,13 +300,12 @@ class CallRetried(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CallReleased(Event):
+class CallReleased(_Admission):
+    """``held_s``: seconds the slot and reservation were held."""
+
     kind: ClassVar[str] = "call.released"
-    tokens: int
     slot: int
     held_s: float = 0.0
-    in_flight: int = 0
-    pool_used: int = 0
 
 
 # --- tools and hand-back ----------------------------------------------------------------------
