@@ -123,6 +123,41 @@ async def hand_engine(server_args: Sequence[str], *, timeout: float = 120.0) -> 
             proc.wait()
 
 
+_FAKE_SERVER = """
+import sys, anyio
+from squad.testing import FakeEngine
+async def main():
+    fe = FakeEngine(slots=int(sys.argv[1]), n_ctx=int(sys.argv[2]), model_path=sys.argv[3])
+    await fe.start()
+    print(fe.base_url, flush=True)
+    await anyio.to_thread.run_sync(sys.stdin.read)  # until the bench closes our stdin (or dies)
+    await fe.stop()
+anyio.run(main)
+"""
+
+
+@contextlib.asynccontextmanager
+async def fake_engine_process(slots: int, n_ctx: int, model_path: str) -> AsyncIterator[str]:
+    """``squad.testing.FakeEngine`` in a process of its own (so its CPU does not share this
+    process's GIL with what is measured); yields its base URL; stopped when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(slots), str(n_ctx), model_path],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent())
+    try:
+        assert proc.stdout is not None
+        base = (await anyio.to_thread.run_sync(proc.stdout.readline)).strip()
+        if not base.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the fake engine did not start: {base!r}")
+        yield base
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @dataclass
 class CallResult:
     """One call seen from the fan-out start ``t0``: seconds to first token and to the end."""

@@ -5,8 +5,8 @@ calls and a pool large enough for all of them, so neither the fake nor squad's a
 ever makes a call wait. Then N = 1, 100, 1,000 concurrent calls (4 generated tokens each):
 
 - raw: plain ``openai`` streaming calls in an anyio task group;
-- squad: ``Squad.map`` (runtime + admission + engine client, including squad's token count
-  request to ``/v1/chat/completions/input_tokens`` before each call).
+- squad: ``Squad.map`` attached to it (runtime + admission + engine client, including the exact
+  token count of each prompt with the model's own tokenizer: the fake reports the real model file).
 
 Each repeat opens a fresh ``Squad`` attached to the fake and a fresh openai client, warms
 each with one untimed run of the same size (so both have warm connection pools), then times
@@ -16,8 +16,8 @@ table shows the median of the repeats with the spread (min–max), and a line pe
 the targets (overhead <= 0.3 ms per call, squad/raw <= 1.05, judged on the median) were met.
 
 Memory: peak ``tracemalloc`` bytes during a run / N (a separate run: tracing slows it down).
-The fake engine lives in this process, so its CPU and memory count on both sides alike; the
-difference is squad's.
+The fake engine runs in a process of its own, so this process's CPU time per call is the
+client side alone: squad's CPU overhead = (squad CPU - raw CPU) / N, beside the wall figures.
 
     .venv/bin/python bench/overhead.py [--quick] [--ns 1,100,1000] [--repeats 5]
 """
@@ -36,7 +36,9 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODEL, against, md_table, ratios, raw_client, raw_fanout, spread  # noqa: E402
+from _common import (  # noqa: E402
+    MODEL, against, fake_engine_process, md_table, ratios, raw_client, raw_fanout, spread,
+)
 
 MAX_TOKENS = 4
 BUDGET = 64
@@ -49,37 +51,42 @@ MEMORY_MAX_N = 100
 tracemalloc makes a 1,000-call run take minutes)."""
 
 
-async def raw_once(fe, prompts: list[str]) -> float:  # type: ignore[no-untyped-def]
-    """A fresh openai client, warmed by one untimed fan-out (so its connection pool is as warm
-    as squad's), then the timed fan-out. Fresh per run because the fake engine (uvicorn)
-    closes idle keep-alive connections after 5 s and the SDK does not retry (max_retries=0)."""
-    client = raw_client(fe.base_url, fe.api_key or "none")
+async def raw_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
+    """A fresh openai client, warmed by one untimed fan-out of other prompts (so its connection
+    pool is as warm as squad's), then the timed fan-out: (wall s, this process's CPU s). Fresh
+    per run because the fake engine (uvicorn) closes idle keep-alive connections after 5 s and
+    the SDK does not retry (max_retries=0)."""
+    client = raw_client(base_url, "none")
     try:
-        await raw_fanout(fe.base_url, "", prompts, MAX_TOKENS, client=client)
-        wall, calls = await raw_fanout(fe.base_url, "", prompts, MAX_TOKENS, client=client)
+        await raw_fanout(base_url, "", [f"warm up {p}" for p in prompts], MAX_TOKENS, client=client)
+        cpu = time.process_time()
+        wall, calls = await raw_fanout(base_url, "", prompts, MAX_TOKENS, client=client)
+        cpu = time.process_time() - cpu
     finally:
         await client.close()
     failed = [c.error for c in calls if c.error]
     if failed:
         raise RuntimeError(f"raw calls failed against the fake: {failed[0]}")
-    return wall
+    return wall, cpu
 
 
-async def squad_once(fe, prompts: list[str]) -> float:  # type: ignore[no-untyped-def]
+async def squad_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
     """A fresh ``Squad`` attached to the fake (fresh for the same reason as raw's client), one
-    untimed warm-up ``map``, then the timed one."""
-    from squad.agent import Agent
-    from squad.runtime import Squad
+    untimed warm-up ``map`` of other prompts (no count is remembered), then the timed one:
+    (wall s, this process's CPU s). The fake reports the real model file, so squad counts
+    prompts with the model's own tokenizer as it does for an engine it launched."""
+    from squad import Agent, EngineSpec, Squad
 
-    async with Squad([Agent(name="echo", budget=BUDGET, max_tokens=MAX_TOKENS)], engine=fe.info) as sq:
-        await sq.map("echo", [f"warm up {p}" for p in prompts])  # other prompts: no count is remembered
-        t0 = time.monotonic()
+    async with Squad([Agent(name="echo", budget=BUDGET, max_tokens=MAX_TOKENS)],
+                     engine=EngineSpec(url=base_url)) as sq:
+        await sq.map("echo", [f"warm up {p}" for p in prompts])
+        cpu, t0 = time.process_time(), time.monotonic()
         results = await sq.map("echo", prompts)
-        wall = time.monotonic() - t0
+        wall, cpu = time.monotonic() - t0, time.process_time() - cpu
     failed = [r.error for r in results if not r.ok]
     if failed:
         raise RuntimeError(f"squad calls failed against the fake: {failed[0]}")
-    return wall
+    return wall, cpu
 
 
 async def traced(fn, *args) -> int:  # type: ignore[no-untyped-def]
@@ -102,6 +109,8 @@ class Measured:
     n: int
     raw: list[float] = field(default_factory=list)
     squad: list[float] = field(default_factory=list)
+    raw_cpu: list[float] = field(default_factory=list)
+    squad_cpu: list[float] = field(default_factory=list)
     raw_mem: float | None = None
     squad_mem: float | None = None
 
@@ -112,34 +121,41 @@ class Measured:
     def overhead_ms(self) -> list[float]:
         return [(s - r) / self.n * 1e3 for s, r in zip(self.squad, self.raw)]
 
+    @property
+    def cpu_overhead_ms(self) -> list[float]:
+        """squad's extra CPU per call in this process (the fake runs in another one)."""
+        return [(s - r) / self.n * 1e3 for s, r in zip(self.squad_cpu, self.raw_cpu)]
+
+    def add(self, side: str, measured: tuple[float, float]) -> None:
+        getattr(self, side).append(measured[0])
+        getattr(self, f"{side}_cpu").append(measured[1])
+
 
 async def measure(n: int, repeats: int, memory: bool) -> Measured:
-    from squad.testing import FakeEngine
-
     prompts = [f"say hello number {i}" for i in range(n)]
     m = Measured(n)
-    # The fake reports the real model file, so squad counts prompts with the model's own
-    # tokenizer as it does for an engine it launched (no count round trip).
-    async with FakeEngine(slots=max(n, 1), n_ctx=max(n, 1) * BUDGET * 2, model_path=str(MODEL)) as fe:
+    async with fake_engine_process(max(n, 1), max(n, 1) * BUDGET * 2, str(MODEL)) as base_url:
         for r in range(repeats):
             if r % 2 == 0:
-                m.squad.append(await squad_once(fe, prompts))
-                m.raw.append(await raw_once(fe, prompts))
+                m.add("squad", await squad_once(base_url, prompts))
+                m.add("raw", await raw_once(base_url, prompts))
             else:
-                m.raw.append(await raw_once(fe, prompts))
-                m.squad.append(await squad_once(fe, prompts))
+                m.add("raw", await raw_once(base_url, prompts))
+                m.add("squad", await squad_once(base_url, prompts))
         if memory:
-            m.squad_mem = await traced(squad_once, fe, prompts) / n
-            m.raw_mem = await traced(raw_once, fe, prompts) / n
+            m.squad_mem = await traced(squad_once, base_url, prompts) / n
+            m.raw_mem = await traced(raw_once, base_url, prompts) / n
     return m
 
 
 def target_line(m: Measured) -> str:
     over = statistics.median(m.overhead_ms)
+    cpu = statistics.median(m.cpu_overhead_ms)
     ratio = statistics.median(ratios(m.squad, m.raw))
     return (f"- {m.n} concurrent call{'s' if m.n != 1 else ''}: overhead {over:.3f} ms/call "
             f"(target <= {TARGET_OVERHEAD_MS} ms): {against(over, TARGET_OVERHEAD_MS)}; "
-            f"squad/raw {ratio:.3f} (target <= {TARGET_RATIO}): {against(ratio, TARGET_RATIO)}")
+            f"squad/raw {ratio:.3f} (target <= {TARGET_RATIO}): {against(ratio, TARGET_RATIO)}; "
+            f"squad's own CPU {cpu:.3f} ms/call ({against(cpu, TARGET_OVERHEAD_MS)})")
 
 
 async def main(argv: list[str] | None = None) -> str:
@@ -154,7 +170,9 @@ async def main(argv: list[str] | None = None) -> str:
     for n in ns:
         m = await measure(n, args.repeats, memory=not args.no_memory and n <= MEMORY_MAX_N)
         row = [n, len(m.raw), spread(m.per_call_ms(m.raw), 3), spread(m.per_call_ms(m.squad), 3),
-               spread(m.overhead_ms, 3), spread(ratios(m.squad, m.raw), 3)]
+               spread(m.overhead_ms, 3), spread(ratios(m.squad, m.raw), 3),
+               spread(m.per_call_ms(m.raw_cpu), 3), spread(m.per_call_ms(m.squad_cpu), 3),
+               spread(m.cpu_overhead_ms, 3)]
         if m.raw_mem is not None and m.squad_mem is not None:
             row += [f"{m.raw_mem / 1024:.1f}", f"{m.squad_mem / 1024:.1f}", f"{(m.squad_mem - m.raw_mem) / 1024:+.1f}"]
         elif not args.no_memory:
@@ -162,15 +180,16 @@ async def main(argv: list[str] | None = None) -> str:
         rows.append(row)
         targets.append(target_line(m))
         print(f"N={n} done", file=sys.stderr)
-    headers = ["concurrent calls", "repeats", "raw ms/call", "squad ms/call", "squad overhead ms/call", "squad/raw"]
+    headers = ["concurrent calls", "repeats", "raw ms/call", "squad ms/call", "squad overhead ms/call", "squad/raw",
+               "raw CPU ms/call", "squad CPU ms/call", "squad CPU overhead ms/call"]
     if not args.no_memory:
         headers += ["raw KiB/call (peak)", "squad KiB/agent (peak)", "squad extra KiB/agent"]
     text = (
         f"### Overhead against the zero-latency fake engine ({MAX_TOKENS} tokens per call, "
         f"{args.repeats} repeats, median (min–max))\n\n{md_table(headers, rows)}\n\n"
         "Targets, judged on the medians:\n\n" + "\n".join(targets) + "\n\n"
-        "ms/call = wall time of N concurrent calls / N (the fake engine runs in the same process and "
-        "counts on both sides). Each repeat times the second run of a fresh Squad and of a fresh openai "
+        "ms/call = wall time of N concurrent calls / N; CPU ms/call = this process's CPU time / N (the fake "
+        "engine runs in a process of its own, so the CPU columns are the client side alone). Each repeat times the second run of a fresh Squad and of a fresh openai "
         "client (the first, untimed, opens their connections). Overhead and squad/raw are computed per "
         "repeat from the paired squad and raw runs (their order alternating), then summarised. Memory: "
         "tracemalloc peak during one run / N.\n"

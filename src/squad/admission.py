@@ -18,6 +18,7 @@ caller's :class:`~squad.events.Origin`, the call id it was given and the engine 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from contextlib import asynccontextmanager
@@ -84,6 +85,8 @@ class Admission:
         self._on_event = on_event
         self.engine = engine
         self._running: dict[int, Reservation] = {}  # slot -> reservation
+        self._reserved = 0  # sum of the running reservations' tokens
+        self._free: list[int] = list(range(slots))  # free slot numbers, a min-heap
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
@@ -111,7 +114,7 @@ class Admission:
     @property
     def reserved(self) -> int:
         """Tokens reserved by the calls in flight."""
-        return sum(r.tokens for r in self._running.values())
+        return self._reserved
 
     @property
     def queued(self) -> list[str]:
@@ -210,6 +213,8 @@ class Admission:
         """
         self._check_shape(slots, pool)
         self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
+        self._free = [s for s in range(slots) if s not in self._running]
+        heapq.heapify(self._free)
         for waiter in list(self._waiters):
             try:
                 self.check(waiter.reservation.tokens, agent=waiter.reservation.agent)
@@ -234,18 +239,22 @@ class Admission:
         """Grant waiters from the head while the head fits; never let a later one barge."""
         while self._waiters and not self._held:
             head = self._waiters[0]
-            free = [s for s in range(self.slots) if s not in self._running]
-            if not free or self.reserved + head.reservation.tokens > self.pool:
+            if not self._free or self._reserved + head.reservation.tokens > self.pool:
                 return
             self._waiters.pop(0)
-            head.reservation.slot = free[0]
-            self._running[free[0]] = head.reservation
+            slot = heapq.heappop(self._free)
+            head.reservation.slot = slot
+            self._running[slot] = head.reservation
+            self._reserved += head.reservation.tokens
             head.granted.set()
 
     def _release(self, reservation: Reservation, since: float) -> None:
         if self._running.get(reservation.slot) is not reservation:
             return
         del self._running[reservation.slot]
+        self._reserved -= reservation.tokens
+        if reservation.slot < self.slots:
+            heapq.heappush(self._free, reservation.slot)
         self._emit(CallReleased, reservation, tokens=reservation.tokens, slot=reservation.slot,
                    held_s=time.monotonic() - since, in_flight=self.in_flight, pool_used=self.reserved)
         self._dispatch()

@@ -257,9 +257,17 @@ class EngineClient:
 
     async def _with_retries(self, call: _Call) -> ChatResult:
         agent = call.agent
+        call.attempts += 1
+        try:  # the common path: one attempt, no retry machinery
+            return await self._attempt(call)
+        except (Loading, EngineGone, InnocentOverflow) as exc:
+            pending: BaseException | None = exc
         try:
             async for attempt in self._retrying(call):
                 with attempt:
+                    if pending is not None:  # the policy judges the first failure as attempt 1
+                        failed, pending = pending, None
+                        raise failed
                     call.attempts += 1
                     result = await self._attempt(call)
         except Loading as exc:

@@ -131,7 +131,7 @@ class Squad:
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )
         self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
-                                     self.workload, on_event=self._emit)
+                                     self.workload, on_event=self._emit if self._sinks else None)
         self._open = False
         self._operations = Operations()
         self._conversations = itertools.count(1)
@@ -369,7 +369,8 @@ class Squad:
                                  conversation=origin.conversation)
             self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
         else:
-            self._emit(AgentFinished(**ids, summary=result.summary()))
+            if self._sinks:
+                self._emit(AgentFinished(**ids, summary=result.summary()))
         finally:
             _CONVERSATION.reset(token)
         return result

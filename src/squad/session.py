@@ -211,9 +211,10 @@ class EngineSession(AsyncResource):
         from squad.client import EngineClient
 
         restart = self._restart if self.launcher is not None else None
-        admission = None if spec.admits else Admission.for_engine(info, on_event=self._emit)
-        client = EngineClient(info, admission=admission,
-                              request_timeout=spec.request_timeout, on_event=self._emit, restart=restart)
+        sink = self._emit if self._sinks else None  # nobody listens: events are not even built
+        admission = None if spec.admits else Admission.for_engine(info, on_event=sink)
+        client = EngineClient(info, admission=admission, request_timeout=spec.request_timeout, on_event=sink,
+                              restart=restart)
         self._chat, self._owns_chat = client, True
         await client.prepare()  # the model's tokenizer, so calls count prompts without a round trip
         self._loaded(reason)
