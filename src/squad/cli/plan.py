@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from squad.cli._app import app, collect_params, console, engine_spec
 from squad.errors import UserError
 from squad.workload import Call, Node, Parallel, Sequence
+
+if TYPE_CHECKING:
+    from squad.engine.plan import EnginePlan
 
 __all__ = ["plan_command", "parse_agents"]
 
@@ -85,7 +88,7 @@ def _load_recipe(path: Path, params: dict[str, str]) -> Any:
     return load_recipe(path, params)
 
 
-def _check_engine(the_plan: Any, url: str, api_key: str | None) -> Any:
+def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "EnginePlan":
     """Read the attached engine's /props and add a warning for each way it is too small."""
     import dataclasses
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import anyio
 import typer
@@ -19,6 +19,10 @@ from rich.table import Table
 
 from squad.cli._app import app, collect_params, console, engine_spec, err_console
 from squad.errors import RecipeError, UserError
+
+if TYPE_CHECKING:
+    from squad.engine.info import EngineInfo
+    from squad.recipes import RecipeRun
 
 __all__ = ["run_command", "chat_command", "validate_command"]
 
@@ -110,13 +114,13 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _engine_json(info: Any) -> dict[str, Any] | None:
+def _engine_json(info: "EngineInfo | None") -> dict[str, Any] | None:
     if info is None:
         return None
     return {"slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool, "base_url": info.base_url}
 
 
-def _summary(rows: list[Any], result: Any) -> None:
+def _summary(rows: list[Any], result: "RecipeRun") -> None:
     table = Table(title="agents", title_justify="left", show_edge=False)
     for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
         table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")

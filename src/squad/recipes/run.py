@@ -29,6 +29,8 @@ from squad.recipes.model import Recipe, Step
 from squad.results import AgentResult
 
 if TYPE_CHECKING:
+    from squad.events import EventSink
+    from squad.runtime import Squad
     from squad.chat import ChatEngine
     from squad.engine.info import EngineInfo
     from squad.engine.plan import EnginePlan
@@ -61,7 +63,7 @@ async def run_recipe(
     recipe: Recipe,
     *,
     engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
-    on_event: Any = None,
+    on_event: "EventSink | list[EventSink] | None" = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
@@ -83,7 +85,7 @@ async def run_recipe(
     return run
 
 
-async def execute_flow(recipe: Recipe, squad: Any) -> RecipeRun:
+async def execute_flow(recipe: Recipe, squad: "Squad") -> RecipeRun:
     """Run ``recipe.flow`` on an open squad (anything with ``run``/``run_agent``/``parallel``)."""
     run = RecipeRun(output="")
     for step in recipe.flow:
@@ -92,7 +94,7 @@ async def execute_flow(recipe: Recipe, squad: Any) -> RecipeRun:
     return run
 
 
-async def _step(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     _check_inputs(step, run)
     if step.kind == "parallel":
         await _parallel(recipe, squad, step, run)
@@ -104,7 +106,7 @@ async def _step(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
         run.steps[step.id] = {"output": text, "outputs": [text], "error": None}
 
 
-async def _call(recipe: Recipe, squad: Any, step: Step, prompt: str, run: RecipeRun) -> str:
+async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> str:
     if step.agent == recipe.main:
         result = await squad.run(prompt)
         run.results.extend((step.id, r) for r in result.subs)
@@ -115,7 +117,7 @@ async def _call(recipe: Recipe, squad: Any, step: Step, prompt: str, run: Recipe
     return agent_result.output
 
 
-async def _parallel(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     simple = all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
         pairs = [(s.agent, recipe.render_prompt(s, run.steps)) for s in step.steps]
@@ -133,7 +135,7 @@ async def _parallel(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> N
     run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
 
 
-async def _guarded(recipe: Recipe, squad: Any, step: Step, run: RecipeRun, policy: str) -> None:
+async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, policy: str) -> None:
     try:
         await _step(recipe, squad, step, run)
     except AgentRunError as exc:
@@ -142,7 +144,7 @@ async def _guarded(recipe: Recipe, squad: Any, step: Step, run: RecipeRun, polic
         _record(run, step.id, "", exc)
 
 
-async def _map(recipe: Recipe, squad: Any, step: Step, run: RecipeRun) -> None:
+async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     items = recipe.items(step, run.steps)
     prompts = [recipe.render_prompt(step, run.steps, item=item, index=i) for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
