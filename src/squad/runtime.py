@@ -350,7 +350,7 @@ class Squad:
         """Run one conversation and always produce its AgentResult (given to ``record`` too,
         so a cancelled one is recorded before the cancellation propagates)."""
         origin = origin or self._origin(agent)
-        ids = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
+        ids: dict[str, Any] = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
         start = time.monotonic()
         self._emit(AgentStarted(**ids, priority=priority))
         token = _CONVERSATION.set(origin.conversation)

@@ -80,7 +80,7 @@ def parse_agents(text: str) -> tuple[Call, ...]:
     return tuple(calls)
 
 
-def _load_recipe(path: Path, params: dict[str, str]) -> Any:
+def _load_recipe(path: Path, params: dict[str, str | list[str]]) -> Any:
     try:
         from squad.recipes import load_recipe
     except ImportError as exc:  # the recipe loader lands separately

@@ -262,10 +262,10 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
         await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
         state = await read_engine(client)
     slots = state.total_slots
-    known = saved is not None and saved.plan.slots == slots  # squad engine start recorded its plan
-    unified = saved.plan.kv_unified if known else None
+    plan = saved.plan if saved is not None and saved.plan.slots == slots else None  # what `engine start` recorded
+    unified = plan.kv_unified if plan is not None else None
     return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
-                      requested_ctx=saved.plan.n_ctx if known else None)
+                      requested_ctx=plan.n_ctx if plan is not None else None)
 
 
 def pool_warning(info: EngineInfo) -> str | None:
