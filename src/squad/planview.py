@@ -30,12 +30,9 @@ def command_line(plan: EnginePlan, binary: str = "llama-server") -> str | None:
     passes it (``LLAMA_API_KEY``)."""
     if plan.backend != "llama-server":
         return None
-    try:
-        from squad.engine.launcher import build_args
-    except ImportError:  # pragma: no cover - the launcher is part of the package
-        args = [*plan.server_args(), "--host", "127.0.0.1", "--port", "0", "--metrics"]
-    else:
-        args = build_args(plan, port=0)
+    from squad.engine.launcher import build_args
+
+    args = build_args(plan, port=0)
     args = [PORT_PLACEHOLDER if a == "0" and prev == "--port" else a for prev, a in zip(["", *args], args)]
     return f"LLAMA_API_KEY={KEY_PLACEHOLDER} " + shlex.join([binary, *args]).replace(
         shlex.quote(PORT_PLACEHOLDER), PORT_PLACEHOLDER)

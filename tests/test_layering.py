@@ -1,0 +1,75 @@
+"""The data path goes one way: recipe → workload → plan → engine → runtime → events → result.
+Pin the layering so a change cannot quietly send data back and forth between modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import squad
+
+SRC = Path(squad.__file__).parent
+
+# module (or package prefix) -> squad modules it must never import, even lazily
+NEVER = {
+    "squad.engine": ["squad.planner", "squad.session", "squad.runtime", "squad.client", "squad.admission",
+                     "squad.recipes", "squad.cli", "squad.workload", "squad.events"],
+    "squad.planner": ["squad.session", "squad.runtime", "squad.client", "squad.admission", "squad.recipes",
+                      "squad.cli", "squad.engine.launcher", "squad.engine.process"],
+    "squad.workload": ["squad.planner", "squad.session", "squad.runtime", "squad.recipes", "squad.engine"],
+    "squad.admission": ["squad.planner", "squad.client", "squad.runtime", "squad.session"],
+    "squad.client": ["squad.planner", "squad.runtime", "squad.session", "squad.recipes"],
+    "squad.recipes.spec": ["squad.planner", "squad.runtime", "squad.session"],
+    "squad.events": ["squad.runtime", "squad.client", "squad.admission", "squad.trace", "squad.view"],
+    "squad.view": ["squad.trace", "squad.summary", "squad.runtime"],
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    """squad modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks are for type
+    checkers only and do not count)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # drop TYPE_CHECKING blocks
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("squad")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_back_up_the_data_path():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        name = module_name(path)
+        for owner, banned in NEVER.items():
+            if name == owner or name.startswith(owner + "."):
+                bad += [f"{name} imports {m}" for m in imports_of(path)
+                        if any(m == b or m.startswith(b + ".") for b in banned)]
+    assert not bad, "\n".join(bad)
+
+
+FLAGS = {"--kv-unified", "--no-kv-unified", "-np", "--parallel", "-ctk", "-ctv", "-c", "--ctx-size", "-to", "--metrics"}
+
+
+def test_llama_facts_are_written_once():
+    """The server flags and KV element sizes are written only in squad.engine.llama (bench and
+    tests may spell argv out; the package may not; squad's own CLI options are not server flags)."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if path.name == "llama.py" or path.parent.name == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in FLAGS:
+                bad.append(f"{path.name}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Fraction":
+                bad.append(f"{path.name}:{node.lineno}: Fraction(...)")
+    assert not bad, "\n".join(bad)
