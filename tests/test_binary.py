@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
+from pypi_support import fake_pypi
 
 from squad.engine import binary, pypi
 from squad.engine.binary import (
@@ -24,8 +25,6 @@ from squad.engine.binary import (
     resolve_llama_server,
 )
 from squad.errors import EngineBuildError, EngineNotFound, UserError
-
-from pypi_support import fake_pypi
 
 HAVE_TOOLCHAIN = shutil.which("cmake") is not None and shutil.which("c++") is not None
 needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="needs cmake and c++")
@@ -287,3 +286,29 @@ def test_interrupted_build_stops_the_build_processes(tmp_path, monkeypatch):
         time.sleep(0.1)
     else:
         pytest.fail("the build's child process survived")
+
+
+def test_engine_version_of_a_hanging_wrapper_leaves_nothing_behind(tmp_path):
+    """A wrapper script that starts a child and hangs on --version: on timeout the whole
+    process group is killed, not just the script (the child would be left under pid 1)."""
+    import os
+    import stat as stat_module
+    import time
+
+    import psutil
+
+    from squad.engine.binary import engine_version
+
+    marker = tmp_path / "child.pid"
+    wrapper = tmp_path / "hang.sh"
+    wrapper.write_text(f"#!/bin/sh\nsleep 1000 &\necho $! > {marker}\nwait\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat_module.S_IXUSR)
+    assert engine_version(wrapper, timeout=0.5) is None
+    child = int(marker.read_text())
+    for _ in range(50):
+        if not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the wrapper's child outlived engine_version's timeout")

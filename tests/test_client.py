@@ -22,8 +22,8 @@ from squad.errors import (
     ReasoningBudgetExhausted,
     TruncatedStream,
 )
-from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply, count_tokens
 from squad.events import Event, Origin
+from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply, count_tokens
 
 pytestmark = pytest.mark.anyio
 

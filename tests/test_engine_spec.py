@@ -64,7 +64,7 @@ def test_command_line_overrides_keep_the_rest_of_the_recipe(tmp_path, default_mo
     base = load_recipe(write_recipe(tmp_path, default_model_path)).engine_spec()
     spec = engine_spec(base, slots=3, threads=2, model=None, ctx=None)
     assert (spec.slots, spec.threads, spec.kv_types) == (3, 2, ("q8_0", "q8_0"))
-    with pytest.raises(UserError, match="--slots/--ctx"):
+    with pytest.raises(UserError, match="--slots size or start an engine"):
         engine_spec(base, url="http://127.0.0.1:1", slots=3)
     assert engine_spec(base, url="http://127.0.0.1:1").url == "http://127.0.0.1:1"
 
@@ -142,3 +142,34 @@ async def test_an_engine_that_admits_on_its_own_gets_no_reservations():
     assert len([e for e in seen if e.kind == "call.finished"]) == 4
     with pytest.raises(UserError, match="admits=True"):
         EngineSpec(admits=True)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(slots="2"), "slots must be a whole number"),
+    (dict(ctx=0), "ctx must be a whole number"),
+    (dict(threads=True), "threads must be a whole number"),
+    (dict(request_timeout=0), "request_timeout must be a positive number"),
+    (dict(url="127.0.0.1:8080"), "with its scheme, e.g. http://127.0.0.1:8080"),
+    (dict(url="http://127.0.0.1:1", cache_type_k="q8_0", threads=2), "threads, cache_type_k size or start"),
+    (dict(url="http://127.0.0.1:1", model="x.gguf"), "model size or start"),
+])
+def test_engine_spec_refuses_what_cannot_work_before_anything_starts(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        EngineSpec(**kwargs)
+
+
+def test_params_that_are_not_utf8_are_a_clear_error():
+    from squad.cli._app import collect_params
+
+    value = b"caf\xe9".decode("utf-8", "surrogateescape")  # what argv gives for latin-1 bytes
+    with pytest.raises(UserError, match="-p topic=...: the value has bytes that are not UTF-8"):
+        collect_params([f"topic={value}"])
+
+
+def test_renamed_squad_arguments_say_where_they_went():
+    from squad import Agent, Squad
+
+    with pytest.raises(UserError, match=r"engine=EngineSpec\(binary=\.\.\., request_timeout=\.\.\."):
+        Squad([Agent(name="a")], binary="/x", request_timeout=5)
+    with pytest.raises(AttributeError, match="Squad.plan moved: use Squad.session.plan"):
+        Squad([Agent(name="a")]).plan  # noqa: B018

@@ -16,8 +16,8 @@ from pathlib import Path
 import anyio
 import psutil
 import pytest
-
 from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
+
 from squad.engine import control, process
 from squad.engine import launcher as launcher_mod
 from squad.engine.launcher import (

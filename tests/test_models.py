@@ -11,6 +11,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from pypi_support import fake_pypi
 
 from squad.engine import pypi, registry
 from squad.engine.facts import read_model_facts
@@ -22,8 +23,6 @@ from squad.engine.registry import (
     resolve_model,
 )
 from squad.errors import ModelError, UserError
-
-from pypi_support import fake_pypi
 
 # --- the real default model ----------------------------------------------------------------
 

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from squad.engine.process import stop_pid
 from squad.cli import main
+from squad.engine.process import stop_pid
 
 RECIPE = textwrap.dedent("""\
     name: code-review

@@ -8,10 +8,10 @@ import textwrap
 import anyio
 import pytest
 
-from squad.engine.launcher import Launcher
 from squad.engine.facts import read_model_facts
-from squad.workload import Call
+from squad.engine.launcher import Launcher
 from squad.planner import plan, plan_for_replan
+from squad.workload import Call
 
 RECIPE = textwrap.dedent("""\
     name: small-review

@@ -13,7 +13,6 @@ import pytest
 
 from squad.engine.process import stop_pid
 from squad.errors import PlanError
-from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.planner import (
     DEFAULT_CTX,
     DEFAULT_SLOTS,
@@ -24,6 +23,7 @@ from squad.planner import (
     plan_for_replan,
     round_ctx,
 )
+from squad.workload import Call, Delegate, Map, Parallel, Sequence
 
 MODEL = Path("/models/m.gguf")
 SMOL_KV = 23_040  # SmolLM2-135M: 30 layers × 3 KV heads × 64 × (2 + 2) bytes at f16

@@ -5,9 +5,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from squad.workload import Call, Map, Parallel, Sequence
 from squad.planner import plan
 from squad.planview import command_line, plan_json, render_plan
+from squad.workload import Call, Map, Parallel, Sequence
 
 MODEL = Path("/models/my model.gguf")
 REVIEW = Sequence((

@@ -6,8 +6,8 @@ import pytest
 
 from squad.errors import RecipeError, UserError
 from squad.recipes import load_recipe, run_recipe, validate_recipe
-from squad.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.testing import FakeEngine, Reply
+from squad.workload import Call, Delegate, Map, Parallel, Sequence
 
 RECIPES = Path(__file__).parent.parent / "recipes"
 

@@ -7,8 +7,8 @@ import stat
 
 import httpx
 import pytest
-
 from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp  # noqa: F401
+
 from squad.engine import control, process
 from squad.engine.control import attach, control_client, pool_warning, read_engine, wait_healthy
 from squad.engine.info import EngineInfo

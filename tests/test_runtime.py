@@ -13,11 +13,11 @@ import pytest
 
 from squad.agent import Agent
 from squad.errors import AgentCancelled, MentionError, UserError
+from squad.events import Event
 from squad.handback import CUT_MARK
 from squad.runtime import Squad, default_workload, run_sync
 from squad.testing import FakeEngine, Reply, count_tokens
 from squad.tools import tool
-from squad.events import Event
 from squad.workload import Call, Delegate, Parallel
 
 pytestmark = pytest.mark.anyio
@@ -253,7 +253,7 @@ async def test_map_keeps_input_order_and_respects_max_concurrency() -> None:
 async def test_bad_squads_are_user_errors() -> None:
     with pytest.raises(UserError, match="main agent 'boss'"):
         Squad(team(), main="boss")
-    with pytest.raises(UserError, match="slots and ctx size an engine squad launches"):
+    with pytest.raises(UserError, match="slots size or start an engine squad launches"):
         Squad(team(), url="http://127.0.0.1:1", slots=2)
     with pytest.raises(UserError, match="not open"):
         await Squad(team()).run("hi")

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from squad.agent import Agent
-from squad.runtime import Squad
 from squad.events import Event
+from squad.runtime import Squad
 from squad.session import EngineSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
@@ -107,7 +107,7 @@ async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
         assert sq.session.plan == plan_before
     assert first.ok and first.output and second.ok and second.output
     retried = [e for e in events if e.kind == "call.retried"]
-    assert any("gone" in str(e.data.get("reason")) for e in retried)
+    assert any("connection failed before the first token" in str(e.data.get("reason")) for e in retried)
 
 
 async def test_default_model_template_has_no_tools_and_squad_says_so(

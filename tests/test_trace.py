@@ -322,6 +322,11 @@ def test_cli_trace_show_table_and_json(tmp_path):
     assert data["agents"]["c"]["queued_s"] == pytest.approx(0.9)
     assert [(c["call"], c["conversation"], c["parent"]) for c in data["calls"]] == [
         ("c1", "a#1", "lead#1"), ("c2", "b#1", "lead#1"), ("c3", "c#1", "lead#1")]
+    result = runner.invoke(app, ["trace", "show", str(path), "--calls"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip().startswith(("c1 ", "c2 ", "c3 "))]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("c1", "a", "a#1", "lead#1"), ("c2", "b", "b#1", "lead#1"), ("c3", "c", "c#1", "lead#1")]
 
 
 def test_cli_trace_show_defaults_to_newest(tmp_path, monkeypatch):

@@ -6,13 +6,12 @@ import io
 from pathlib import Path
 
 import pytest
-
-from squad.session import EngineSpec
 from rich.console import Console
 
 from squad.agent import Agent
 from squad.cli.trace import plot_timeline
 from squad.runtime import Squad
+from squad.session import EngineSpec
 from squad.summary import summarize
 from squad.trace import JsonlTrace, load_trace
 from squad.view import LiveView

@@ -9,10 +9,10 @@ import sys
 
 import anyio
 import pytest
-
 from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
-from squad.engine.launcher import Launcher
+
 from squad.engine.control import attach
+from squad.engine.launcher import Launcher
 from squad.planner import EnginePlan
 from squad.verify import RequestTiming, VerifyReport, _checks, verify_engine
 

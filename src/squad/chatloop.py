@@ -42,13 +42,20 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
     limit = int(main.budget * HISTORY_SHARE)
     while True:
         try:
-            line = await anyio.to_thread.run_sync(read)
+            # abandoned on cancel: Ctrl-C at the prompt ends the loop at once (the thread stays
+            # blocked in read() until the process exits; worker threads do not keep it alive)
+            line = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
         except EOFError:
             break
         if line.strip() in ("/quit", "/exit"):
             break
         if not line.strip():
             continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (read with surrogateescape)
+            line = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            say("warning", "the line had bytes that are not UTF-8 text; they were replaced with U+FFFD")
         for unknown in parse_mentions(line, subs).unknown:
             say("warning", f"{unknown.message()}; not dispatched")
             line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)

@@ -331,7 +331,7 @@ class EngineClient:
 
         async def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
-            reason = {Loading: "engine loading (503)", EngineGone: "engine gone before the first token",
+            reason = {Loading: "engine loading (503)", EngineGone: "connection failed before the first token (resent)",
                       InnocentOverflow: "pool overflowed by another client"}.get(type(exc), type(exc).__name__)
             self._emit(CallRetried, call, reason=reason, attempt=state.attempt_number, error=str(exc))
             if isinstance(exc, Loading) and call.first_loading is None:

@@ -111,7 +111,7 @@ class PromptCounter:
 
         try:
             return self._local.count_chat(messages, tools)
-        except NotExact:
+        except (NotExact, TypeError, UnicodeError):  # not countable here (e.g. text that is not UTF-8)
             return None
 
     def reconcile(self, counted: int, engine_prompt_tokens: int) -> str | None:
@@ -126,4 +126,4 @@ class PromptCounter:
 
 def _key(messages: list[dict], tools: list[dict] | None) -> str:
     text = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()

@@ -110,7 +110,10 @@ class Squad:
         tools: Sequence[Tool] = (),
         variables: Mapping[str, Any] | None = None,
         max_tool_rounds: int = 4,
+        **renamed: Any,
     ) -> None:
+        if renamed:
+            raise UserError(_renamed_hint(renamed))
         if not agents:
             raise UserError("a squad needs at least one agent")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
@@ -138,6 +141,11 @@ class Squad:
         self._count_text: TextCounter | None = None
 
     # --- engine -------------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _MOVED:
+            raise AttributeError(f"Squad.{name} moved: use {_MOVED[name]}")
+        raise AttributeError(f"'Squad' object has no attribute {name!r}")
 
     @property
     def info(self) -> EngineInfo:
@@ -426,6 +434,19 @@ class Squad:
         return await hand_back(self.chat, origin or Origin(main.name), budget=main.budget, max_tokens=main.max_tokens,
                                prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
                                on_event=self._emit)
+
+
+_MOVED = {"plan": "Squad.session.plan", "launcher": "Squad.session.launcher",
+          "admission": "Squad.session.admission", "client": "Squad.chat"}
+"""Attributes earlier versions had on Squad, and where they are now."""
+
+
+def _renamed_hint(given: Mapping[str, Any]) -> str:
+    names = ", ".join(f"{k}=" for k in given)
+    engine = [k for k in given if k in ("binary", "request_timeout", "cache_type_k", "cache_type_v")]
+    hint = (f"pass them in the engine spec: engine=EngineSpec({', '.join(f'{k}=...' for k in engine)}, ...)"
+            if engine else "see help(Squad) for its arguments")
+    return f"Squad() got unknown arguments {names}: {hint}"
 
 
 def default_workload(agents: Mapping[str, Agent], main: str) -> Node:

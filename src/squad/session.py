@@ -75,6 +75,12 @@ class EngineSpec:
     mlx_max_batch: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("slots", "ctx", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if not isinstance(self.request_timeout, (int, float)) or self.request_timeout <= 0:
+            raise UserError(f"request_timeout must be a positive number of seconds, got {self.request_timeout!r}")
         for name in ("cache_type_k", "cache_type_v"):
             value = getattr(self, name)
             if value is not None:
@@ -82,12 +88,23 @@ class EngineSpec:
                     check_cache_type(value)
                 except UserError as exc:
                     raise UserError(f"{name}: {exc}") from None
-        if self.url is not None and (self.slots is not None or self.ctx is not None):
-            raise UserError("slots and ctx size an engine squad launches; drop them to attach to a URL")
-        if self.admits and self.url is None:
+        if self.url is not None:
+            self._check_attach()
+        elif self.admits:
             raise UserError("admits=True describes an engine at a URL that admits on its own: give its url")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"threads must be at least 1, got {self.threads}")
+
+    def _check_attach(self) -> None:
+        if not str(self.url).startswith(("http://", "https://")):
+            raise UserError(f"url {self.url!r}: write the engine's address with its scheme, "
+                            f"e.g. http://{str(self.url).removeprefix('//')}")
+        launch_only = {"model": self.model, "slots": self.slots, "ctx": self.ctx, "binary": self.binary,
+                       "threads": self.threads, "mlx_max_batch": self.mlx_max_batch,
+                       "cache_type_k": None if self.cache_type_k == "f16" else self.cache_type_k,
+                       "cache_type_v": self.cache_type_v}
+        given = [k for k, v in launch_only.items() if v is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} size or start an engine squad launches; an engine at a URL "
+                            "runs as it was started: drop them, or drop url to let squad launch one")
 
     @property
     def kv_types(self) -> tuple[str, str]:
@@ -163,7 +180,8 @@ class EngineSession(AsyncResource):
     @property
     def chat(self) -> ChatEngine:
         if self._chat is None:
-            raise UserError("the engine session is not open: use `async with EngineSession(...)`")
+            raise UserError("the engine is not open yet: use `async with Squad(...) as sq:` "
+                            "(or `async with EngineSession(...)`)")
         return self._chat
 
     @property

@@ -78,6 +78,11 @@ def collect_params(items: list[str]) -> dict[str, str | list[str]]:
         name = name.strip()
         if not sep or not name:
             raise UserError(f"-p {item!r}: write parameters as NAME=VALUE, e.g. -p topic=cats")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            raise UserError(f"-p {name}=...: the value has bytes that are not UTF-8 text (at character "
+                            f"{exc.start}); pass UTF-8 text, e.g. convert the file with iconv") from None
         if name in params:
             before = params[name]
             params[name] = [*(before if isinstance(before, list) else [before]), value]
@@ -95,8 +100,12 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
     from squad.session import EngineSpec
 
     if url is not None:
-        if overrides.get("slots") is not None or overrides.get("ctx") is not None:
-            raise UserError("--slots/--ctx size an engine squad launches; drop them with --url")
+        given = [k for k, v in overrides.items() if v is not None]
+        if given:
+            flag = {"binary": "--llama-server", "cache_type_k": "--ctk", "cache_type_v": "--ctv"}
+            options = ", ".join(flag.get(k, "--" + k.replace("_", "-")) for k in given)
+            raise UserError(f"{options} size or start an engine squad launches; drop them with --url "
+                            "(the engine at the URL runs as it was started)")
         return EngineSpec(url=url, api_key=api_key)
     given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
     return (base or EngineSpec()).but(**given)

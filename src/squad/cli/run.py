@@ -62,6 +62,8 @@ def run_command(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (overrides the recipe).")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
+    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...; overrides the recipe's cache_type).")] = None,
+    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server instead of launching one.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
@@ -81,7 +83,7 @@ def run_command(
 
     loaded = load_recipe(recipe, collect_params(param))
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
-                       binary=llama_server, threads=threads)
+                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -148,6 +150,8 @@ def chat_command(
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path.")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
+    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...; overrides the recipe's cache_type).")] = None,
+    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
     llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
@@ -160,7 +164,8 @@ def chat_command(
     from squad.view import LiveView
 
     agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param)
-    spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server)
+    spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
+                       cache_type_k=ctk, cache_type_v=ctv or ctk)
     view = LiveView(console=err_console, live=False)
 
     def say(kind: str, text: str) -> None:

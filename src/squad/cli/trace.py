@@ -37,8 +37,10 @@ def resolve_trace(path: Optional[Path]) -> Path:
 def show(
     file: Optional[Path] = FileArg,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    calls: bool = typer.Option(False, "--calls", help="Also list every engine call: its id, conversation, parent, slot, times."),
 ) -> None:
-    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors."""
+    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors;
+    with --calls one row per engine call (matched by its call id)."""
     path = resolve_trace(file)
     summary = summarize(load_trace(path))
     if as_json:
@@ -50,6 +52,8 @@ def show(
         console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
     console.print(f"max calls in flight: {summary.max_in_flight}")
     console.print(_agent_table(summary))
+    if calls:
+        console.print(_call_table(summary))
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
@@ -81,6 +85,22 @@ def _agent_table(summary: TraceSummary) -> Table:
             str(a.completion_tokens),
             ",".join(str(s) for s in a.slots) or "-",
         )
+    return table
+
+
+def _call_table(summary: TraceSummary) -> Table:
+    table = Table(title="calls (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
+                  pad_edge=False)
+    for column, justify in [("call", "left"), ("agent", "left"), ("conversation", "left"), ("parent", "left"),
+                            ("slot", "right"), ("queued", "right"), ("admitted", "right"), ("1st tok", "right"),
+                            ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
+        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for c in sorted(summary.calls, key=lambda c: c.start):
+        state = "[red]failed[/]" if c.error else "retried" if c.retried else "ok"
+        table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
+                      "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
+                      _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
+                      "-" if c.completion_tokens is None else str(c.completion_tokens), state)
     return table
 
 

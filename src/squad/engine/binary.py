@@ -12,6 +12,7 @@ imported by the installer; llama.cpp is MIT.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -114,15 +115,22 @@ def engine_version(path: str | Path, *, timeout: float = 10.0) -> str | None:
     """What ``llama-server --version`` reports, e.g. ``0.6.0-dev (build 0, commit unknown)``.
 
     llama-server prints ``version: ...`` and ``built with ...`` on stderr (checked on b11434).
-    Returns None when it fails, times out or prints no version line.
+    Returns None when it fails, times out or prints no version line. It runs in a process group
+    of its own, killed whole on timeout, so a wrapper script that hangs leaves nothing behind.
     """
     try:
-        done = subprocess.run(
-            [str(path), "--version"], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = subprocess.Popen([str(path), "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    except OSError:
         return None
-    for line in (done.stderr + "\n" + done.stdout).splitlines():
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    for line in (err + "\n" + out).splitlines():
         if line.startswith("version:"):
             return line.partition(":")[2].strip() or None
     return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["EngineInfo"]
 
@@ -30,7 +30,7 @@ class EngineInfo:
     """
 
     base_url: str
-    api_key: str | None
+    api_key: str | None = field(repr=False)
     slots: int
     n_ctx: int
     kv_unified: bool | None

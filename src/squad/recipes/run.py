@@ -29,11 +29,11 @@ from squad.recipes.model import Recipe, Step
 from squad.results import AgentResult
 
 if TYPE_CHECKING:
-    from squad.events import EventSink
-    from squad.runtime import Squad
     from squad.chat import ChatEngine
     from squad.engine.info import EngineInfo
     from squad.engine.plan import EnginePlan
+    from squad.events import EventSink
+    from squad.runtime import Squad
     from squad.session import EngineSpec
 
 __all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table"]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
@@ -32,6 +32,15 @@ class EngineSection(_Strict):
     slots: Literal["auto"] | int = "auto"
     ctx: Literal["auto"] | int = "auto"
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
+
+    @field_validator("slots", "ctx", mode="before")
+    @classmethod
+    def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"{info.field_name} must be auto or a number of {'slots' if info.field_name == 'slots' else 'tokens'}, got {value!r}")
+        if isinstance(value, bool):
+            raise ValueError(f"{info.field_name} must be auto or a number, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _range(self) -> "EngineSection":
