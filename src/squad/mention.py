@@ -33,12 +33,37 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from squad.errors import MentionError
 
-__all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest"]
+__all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest", "DATA_MARK", "as_data",
+           "unmark"]
+
+DATA_MARK = "\u2063"
+"""INVISIBLE SEPARATOR put before every ``@`` of text that is data, not the author's words
+(values substituted into a recipe template: parameters, step outputs, map items), so the
+parser never reads a mention there (field case F13: a model answer or a source file full of
+``@dataclass`` must not dispatch anyone). :func:`unmark` removes it before text is sent."""
+
+
+def as_data(value: Any) -> Any:
+    """``value`` with :data:`DATA_MARK` before every ``@`` of every string in it (dicts and
+    lists walked); other values unchanged."""
+    if isinstance(value, str):
+        return value.replace("@", DATA_MARK + "@")
+    if isinstance(value, Mapping):
+        return {k: as_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(v) for v in value]
+    return value
+
+
+def unmark(text: str) -> str:
+    """``text`` without :data:`DATA_MARK` (what the model sees)."""
+    return text.replace(DATA_MARK, "")
 
 _MENTION = re.compile(r"""(?<![^\s(\[{"'])@(\w(?:[\w-]*\w)?)""")
 _ADDRESS_TAIL = re.compile(r"[.@]\w")

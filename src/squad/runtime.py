@@ -55,6 +55,7 @@ from squad.events import (
     emit_to,
 )
 from squad.handback import TextCounter, hand_back
+from squad.mention import unmark
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool
@@ -208,17 +209,17 @@ class Squad:
         origin = self._origin(main)
         async with self._operations.operation():
             subs: list[AgentResult] = []
-            message = text
+            message = unmark(text)  # text marked as data (squad.mention.as_data) was never parsed
             if parsed.dispatches:
                 self._emit(MentionDispatched(agent=main.name, conversation=origin.conversation,
                                              parent=origin.parent, agents=parsed.agents))
                 await self._fit_fanout(main, parsed.agents, origin)
-                subs = await self._parallel([(d.agent, d.text) for d in parsed.dispatches], policy=policy,
+                subs = await self._parallel([(d.agent, unmark(d.text)) for d in parsed.dispatches], policy=policy,
                                             priority=1, variables=variables, parent=origin.conversation)
                 failed = first_failure(subs)
                 if policy == "fail-fast" and failed is not None:
                     raise failed
-                message = await self.hand_back(main, text, subs, history=history, variables=variables,
+                message = await self.hand_back(main, message, subs, history=history, variables=variables,
                                                origin=origin)
             result = await self._recorded(main, message, history=history, priority=0, variables=variables,
                                           origin=origin)
@@ -243,7 +244,8 @@ class Squad:
         self._require_open()
         agent = self._agent(name)
         async with self._operations.operation():
-            result = await self._recorded(agent, prompt, history=history, priority=priority, variables=variables)
+            result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
+                                          variables=variables)
         if result.error is not None:
             raise result.error
         return result
@@ -265,7 +267,7 @@ class Squad:
         ``max_concurrency`` bounds how many run at once in addition to the engine's slots.
         """
         self._require_open()
-        pairs = [(self._agent(name).name, prompt) for name, prompt in calls]
+        pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority,
                                            max_concurrency=max_concurrency, variables=variables)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.agent import Agent
 from squad.errors import RecipeError, UserError
+from squad.mention import as_data
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
@@ -139,10 +140,17 @@ class Recipe:
         return Delegate(Call(name, agent.budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
 
     # --- run-time helpers -------------------------------------------------------------
-    def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], **extra: Any) -> str:
+    def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
+                      **extra: Any) -> str:
         """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
-        (``item``/``index`` in a map). Raises :class:`RecipeError` naming the field."""
+        (``item``/``index`` in a map). Raises :class:`RecipeError` naming the field.
+
+        ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
+        marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
+        @mention a sub-agent (field case F13); the runtime removes the marks before sending."""
         variables = {"params": self.params, "steps": outputs, **extra}
+        if as_sent:
+            variables = as_data(variables)
         return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:

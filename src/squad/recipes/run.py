@@ -101,7 +101,7 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
     elif step.kind == "map":
         await _map(recipe, squad, step, run)
     else:
-        prompt = recipe.render_prompt(step, run.steps)
+        prompt = recipe.render_prompt(step, run.steps, as_sent=True)
         text = await _call(recipe, squad, step, prompt, run)
         run.steps[step.id] = {"output": text, "outputs": [text], "error": None}
 
@@ -120,7 +120,7 @@ async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: Re
 async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     simple = all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
-        pairs = [(s.agent, recipe.render_prompt(s, run.steps)) for s in step.steps]
+        pairs = [(s.agent, recipe.render_prompt(s, run.steps, as_sent=True)) for s in step.steps]
         results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast")
         for child, result in zip(step.steps, results):
             run.results.append((child.id, result))
@@ -146,7 +146,7 @@ async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, p
 
 async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     items = recipe.items(step, run.steps)
-    prompts = [recipe.render_prompt(step, run.steps, item=item, index=i) for i, item in enumerate(items)]
+    prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i) for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
     if step.agent != recipe.main:
         results = await squad.parallel([(step.agent, p) for p in prompts], max_concurrency=step.concurrency)
