@@ -31,8 +31,9 @@ main: lead
 def test_shipped_workloads():
     review = load_recipe(RECIPES / "review.yaml").workload()
     assert review == Sequence((
-        Parallel((Call("security", 1024), Call("style", 1024), Call("tests", 1024)), label="reviews"),
-        Call("lead", 1536),
+        Parallel(tuple(Map(Call(name, 2048), count=1, limit=1, label=name) for name in ("security", "style", "tests")),
+                 label="reviews"),  # a small file is one chunk per reviewer
+        Call("lead", 8192),
     ), label="parallel-review")
     summary = load_recipe(RECIPES / "summarize.yaml").workload()
     assert summary.items[0] == Map(Call("summarizer", 768), count=3, limit=3, label="summaries")

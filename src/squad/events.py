@@ -25,7 +25,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``engine.warning``            something the user should know about the engine (warning)
 ``mention.dispatched``        a main agent's @mentions run (agents)
 ``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
-``agent.started``             a conversation begins (priority)
+``agent.started``             a conversation begins (priority, item: its map item's index or
+                              None; shown as ``agent[item]``)
 ``agent.finished``            it answered (summary)
 ``agent.failed``              it failed (error)
 ``agent.cancelled``           it was cancelled (reason)
@@ -56,6 +57,7 @@ __all__ = [
     "Event",
     "EventSink",
     "Origin",
+    "item_label",
     "EVENT_TYPES",
     "emit_to",
     "event_from_record",
@@ -88,11 +90,23 @@ _PLACE = ("agent", "conversation", "parent", "call", "engine")
 
 @dataclass(frozen=True)
 class Origin:
-    """Who makes a model call: the agent, its conversation id and that conversation's parent."""
+    """Who makes a model call: the agent, its conversation id and that conversation's parent;
+    ``item``: the index of the map item the conversation works on (``Squad.map``), else None."""
 
     agent: str
     conversation: str | None = None
     parent: str | None = None
+    item: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How views name the conversation: ``agent``, or ``agent[item]`` for a map item."""
+        return item_label(self.agent, self.item)
+
+
+def item_label(agent: str, item: int | None) -> str:
+    """``agent``, or ``agent[item]`` for a map item (the views' name for a conversation)."""
+    return agent if item is None else f"{agent}[{item}]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +224,7 @@ class MentionQueued(Event):
 class AgentStarted(Event):
     kind: ClassVar[str] = "agent.started"
     priority: int = 0
+    item: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,7 +69,8 @@ class AgentResult:
     ``history`` is the conversation without the system message, ending with the answer
     (only on success); ``tool_calls`` lists ``(name, arguments, result_text)`` in order;
     ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools;
-    ``conversation`` is the id its events carry.
+    ``conversation`` is the id its events carry; ``item`` the index of the map item it
+    worked on (``Squad.map``), else None.
     """
 
     agent: str
@@ -84,10 +85,16 @@ class AgentResult:
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     subs: list["AgentResult"] = field(default_factory=list)
     conversation: str | None = None
+    item: int | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def label(self) -> str:
+        """``agent``, or ``agent[item]`` for a map item."""
+        return self.agent if self.item is None else f"{self.agent}[{self.item}]"
 
     def summary(self) -> str:
         """One line: agent, state, tokens, queue wait, ttft, tokens/s, total."""
@@ -102,7 +109,7 @@ class AgentResult:
         tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "-"
         slot = f" slot {self.slot}" if self.slot is not None else ""
         return (
-            f"{self.agent}: {state}; {self.usage.prompt_tokens}+{self.usage.completion_tokens} tokens, "
+            f"{self.label}: {state}; {self.usage.prompt_tokens}+{self.usage.completion_tokens} tokens, "
             f"queued {t.queued_s:.2f}s, ttft {ttft}, {tps} tok/s, total {t.total_s:.2f}s{slot}"
         )
 

@@ -286,9 +286,17 @@ class Squad:
         check: bool = False,
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
-        more than the engine's slots in flight); results in input order. See :meth:`parallel`."""
-        return await self.parallel([(name, text) for text in inputs], policy=policy,
-                                   max_concurrency=max_concurrency, check=check)
+        more than the engine's slots in flight); results in input order, each with its
+        ``item`` index (events and views name it ``name[i]``). See :meth:`parallel`."""
+        self._require_open()
+        pairs = [(self._agent(name).name, text) for text in inputs]
+        async with self._operations.operation():
+            results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
+                                           items=True)
+        failed = first_failure(results)
+        if check and failed is not None:
+            raise failed
+        return results
 
     def cancel(self, reason: str = "cancelled by the caller") -> None:
         """Cancel every running operation; each agent records ``reason``. Safe to call from
@@ -307,9 +315,9 @@ class Squad:
         """Sub-agents ``agent`` may call (:func:`squad.agent.sub_agent_names`)."""
         return sub_agent_names(agent, self.agents, self.main)
 
-    def _origin(self, agent: Agent, parent: str | None = None) -> Origin:
+    def _origin(self, agent: Agent, parent: str | None = None, item: int | None = None) -> Origin:
         """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
-        return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get())
+        return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get(), item)
 
     async def _fit_fanout(self, main: Agent, subs: Sequence[str], origin: Origin) -> None:
         """More sub-agents than slots: replan a launched engine if allowed, else say they queue."""
@@ -335,12 +343,16 @@ class Squad:
         max_concurrency: int | None = None,
         variables: Mapping[str, Any] | None = None,
         parent: str | None = None,
+        items: bool = False,
     ) -> list[AgentResult]:
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=i``."""
+
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
             return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                        cancel_reason=reason, origin=self._origin(agent, parent), record=record)
+                                        cancel_reason=reason, origin=self._origin(agent, parent, i if items else None),
+                                        record=record)
 
         return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
 
@@ -362,7 +374,7 @@ class Squad:
         origin = origin or self._origin(agent)
         ids: dict[str, Any] = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
         start = time.monotonic()
-        self._emit(AgentStarted(**ids, priority=priority))
+        self._emit(AgentStarted(**ids, priority=priority, item=origin.item))
         token = _CONVERSATION.set(origin.conversation)
         try:
             async with limiter if limiter is not None else contextlib.nullcontext():
@@ -370,15 +382,17 @@ class Squad:
         except anyio.get_cancelled_exc_class():
             reason = cancel_reason() or operation_cancel_reason()
             result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
+            result.item = origin.item
             self._emit(AgentCancelledEvent(**ids, reason=reason))
             if record is not None:
                 record(result)
             raise
         except AgentRunError as exc:
             result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
-                                 conversation=origin.conversation)
+                                 conversation=origin.conversation, item=origin.item)
             self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
         else:
+            result.item = origin.item
             if self._sinks:
                 self._emit(AgentFinished(**ids, summary=result.summary()))
         finally:

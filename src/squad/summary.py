@@ -2,7 +2,8 @@
 
 :func:`summarize` turns events (live, or read back by :func:`squad.trace.load_trace`) into a
 :class:`TraceSummary`: one :class:`CallSpan` per engine call, matched by its call id (queue,
-admission, first token, end, release), one :class:`AgentSummary` per agent, the engine loads
+admission, first token, end, release), one :class:`AgentSummary` per agent (per map item:
+``security[3]``, from ``agent.started``'s ``item``), the engine loads
 and the peak number of calls holding a slot at once. ``squad trace show/plot`` and
 ``squad run``'s table read it.
 """
@@ -27,6 +28,7 @@ from squad.events import (
     CallRetried,
     EngineLoaded,
     Event,
+    item_label,
 )
 from squad.trace import jsonable
 
@@ -77,7 +79,8 @@ class CallSpan:
 
 @dataclass
 class AgentSummary:
-    """What one agent did: times in seconds from the trace start, tokens from usage."""
+    """What one agent (or one map item, named ``agent[i]``) did: times in seconds from the
+    trace start, tokens from usage."""
 
     name: str
     started: float | None = None
@@ -145,6 +148,12 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     loads: list[EngineLoad] = []
     spans: dict[str, CallSpan] = {}
     peak_reported = 0
+    labels = {e.conversation: item_label(e.agent, e.item) for e in events
+              if isinstance(e, AgentStarted) and e.item is not None and e.conversation and e.agent}
+
+    def who(ev: Event) -> str | None:
+        """The agent's name, or ``agent[i]`` for a map item's conversation."""
+        return labels.get(ev.conversation or "", ev.agent)
 
     def agent(name: str | None) -> AgentSummary:
         key = name or "?"
@@ -156,9 +165,9 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         if ev.call is None:
             return None
         if ev.call not in spans:
-            spans[ev.call] = CallSpan(agent=ev.agent or "?", call=ev.call, conversation=ev.conversation,
+            spans[ev.call] = CallSpan(agent=who(ev) or "?", call=ev.call, conversation=ev.conversation,
                                       parent=ev.parent)
-            agent(ev.agent)
+            agent(who(ev))
         return spans[ev.call]
 
     for ev in events:
@@ -167,11 +176,11 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
                                     engine=ev.engine))
         elif isinstance(ev, AgentStarted):
-            a = agent(ev.agent)
+            a = agent(who(ev))
             a.started = t if a.started is None else a.started
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
-            _agent_end(agent(ev.agent), ev, t, [s for s in spans.values()
-                                                if s.agent == ev.agent and s.conversation == ev.conversation])
+            _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()
+                                               if s.agent == who(ev) and s.conversation == ev.conversation])
         elif (s := span(ev)) is not None:
             peak_reported = max(peak_reported, _call_event(s, ev, t))
 

@@ -41,6 +41,7 @@ from squad.events import (
     EnginePlanned,
     EngineWarning,
     Event,
+    item_label,
 )
 
 __all__ = ["AgentRow", "ViewState", "LiveView", "live_view"]
@@ -114,11 +115,20 @@ class ViewState:
     """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
     t0: float | None = None
     last: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    """Conversation id -> ``agent[i]`` for map items (from ``agent.started``), so each item
+    has its own row."""
 
     @property
     def waiting(self) -> int:
         """Calls in squad's admission queue, all agents."""
         return sum(len(r.waiting) for r in self.agents.values())
+
+    def name(self, event: Event) -> str | None:
+        """The row an event belongs to: ``agent[i]`` for a map item's conversation, else the agent."""
+        if isinstance(event, AgentStarted) and event.item is not None and event.conversation and event.agent:
+            self.labels[event.conversation] = item_label(event.agent, event.item)
+        return self.labels.get(event.conversation or "", event.agent)
 
     def row(self, name: str | None, t: float) -> AgentRow:
         key = name or "?"
@@ -138,9 +148,9 @@ class ViewState:
             self.loads += event.reason != "given"
             self.slots, self.pool = event.slots, event.pool
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
-            self._agent_event(event, self.row(event.agent, t), t)
+            self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
-            self._call_event(event, self.row(event.agent, t), t)
+            self._call_event(event, self.row(self.name(event), t), t)
 
     def _set(self, row: AgentRow, state: str, t: float) -> None:
         if row.state != state:
@@ -258,7 +268,7 @@ class ViewState:
     def line(self, event: Event) -> str | None:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
-        name = event.agent or "-"
+        name = self.name(event) or "-"
         if isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
         elif isinstance(event, EnginePlanned):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["model_file", "n_ctx_train", "check_prompts"]
 
-_RUN_TIME_ROOTS = {"steps", "item", "index"}
+_RUN_TIME_ROOTS = {"steps", "item", "index", "chunks"}
 """Template variables whose values exist only while the flow runs."""
 
 

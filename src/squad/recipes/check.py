@@ -232,6 +232,8 @@ class _Loader:
                 did = f"; did you mean '{hint[0]}'?" if hint else ""
                 if root in ("item", "index"):
                     did = "; item and index exist only in a map step"
+                if root == "chunks":
+                    did = "; chunks exists only in a map step with split: chunks"
                 raise src.error(f"undefined template variable '{root}'{did} (templates here may use: {', '.join(allowed)})", path)
             if root == "params" and len(ref) > 1:
                 self._param_ref(ref[1], src, path)
@@ -292,15 +294,29 @@ class _Loader:
         over: tuple[str, ...] = ()
         if spec.kind == "map":
             over = self._map_ref(spec.map or "", (*path, "map"), done)
+            if spec.split == "chunks":
+                self._chunk_source(over, (*path, "map"))
         prompt_path = (*path, "prompt")
         roots = {"params", "steps"} | ({"item", "index"} if spec.kind == "map" else set())
+        roots |= {"chunks"} if spec.split == "chunks" else set()
         self._check_refs(spec.prompt or "", self.located, prompt_path, roots=roots, done=done, in_map=spec.kind == "map")
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
+                    chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
                     concurrency=spec.concurrency, loc=loc)
+
+    def _chunk_source(self, over: tuple[str, ...], path: Path_) -> None:
+        """``split: chunks`` cuts a text: a string or file parameter, or ``steps.ID.output``."""
+        if over[0] == "params" and self.specs[over[1]].type not in ("string", "file"):
+            raise self.located.error(
+                f"split: chunks cuts a text, but parameter '{over[1]}' is a {self.specs[over[1]].type}; "
+                "use a string or file parameter, or drop split: chunks", path)
+        if over[0] == "steps" and over[-1] == "outputs":
+            raise self.located.error(
+                f"split: chunks cuts a text, but steps.{over[1]}.outputs is a list; map over steps.{over[1]}.output", path)
 
     def _map_ref(self, ref: str, path: Path_, done: set[str]) -> tuple[str, ...]:
         text = ref.strip().removeprefix("{{").removesuffix("}}").strip()

@@ -56,7 +56,9 @@ class Step:
     """One checked flow step.
 
     - ``kind``: ``call`` (one prompt), ``parallel`` (``steps`` at once, ``policy``) or
-      ``map`` (``prompt`` once per item of ``over``, ``concurrency`` at a time).
+      ``map`` (``prompt`` once per item of ``over``, ``concurrency`` at a time; with
+      ``split: chunks`` the items are pieces of at most ``chunk_tokens`` tokens, ``overlap``
+      tokens of lines repeated).
     - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
     - ``mentions``: sub-agents the prompt @mentions (as declared).
     - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
@@ -71,7 +73,9 @@ class Step:
     steps: tuple["Step", ...] = ()
     policy: Literal["collect", "fail-fast"] = "collect"
     over: tuple[str, ...] = ()
-    split: Literal["lines", "json"] = "lines"
+    split: Literal["lines", "json", "chunks"] = "lines"
+    chunk_tokens: int | None = None
+    overlap: int = 0
     concurrency: int | None = None
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -128,6 +132,8 @@ class Recipe:
             count = None
             if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
                 count = len(self.params[step.over[1]])
+            elif step.over[0] == "params" and step.split == "chunks" and self.params.get(step.over[1]) is not None:
+                count = max(1, len(self.items(step, {})))
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
@@ -143,7 +149,8 @@ class Recipe:
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
                       **extra: Any) -> str:
         """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
-        (``item``/``index`` in a map). Raises :class:`RecipeError` naming the field.
+        (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
+        :class:`RecipeError` naming the field.
 
         ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
         marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
@@ -155,7 +162,21 @@ class Recipe:
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The list a map step fans out over. Raises :class:`RecipeError` if a step output
-        does not split into a list as declared."""
+        does not split into a list as declared.
+
+        With ``split: chunks`` the text is cut by :func:`squad.recipes.chunks.split_chunks`,
+        counted with the model's own tokenizer when its file is on disk, else estimated
+        (:func:`squad.recipes.chunks.text_counter`); empty text gives no items."""
+        if step.split == "chunks":
+            from squad.recipes.chunks import split_chunks, text_counter
+
+            if step.over[0] == "params":
+                value = self.params[step.over[1]]
+                text = "" if value is None else str(value)
+            else:
+                text = str(outputs[step.over[1]]["output"])
+            count, _ = text_counter(self.model)
+            return split_chunks(text, step.chunk_tokens or 1, count, overlap=step.overlap)
         if step.over[0] == "params":
             value = self.params[step.over[1]]
             return [str(v) for v in value] if isinstance(value, list) else _lines(str(value))

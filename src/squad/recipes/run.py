@@ -146,12 +146,14 @@ async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, p
 
 async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     items = recipe.items(step, run.steps)
-    prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i) for i, item in enumerate(items)]
+    extra = {"chunks": len(items)} if step.split == "chunks" else {}
+    prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i, **extra)
+               for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
     if step.agent != recipe.main:
-        results = await squad.parallel([(step.agent, p) for p in prompts], max_concurrency=step.concurrency)
+        results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency)
         for i, result in enumerate(results):
-            run.results.append((f"{step.id}[{i}]", result))
+            run.results.append((step.id, result))  # the result's label names the item
             outputs[i] = result.output
             if result.error is not None:
                 run.errors.append((f"{step.id}[{i}]", str(result.error)))
@@ -197,13 +199,13 @@ def _record(run: RecipeRun, sid: str, output: str, error: BaseException | None) 
 
 
 def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
-    """One row per agent conversation: step, agent, state, queued s, first token s, tokens,
+    """One row per agent conversation: step, agent (``name[i]`` for a map item), state, queued s, first token s, tokens,
     tok/s, slot (for ``squad run``'s summary)."""
     rows = []
     for sid, r in run.results:
         t = r.timings
         rows.append({
-            "step": sid, "agent": r.agent,
+            "step": sid, "agent": r.label,
             "state": "ok" if r.ok else (r.cancelled_reason or f"failed: {r.error}"),
             "queued_s": round(t.queued_s, 3), "first_token_s": None if t.ttft_s is None else round(t.ttft_s, 3),
             "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,

@@ -80,6 +80,9 @@ class StepSpec(_Strict):
     - ``map: <list>`` + ``prompt`` (+ ``agent``, ``split``, ``concurrency``): the prompt once
       per item, at most ``concurrency`` at a time. ``<list>`` is ``params.NAME`` or
       ``steps.ID.output`` (split into ``lines`` or a ``json`` list) or ``steps.ID.outputs``.
+      ``split: chunks`` cuts a text (a text parameter or ``steps.ID.output``) into pieces of
+      at most ``chunk_tokens`` tokens, repeating up to ``overlap`` tokens of whole lines
+      from the previous piece (:mod:`squad.recipes.chunks`).
     """
 
     id: str | None = Field(default=None, pattern=ID_PATTERN)
@@ -88,7 +91,9 @@ class StepSpec(_Strict):
     parallel: list["StepSpec"] | None = None
     policy: Literal["collect", "fail-fast"] | None = None
     map: str | None = None
-    split: Literal["lines", "json"] | None = None
+    split: Literal["lines", "json", "chunks"] | None = None
+    chunk_tokens: int | None = Field(default=None, ge=1)
+    overlap: int | None = Field(default=None, ge=0)
     concurrency: int | None = Field(default=None, ge=1, le=64)
 
     @property
@@ -100,7 +105,8 @@ class StepSpec(_Strict):
     @model_validator(mode="after")
     def _one_kind(self) -> "StepSpec":
         if self.parallel is not None:
-            extra = [k for k in ("agent", "prompt", "map", "split", "concurrency") if getattr(self, k) is not None]
+            extra = [k for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap", "concurrency")
+                     if getattr(self, k) is not None]
             if extra:
                 raise ValueError(f"a parallel step holds only id, policy and parallel; move {', '.join(extra)} into its steps")
             if not self.parallel:
@@ -112,6 +118,13 @@ class StepSpec(_Strict):
             raise ValueError("a step needs a prompt (or parallel: [...])")
         if self.map is None and (self.split is not None or self.concurrency is not None):
             raise ValueError("split and concurrency apply only to a map step")
+        if self.split != "chunks":
+            if self.chunk_tokens is not None or self.overlap is not None:
+                raise ValueError("chunk_tokens and overlap apply only to a map step with split: chunks")
+        elif self.chunk_tokens is None:
+            raise ValueError("split: chunks needs chunk_tokens: N (the most tokens in one piece, e.g. 1500)")
+        elif (self.overlap or 0) >= self.chunk_tokens:
+            raise ValueError(f"overlap ({self.overlap}) must be below chunk_tokens ({self.chunk_tokens})")
         return self
 
 

@@ -1,0 +1,53 @@
+"""The review recipe on the REAL engine with a ~2,000-line file: reviewed in chunks."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from squad.cli import main as squad_main
+
+ROOT = Path(__file__).parent.parent
+
+
+def long_code(lines: int = 2000) -> str:
+    """About ``lines`` lines of squad's own source, in a stable order."""
+    out: list[str] = []
+    for path in sorted((ROOT / "src" / "squad").rglob("*.py")):
+        out += [f"# file: {path.relative_to(ROOT)}\n", *path.read_text(encoding="utf-8").splitlines(keepends=True)]
+        if len(out) >= lines:
+            break
+    return "".join(out[:lines])
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(1800)
+def test_review_recipe_reads_a_long_file_in_chunks(capsys, tmp_path, llama_server_path, default_model_path):
+    from squad.recipes import load_recipe
+
+    code = long_code()
+    recipe = load_recipe(ROOT / "recipes" / "review.yaml", {"code": code})
+    pieces = recipe.items(recipe.steps_by_id()["security"], {})
+    assert len(pieces) > 5  # far more than one context's worth for a reviewer
+    try:
+        squad_main(["run", str(ROOT / "recipes" / "review.yaml"), "-p", f"code={code}", "--json",
+                    "--llama-server", str(llama_server_path), "-t", "2", "--trace", str(tmp_path / "t.jsonl")])
+        code_ = 0
+    except SystemExit as exc:
+        code_ = exc.code
+    out, err = capsys.readouterr()
+    assert code_ in (0, None), err[-3000:]
+    data = json.loads(out)
+    assert not data["errors"] and "AdmissionError" not in out
+    assert data["output"].strip()
+    n = len(pieces)
+    for name in ("security", "style", "tests"):
+        assert len(data["steps"][name]["outputs"]) == n
+        labels = sorted(r["agent"] for r in data["agents"] if r["step"] == name)
+        assert labels == sorted(f"{name}[{i}]" for i in range(n))
+    assert data["engine"]["slots"] == 3  # one chunk per reviewer at a time
+    from squad.summary import summarize
+    from squad.trace import load_trace
+
+    agents = summarize(load_trace(tmp_path / "t.jsonl")).agents
+    assert {f"security[{i}]" for i in range(n)} <= set(agents)
