@@ -13,6 +13,10 @@ Rules come from the product page (``docs/mission.md`` facts 3-10):
 - More than 8 at once: 8 slots, context = the 8 largest concurrent budgets; the runtime
   queues the rest.
 - A budget above the model's training context is a :class:`~squad.errors.PlanError`.
+- An auto budget (``Call.budget`` None, no prompt known when planning) = the model's training
+  context (:data:`DEFAULT_CTX` when unknown; a pinned context or what memory holds when
+  smaller) divided by the peak number of agents at once (capped by the slots), rounded down
+  to 256, at least 256 (:func:`auto_budget`).
 - KV memory = context × bytes per token; when it does not fit, the largest context that
   fits is planned and slots follow the concurrency that context can really hold.
 - MLX (mlxcel-server) divides the context by slots: 1 slot, unless a max batch is set.
@@ -35,7 +39,7 @@ from squad.engine.llama import (
 )
 from squad.engine.plan import Backend, EnginePlan
 from squad.errors import PlanError
-from squad.workload import Call, Node, Stage, stages
+from squad.workload import Call, Node, Stage, stages, with_budgets
 
 __all__ = [
     "EnginePlan",
@@ -48,6 +52,7 @@ __all__ = [
     "plan",
     "check_attached",
     "plan_for_replan",
+    "auto_budget",
 ]
 
 DEFAULT_CTX = 8192
@@ -95,10 +100,24 @@ def plan(
     """
     check_cache_type(cache_type_k), check_cache_type(cache_type_v)  # validate early
     _check_pins(pin_slots, pin_ctx, mlx_max_batch)
+    notes = _Notes()
     timeline = stages(workload) if workload is not None else ()
     timeline = tuple(s for s in timeline if s.calls or s.unbounded)
+    if workload is not None and any(c.budget is None for s in timeline for c in s.calls + s.unbounded):
+        fit = memory_for_kv // kv_bytes_per_token if kv_bytes_per_token and memory_for_kv is not None else None
+        peak = max((s.size for s in timeline), default=1)
+        at_once = 1 if backend == "mlx" and not mlx_max_batch else min(peak, pin_slots or MAX_SLOTS)
+        auto = auto_budget(n_ctx_train, int(at_once), pin_ctx=pin_ctx, memory_fit=fit)
+        names = sorted({c.agent for s in timeline for c in s.calls + s.unbounded if c.budget is None})
+        notes.reason(f"budget auto = {auto:,} tokens for {', '.join(names)}: "
+                     f"{_auto_source(n_ctx_train, pin_ctx, fit)} / {int(at_once)} agent(s) at once, "
+                     f"rounded down to {CTX_ROUND}")
+        timeline = tuple(s for s in stages(with_budgets(workload, auto)) if s.calls or s.unbounded)
     _check_budgets(timeline, n_ctx_train)
-    notes = _Notes()
+    budgets: dict[str, int] = {}
+    for s in timeline:
+        for c in s.calls + s.unbounded:
+            budgets[c.agent] = max(budgets.get(c.agent, 0), c.budget or 0)
     peak_stage = max(timeline, key=lambda s: (s.size, s.budget), default=None)
 
     if backend == "mlx":
@@ -134,7 +153,27 @@ def plan(
         warnings=tuple(notes.warnings), timeline=timeline, requested_ctx=requested,
         memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train,
         peak=None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls)),
+        budgets=budgets,
     )
+
+
+def auto_budget(n_ctx_train: int | None, at_once: int, *, pin_ctx: int | None = None,
+                memory_fit: int | None = None) -> int:
+    """An auto budget in tokens when no prompt is known: the model's training context
+    (:data:`DEFAULT_CTX` when unknown), or ``pin_ctx`` / ``memory_fit`` (tokens of KV the
+    memory holds) when smaller, divided by ``at_once`` agents, rounded down to 256, at least
+    256."""
+    total = min(v for v in (n_ctx_train or DEFAULT_CTX, pin_ctx, memory_fit) if v is not None)
+    return max(CTX_ROUND, total // max(1, at_once) // CTX_ROUND * CTX_ROUND)
+
+
+def _auto_source(n_ctx_train: int | None, pin_ctx: int | None, fit: int | None) -> str:
+    total = n_ctx_train or DEFAULT_CTX
+    if pin_ctx is not None and pin_ctx < total and (fit is None or pin_ctx <= fit):
+        return f"the pinned context {pin_ctx:,}"
+    if fit is not None and fit < total:
+        return f"the {fit:,} tokens of KV memory holds"
+    return f"training context {total:,}" if n_ctx_train else f"default context {total:,}"
 
 
 def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unified: bool | None = None) -> list[str]:

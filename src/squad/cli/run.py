@@ -58,7 +58,7 @@ def validate_command(
 @app.command("run")
 def run_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists).")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists); NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (overrides the recipe).")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
@@ -146,7 +146,7 @@ def chat_command(
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="Take agents and main agent from a recipe.")] = None,
     agent_file: Annotated[Optional[Path], typer.Option("--agent-file", help="A file with agents: (first is main unless --main).")] = None,
     main: Annotated[Optional[str], typer.Option("--main", help="The main agent's name.")] = None,
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE.")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE; NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path.")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
