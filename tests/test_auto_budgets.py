@@ -143,6 +143,7 @@ def test_auto_without_a_prompt_is_capped_by_memory(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # three ~5,000-token prompts on a 2-core CPU
 def test_review_of_a_real_source_file_runs_in_one_piece(default_model_path, tmp_path):
     import anyio
 

@@ -32,7 +32,7 @@ def plan_command(
     mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", help="MLX max batch size (MLX only).")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="With --backend attached: the running engine to check the plan against.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="API key of the attached engine.")] = None,
-    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,...")] = None,
+    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -90,13 +90,15 @@ def _render_steps(rows: Any) -> None:
 
 
 def parse_agents(text: str) -> tuple[Call, ...]:
-    """``"lead:4096,sec:2048"`` → Calls; raises UserError naming the bad entry."""
+    """``"lead:4096,sec:auto"`` → Calls (``auto`` = None, shared by the planner); raises
+    UserError naming the bad entry."""
     calls = []
     for entry in filter(None, (e.strip() for e in text.split(","))):
         name, sep, budget = entry.partition(":")
-        if not sep or not name or not budget.strip().isdigit():
-            raise UserError(f"--agents entry {entry!r}: write NAME:BUDGET with the budget in tokens, e.g. lead:4096")
-        calls.append(Call(name.strip(), int(budget)))
+        if not sep or not name or not (budget.strip().isdigit() or budget.strip() == "auto"):
+            raise UserError(f"--agents entry {entry!r}: write NAME:BUDGET with the budget in tokens or auto, "
+                            f"e.g. lead:4096")
+        calls.append(Call(name.strip(), None if budget.strip() == "auto" else int(budget)))
     if not calls:
         raise UserError("--agents is empty: write NAME:BUDGET,..., e.g. lead:4096,security:4096")
     return tuple(calls)

@@ -190,13 +190,16 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
     base = None
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param))
-        agents, lead, variables, base = dict(loaded.agents), main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
+        # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
+        counted = {r.agent for r in loaded.budgets if not r.fixed}
+        agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}
+        lead, variables, base = main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
     elif agent_file is not None:
         agents, variables = load_agents(agent_file), {}
         lead = main or next(iter(agents), "")
     else:
         agents = {"assistant": Agent(name="assistant", instructions="You are a helpful assistant. Be brief.",
-                                     budget=2048, max_tokens=256)}
+                                     max_tokens=256)}  # budget auto: the model's context
         lead, variables = "assistant", {}
     if lead not in agents:
         raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")
