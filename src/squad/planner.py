@@ -189,7 +189,7 @@ def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unifie
                    f"{plan_needed.slots} agents at once: the runtime queues the rest "
                    f"(restart it with -np {plan_needed.slots} --kv-unified)")
     if kv_unified is False and slots > 1:
-        biggest = max((c.budget for s in plan_needed.timeline for c in s.calls + s.unbounded), default=0)
+        biggest = max((_budget(c) for s in plan_needed.timeline for c in s.calls + s.unbounded), default=0)
         if biggest > n_ctx:
             out.append(f"the attached engine has no unified KV: each slot holds {n_ctx:,} tokens, "
                        f"below the largest budget {biggest:,}; restart it with --kv-unified")
@@ -215,7 +215,7 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
         return None
     stage = Stage(group, "this turn")
     slots = min(MAX_SLOTS, max(current.slots, len(group)))
-    need = round_ctx(sum(c.budget for c in stage.largest(slots)))
+    need = round_ctx(sum(_budget(c) for c in stage.largest(slots)))
     if len(group) <= current.slots and need <= current.n_ctx:
         return None
     n_ctx = max(current.n_ctx, need)
@@ -235,6 +235,11 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
 # -- helpers -------------------------------------------------------------------------------
 
 
+def _budget(call: Call) -> int:
+    """A call's budget in tokens once auto budgets are resolved (0 before)."""
+    return call.budget or 0
+
+
 def _check_pins(pin_slots: int | None, pin_ctx: int | None, mlx_max_batch: int | None) -> None:
     if pin_slots is not None and not 1 <= pin_slots <= MAX_SLOTS:
         raise PlanError(f"slots {pin_slots} is out of range: use 1 to {MAX_SLOTS} "
@@ -248,12 +253,12 @@ def _check_pins(pin_slots: int | None, pin_ctx: int | None, mlx_max_batch: int |
 def _check_budgets(timeline: tuple[Stage, ...], n_ctx_train: int | None) -> None:
     for stage in timeline:
         for c in stage.calls + stage.unbounded:
-            if c.budget < 1:
-                raise PlanError(f"agent {c.agent!r} has budget {c.budget}: give it a positive "
+            if _budget(c) < 1:
+                raise PlanError(f"agent {c.agent!r} has budget {_budget(c)}: give it a positive "
                                 f"number of tokens, e.g. 4096")
-            if n_ctx_train and c.budget > n_ctx_train:
+            if n_ctx_train and _budget(c) > n_ctx_train:
                 raise PlanError(
-                    f"agent {c.agent!r} has budget {c.budget:,} tokens, above the model's training "
+                    f"agent {c.agent!r} has budget {_budget(c):,} tokens, above the model's training "
                     f"context of {n_ctx_train:,}: lower its budget to {n_ctx_train:,} or less, or "
                     f"use a model trained for longer contexts")
 
@@ -349,7 +354,7 @@ def _fit_memory(timeline: tuple[Stage, ...], n_ctx: int, slots: int, memory: _Me
     Raises :class:`PlanError` when it cannot hold the largest single budget (or 256 tokens).
     """
     fit = (memory.available // memory.per_token) // CTX_ROUND * CTX_ROUND
-    biggest = max((c.budget for s in timeline for c in s.calls + s.unbounded), default=0)
+    biggest = max((_budget(c) for s in timeline for c in s.calls + s.unbounded), default=0)
     if fit < max(CTX_ROUND, biggest):
         raise PlanError(
             f"not enough memory for the KV cache: {_mib(memory.available)} available holds {fit:,} "
@@ -399,7 +404,7 @@ def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | No
     """The stage whose ``at_once`` largest budgets sum highest, and that sum (tokens)."""
     best, need = None, 0
     for stage in timeline:
-        total = sum(c.budget for c in stage.largest(at_once))
+        total = sum(_budget(c) for c in stage.largest(at_once))
         if best is None or total > need:
             best, need = stage, total
     return best, need
@@ -408,11 +413,11 @@ def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | No
 def _fits(stage: Stage, n_ctx: int) -> int:
     """How many of the stage's agents fit in ``n_ctx`` tokens at once (smallest budgets first)."""
     count, used = 0, 0
-    pool = sorted(stage.calls + stage.unbounded * MAX_SLOTS, key=lambda c: c.budget)
+    pool = sorted(stage.calls + stage.unbounded * MAX_SLOTS, key=lambda c: _budget(c))
     for c in pool:
-        if used + c.budget > n_ctx:
+        if used + _budget(c) > n_ctx:
             break
-        count, used = count + 1, used + c.budget
+        count, used = count + 1, used + _budget(c)
     return count
 
 
@@ -440,7 +445,7 @@ def _names(stage: Stage) -> str:
 
 def _budget_sum(stage: Stage, at_once: int) -> str:
     top = stage.largest(at_once)
-    parts = [f"{c.agent} {c.budget:,}" for c in top]
+    parts = [f"{c.agent} {_budget(c):,}" for c in top]
     return " + ".join(parts) if len(parts) > 1 else parts[0] if parts else "0"
 
 

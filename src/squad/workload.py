@@ -177,8 +177,10 @@ def with_budgets(node: Node, auto: int) -> Node:
     """``node`` with every auto budget (``Call.budget`` None) set to ``auto`` tokens."""
     if isinstance(node, Call):
         return Call(node.agent, auto) if node.budget is None else node
-    if isinstance(node, (Sequence, Parallel)):
-        return type(node)(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
+    if isinstance(node, Sequence):
+        return Sequence(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
+    if isinstance(node, Parallel):
+        return Parallel(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
     if isinstance(node, Map):
         return Map(with_budgets(node.item, auto), node.count, node.limit, node.label)
     if isinstance(node, Delegate):
