@@ -11,7 +11,7 @@ from squad.errors import RecipeError, UserError
 
 def test_defaults_and_sampling_params() -> None:
     a = Agent(name="lead", sampling={"temperature": 0.2, "seed": 7})
-    assert (a.budget, a.max_tokens) == (2048, 256)
+    assert (a.budget, a.max_tokens, a.fixed_budget) == ("auto", 256, None)
     assert a.sampling.as_params() == {"temperature": 0.2, "seed": 7}
     assert Sampling().as_params() == {}
 

@@ -28,17 +28,17 @@ main: lead
 """
 
 
-def test_shipped_workloads():
+def test_shipped_workloads(default_model_path):  # auto budgets: counted with the model on disk
     review = load_recipe(RECIPES / "review.yaml").workload()
     assert review == Sequence((
-        Parallel(tuple(Map(Call(name, 2048), count=1, limit=1, label=name) for name in ("security", "style", "tests")),
+        Parallel(tuple(Map(Call(name, 256), count=1, limit=1, label=name) for name in ("security", "style", "tests")),
                  label="reviews"),  # a small file is one chunk per reviewer
-        Call("lead", 8192),
+        Call("lead", 768),
     ), label="parallel-review")
     summary = load_recipe(RECIPES / "summarize.yaml").workload()
-    assert summary.items[0] == Map(Call("summarizer", 768), count=3, limit=3, label="summaries")
+    assert summary.items[0] == Map(Call("summarizer", 256), count=3, limit=3, label="summaries")
     debate = load_recipe(RECIPES / "mentions.yaml").workload()
-    assert debate.items == (Delegate(Call("host", 1536), Parallel((Call("optimist", 768), Call("skeptic", 768)))),)
+    assert debate.items == (Delegate(Call("host", 512), Parallel((Call("optimist", 256), Call("skeptic", 256)))),)
 
 
 def test_map_count_follows_the_list_param_and_step_output_is_unknown(tmp_path):

@@ -192,9 +192,9 @@ def test_counted_with_the_recipes_own_model(tmp_path, own_cache):
 
 
 def test_a_budget_the_model_cannot_hold_asks_for_a_shorter_prompt(tmp_path, own_cache):
-    tiny_gguf(tmp_path / "tiny.gguf", n_ctx_train=1024)
+    tiny_gguf(tmp_path / "tiny.gguf", n_ctx_train=1024)  # byte tokens: 4,000 bytes fit 8 bytes/token
     with pytest.raises(RecipeError) as info:
-        validate_recipe(write_recipe(tmp_path, model="tiny.gguf"))
+        validate_recipe(write_recipe(tmp_path, model="tiny.gguf", param=f'default: "{LONG[:4000]}"'))
     assert info.value.problem.endswith(
         "above the agent's budget of 512; shorten the prompt (the model's training context is 1024 tokens, "
         "so the budget can be at most 1024)")

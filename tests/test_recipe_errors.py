@@ -14,7 +14,7 @@ CASES = [
     ("unknown_key.yaml", 5, 5, "agents.a.max_tokns", "unknown key 'max_tokns'; did you mean 'max_tokens'?"),
     ("unknown_top_key.yaml", 5, 1, "flwo", "unknown key 'flwo'; did you mean 'flow'?"),
     ("duplicate_key.yaml", 4, 3, "agents.a", "duplicate key 'a' (first defined on line 3); keep one of them"),
-    ("wrong_type.yaml", 4, 13, "agents.a.budget", "expected a whole number, got 'lots'"),
+    ("wrong_type.yaml", 4, 13, "agents.a.budget", "expected auto or a whole number of tokens, got 'lots'"),
     ("unknown_agent.yaml", 6, 12, "flow[0].agent", "unknown agent 'reviwer'; did you mean 'reviewer'?"),
     ("unknown_mention.yaml", 7, 13, "flow[0].prompt", "unknown agent '@reviwer'; did you mean 'reviewer'?"),
     ("undefined_variable.yaml", 8, 13, "flow[0].prompt",

@@ -264,7 +264,7 @@ def test_default_workload_is_main_delegating_to_all_subs_in_parallel() -> None:
     node = default_workload(agents, "lead")
     assert node == Delegate(main=Call("lead", 2048),
                                  subs=Parallel(tuple(Call(n, 512) for n in SUBS)))
-    assert default_workload({"solo": Agent(name="solo")}, "solo") == Call("solo", 2048)
+    assert default_workload({"solo": Agent(name="solo")}, "solo") == Call("solo", None)  # auto
 
 
 def test_run_sync_from_plain_code() -> None:

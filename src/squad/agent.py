@@ -11,9 +11,12 @@ Fields and units:
 - ``instructions``: a jinja2 template (sandboxed, StrictUndefined) for its system message.
   Variables: ``name``, ``description``, ``agents`` (list of ``{name, description}`` of its
   sub-agents) and whatever the caller passes.
-- ``budget``: context tokens one conversation of this agent may hold (prompt + answer).
-  The planner sums budgets to size the engine; the client refuses a call above it.
-- ``max_tokens``: tokens one model turn may generate; must be below ``budget``.
+- ``budget``: context tokens one conversation of this agent may hold (prompt + answer), or
+  ``"auto"`` (the default). A number is a hard limit: the planner sums budgets to size the
+  engine and the client refuses a call above it. ``"auto"`` is planned: in a recipe from the
+  counted prompts of the agent's steps (:mod:`squad.recipes.budgets`), elsewhere the model's
+  training context shared by the agents running at once (:func:`squad.planner.plan`).
+- ``max_tokens``: tokens one model turn may generate; must be below a fixed ``budget``.
 - ``sampling``: :class:`Sampling` (temperature, top_p, ...), sent with every call.
 - ``tools``: names of function tools registered with the squad.
 - ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
@@ -22,9 +25,9 @@ Fields and units:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from squad.errors import UserError
 
@@ -63,16 +66,27 @@ class Agent(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, max_length=64)
     description: str = ""
     instructions: str = ""
-    budget: int = Field(default=2048, gt=0, description="context tokens this agent may hold")
+    budget: int | Literal["auto"] = Field(default="auto", description="context tokens this agent may hold, or auto")
     max_tokens: int = Field(default=256, gt=0, description="tokens one turn may generate")
     sampling: Sampling = Field(default_factory=Sampling)
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
     sub_agent_tools: bool = True
 
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _auto_or_number(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}")
+
     @model_validator(mode="after")
     def _check(self) -> "Agent":
-        if self.max_tokens >= self.budget:
+        if isinstance(self.budget, bool) or (isinstance(self.budget, int) and self.budget < 1):
+            raise ValueError(f"budget must be auto or a positive number of tokens, got {self.budget!r}")
+        if isinstance(self.budget, int) and self.max_tokens >= self.budget:
             raise ValueError(
                 f"max_tokens ({self.max_tokens}) must be below budget ({self.budget}) so the "
                 f"prompt has room: raise budget or lower max_tokens"
@@ -85,6 +99,11 @@ class Agent(BaseModel):
             if dupes:
                 raise ValueError(f"{field} lists {', '.join(dupes)} more than once")
         return self
+
+    @property
+    def fixed_budget(self) -> int | None:
+        """``budget`` when the user fixed it (tokens), None when it is ``auto``."""
+        return None if self.budget == "auto" else int(self.budget)
 
     @classmethod
     def build(cls, **fields: Any) -> "Agent":

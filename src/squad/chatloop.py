@@ -5,8 +5,8 @@
 It is the library's loop; ``squad chat`` only wires it to the terminal.
 
 - An unknown @mention is a warning with suggestions; the line runs without it.
-- History is kept within half of the main agent's budget (tokens, counted exactly): the
-  oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
+- History is kept within half of the main agent's budget (tokens, counted exactly; an auto
+  budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
 - ``/quit`` or ``/exit`` (or end of input) ends the loop.
 """
 
@@ -39,7 +39,7 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
     say("info", f"chat with {main.name}; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
                 f"engine {squad.info.slots} slots, context {squad.info.n_ctx}. /quit ends.")
     history: list[dict[str, Any]] = []
-    limit = int(main.budget * HISTORY_SHARE)
+    limit = int((squad.budget_of(main) or squad.info.n_ctx) * HISTORY_SHARE)
     while True:
         try:
             # abandoned on cancel: Ctrl-C at the prompt ends the loop at once (the thread stays

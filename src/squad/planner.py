@@ -13,6 +13,10 @@ Rules come from the product page (``docs/mission.md`` facts 3-10):
 - More than 8 at once: 8 slots, context = the 8 largest concurrent budgets; the runtime
   queues the rest.
 - A budget above the model's training context is a :class:`~squad.errors.PlanError`.
+- An auto budget (``Call.budget`` None, no prompt known when planning) = the model's training
+  context (:data:`DEFAULT_CTX` when unknown; a pinned context or what memory holds when
+  smaller) divided by the peak number of agents at once (capped by the slots), rounded down
+  to 256, at least 256 (:func:`auto_budget`).
 - KV memory = context × bytes per token; when it does not fit, the largest context that
   fits is planned and slots follow the concurrency that context can really hold.
 - MLX (mlxcel-server) divides the context by slots: 1 slot, unless a max batch is set.
@@ -35,7 +39,7 @@ from squad.engine.llama import (
 )
 from squad.engine.plan import Backend, EnginePlan
 from squad.errors import PlanError
-from squad.workload import Call, Node, Stage, stages
+from squad.workload import Call, Node, Stage, stages, with_budgets
 
 __all__ = [
     "EnginePlan",
@@ -48,6 +52,7 @@ __all__ = [
     "plan",
     "check_attached",
     "plan_for_replan",
+    "auto_budget",
 ]
 
 DEFAULT_CTX = 8192
@@ -95,10 +100,24 @@ def plan(
     """
     check_cache_type(cache_type_k), check_cache_type(cache_type_v)  # validate early
     _check_pins(pin_slots, pin_ctx, mlx_max_batch)
+    notes = _Notes()
     timeline = stages(workload) if workload is not None else ()
     timeline = tuple(s for s in timeline if s.calls or s.unbounded)
+    if workload is not None and any(c.budget is None for s in timeline for c in s.calls + s.unbounded):
+        fit = memory_for_kv // kv_bytes_per_token if kv_bytes_per_token and memory_for_kv is not None else None
+        peak = max((s.size for s in timeline), default=1)
+        at_once = 1 if backend == "mlx" and not mlx_max_batch else min(peak, pin_slots or MAX_SLOTS)
+        auto = auto_budget(n_ctx_train, int(at_once), pin_ctx=pin_ctx, memory_fit=fit)
+        names = sorted({c.agent for s in timeline for c in s.calls + s.unbounded if c.budget is None})
+        notes.reason(f"budget auto = {auto:,} tokens for {', '.join(names)}: "
+                     f"{_auto_source(n_ctx_train, pin_ctx, fit)} / {int(at_once)} agent(s) at once, "
+                     f"rounded down to {CTX_ROUND}")
+        timeline = tuple(s for s in stages(with_budgets(workload, auto)) if s.calls or s.unbounded)
     _check_budgets(timeline, n_ctx_train)
-    notes = _Notes()
+    budgets: dict[str, int] = {}
+    for s in timeline:
+        for c in s.calls + s.unbounded:
+            budgets[c.agent] = max(budgets.get(c.agent, 0), c.budget or 0)
     peak_stage = max(timeline, key=lambda s: (s.size, s.budget), default=None)
 
     if backend == "mlx":
@@ -134,7 +153,27 @@ def plan(
         warnings=tuple(notes.warnings), timeline=timeline, requested_ctx=requested,
         memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train,
         peak=None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls)),
+        budgets=budgets,
     )
+
+
+def auto_budget(n_ctx_train: int | None, at_once: int, *, pin_ctx: int | None = None,
+                memory_fit: int | None = None) -> int:
+    """An auto budget in tokens when no prompt is known: the model's training context
+    (:data:`DEFAULT_CTX` when unknown), or ``pin_ctx`` / ``memory_fit`` (tokens of KV the
+    memory holds) when smaller, divided by ``at_once`` agents, rounded down to 256, at least
+    256."""
+    total = min(v for v in (n_ctx_train or DEFAULT_CTX, pin_ctx, memory_fit) if v is not None)
+    return max(CTX_ROUND, total // max(1, at_once) // CTX_ROUND * CTX_ROUND)
+
+
+def _auto_source(n_ctx_train: int | None, pin_ctx: int | None, fit: int | None) -> str:
+    total = n_ctx_train or DEFAULT_CTX
+    if pin_ctx is not None and pin_ctx < total and (fit is None or pin_ctx <= fit):
+        return f"the pinned context {pin_ctx:,}"
+    if fit is not None and fit < total:
+        return f"the {fit:,} tokens of KV memory holds"
+    return f"training context {total:,}" if n_ctx_train else f"default context {total:,}"
 
 
 def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unified: bool | None = None) -> list[str]:
@@ -150,7 +189,7 @@ def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unifie
                    f"{plan_needed.slots} agents at once: the runtime queues the rest "
                    f"(restart it with -np {plan_needed.slots} --kv-unified)")
     if kv_unified is False and slots > 1:
-        biggest = max((c.budget for s in plan_needed.timeline for c in s.calls + s.unbounded), default=0)
+        biggest = max((_budget(c) for s in plan_needed.timeline for c in s.calls + s.unbounded), default=0)
         if biggest > n_ctx:
             out.append(f"the attached engine has no unified KV: each slot holds {n_ctx:,} tokens, "
                        f"below the largest budget {biggest:,}; restart it with --kv-unified")
@@ -176,7 +215,7 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
         return None
     stage = Stage(group, "this turn")
     slots = min(MAX_SLOTS, max(current.slots, len(group)))
-    need = round_ctx(sum(c.budget for c in stage.largest(slots)))
+    need = round_ctx(sum(_budget(c) for c in stage.largest(slots)))
     if len(group) <= current.slots and need <= current.n_ctx:
         return None
     n_ctx = max(current.n_ctx, need)
@@ -196,6 +235,11 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
 # -- helpers -------------------------------------------------------------------------------
 
 
+def _budget(call: Call) -> int:
+    """A call's budget in tokens once auto budgets are resolved (0 before)."""
+    return call.budget or 0
+
+
 def _check_pins(pin_slots: int | None, pin_ctx: int | None, mlx_max_batch: int | None) -> None:
     if pin_slots is not None and not 1 <= pin_slots <= MAX_SLOTS:
         raise PlanError(f"slots {pin_slots} is out of range: use 1 to {MAX_SLOTS} "
@@ -209,12 +253,12 @@ def _check_pins(pin_slots: int | None, pin_ctx: int | None, mlx_max_batch: int |
 def _check_budgets(timeline: tuple[Stage, ...], n_ctx_train: int | None) -> None:
     for stage in timeline:
         for c in stage.calls + stage.unbounded:
-            if c.budget < 1:
-                raise PlanError(f"agent {c.agent!r} has budget {c.budget}: give it a positive "
+            if _budget(c) < 1:
+                raise PlanError(f"agent {c.agent!r} has budget {_budget(c)}: give it a positive "
                                 f"number of tokens, e.g. 4096")
-            if n_ctx_train and c.budget > n_ctx_train:
+            if n_ctx_train and _budget(c) > n_ctx_train:
                 raise PlanError(
-                    f"agent {c.agent!r} has budget {c.budget:,} tokens, above the model's training "
+                    f"agent {c.agent!r} has budget {_budget(c):,} tokens, above the model's training "
                     f"context of {n_ctx_train:,}: lower its budget to {n_ctx_train:,} or less, or "
                     f"use a model trained for longer contexts")
 
@@ -310,7 +354,7 @@ def _fit_memory(timeline: tuple[Stage, ...], n_ctx: int, slots: int, memory: _Me
     Raises :class:`PlanError` when it cannot hold the largest single budget (or 256 tokens).
     """
     fit = (memory.available // memory.per_token) // CTX_ROUND * CTX_ROUND
-    biggest = max((c.budget for s in timeline for c in s.calls + s.unbounded), default=0)
+    biggest = max((_budget(c) for s in timeline for c in s.calls + s.unbounded), default=0)
     if fit < max(CTX_ROUND, biggest):
         raise PlanError(
             f"not enough memory for the KV cache: {_mib(memory.available)} available holds {fit:,} "
@@ -360,7 +404,7 @@ def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | No
     """The stage whose ``at_once`` largest budgets sum highest, and that sum (tokens)."""
     best, need = None, 0
     for stage in timeline:
-        total = sum(c.budget for c in stage.largest(at_once))
+        total = sum(_budget(c) for c in stage.largest(at_once))
         if best is None or total > need:
             best, need = stage, total
     return best, need
@@ -369,11 +413,11 @@ def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | No
 def _fits(stage: Stage, n_ctx: int) -> int:
     """How many of the stage's agents fit in ``n_ctx`` tokens at once (smallest budgets first)."""
     count, used = 0, 0
-    pool = sorted(stage.calls + stage.unbounded * MAX_SLOTS, key=lambda c: c.budget)
+    pool = sorted(stage.calls + stage.unbounded * MAX_SLOTS, key=lambda c: _budget(c))
     for c in pool:
-        if used + c.budget > n_ctx:
+        if used + _budget(c) > n_ctx:
             break
-        count, used = count + 1, used + c.budget
+        count, used = count + 1, used + _budget(c)
     return count
 
 
@@ -401,7 +445,7 @@ def _names(stage: Stage) -> str:
 
 def _budget_sum(stage: Stage, at_once: int) -> str:
     top = stage.largest(at_once)
-    parts = [f"{c.agent} {c.budget:,}" for c in top]
+    parts = [f"{c.agent} {_budget(c):,}" for c in top]
     return " + ".join(parts) if len(parts) > 1 else parts[0] if parts else "0"
 
 

@@ -315,6 +315,24 @@ class Squad:
         """Sub-agents ``agent`` may call (:func:`squad.agent.sub_agent_names`)."""
         return sub_agent_names(agent, self.agents, self.main)
 
+    def budget_of(self, agent: Agent) -> int | None:
+        """``agent``'s budget in tokens: its fixed one, else the one the plan resolved for
+        ``auto`` (``session.plan.budgets``); None for an auto budget on an engine squad did
+        not plan (attached or given), where only the engine's context bounds a call."""
+        if agent.fixed_budget is not None:
+            return agent.fixed_budget
+        plan = self.session.plan
+        return plan.budgets.get(agent.name) if plan is not None else None
+
+    def _budget_or_ctx(self, agent: Agent) -> int:
+        """:meth:`budget_of`, else the context one request may use on this engine (tokens)."""
+        return self.budget_of(agent) or self.info.n_ctx
+
+    def _resolved(self, agent: Agent) -> Agent:
+        """``agent`` with an auto budget replaced by the planned one (when there is one)."""
+        budget = self.budget_of(agent)
+        return agent if budget is None or agent.budget == budget else agent.model_copy(update={"budget": budget})
+
     def _origin(self, agent: Agent, parent: str | None = None, item: int | None = None) -> Origin:
         """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
         return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get(), item)
@@ -325,7 +343,8 @@ class Squad:
         if n <= self.info.slots:
             return
         if self.replan:
-            group = [Call(main.name, main.budget)] + [Call(s, self.agents[s].budget) for s in subs]
+            group = [Call(main.name, self._budget_or_ctx(main))] + [
+                Call(s, self._budget_or_ctx(self.agents[s])) for s in subs]
             await self.session.replan(group)
             if n <= self.info.slots:
                 return
@@ -407,7 +426,7 @@ class Squad:
         if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
-        result = await run_turn(self.chat, agent, origin, system=self._system(agent, variables), prompt=prompt,
+        result = await run_turn(self.chat, self._resolved(agent), origin, system=self._system(agent, variables), prompt=prompt,
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=self.max_tool_rounds, on_event=self._emit)
         result.subs = subs
@@ -447,7 +466,7 @@ class Squad:
         system = self._system(main, variables)
         prefix = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
         specs = [t.spec() for t in self._tools_for(main, 0, [], variables).values()] or None
-        return await hand_back(self.chat, origin or Origin(main.name), budget=main.budget, max_tokens=main.max_tokens,
+        return await hand_back(self.chat, origin or Origin(main.name), budget=self._budget_or_ctx(main), max_tokens=main.max_tokens,
                                prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
                                on_event=self._emit)
 
@@ -470,10 +489,10 @@ def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
     parallel (a chat turn that @mentions all of them), or just the main agent."""
     lead = agents[main]
     names = sub_agent_names(lead, agents, main)
-    call = Call(lead.name, lead.budget)
+    call = Call(lead.name, lead.fixed_budget)
     if not names:
         return call
-    return Delegate(main=call, subs=Parallel(tuple(Call(n, agents[n].budget) for n in names)))
+    return Delegate(main=call, subs=Parallel(tuple(Call(n, agents[n].fixed_budget) for n in names)))
 
 
 def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunResult:

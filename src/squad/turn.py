@@ -83,7 +83,7 @@ async def run_turn(
         offer = specs if round_no < max_tool_rounds else None
         messages = ([{"role": "system", "content": system}] if system else []) + convo
         reply = await chat.complete(ChatRequest(
-            origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.budget, tools=offer,
+            origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer,
             sampling=agent.sampling.as_params() or None, priority=priority,
         ))
         calls.append(reply)

@@ -6,7 +6,8 @@ concurrency analysis the planner needs lives here, in one place.
 
 A workload is a tree of frozen nodes:
 
-- :class:`Call`: one agent conversation holding up to ``budget`` tokens of context.
+- :class:`Call`: one agent conversation holding up to ``budget`` tokens of context
+  (None = auto: the planner gives it a share of the model's context, :func:`with_budgets`).
 - :class:`Sequence`: children one after another.
 - :class:`Parallel`: children all at once.
 - :class:`Map`: ``item`` run for ``count`` inputs, at most ``limit`` at a time
@@ -52,15 +53,17 @@ __all__ = [
     "peak_concurrency",
     "peak_context",
     "calls",
+    "with_budgets",
 ]
 
 
 @dataclass(frozen=True)
 class Call:
-    """One agent conversation; ``budget`` is the context it may hold, in tokens."""
+    """One agent conversation; ``budget`` is the context it may hold, in tokens (None = auto,
+    resolved by the planner; counted as 0 in sums until then)."""
 
     agent: str
-    budget: int
+    budget: int | None
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Stage:
     @property
     def budget(self) -> int:
         """Sum of the budgets in tokens of the bounded calls (unbounded copies excluded)."""
-        return sum(c.budget for c in self.calls)
+        return sum(c.budget or 0 for c in self.calls)
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -127,9 +130,9 @@ class Stage:
         (unbounded conversations copied as often as needed), largest first."""
         pool = list(self.calls)
         if self.unbounded:
-            top = max(self.unbounded, key=lambda c: c.budget)
+            top = max(self.unbounded, key=lambda c: c.budget or 0)
             pool += [top] * n
-        return tuple(heapq.nlargest(n, pool, key=lambda c: c.budget))
+        return tuple(heapq.nlargest(n, pool, key=lambda c: c.budget or 0))
 
     def describe(self) -> str:
         """``"step 2: lead, security, style"``: the label, then the agents."""
@@ -168,6 +171,21 @@ def calls(node: Node) -> tuple[Call, ...]:
         for c in stage.calls + stage.unbounded:
             seen.setdefault(c, None)
     return tuple(seen)
+
+
+def with_budgets(node: Node, auto: int) -> Node:
+    """``node`` with every auto budget (``Call.budget`` None) set to ``auto`` tokens."""
+    if isinstance(node, Call):
+        return Call(node.agent, auto) if node.budget is None else node
+    if isinstance(node, Sequence):
+        return Sequence(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
+    if isinstance(node, Parallel):
+        return Parallel(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
+    if isinstance(node, Map):
+        return Map(with_budgets(node.item, auto), node.count, node.limit, node.label)
+    if isinstance(node, Delegate):
+        return Delegate(with_budgets(node.main, auto), with_budgets(node.subs, auto), node.label)  # type: ignore[arg-type]
+    raise TypeError(f"not a workload node: {node!r}")
 
 
 def _pick(timeline: tuple[Stage, ...], key) -> Stage | None:

@@ -70,8 +70,9 @@ def _escape(text: str) -> str:
 
 def collect_params(items: list[str]) -> dict[str, str | list[str]]:
     """``-p`` values for every command: ``["topic=cats", "item=a", "item=b"]`` ->
-    ``{"topic": "cats", "item": ["a", "b"]}`` (a repeated name becomes a list). Raises
-    :class:`UserError` for an item without ``=``."""
+    ``{"topic": "cats", "item": ["a", "b"]}`` (a repeated name becomes a list).
+    ``NAME=@path`` reads the file's UTF-8 text as the value; ``NAME=@@text`` is the literal
+    ``@text``. Raises :class:`UserError` for an item without ``=`` or a file it cannot read."""
     params: dict[str, str | list[str]] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -83,12 +84,31 @@ def collect_params(items: list[str]) -> dict[str, str | list[str]]:
         except UnicodeEncodeError as exc:  # argv bytes that are not UTF-8 arrive as lone surrogates
             raise UserError(f"-p {name}=...: the value has bytes that are not UTF-8 text (at character "
                             f"{exc.start}); pass UTF-8 text, e.g. convert the file with iconv") from None
+        value = _at_file(name, value)
         if name in params:
             before = params[name]
             params[name] = [*(before if isinstance(before, list) else [before]), value]
         else:
             params[name] = value
     return params
+
+
+def _at_file(name: str, value: str) -> str:
+    """``@path`` -> the file's text; ``@@x`` -> ``@x``; anything else unchanged."""
+    if value.startswith("@@"):
+        return value[1:]
+    if not value.startswith("@"):
+        return value
+    from pathlib import Path
+
+    path = Path(value[1:]).expanduser()
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise UserError(f"-p {name}=@{value[1:]}: cannot read the file: {exc.strerror or exc} "
+                        f"(write @@ for a value that starts with a literal @)") from None
+    except UnicodeDecodeError:
+        raise UserError(f"-p {name}=@{value[1:]}: the file is not UTF-8 text") from None
 
 
 def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,

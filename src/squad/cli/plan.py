@@ -22,7 +22,7 @@ __all__ = ["plan_command", "parse_agents"]
 @app.command("plan")
 def plan_command(
     recipe: Annotated[Optional[Path], typer.Argument(help="Recipe YAML file.", show_default=False)] = None,
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE (repeatable).")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE (repeatable); NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (default: the recipe's, else the default model).")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens (rounded up to 256).")] = None,
@@ -32,7 +32,7 @@ def plan_command(
     mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", help="MLX max batch size (MLX only).")] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="With --backend attached: the running engine to check the plan against.")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="API key of the attached engine.")] = None,
-    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,...")] = None,
+    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -46,10 +46,10 @@ def plan_command(
     if (recipe is None) == (agents is None):
         raise UserError("give a recipe file, or --agents NAME:BUDGET,... for a quick workload (not both)")
     workload: Node | None
-    base = None
+    base, rows = None, ()
     if recipe is not None:
         loaded = _load_recipe(recipe, collect_params(param))
-        workload, base = loaded.workload(), loaded.engine_spec()
+        workload, base, rows = loaded.workload(), loaded.engine_spec(), loaded.budgets
     else:
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
@@ -62,19 +62,43 @@ def plan_command(
         the_plan = _check_engine(the_plan, url, api_key)
     binary = _binary()
     if as_json:
-        typer.echo(json.dumps(plan_json(the_plan, binary), indent=2))
+        typer.echo(json.dumps({"steps": step_budgets_json(rows), **plan_json(the_plan, binary)}, indent=2))
     else:
+        if rows:
+            _render_steps(rows)
         render_plan(the_plan, console, binary)
 
 
+def step_budgets_json(rows: Any) -> list[dict[str, Any]]:
+    """Per step and agent: counted prompt tokens, whether estimated, max_tokens, budget."""
+    return [{"step": r.step, "agent": r.agent, "prompt_tokens": r.prompt, "estimated": r.estimated,
+             "max_tokens": r.max_tokens, "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto"}
+            for r in rows]
+
+
+def _render_steps(rows: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="budgets per step (prompt counted with the model's tokenizer; ~ = estimated with "
+                        "earlier outputs at their max_tokens)")
+    for name in ("step", "agent", "prompt", "max_tokens", "budget"):
+        table.add_column(name, justify="left" if name in ("step", "agent") else "right")
+    for r in rows:
+        table.add_row(r.step, r.agent, ("~" if r.estimated else "") + f"{r.prompt:,}", str(r.max_tokens),
+                      f"{r.budget:,}" + (" (fixed)" if r.fixed else " (auto)"))
+    console.print(table)
+
+
 def parse_agents(text: str) -> tuple[Call, ...]:
-    """``"lead:4096,sec:2048"`` → Calls; raises UserError naming the bad entry."""
+    """``"lead:4096,sec:auto"`` → Calls (``auto`` = None, shared by the planner); raises
+    UserError naming the bad entry."""
     calls = []
     for entry in filter(None, (e.strip() for e in text.split(","))):
         name, sep, budget = entry.partition(":")
-        if not sep or not name or not budget.strip().isdigit():
-            raise UserError(f"--agents entry {entry!r}: write NAME:BUDGET with the budget in tokens, e.g. lead:4096")
-        calls.append(Call(name.strip(), int(budget)))
+        if not sep or not name or not (budget.strip().isdigit() or budget.strip() == "auto"):
+            raise UserError(f"--agents entry {entry!r}: write NAME:BUDGET with the budget in tokens or auto, "
+                            f"e.g. lead:4096")
+        calls.append(Call(name.strip(), None if budget.strip() == "auto" else int(budget)))
     if not calls:
         raise UserError("--agents is empty: write NAME:BUDGET,..., e.g. lead:4096,security:4096")
     return tuple(calls)

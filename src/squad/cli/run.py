@@ -58,7 +58,7 @@ def validate_command(
 @app.command("run")
 def run_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists).")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists); NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (overrides the recipe).")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
@@ -146,7 +146,7 @@ def chat_command(
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="Take agents and main agent from a recipe.")] = None,
     agent_file: Annotated[Optional[Path], typer.Option("--agent-file", help="A file with agents: (first is main unless --main).")] = None,
     main: Annotated[Optional[str], typer.Option("--main", help="The main agent's name.")] = None,
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE.")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE; NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path.")] = None,
     slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
     ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
@@ -190,13 +190,16 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
     base = None
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param))
-        agents, lead, variables, base = dict(loaded.agents), main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
+        # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
+        counted = {r.agent for r in loaded.budgets if not r.fixed}
+        agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}
+        lead, variables, base = main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
     elif agent_file is not None:
         agents, variables = load_agents(agent_file), {}
         lead = main or next(iter(agents), "")
     else:
         agents = {"assistant": Agent(name="assistant", instructions="You are a helpful assistant. Be brief.",
-                                     budget=2048, max_tokens=256)}
+                                     max_tokens=256)}  # budget auto: the model's context
         lead, variables = "assistant", {}
     if lead not in agents:
         raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")

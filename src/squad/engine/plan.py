@@ -43,6 +43,8 @@ class EnginePlan:
     - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
     - ``n_ctx_train``: the model's training context in tokens, or None.
     - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
+    - ``budgets``: each agent's budget in tokens as planned (auto ones resolved); the runtime
+      checks every call against it.
     """
 
     model: Path
@@ -61,6 +63,7 @@ class EnginePlan:
     memory_for_kv: int | None = field(default=None, compare=False)
     n_ctx_train: int | None = field(default=None, compare=False)
     peak: int | None = field(default=None, compare=False)
+    budgets: dict[str, int] = field(default_factory=dict, compare=False)
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).

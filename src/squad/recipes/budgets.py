@@ -13,24 +13,59 @@ they are skipped and the planner and the client check again at run time.
   ``/v1/chat/completions/input_tokens`` gives). When prompt + ``max_tokens`` is above the
   agent's budget, the client would refuse the call at run time; here it is a
   :class:`~squad.errors.RecipeError` at the prompt, before anything runs.
+- :func:`plan_budgets`: an ``auto`` budget from the real, counted work. Each step's prompt
+  is rendered with the real parameters and counted with the system prompt, the tool
+  definitions and, for a main agent that @mentions sub-agents, an allowance of the sum of
+  their ``max_tokens`` for the handed-back answers. A prompt that uses an earlier step's
+  output is an estimate: each output is stood in for by that step's ``max_tokens`` worth of
+  tokens (a parallel block's or a map's: the sum over its children or items). The agent's
+  budget = max over its steps of (prompt + max_tokens + headroom), rounded up to 256 and
+  capped by the training context, with headroom = :func:`headroom` (10 %, at least 64
+  tokens) for follow-up turns and tool rounds.
+
+Early errors, before any engine starts: a rendered prompt longer than
+:data:`BYTES_PER_TOKEN` bytes per token of the training context is refused without
+tokenizing; a prompt that cannot fit even alone (prompt + max_tokens above the training
+context) names the step, the counted tokens and the limit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Set
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from squad.agent import Agent, sub_agent_names
 from squad.engine.llama import round_ctx
 from squad.errors import RecipeError, SquadError
-from squad.recipes.model import Recipe, Step
+from squad.recipes.model import Recipe, RecipeWarning, Step, StepBudget
 from squad.templates import template_paths
 
 if TYPE_CHECKING:
     from squad.engine.tokens import GGUFCounter
 
-__all__ = ["model_file", "n_ctx_train", "check_prompts"]
+__all__ = ["model_file", "n_ctx_train", "check_prompts", "plan_budgets", "headroom", "HEADROOM_SHARE",
+           "HEADROOM_MIN", "BYTES_PER_TOKEN"]
+
+HEADROOM_SHARE = 0.10
+"""Share of (prompt + max_tokens) an auto budget adds for follow-up turns and tool rounds."""
+
+HEADROOM_MIN = 64
+"""The least headroom an auto budget adds, in tokens."""
+
+BYTES_PER_TOKEN = 8
+"""A rendered prompt above this many UTF-8 bytes per token of the training context is refused
+without tokenizing: no tokenizer packs more than a few bytes into one token of ordinary text."""
+
+_STAND_IN = " word"
+"""One token of stand-in text for an output not known before the run (a space + a common
+word is one token in byte-level BPE vocabularies)."""
+
+
+def headroom(tokens: int) -> int:
+    """Headroom in tokens on top of ``tokens`` (prompt + max_tokens): 10 %, at least 64."""
+    return max(HEADROOM_MIN, math.ceil(tokens * HEADROOM_SHARE))
 
 _RUN_TIME_ROOTS = {"steps", "item", "index", "chunks"}
 """Template variables whose values exist only while the flow runs."""
@@ -85,6 +120,7 @@ def check_prompts(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
         return
     from squad.engine.tokens import NotExact
 
+    fixed = [(s, a) for s, a in fixed if a.fixed_budget is not None]
     for step, agent in fixed:
         messages = _messages(recipe, step, agent)
         if messages is None:
@@ -93,7 +129,7 @@ def check_prompts(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
             prompt = counter.count_chat(messages)
         except NotExact:
             continue
-        if prompt + agent.max_tokens > agent.budget:
+        if prompt + agent.max_tokens > agent.fixed_budget:  # type: ignore[operator]
             raise _too_small(recipe, step, agent, prompt)
 
 
@@ -121,7 +157,26 @@ def _messages(recipe: Recipe, step: Step, agent: Agent) -> list[dict[str, str]] 
         system = agent.system_prompt(subs, {"params": recipe.params})
     except SquadError:  # e.g. an unset parameter the template cannot render; the run reports it
         return None
+    trained = n_ctx_train(recipe.model)
+    _check_size(step, agent, system + user, trained)
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def _check_size(step: Step, agent: Agent, text: str, trained: int | None) -> None:
+    """Refuse text of more than :data:`BYTES_PER_TOKEN` bytes per training-context token."""
+    if trained is None:
+        return
+    size, limit = len(text.encode("utf-8", "surrogatepass")), BYTES_PER_TOKEN * trained
+    if size > limit:
+        raise RecipeError(
+            f"step '{step.id}' (agent '{agent.name}'): its prompt is {size:,} bytes, more than the "
+            f"{limit:,} bytes ({BYTES_PER_TOKEN} per token) the model's {trained:,}-token training context "
+            f"could ever hold; not counted. Use a model with a bigger context, or split the input over a map "
+            f"step (split: chunks)", **_loc(step))
+
+
+def _loc(step: Step) -> dict[str, Any]:
+    return {k: step.loc.get(k) for k in ("file", "line", "column", "field")}
 
 
 def _counter(model: str | None) -> GGUFCounter | None:
@@ -154,3 +209,153 @@ def _too_small(recipe: Recipe, step: Step, agent: Agent, prompt: int) -> RecipeE
         f"tokens (system + user message, counted with the model's tokenizer{more}) + max_tokens "
         f"{agent.max_tokens}, above the agent's budget of {agent.budget}; {fix}",
         **{k: step.loc.get(k) for k in ("file", "line", "column", "field")})
+
+
+# --- auto budgets ------------------------------------------------------------------------------
+
+
+def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
+    """Count every step's prompt and set each ``auto`` agent's budget from it (rule in the
+    module docstring). Sets ``recipe.budgets`` (one :class:`StepBudget` per counted step and
+    agent) and replaces auto agents in ``recipe.agents`` by copies with the planned budget.
+
+    An agent none of whose prompts can be counted (no model file, a tokenizer not reproduced,
+    parameters in ``unset``, only called as a tool) keeps ``auto``: the planner shares the
+    context (:func:`squad.planner.auto_budget`). Raises :class:`RecipeError` at the step when a
+    prompt is too long for the model even alone.
+    """
+    counter = _counter(recipe.model)
+    trained = n_ctx_train(recipe.model)
+    if counter is None:
+        return
+    rows: list[StepBudget] = []
+    outputs: dict[str, dict[str, Any]] = {}
+    sizes: dict[str, int] = {}
+    for step in recipe.flow:
+        rows += _plan_step(recipe, step, counter, trained, outputs, sizes, unset)
+    best: dict[str, int] = {}
+    for row in rows:
+        if not row.fixed:
+            best[row.agent] = max(best.get(row.agent, 0), row.budget)
+    for name, budget in best.items():
+        agent = recipe.agents[name]
+        recipe.agents[name] = agent.model_copy(update={"budget": max(budget, agent.max_tokens + 1)})
+    recipe.budgets = tuple(rows)
+
+
+def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int | None,
+               outputs: dict[str, dict[str, Any]], sizes: dict[str, int], unset: Set[str]) -> list[StepBudget]:
+    """Rows for ``step`` (and its children); records its stand-in output for later steps."""
+    if step.kind == "parallel":
+        rows = []
+        for child in step.steps:
+            rows += _plan_step(recipe, child, counter, trained, outputs, sizes, unset)
+        sizes[step.id] = sum(sizes[c.id] for c in step.steps)
+        outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [outputs[c.id]["output"] for c in step.steps]}
+        return rows
+    agent = recipe.agents[step.agent]
+    refs = template_paths(step.prompt)
+    estimated = any(r[0] == "steps" for r in refs) or bool(step.mentions)
+    items: list[Any] = [None]
+    count = 1
+    if step.kind == "map":
+        if step.over[0] == "params":
+            items = recipe.items(step, outputs) if recipe.params.get(step.over[1]) is not None else []
+            count = len(items)
+        else:
+            items, estimated = [outputs[step.over[1]]["output"]], True
+    before = dict(outputs)  # the prompt sees only earlier steps
+    sizes[step.id] = agent.max_tokens * max(1, count)
+    outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [_stand_in(agent.max_tokens)] * max(1, count)}
+    if any(_unset(r, unset) for r in refs) or any(_unset(r, unset) for r in template_paths(agent.instructions)):
+        return []
+    worst: dict[str, int] = {}
+    for index, item in enumerate(items):
+        extra = {"item": item, "index": index} if step.kind == "map" else {}
+        if step.kind == "map" and step.split == "chunks":
+            extra["chunks"] = count
+        for name, prompt in _counted(recipe, step, agent, counter, trained, before, extra):
+            worst[name] = max(worst.get(name, 0), prompt)
+    rows = []
+    for name, prompt in worst.items():
+        who = recipe.agents[name]
+        est = estimated and (name == agent.name or any(r[0] == "steps" for r in refs))
+        need = prompt + who.max_tokens
+        if trained is not None and need > trained and not est:
+            raise _too_large(step, who, prompt, trained)
+        budget = round_ctx(need + headroom(need))
+        if trained is not None:
+            budget = min(budget, trained)
+        if who.fixed_budget is not None:
+            budget = who.fixed_budget
+        rows.append(StepBudget(step=step.id, agent=name, prompt=prompt, max_tokens=who.max_tokens, budget=budget,
+                               estimated=est, fixed=who.fixed_budget is not None))
+        if trained is not None and need > trained and est:
+            recipe.warnings.append(RecipeWarning(
+                f"step '{step.id}' (agent '{name}') may need ~{need:,} tokens (estimated with earlier outputs at "
+                f"their max_tokens), above the model's training context {trained:,}; its budget is capped there",
+                **_loc(step)))
+    return rows
+
+
+def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", trained: int | None,
+             outputs: dict[str, dict[str, Any]], extra: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(agent, prompt tokens)`` for the agent of ``step`` and each sub-agent it @mentions."""
+    from squad.engine.tokens import NotExact
+    from squad.mention import parse_mentions
+
+    try:
+        user = recipe.render_prompt(step, outputs, **extra)
+    except SquadError:
+        return []
+    out: list[tuple[str, int]] = []
+    subs_allowance = sum(recipe.agents[m].max_tokens for m in step.mentions)
+    sends = [(agent, user, subs_allowance)]
+    if step.mentions:
+        known = sub_agent_names(agent, recipe.agents, recipe.main)
+        sends += [(recipe.agents[d.agent], d.text, 0) for d in parse_mentions(user, known).dispatches]
+    for who, text, allowance in sends:
+        subs = [recipe.agents[n] for n in sub_agent_names(who, recipe.agents, recipe.main)]
+        try:
+            system = who.system_prompt(subs, {"params": recipe.params})
+        except SquadError:
+            continue
+        _check_size(step, who, system + text, trained)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        tools = _tool_specs(who, subs)
+        try:
+            try:
+                prompt = counter.count_chat(messages, tools)
+            except NotExact:  # the template reads tools: count without, the schemas' text on top
+                prompt = counter.count_chat(messages) + (counter.count_text(str(tools)) if tools else 0)
+        except NotExact:
+            continue
+        out.append((who.name, prompt + allowance))
+    return out
+
+
+def _stand_in(tokens: int) -> str:
+    return _STAND_IN * tokens
+
+
+def _tool_specs(agent: Agent, subs: list[Agent]) -> list[dict[str, Any]] | None:
+    """The ``ask_<name>`` tool definitions the runtime offers ``agent`` (function tools are
+    registered in Python, not known to a recipe)."""
+    if not (agent.sub_agent_tools and agent.agents):
+        return None
+    from squad.turn import agent_tools
+
+    async def ask(sub: Agent, task: str) -> Any:  # never called: only the schemas are counted
+        raise NotImplementedError
+
+    bare = agent.model_copy(update={"tools": ()})
+    return [t.spec() for t in agent_tools(bare, {}, [s for s in subs if s.name in agent.agents], ask).values()] or None
+
+
+def _too_large(step: Step, agent: Agent, prompt: int, trained: int) -> RecipeError:
+    need = prompt + agent.max_tokens
+    return RecipeError(
+        f"step '{step.id}' (agent '{agent.name}') cannot fit in the model even alone: its prompt is {prompt:,} "
+        f"tokens (counted with the model's tokenizer) + max_tokens {agent.max_tokens} = {need:,}, above the "
+        f"model's training context of {trained:,} tokens; use a model with a bigger context, shorten the input, "
+        f"or spread it over a map step (split: chunks)", **_loc(step))

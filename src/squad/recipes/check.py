@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from squad.agent import NAME_PATTERN, Agent, check_squad, sub_agent_names
 from squad.errors import RecipeError, UserError
 from squad.mention import parse_mentions
-from squad.recipes.budgets import check_prompts, n_ctx_train
+from squad.recipes.budgets import check_prompts, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
@@ -121,6 +121,7 @@ class _Loader:
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
         check_prompts(recipe, unset=unset)
+        plan_budgets(recipe, unset=unset)
         return recipe
 
     # agents and includes ----------------------------------------------------------------
@@ -206,7 +207,7 @@ class _Loader:
         if trained is None:
             return
         for name, agent in agents.items():
-            if agent.budget > trained:
+            if agent.fixed_budget is not None and agent.fixed_budget > trained:
                 _, src, base = raw[name]
                 raise src.error(
                     f"budget {agent.budget} tokens is above the model's training context "

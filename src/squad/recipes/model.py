@@ -29,7 +29,7 @@ from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
 if TYPE_CHECKING:
     from squad.session import EngineSpec
 
-__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning"]
+__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "StepBudget"]
 
 
 class RecipeWarning(UserWarning):
@@ -80,6 +80,28 @@ class Step:
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
+@dataclass(frozen=True)
+class StepBudget:
+    """What one step needs of its agent's context, counted before the run
+    (:func:`squad.recipes.budgets.plan_budgets`).
+
+    - ``prompt``: tokens of the messages the agent is sent (system + user message, tool
+      definitions, and for a main agent that @mentions sub-agents the sum of their
+      ``max_tokens`` for the handed-back answers); ``estimated`` when an earlier step's output
+      (or a hand-back) is in it, stood in for by that step's ``max_tokens`` worth of tokens.
+    - ``budget``: what this step asks of the agent: prompt + ``max_tokens`` + headroom,
+      rounded up to 256 and capped by the training context; for a fixed budget, that budget.
+    """
+
+    step: str
+    agent: str
+    prompt: int
+    max_tokens: int
+    budget: int
+    estimated: bool = False
+    fixed: bool = False
+
+
 @dataclass
 class Recipe:
     """A loaded, checked recipe.
@@ -103,6 +125,7 @@ class Recipe:
     flow: tuple[Step, ...]
     output_schema: dict[str, Any] | None = None
     warnings: list[RecipeWarning] = field(default_factory=list)
+    budgets: tuple[StepBudget, ...] = ()
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":
@@ -117,7 +140,8 @@ class Recipe:
     def workload(self) -> Node:
         """The flow as a :mod:`squad.workload` tree for the planner.
 
-        A call is ``Call(agent, budget)``; a prompt that @mentions sub-agents (or an agent
+        A call is ``Call(agent, budget)`` (None for a budget still auto: no prompt could be
+        counted, the planner shares the context); a prompt that @mentions sub-agents (or an agent
         that may call sub-agents as tools) is ``Delegate(agent, Parallel(subs))``; a parallel
         block is ``Parallel``; a map is ``Map(item, count, limit=concurrency)`` with ``count``
         known when it maps over a list parameter.
@@ -141,9 +165,9 @@ class Recipe:
         agent = self.agents[name]
         subs = mentions or (agent.agents if agent.sub_agent_tools else ())
         if not subs:
-            return Call(name, agent.budget)
+            return Call(name, agent.fixed_budget)
         nodes = tuple(self._agent_node(sub) for sub in subs)
-        return Delegate(Call(name, agent.budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
+        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
 
     # --- run-time helpers -------------------------------------------------------------
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
