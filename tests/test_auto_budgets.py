@@ -75,25 +75,49 @@ def test_a_fixed_budget_stays_what_the_user_chose(default_model_path, tmp_path):
     assert recipe.agents["a"].budget == 4096 and recipe.budgets[0].fixed and recipe.budgets[0].budget == 4096
 
 
+ONE_PIECE = """\
+name: one-piece
+params:
+  code: {type: string}
+agents:
+  reviewer: {instructions: You review code., max_tokens: 64}
+main: reviewer
+flow:
+  - id: review
+    agent: reviewer
+    prompt: "Review this code:\\n{{ params.code }}"
+"""
+
+
+def one_piece(tmp_path):
+    """A recipe that sends the whole input in one prompt (no split: chunks)."""
+    path = tmp_path / "one.yaml"
+    path.write_text(ONE_PIECE)
+    return path
+
+
 def test_a_prompt_the_model_cannot_hold_fails_at_load(default_model_path, tmp_path):
     code = tmp_path / "big.py"
     code.write_text(BIG.read_text() * 2)  # ~10,000 tokens, under 8 bytes per token of 8,192
+    recipe = one_piece(tmp_path)
     with pytest.raises(RecipeError) as info:
-        load_recipe(REVIEW, {"code": code.read_text()})
+        load_recipe(recipe, {"code": code.read_text()})
     err = info.value
-    assert err.file == str(REVIEW) and err.line == 50 and err.field == "flow[0].parallel[0].prompt"
-    assert err.problem.startswith("step 'security' (agent 'security') cannot fit in the model even alone: "
+    assert err.file == str(recipe) and err.line == 10 and err.field == "flow[0].prompt"
+    assert err.problem.startswith("step 'review' (agent 'reviewer') cannot fit in the model even alone: "
                                   "its prompt is ")
     assert "above the model's training context of 8,192 tokens; use a model with a bigger context" in err.problem
     assert "split: chunks" in err.problem
+    # the shipped review recipe reads the same input in pieces instead
+    assert load_recipe(REVIEW, {"code": code.read_text()}).workload()
 
 
-def test_a_prompt_far_too_large_is_refused_without_tokenizing(default_model_path, monkeypatch):
+def test_a_prompt_far_too_large_is_refused_without_tokenizing(default_model_path, monkeypatch, tmp_path):
     from squad.engine.tokens import GGUFCounter
 
     monkeypatch.setattr(GGUFCounter, "count_chat", lambda *a, **k: pytest.fail("tokenized"))
     with pytest.raises(RecipeError, match=r"its prompt is [\d,]+ bytes, more than the 65,536 bytes"):
-        load_recipe(REVIEW, {"code": "x" * 70_000})
+        load_recipe(one_piece(tmp_path), {"code": "x" * 70_000})
 
 
 def test_at_file_params(tmp_path):

@@ -28,7 +28,7 @@ def test_review_recipe_reads_a_long_file_in_chunks(capsys, tmp_path, llama_serve
     code = long_code()
     recipe = load_recipe(ROOT / "recipes" / "review.yaml", {"code": code})
     pieces = recipe.items(recipe.steps_by_id()["security"], {})
-    assert len(pieces) > 5  # far more than one context's worth for a reviewer
+    assert len(pieces) >= 3  # more than one context's worth for a reviewer (pieces of 7,000 tokens)
     try:
         squad_main(["run", str(ROOT / "recipes" / "review.yaml"), "-p", f"code={code}", "--json",
                     "--llama-server", str(llama_server_path), "-t", "2", "--trace", str(tmp_path / "t.jsonl")])

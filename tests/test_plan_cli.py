@@ -174,6 +174,5 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         stop_pid(proc.pid, grace=20)
         proc.wait()
         log.close()
-    assert (data["slots"], data["n_ctx"], data["command"]) == (3, 3072, None)
+    assert (data["slots"], data["n_ctx"], data["command"]) == (3, 768, None)
     assert any("2 slot(s)" in w for w in data["warnings"])
-    assert any("context is 2,048" in w for w in data["warnings"])
