@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
-import numpy as np
+import gguf_support
 import pytest
 
 from squad.cli import main as squad_main
@@ -150,30 +149,7 @@ TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endf
 
 
 def tiny_gguf(path: Path, *, n_ctx_train: int, template: str = TEMPLATE) -> Path:
-    """A byte-level BPE vocabulary (every byte a token, plus "hello") with full model facts."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    missing = [b for b in range(256) if b not in keep]
-    chars = [chr(b) if b in keep else chr(256 + missing.index(b)) for b in range(256)]  # GPT-2's byte table
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(8)
-    w.add_head_count(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    toks = ["<s>", "</s>", *chars, "he", "hel", "hell", "hello"]
-    w.add_token_list(toks)
-    w.add_token_types([3, 3] + [1] * (len(toks) - 2))
-    w.add_token_merges(["h e", "he l", "hel l", "hell o"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    w.add_chat_template(template)
-    w.add_tensor("dummy", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return gguf_support.tiny_gguf(path, template=template, n_ctx_train=n_ctx_train)
 
 
 @pytest.fixture

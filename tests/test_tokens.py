@@ -13,9 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
+from gguf_support import tiny_gguf
 
 from squad.engine import tokens
 from squad.engine.tokens import GGUFCounter, NotExact, TokenCounter, counter_for_model
@@ -42,44 +41,6 @@ def smol() -> GGUFCounter:
     counter = counter_for_model(path)
     assert counter is not None
     return counter
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's byte → printable character table (the alphabet of byte-level BPE vocabularies)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-def _tiny_gguf(path: Path, *, template: str | None, model: str = "gpt2", pre: str = "gpt-2",
-               add_bos: bool | None = None) -> Path:
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
-    toks = ["<s>", "</s>"] + _byte_chars() + ["he", "hel", "hell", "hello"]
-    w.add_token_list(toks)
-    w.add_token_types([3, 3] + [1] * (len(toks) - 2))
-    w.add_token_merges(["h e", "he l", "hel l", "hell o"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    if add_bos is not None:
-        w.add_add_bos_token(add_bos)
-    if template is not None:
-        w.add_chat_template(template)
-    w.add_tensor("dummy", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 NO_SYSTEM_TEMPLATE = (
@@ -171,7 +132,7 @@ def test_thread_safe(smol):
 
 
 def test_tiny_vocabulary_bpe_and_special_tokens(tmp_path):
-    counter = counter_for_model(_tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE))
+    counter = counter_for_model(tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE))
     assert counter is not None
     assert counter.count_text("hello") == 1  # merged all the way
     assert counter.count_text("hello hello") == 1 + 1 + 1  # " " is its own byte token; no "Ġhello"
@@ -179,7 +140,7 @@ def test_tiny_vocabulary_bpe_and_special_tokens(tmp_path):
 
 
 def test_system_message_merged_when_the_template_ignores_it(tmp_path):
-    counter = counter_for_model(_tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE))
+    counter = counter_for_model(tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE))
     assert counter is not None and not counter.supports_system_role
     prompt = counter.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert prompt == "<s>[user]S\nU\n[assistant]"
@@ -188,7 +149,7 @@ def test_system_message_merged_when_the_template_ignores_it(tmp_path):
 
 
 def test_bos_added_by_the_tokenizer_is_cut_from_the_rendered_text(tmp_path):
-    counter = counter_for_model(_tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE, add_bos=True))
+    counter = counter_for_model(tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE, add_bos=True))
     assert counter is not None
     assert counter.render([{"role": "user", "content": "hello"}]) == "[user]hello\n[assistant]"
     assert counter.count_chat([{"role": "user", "content": "hello"}]) == 1 + counter.count_text("[user]hello\n[assistant]")
@@ -196,10 +157,10 @@ def test_bos_added_by_the_tokenizer_is_cut_from_the_rendered_text(tmp_path):
 
 def test_template_errors_and_tool_templates_raise_not_exact(tmp_path):
     src = "{% for m in messages %}{{ m.content | upper_no_such_filter_at_runtime if m.x else m.content }}{% endfor %}"
-    counter = counter_for_model(_tiny_gguf(tmp_path / "a.gguf", template=src))
+    counter = counter_for_model(tiny_gguf(tmp_path / "a.gguf", template=src))
     assert counter is not None
     tool_src = "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
-    tools_counter = counter_for_model(_tiny_gguf(tmp_path / "b.gguf", template=tool_src))
+    tools_counter = counter_for_model(tiny_gguf(tmp_path / "b.gguf", template=tool_src))
     assert tools_counter is not None
     with pytest.raises(NotExact, match="tools"):
         tools_counter.count_chat([{"role": "user", "content": "x"}], [{"type": "function", "function": {"name": "f"}}])
@@ -207,11 +168,11 @@ def test_template_errors_and_tool_templates_raise_not_exact(tmp_path):
 
 
 def test_unsupported_files_give_none(tmp_path):
-    assert counter_for_model(_tiny_gguf(tmp_path / "spm.gguf", template="{{ 'x' }}", model="llama")) is None
-    assert counter_for_model(_tiny_gguf(tmp_path / "pre.gguf", template="{{ 'x' }}", pre="llama-bpe")) is None
-    assert counter_for_model(_tiny_gguf(tmp_path / "none.gguf", template=None)) is None
+    assert counter_for_model(tiny_gguf(tmp_path / "spm.gguf", template="{{ 'x' }}", model="llama")) is None
+    assert counter_for_model(tiny_gguf(tmp_path / "pre.gguf", template="{{ 'x' }}", pre="llama-bpe")) is None
+    assert counter_for_model(tiny_gguf(tmp_path / "none.gguf", template=None)) is None
     gpt_oss = "{% for m in messages %}<|channel|>{{ m.content }}{% endfor %}"
-    assert counter_for_model(_tiny_gguf(tmp_path / "oss.gguf", template=gpt_oss)) is None
+    assert counter_for_model(tiny_gguf(tmp_path / "oss.gguf", template=gpt_oss)) is None
 
 
 def test_missing_file_is_a_model_error(tmp_path):
