@@ -191,7 +191,7 @@ async def test_the_runtime_uses_the_planned_budget_for_auto(tmp_path):
     agents = [Agent(name="lead", agents=("a",)), Agent(name="a", budget=512, max_tokens=32)]
     async with FakeEngine(slots=2) as fe, Squad(agents, engine=fe.info) as sq:
         assert (sq.budget_of(agents[0]), sq.budget_of(agents[1])) == (None, 512)  # not planned: no limit
-        assert sq._budget_or_ctx(agents[0]) == sq.info.n_ctx  # noqa: SLF001 - hand-back / chat history fallback
+        assert sq.context_limit(agents[0]) == sq.info.n_ctx  # hand-back / chat history fallback
         sq.session.plan = dataclasses.replace(plan(sq.workload, model=tmp_path / "m.gguf", n_ctx_train=8192))
         assert sq.session.plan.budgets == {"lead": 4096, "a": 512}  # 8192 / 2 agents at once
         assert sq.budget_of(agents[0]) == 4096 and sq._resolved(agents[0]).budget == 4096  # noqa: SLF001

@@ -39,7 +39,7 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
     say("info", f"chat with {main.name}; sub-agents: {', '.join('@' + s for s in subs) or 'none'}; "
                 f"engine {squad.info.slots} slots, context {squad.info.n_ctx}. /quit ends.")
     history: list[dict[str, Any]] = []
-    limit = int((squad.budget_of(main) or squad.info.n_ctx) * HISTORY_SHARE)
+    limit = int(squad.context_limit(main) * HISTORY_SHARE)
     while True:
         try:
             # abandoned on cancel: Ctrl-C at the prompt ends the loop at once (the thread stays

@@ -324,8 +324,9 @@ class Squad:
         plan = self.session.plan
         return plan.budgets.get(agent.name) if plan is not None else None
 
-    def _budget_or_ctx(self, agent: Agent) -> int:
-        """:meth:`budget_of`, else the context one request may use on this engine (tokens)."""
+    def context_limit(self, agent: Agent) -> int:
+        """Tokens ``agent``'s conversation may hold: :meth:`budget_of`, else the context one
+        request may use on this engine."""
         return self.budget_of(agent) or self.info.n_ctx
 
     def _resolved(self, agent: Agent) -> Agent:
@@ -343,8 +344,8 @@ class Squad:
         if n <= self.info.slots:
             return
         if self.replan:
-            group = [Call(main.name, self._budget_or_ctx(main))] + [
-                Call(s, self._budget_or_ctx(self.agents[s])) for s in subs]
+            group = [Call(main.name, self.context_limit(main))] + [
+                Call(s, self.context_limit(self.agents[s])) for s in subs]
             await self.session.replan(group)
             if n <= self.info.slots:
                 return
@@ -466,7 +467,7 @@ class Squad:
         system = self._system(main, variables)
         prefix = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
         specs = [t.spec() for t in self._tools_for(main, 0, [], variables).values()] or None
-        return await hand_back(self.chat, origin or Origin(main.name), budget=self._budget_or_ctx(main), max_tokens=main.max_tokens,
+        return await hand_back(self.chat, origin or Origin(main.name), budget=self.context_limit(main), max_tokens=main.max_tokens,
                                prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
                                on_event=self._emit)
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from squad.agent import Agent, sub_agent_names
 from squad.engine.llama import round_ctx
-from squad.errors import RecipeError, SquadError
+from squad.errors import ModelError, RecipeError, SquadError
 from squad.recipes.model import Recipe, RecipeWarning, Step, StepBudget
 from squad.templates import template_paths
 
@@ -72,16 +72,17 @@ _RUN_TIME_ROOTS = {"steps", "item", "index", "chunks"}
 
 
 def model_file(model: str | None) -> Path | None:
-    """The GGUF file of ``model`` when it is on disk, else None (never downloads).
+    """The GGUF file of ``model`` when it is on disk, else None (never downloads): the
+    registry's own resolution (:func:`squad.engine.registry.resolve_model` without pulling).
 
-    ``model`` is a recipe's checked model: None (the default model), a known name (its file in
-    ``cache_dir()/models``) or an absolute path.
+    ``model`` is a recipe's checked model: None (the default model), a known name or a path.
     """
-    from squad.engine.registry import DEFAULT_MODEL, known_models, model_path
+    from squad.engine.registry import resolve_model
 
-    name = model or DEFAULT_MODEL
-    path = model_path(name) if name in known_models() else Path(name)
-    return path if path.is_file() else None
+    try:
+        return resolve_model(model, pull=False)
+    except ModelError:
+        return None
 
 
 def n_ctx_train(model: str | None) -> int | None:
