@@ -195,3 +195,23 @@ async def test_the_runtime_uses_the_planned_budget_for_auto(tmp_path):
         sq.session.plan = dataclasses.replace(plan(sq.workload, model=tmp_path / "m.gguf", n_ctx_train=8192))
         assert sq.session.plan.budgets == {"lead": 4096, "a": 512}  # 8192 / 2 agents at once
         assert sq.budget_of(agents[0]) == 4096 and sq._resolved(agents[0]).budget == 4096  # noqa: SLF001
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_model_override_recounts_the_budgets(default_model_path, tmp_path):
+    """``--model`` replaces the recipe's model before counting: auto budgets and the
+    cannot-fit check follow the model that will really run (here a 128-token one)."""
+    from gguf_support import tiny_gguf
+
+    tiny = tiny_gguf(tmp_path / "tiny.gguf", template=CHATML, n_ctx_train=128)
+    code = "def add(a, b):\n    return a + b  # questions: dev@example.com\n" * 4
+    default = load_recipe(one_piece(tmp_path), {"code": code})
+    assert rows(default)[("review", "reviewer")].budget > 128
+    with pytest.raises(RecipeError, match="training context of 128 tokens"):
+        load_recipe(one_piece(tmp_path), {"code": code}, model=str(tiny))
+    with pytest.raises(SystemExit) as exit_:
+        squad_main(["plan", str(one_piece(tmp_path)), "-p", f"code={code}", "--model", str(tiny)])
+    assert exit_.value.code == 2

@@ -48,7 +48,9 @@ def plan_command(
     workload: Node | None
     base, rows = None, ()
     if recipe is not None:
-        loaded = _load_recipe(recipe, collect_params(param))
+        from squad.recipes import load_recipe
+
+        loaded = load_recipe(recipe, collect_params(param), model=model)
         workload, base, rows = loaded.workload(), loaded.engine_spec(), loaded.budgets
     else:
         calls = parse_agents(agents or "")
@@ -102,14 +104,6 @@ def parse_agents(text: str) -> tuple[Call, ...]:
     if not calls:
         raise UserError("--agents is empty: write NAME:BUDGET,..., e.g. lead:4096,security:4096")
     return tuple(calls)
-
-
-def _load_recipe(path: Path, params: dict[str, str | list[str]]) -> Any:
-    try:
-        from squad.recipes import load_recipe
-    except ImportError as exc:  # the recipe loader lands separately
-        raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
-    return load_recipe(path, params)
 
 
 def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "EnginePlan":

@@ -81,7 +81,7 @@ def run_command(
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
-    loaded = load_recipe(recipe, collect_params(param))
+    loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
                        binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
     for warning in loaded.warnings:
@@ -163,7 +163,7 @@ def chat_command(
     from squad.runtime import Squad
     from squad.view import LiveView
 
-    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param)
+    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        cache_type_k=ctk, cache_type_v=ctv or ctk)
     view = LiveView(console=err_console, live=False)
@@ -181,7 +181,7 @@ def chat_command(
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str]) -> tuple[list[Any], str, dict[str, Any], Any]:
+                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any]:
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
 
@@ -189,7 +189,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("give --recipe or --agent-file, not both")
     base = None
     if recipe is not None:
-        loaded = load_recipe(recipe, collect_params(param))
+        loaded = load_recipe(recipe, collect_params(param), model=model)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}
