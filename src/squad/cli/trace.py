@@ -52,7 +52,8 @@ def show(
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
         return
-    console.print(f"[bold]{path}[/]  {summary.events} events over {summary.duration_s:.2f}s")
+    console.print(f"[bold]{escape(str(path))}[/]  {summary.events} events over {summary.duration_s:.2f}s",
+                  soft_wrap=True)  # a path is never broken across lines
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
         console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
