@@ -208,3 +208,19 @@ def test_a_failed_step_keeps_what_finished_in_json(capsys, tmp_path, state, engi
     data = json.loads(out)
     assert data["output"] is None and data["failed"]
     assert data["finished"]["draft"]["output"] == "the finished draft" and "edit" not in data["finished"]
+
+
+def test_run_never_writes_over_its_recipe_or_a_file_that_is_not_a_trace(capsys, tmp_path, state, engine, recipe):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    same = tmp_path / "same.txt"
+    for argv, words in [
+        (["--out", recipe], "is the recipe itself"),
+        (["--trace", recipe], "is the recipe itself"),
+        (["--out", same, "--trace", same], "both name"),
+        (["--trace", notes], "is not a squad trace"),
+    ]:
+        code, out, err = squad(capsys, "run", recipe, "--url", engine.base_url, "-q", *argv)
+        assert code == 2 and words in err and "Traceback" not in err, err
+    assert notes.read_text() == "my notes\n" and "two-steps" in recipe.read_text()
+    assert engine.requests == []

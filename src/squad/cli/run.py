@@ -80,14 +80,12 @@ def run_command(
     engine starts. The output is printed before it is written to --out, and when a step fails
     the outputs of the steps that finished are printed (and written to --out) with the failure.
     Every run writes a JSONL trace; see `squad trace show`."""
-    from squad.dirs import ENGINE_STATE, check_output_file, check_state_dirs
+    from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
-    for path, option in ((out, "--out"), (trace, "--trace")):
-        if path is not None:
-            check_output_file(path, option)
+    _check_outputs(recipe, out, trace)
     check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
     loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
@@ -128,6 +126,27 @@ def run_command(
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
                           + _esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))
         raise typer.Exit(1)
+
+
+def _check_outputs(recipe: Path, out: Path | None, trace: Path | None) -> None:
+    """Before anything starts: ``--out`` and ``--trace`` can be written, neither overwrites
+    the recipe or the other, and ``--trace`` appends only to a squad trace."""
+    from squad.dirs import check_output_file
+    from squad.trace import load_trace
+
+    given = [(p, o) for p, o in ((out, "--out"), (trace, "--trace")) if p is not None]
+    for path, option in given:
+        check_output_file(path, option)
+        if path.resolve() == recipe.resolve():
+            raise UserError(f"{option} {path} is the recipe itself; write to another file")
+    if out is not None and trace is not None and out.resolve() == trace.resolve():
+        raise UserError(f"--out and --trace both name {out}; give them different files")
+    if trace is not None and trace.is_file() and trace.stat().st_size > 0:
+        try:
+            load_trace(trace)
+        except UserError:
+            raise UserError(f"--trace {trace} exists and is not a squad trace; squad appends only to its own "
+                            "traces: give a new file") from None
 
 
 def _write_out(out: Path | None, text: str) -> None:
