@@ -46,7 +46,7 @@ def validate_command(
             warnings = validate_recipe(path)
         except RecipeError as exc:
             failed += 1
-            err_console.print(f"[red]error[/] {_esc(str(exc))}")
+            err_console.print(f"[red]error[/] {_esc(str(exc))}", soft_wrap=True)  # one line per error
             continue
         for warning in warnings:
             err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
