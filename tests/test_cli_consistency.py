@@ -301,3 +301,12 @@ def test_plan_labels_every_step_by_its_id(capsys, monkeypatch, tmp_path, default
     assert code == 0, err
     labels = [stage["label"] for stage in json.loads(out)["timeline"]]
     assert labels == ["step 1 (first)", "step 2 (both)", "step 3 (last)"], labels
+
+
+def test_short_forms_work_as_the_long_names(capsys, monkeypatch, default_model_path):
+    monkeypatch.setenv("SQUAD_KV_MEMORY", "4GiB")
+    code, out, err = squad(capsys, "plan", "--agents", "a:100,b:100", "--parallel", "-m", default_model_path,
+                           "-np", "3", "-c", "1024", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["slots"], data["n_ctx"]) == (3, 1024)

@@ -32,7 +32,7 @@ def plan_command(
     backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
     mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", show_default=False, help="MLX max batch size (MLX only).")] = None,
     url: Annotated[Optional[str], options.url("With --backend attached: the running engine to check the plan against.")] = None,
-    api_key: Annotated[Optional[str], options.api_key("Bearer key of the engine at --url.")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
     agents: Annotated[Optional[str], typer.Option("--agents", show_default=False, help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, options.as_json("Print the plan as JSON.")] = False,
