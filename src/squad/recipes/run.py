@@ -174,8 +174,10 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
                 tg.start_soon(one, i, prompt)
-    failed = [sid for sid, _ in run.errors if sid.startswith(f"{step.id}[")]
-    error = f"all {len(prompts)} items failed" if prompts and len(failed) >= len(prompts) else None
+    failed = [(sid, message) for sid, message in run.errors if sid.startswith(f"{step.id}[")]
+    error = None
+    if prompts and len(failed) >= len(prompts):  # say why, not only that: the first item's own error
+        error = f"all {len(prompts)} items failed ({failed[0][0]}: {failed[0][1]})"
     run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
 
 
