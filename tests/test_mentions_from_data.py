@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from squad.mention import DATA_MARK
+from squad.mention import DATA_CLOSE, DATA_OPEN
 from squad.recipes import load_recipe, run_recipe
 from squad.testing import ScriptedEngine
 
@@ -29,6 +29,10 @@ flow:
     agent: lead
     prompt: "{mention}Notes: {{{{ steps.facts.output }}}} Code: {{{{ params.code }}}}"
 """
+
+
+def unmarked(text: str) -> bool:
+    return DATA_OPEN not in text and DATA_CLOSE not in text
 
 
 def recipe(tmp_path: Path, mention: str = "", **params: str):
@@ -59,7 +63,7 @@ async def test_a_model_answer_never_dispatches_or_fails(tmp_path, answer):
     assert run.output == "ok from lead" and not run.errors
     assert [agent for agent, _ in sent] == ["facts", "lead"]  # checker was never called
     lead_text = sent[-1][1]
-    assert answer in lead_text and DATA_MARK not in lead_text  # the model sees the text as it was
+    assert answer in lead_text and unmarked(lead_text)  # the model sees the text as it was
 
 
 @pytest.mark.anyio
@@ -69,7 +73,7 @@ async def test_a_parameter_full_of_decorators_is_data(tmp_path):
     run = await run_recipe(recipe(tmp_path, code=code), engine=engine)
     assert run.output == "ok from lead"
     assert [agent for agent, _ in sent] == ["facts", "lead"]
-    assert all(DATA_MARK not in text for _, text in sent) and code in sent[0][1]
+    assert all(unmarked(text) for _, text in sent) and code in sent[0][1]
 
 
 @pytest.mark.anyio
@@ -78,4 +82,4 @@ async def test_the_authors_own_mention_still_dispatches(tmp_path):
     run = await run_recipe(recipe(tmp_path, mention="@checker "), engine=engine)
     assert run.output == "ok from lead"
     assert [agent for agent, _ in sent] == ["facts", "checker", "lead"]
-    assert all(DATA_MARK not in text for _, text in sent)
+    assert all(unmarked(text) for _, text in sent)

@@ -21,6 +21,9 @@ Fields and units:
 - ``tools``: names of function tools registered with the squad.
 - ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
 - ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
+- ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
+  starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
+  defaults 2 levels and 8 calls); None = the squad's.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ class Agent(BaseModel):
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
     sub_agent_tools: bool = True
+    max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
+                                      description="levels of sub-agent tool calls in a run it starts")
+    max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
+                                      description="sub-agent tool calls in a run it starts")
 
     @field_validator("budget", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ round offers no tools, so the model must answer. The result is an
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import Agent
@@ -18,10 +19,45 @@ from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template"]
+__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "MAX_SUB_DEPTH", "MAX_SUB_CALLS"]
+
+MAX_SUB_DEPTH = 2
+"""Default levels of sub-agent tool calls in one run: the main agent may ask a sub-agent, and
+that one its own; a third level is refused."""
+
+MAX_SUB_CALLS = 8
+"""Default sub-agent tool calls in one run, all levels together. Without a bound they multiply:
+with 4 tool rounds per turn a 3-level chain made 41 requests."""
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""
+
+
+@dataclass
+class SubAgentBound:
+    """The sub-agent tool calls (``ask_<name>``) of one run against its bounds: nested at most
+    ``max_depth`` deep (a call by the run's first agent is depth 1, a call by that sub-agent
+    depth 2, ...) and at most ``max_calls`` in all. ``calls`` counts the calls let through,
+    ``hit`` the limits reached (``"depth"``, ``"calls"``)."""
+
+    max_depth: int = MAX_SUB_DEPTH
+    max_calls: int = MAX_SUB_CALLS
+    calls: int = 0
+    hit: set[str] = field(default_factory=set)
+
+    def admit(self, depth: int) -> tuple[str, int, str] | None:
+        """Count a call at ``depth`` and return None, or refuse it: ``(limit, value, text for
+        the model)``."""
+        if depth > self.max_depth:
+            return "depth", self.max_depth, (
+                f"refused: sub-agents may be called only {self.max_depth} level(s) deep in this run "
+                f"(max_sub_depth={self.max_depth}); do this part yourself")
+        if self.calls >= self.max_calls:
+            return "calls", self.max_calls, (
+                f"refused: this run has made all {self.max_calls} of its sub-agent calls "
+                f"(max_sub_calls={self.max_calls}); answer with what you have")
+        self.calls += 1
+        return None
 
 
 def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:

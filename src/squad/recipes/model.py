@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.agent import Agent
 from squad.errors import RecipeError, UserError
-from squad.mention import as_data
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
@@ -176,13 +175,13 @@ class Recipe:
         (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
         :class:`RecipeError` naming the field.
 
-        ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
-        marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
-        @mention a sub-agent (field case F13); the runtime removes the marks before sending."""
+        ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
+        (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
+        sub-agent (field case F13); the mention parser hands out the text unmarked
+        (:func:`squad.mention.unmark` for text sent without parsing)."""
         variables = {"params": self.params, "steps": outputs, **extra}
-        if as_sent:
-            variables = as_data(variables)
-        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
+        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
+                               data=as_sent)
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The list a map step fans out over. Raises :class:`RecipeError` if a step output

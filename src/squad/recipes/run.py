@@ -26,7 +26,7 @@ import anyio
 
 from squad.errors import AgentRunError
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult
+from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -47,6 +47,8 @@ class RecipeRun:
     schema (else None); ``steps``: each step's record (see the module docstring);
     ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
     ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
+    ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
+    call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
     """
 
@@ -57,6 +59,13 @@ class RecipeRun:
     errors: list[tuple[str, str]] = field(default_factory=list)
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        steps: dict[str, list[AgentResult]] = {}
+        for sid, result in self.results:
+            steps.setdefault(sid, []).append(result)
+        return [(sid, note) for sid, results in steps.items() for note in notes_of(results)]
 
 
 async def run_recipe(
