@@ -165,6 +165,18 @@ async def test_a_literal_inside_a_template_expression_is_data(tmp_path):
     assert run.output == "ok from lead"
 
 
+async def test_the_load_check_reads_the_template_as_the_run_renders_it(tmp_path):
+    flow = """\
+  - id: only
+    prompt: "{% if params.code %}@{% endif %}checker, review {{ params.code }}"
+"""
+    loaded = recipe(tmp_path, flow)  # statements vanish when rendered: '@' and 'checker' join
+    assert loaded.flow[0].mentions == ("checker",)
+    scripted, sent = engine()
+    await run_recipe(loaded, engine=scripted)
+    assert [agent for agent, _ in sent] == ["checker", "lead"] and sent[0][1] == "review x = 1"
+
+
 @pytest.mark.parametrize("prompt", ["@checker", "@checker.", "@checker: "])
 def test_a_recipe_mention_with_nothing_to_do_is_a_load_error(tmp_path, prompt):
     flow = f'  - id: only\n    prompt: "{prompt}"\n'
@@ -277,3 +289,20 @@ async def test_chat_lines_are_the_users_words_and_answers_are_not():
     errors = [t for k, t in said if k == "error"]
     assert warnings == ["unknown agent '@zzz'; not dispatched"]
     assert len(errors) == 1 and "'@checker' is mentioned with nothing to do" in errors[0]
+
+
+# --- the template side -----------------------------------------------------------------------------
+
+def test_rendering_as_sent_marks_each_expression_and_keeps_values_plain():
+    from squad.templates import render_template
+
+    text = render_template('@a {{ x }}{% if x == "q@r" %} same{% endif %} {{ x | length }}', {"x": "q@r"}, data=True)
+    assert text == f"@a {as_data('q@r')} same {as_data(3)}"
+
+
+def test_mark_tags_marks_expressions_and_drops_statements():
+    from squad.templates import mark_tags
+
+    source = '@a {{ x }} {% if y %}@b{% endif %} {% raw %}@c{% endraw %} {{ "}}" }}'
+    assert mark_tags(source) == f'@a {as_data("{{ x }}")} @b @c {as_data("{{ " + chr(34) + "}}" + chr(34) + " }}")}'
+    assert mark_tags("no tags @a") == "no tags @a" and mark_tags("{{ broken") == as_data("{{ broken")

@@ -157,9 +157,10 @@ def render_template(
 
 
 def mark_tags(source: str) -> str:
-    """``source`` with every ``{{ ... }}`` and ``{% ... %}`` tag marked as data
-    (:func:`squad.mention.as_data`): the template's own text as the mention parser reads it
-    before rendering. ``source`` unchanged when it has no tags or does not lex."""
+    """``source`` as the mention parser reads it before rendering: every ``{{ ... }}`` marked
+    as data (:func:`squad.mention.as_data`), as its output will be, and every ``{% ... %}`` tag
+    left out, as it is when rendered (the text on both sides joins). ``source`` unchanged when
+    it has no tags or does not lex."""
     from squad.mention import as_data
 
     if "{{" not in source and "{%" not in source:
@@ -168,16 +169,17 @@ def mark_tags(source: str) -> str:
     tag: list[str] = []
     try:
         for _, kind, value in _ENV.lex(source):
-            if kind == "data":
-                if tag:
-                    out.append(as_data("".join(tag)))
-                    tag = []
-                out.append(value)
-            else:
-                tag.append(value)
+            if kind == "data" or kind.startswith("raw_"):
+                out.append(value if kind == "data" else "")
+                continue
+            tag.append(value)
+            if kind == "variable_end":
+                out.append(as_data("".join(tag)))
+            if kind.endswith("_end"):
+                tag = []
     except jinja2.TemplateSyntaxError:
         return source
-    if tag:
+    if tag:  # a tag left open at the end (a template check_template refuses)
         out.append(as_data("".join(tag)))
     return "".join(out)
 

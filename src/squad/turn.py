@@ -5,6 +5,10 @@ when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`),
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
 round offers no tools, so the model must answer. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
+
+:func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
+:class:`SubAgentBound` is one run's bound on those calls (depth and count, defaults
+:data:`MAX_SUB_DEPTH` and :data:`MAX_SUB_CALLS`), which the runtime checks before each one.
 """
 
 from __future__ import annotations
