@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from squad import Agent, Squad
+from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH
 from squad.chat import ChatResult, ToolCall
 from squad.errors import RecipeError, UserError
 from squad.events import ToolLimited
@@ -22,7 +23,6 @@ from squad.recipes import load_recipe, run_recipe
 from squad.summary import summarize
 from squad.testing import ScriptedEngine
 from squad.trace import JsonlTrace, load_trace
-from squad.turn import MAX_SUB_CALLS, MAX_SUB_DEPTH
 from squad.view import LiveView
 
 pytestmark = pytest.mark.anyio
@@ -190,3 +190,25 @@ def test_bad_recipe_bounds_are_file_line_errors(tmp_path: Path, bounds, message)
     with pytest.raises(RecipeError) as info:
         load_recipe(path)
     assert info.value.line == 3 and message in str(info.value)
+
+
+def test_the_plan_follows_the_depth_bound(tmp_path: Path):
+    from squad.workload import Call, Delegate
+
+    text = """\
+name: deep
+agents:
+  a: {{max_tokens: 16, budget: 512, agents: [b]{bound}}}
+  b: {{max_tokens: 16, budget: 512, agents: [c]}}
+  c: {{max_tokens: 16, budget: 512, agents: [d]}}
+  d: {{max_tokens: 16, budget: 512}}
+main: a
+flow:
+  - prompt: go
+"""
+    path = tmp_path / "deep.yaml"
+    path.write_text(text.format(bound=""))
+    assert load_recipe(path).workload().items[0] == Delegate(Call("a", 512), Delegate(Call("b", 512), Call("c", 512)))
+    path.write_text(text.format(bound=", max_sub_depth: 3"))
+    assert load_recipe(path).workload().items[0] == Delegate(
+        Call("a", 512), Delegate(Call("b", 512), Delegate(Call("c", 512), Call("d", 512))))

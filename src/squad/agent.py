@@ -34,7 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from squad.errors import UserError
 
-__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names"]
+__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "MAX_SUB_DEPTH",
+           "MAX_SUB_CALLS"]
+
+MAX_SUB_DEPTH = 2
+"""Default levels of sub-agent tool calls in one run: the main agent may ask a sub-agent, and
+that one its own; a third level is refused."""
+
+MAX_SUB_CALLS = 8
+"""Default sub-agent tool calls in one run, all levels together. Without a bound they multiply:
+with 4 tool rounds per turn a 3-level chain made 41 requests."""
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 """An agent name: a letter, then letters, digits, ``-`` or ``_`` (what ``@name`` can spell)."""

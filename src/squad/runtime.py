@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
-from squad.agent import Agent, check_squad, sub_agent_names
+from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
 from squad.blocks import Operations, Policy, run_block
 from squad.blocks import cancel_reason as operation_cancel_reason
 from squad.chat import ChatEngine
@@ -67,7 +67,7 @@ from squad.mention import Dispatch, parse_mentions, unmark
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
-from squad.turn import MAX_SUB_CALLS, MAX_SUB_DEPTH, SubAgentBound, agent_tools, no_tool_template, run_turn
+from squad.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
 from squad.workload import Call, Delegate, Node, Parallel
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload"]

@@ -7,8 +7,8 @@ round offers no tools, so the model must answer. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
 
 :func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
-:class:`SubAgentBound` is one run's bound on those calls (depth and count, defaults
-:data:`MAX_SUB_DEPTH` and :data:`MAX_SUB_CALLS`), which the runtime checks before each one.
+:class:`SubAgentBound` is one run's bound on those calls (depth and count; defaults
+:data:`squad.agent.MAX_SUB_DEPTH`, :data:`squad.agent.MAX_SUB_CALLS`), checked before each.
 """
 
 from __future__ import annotations
@@ -17,21 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "MAX_SUB_DEPTH", "MAX_SUB_CALLS"]
-
-MAX_SUB_DEPTH = 2
-"""Default levels of sub-agent tool calls in one run: the main agent may ask a sub-agent, and
-that one its own; a third level is refused."""
-
-MAX_SUB_CALLS = 8
-"""Default sub-agent tool calls in one run, all levels together. Without a bound they multiply:
-with 4 tool rounds per turn a 3-level chain made 41 requests."""
+__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound"]
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""

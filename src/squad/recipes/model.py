@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import RecipeError, UserError
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
@@ -160,12 +160,16 @@ class Recipe:
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), depth: int | None = None) -> Node:
+        """``name``'s call and the sub-agents it may reach: those it @mentions, else its
+        sub-agent tools while the run's depth bound (``depth`` levels left) allows them."""
         agent = self.agents[name]
-        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
+        if depth is None:  # the agent that starts the run sets its bound
+            depth = agent.max_sub_depth or MAX_SUB_DEPTH
+        subs = mentions or (agent.agents if agent.sub_agent_tools and depth > 0 else ())
         if not subs:
             return Call(name, agent.fixed_budget)
-        nodes = tuple(self._agent_node(sub) for sub in subs)
+        nodes = tuple(self._agent_node(sub, depth=depth if mentions else depth - 1) for sub in subs)
         return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
 
     # --- run-time helpers -------------------------------------------------------------
