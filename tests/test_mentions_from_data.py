@@ -306,3 +306,19 @@ def test_mark_tags_marks_expressions_and_drops_statements():
     source = '@a {{ x }} {% if y %}@b{% endif %} {% raw %}@c{% endraw %} {{ "}}" }}'
     assert mark_tags(source) == f'@a {as_data("{{ x }}")} @b @c {as_data("{{ " + chr(34) + "}}" + chr(34) + " }}")}'
     assert mark_tags("no tags @a") == "no tags @a" and mark_tags("{{ broken") == as_data("{{ broken")
+
+
+async def test_a_mention_left_with_nothing_to_do_at_run_time_names_the_step(tmp_path):
+    flow = """\
+  - id: facts
+    agent: facts
+    prompt: list the problems
+  - id: merge
+    prompt: "@checker {{ steps.facts.output }}"
+"""
+    scripted, sent = engine("")  # an empty answer leaves the author's mention with nothing to do
+    with pytest.raises(RecipeError) as info:
+        await run_recipe(recipe(tmp_path, flow), engine=scripted)
+    assert (info.value.line, info.value.field) == (15, "flow[1].prompt")
+    assert info.value.problem.startswith("step 'merge': '@checker' is mentioned with nothing to do")
+    assert [agent for agent, _ in sent] == ["facts"]

@@ -495,21 +495,16 @@ class Squad:
 
         async def ask(sub: Agent, task: str) -> AgentResult:
             bound = _BOUND.get()
-            refused = bound.admit(depth) if bound is not None else None
+            refused = bound.admit(depth, agent.name, sub.name) if bound is not None else None
             if refused is not None:
-                limit, value, text = refused
-                if bound is not None and limit not in bound.hit:
-                    bound.hit.add(limit)
-                    note = (f"{agent.name} asked sub-agent {sub.name} {depth} level(s) deep, past this run's "
-                            f"max_sub_depth={value}" if limit == "depth" else
-                            f"{agent.name} asked sub-agent {sub.name} after this run's {value} sub-agent calls "
-                            f"(max_sub_calls={value})") + "; the call was refused and the agent went on without it"
+                if refused.note is not None:
                     if notes is not None:
-                        notes.append(note)
+                        notes.append(refused.note)
                     where = origin or Origin(agent.name)
                     self._emit(ToolLimited(agent=agent.name, conversation=where.conversation, parent=where.parent,
-                                           tool=f"ask_{sub.name}", limit=limit, value=value, message=note))
-                raise ToolError(text)
+                                           tool=f"ask_{sub.name}", limit=refused.limit, value=refused.value,
+                                           message=refused.note))
+                raise ToolError(refused.reply)
             token = _ASK_DEPTH.set(depth)
             try:
                 result = await self._recorded(sub, task, priority=priority + 1, variables=variables)

@@ -23,10 +23,22 @@ from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound"]
+__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "Refusal"]
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A sub-agent tool call past a bound: ``limit`` (``"depth"`` or ``"calls"``) and its
+    ``value``; ``reply`` goes to the model as the tool's error; ``note`` says it for people,
+    set only the first time the run hits this limit."""
+
+    limit: str
+    value: int
+    reply: str
+    note: str | None
 
 
 @dataclass
@@ -41,19 +53,25 @@ class SubAgentBound:
     calls: int = 0
     hit: set[str] = field(default_factory=set)
 
-    def admit(self, depth: int) -> tuple[str, int, str] | None:
-        """Count a call at ``depth`` and return None, or refuse it: ``(limit, value, text for
-        the model)``."""
+    def admit(self, depth: int, asker: str, sub: str) -> Refusal | None:
+        """Count ``asker``'s call of ``sub`` at ``depth`` and return None, or refuse it."""
         if depth > self.max_depth:
-            return "depth", self.max_depth, (
-                f"refused: sub-agents may be called only {self.max_depth} level(s) deep in this run "
-                f"(max_sub_depth={self.max_depth}); do this part yourself")
-        if self.calls >= self.max_calls:
-            return "calls", self.max_calls, (
-                f"refused: this run has made all {self.max_calls} of its sub-agent calls "
-                f"(max_sub_calls={self.max_calls}); answer with what you have")
-        self.calls += 1
-        return None
+            limit, value = "depth", self.max_depth
+            reply = (f"refused: sub-agents may be called only {value} level(s) deep in this run "
+                     f"(max_sub_depth={value}); do this part yourself")
+            note = f"{asker} asked sub-agent {sub} {depth} level(s) deep, past this run's max_sub_depth={value}"
+        elif self.calls >= self.max_calls:
+            limit, value = "calls", self.max_calls
+            reply = (f"refused: this run has made all {value} of its sub-agent calls "
+                     f"(max_sub_calls={value}); answer with what you have")
+            note = f"{asker} asked sub-agent {sub} after this run's {value} sub-agent calls (max_sub_calls={value})"
+        else:
+            self.calls += 1
+            return None
+        first = limit not in self.hit
+        self.hit.add(limit)
+        return Refusal(limit, value, reply, f"{note}; the call was refused and the agent went on without it"
+                       if first else None)
 
 
 def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:

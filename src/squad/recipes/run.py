@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentRunError
+from squad.errors import AgentRunError, MentionError, RecipeError
 from squad.recipes.model import Recipe, Step
 from squad.results import AgentResult, notes_of
 
@@ -117,7 +117,11 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
 
 async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> str:
     if step.agent == recipe.main:
-        result = await squad.run(prompt)
+        try:
+            result = await squad.run(prompt)
+        except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
+            raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
+                                                             ("file", "line", "column", "field")}) from None
         run.results.extend((step.id, r) for r in result.subs)
         run.results.append((step.id, result.main))
         return result.output
