@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentRunError
+from squad.errors import AgentRunError, MentionError, RecipeError
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult
+from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -47,6 +47,8 @@ class RecipeRun:
     schema (else None); ``steps``: each step's record (see the module docstring);
     ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
     ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
+    ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
+    call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
     """
 
@@ -57,6 +59,13 @@ class RecipeRun:
     errors: list[tuple[str, str]] = field(default_factory=list)
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        steps: dict[str, list[AgentResult]] = {}
+        for sid, result in self.results:
+            steps.setdefault(sid, []).append(result)
+        return [(sid, note) for sid, results in steps.items() for note in notes_of(results)]
 
 
 async def run_recipe(
@@ -112,7 +121,11 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
 
 async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> str:
     if step.agent == recipe.main:
-        result = await squad.run(prompt)
+        try:
+            result = await squad.run(prompt)
+        except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
+            raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
+                                                             ("file", "line", "column", "field")}) from None
         run.results.extend((step.id, r) for r in result.subs)
         run.results.append((step.id, result.main))
         return result.output
