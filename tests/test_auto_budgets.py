@@ -160,6 +160,15 @@ def test_auto_without_a_prompt_shares_the_training_context(tmp_path):
     assert p.n_ctx == 3 * 2560 and any(r.startswith("budget auto = 2,560 tokens") for r in p.reasons)
 
 
+def test_a_pinned_context_is_shared_but_one_agent_never_exceeds_the_training_context(tmp_path):
+    three = Parallel((Call("a", None), Call("b", None), Call("c", None)))
+    big = plan(three, model=tmp_path / "m.gguf", n_ctx_train=8192, pin_ctx=3 * 8192)
+    assert big.budgets == {"a": 8192, "b": 8192, "c": 8192} and big.n_ctx == 3 * 8192
+    assert any("one request's cap; the pinned 24,576 is shared by 3" in r for r in big.reasons)
+    mid = plan(three, model=tmp_path / "m.gguf", n_ctx_train=8192, pin_ctx=12288)
+    assert mid.budgets["a"] == 4096 and any("the pinned context 12,288 / 3" in r for r in mid.reasons)
+
+
 def test_auto_without_a_prompt_is_capped_by_memory(tmp_path):
     two = Parallel((Call("a", None), Call("b", None)))
     p = plan(two, model=tmp_path / "m.gguf", n_ctx_train=8192, kv_bytes_per_token=1000,
