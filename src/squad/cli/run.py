@@ -101,6 +101,7 @@ def run_command(
         typer.echo(json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors,
+            "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info),
         }, indent=2, default=str))
         if result.errors:
@@ -126,9 +127,11 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
     table = Table(title="agents", title_justify="left", show_edge=False)
     for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
         table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")
+    style = {"ok": "green", "truncated": "yellow", "empty": "yellow"}
     for r in rows:
+        color = style.get(r["outcome"], "red") if r["state"] == r["outcome"] else "red"
         table.add_row(
-            r["step"], r["agent"], _esc(str(r["state"]))[:60], f"{r['queued_s']:.2f}",
+            r["step"], r["agent"], f"[{color}]{_esc(str(r['state'])[:60])}[/]", f"{r['queued_s']:.2f}",
             "-" if r["first_token_s"] is None else f"{r['first_token_s']:.2f}",
             f"{r['prompt_tokens']}+{r['completion_tokens']}",
             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",

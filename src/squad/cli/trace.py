@@ -39,8 +39,9 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     calls: bool = typer.Option(False, "--calls", help="Also list every engine call: its id, conversation, parent, slot, times."),
 ) -> None:
-    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors;
-    with --calls one row per engine call (matched by its call id)."""
+    """Summarize a trace: per agent status (done, truncated, empty, failed, cancelled), queue
+    time, first token, end, tokens, slot, errors and warnings; with --calls one row per engine
+    call (matched by its call id)."""
     path = resolve_trace(file)
     summary = summarize(load_trace(path))
     if as_json:
@@ -57,6 +58,8 @@ def show(
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning[/] {escape(warning)}")
 
 
 def _fmt(seconds: float | None) -> str:
@@ -71,7 +74,8 @@ def _agent_table(summary: TraceSummary) -> Table:
         ("out tok", "right"), ("slot", "right"),
     ]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow"}
+    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
+             "empty": "yellow"}
     for a in summary.agents.values():
         table.add_row(
             a.name,
@@ -96,7 +100,8 @@ def _call_table(summary: TraceSummary) -> Table:
                             ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for c in sorted(summary.calls, key=lambda c: c.start):
-        state = "[red]failed[/]" if c.error else "retried" if c.retried else "ok"
+        state = ("[red]failed[/]" if c.error else "[yellow]truncated[/]" if c.finish_reason == "length"
+                 else "retried" if c.retried else "ok")
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
                       _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
