@@ -47,7 +47,7 @@ def show(
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
         return
-    console.print(f"[bold]{path}[/]  {summary.events} events over {summary.duration_s:.2f}s")
+    console.print(f"[bold]{escape(str(path))}[/]  {summary.events} events over {summary.duration_s:.2f}s", soft_wrap=True)
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
         console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
@@ -73,7 +73,8 @@ def _agent_table(summary: TraceSummary) -> Table:
         ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
         ("out tok", "right"), ("slot", "right"),
     ]:
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # the status is never cut ("truncated" must read as itself in a narrow terminal)
+        table.add_column(column, justify=justify, no_wrap=True, min_width=9 if column == "status" else None)  # type: ignore[arg-type]
     style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
              "empty": "yellow"}
     for a in summary.agents.values():

@@ -170,7 +170,7 @@ def _warn(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> No
     what = (f"the answer stopped at max_tokens ({result.max_tokens})" if outcome is Outcome.TRUNCATED
             else "the model gave an empty answer")
     effect = ("the step fails" if handling == "fail"
-              else f"later steps see it marked {marked(outcome, '').strip()}")
+              else f"it is passed on marked {marked(outcome, '').strip()}")
     warning = (f"step '{step.id}' (agent '{result.label}'): {what}: {fix_for(outcome, result.agent, result.max_tokens)}; "
                f"{effect} (non_answers.{outcome.value}: {handling})")
     run.warnings.append((step.id, warning))
