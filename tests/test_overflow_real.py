@@ -80,6 +80,7 @@ async def test_f01_naive_load_overflows_but_squad_finishes_all_four(engine):
             peak = max(peak, client.admission.reserved)
 
         client.admission = Admission(engine.slots, engine.pool, on_event=watch)
+        client._on_event = watch
         results: list[ChatResult] = []
 
         async def agent(i: int) -> None:
@@ -89,6 +90,7 @@ async def test_f01_naive_load_overflows_but_squad_finishes_all_four(engine):
         async with anyio.create_task_group() as tg:
             for i in range(4):
                 tg.start_soon(agent, i)
+        print("retries:", [(e.reason, e.error) for e in events if e.kind == "call.retried"])
         print("squad:", [(r.finish_reason, r.usage, round(r.timings.queued_s, 2), round(r.timings.total_s, 2))
                          for r in results], "peak reserved", peak)
         assert len(results) == 4 and all(r.attempts == 1 for r in results)

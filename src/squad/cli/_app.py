@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,27 @@ app = typer.Typer(
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Give every command and group of ``typer_app`` its help as prose: paragraphs kept, the
+    line breaks inside a paragraph (docstring wrapping) dropped, so the terminal rewraps the
+    text at its own width instead of breaking lines mid-sentence. Called once, after every
+    command module registered its commands."""
+    for command in typer_app.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = _prose(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+    if isinstance(typer_app.info.help, str):
+        typer_app.info.help = _prose(typer_app.info.help)
+
+
+def _prose(text: str) -> str:
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _report(exc: SquadError) -> int:
     """Print a squad error for a person; return the exit code (2 = their input, 1 = failure)."""
-    err_console.print("[red]error:[/] " + _escape(str(exc)))
+    err_console.print("[red]error:[/] " + _escape(str(exc)), soft_wrap=True)  # one line, never rewrapped
     if isinstance(exc, EngineStartError) and exc.log_tail:
         err_console.print("[dim]--- engine log (last lines) ---[/]")
         err_console.print(_escape(exc.log_tail), highlight=False)

@@ -155,7 +155,7 @@ class Recipe:
     def _node(self, step: Step) -> Node:
         if step.kind == "parallel":
             return Parallel(tuple(self._node(s) for s in step.steps), label=step.id)
-        call = self._agent_node(step.agent, step.mentions)
+        call = self._agent_node(step.agent, step.mentions, label=None if step.kind == "map" else step.id)
         if step.kind == "map":
             count = None
             if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
@@ -165,13 +165,13 @@ class Recipe:
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), label: str | None = None) -> Node:
         agent = self.agents[name]
         subs = mentions or (agent.agents if agent.sub_agent_tools else ())
         if not subs:
-            return Call(name, agent.fixed_budget)
+            return Call(name, agent.fixed_budget, label)
         nodes = tuple(self._agent_node(sub) for sub in subs)
-        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
+        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes), label)
 
     # --- run-time helpers -------------------------------------------------------------
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,

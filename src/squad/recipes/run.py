@@ -75,11 +75,14 @@ async def run_recipe(
     *,
     engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
+    record: RecipeRun | None = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
     ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
-    ``recipe.engine_spec().but(...)`` to override some. Raises the failing agent's
+    ``recipe.engine_spec().but(...)`` to override some. ``record``: a :class:`RecipeRun` to
+    fill as steps finish (and return); when the run fails it still holds the steps that
+    finished. Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
@@ -89,16 +92,17 @@ async def run_recipe(
         list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
         workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params},
     ) as squad:
-        run = await execute_flow(recipe, squad)
+        run = await execute_flow(recipe, squad, record)
         run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         run.value = recipe.check_output(run.output)
     return run
 
 
-async def execute_flow(recipe: Recipe, squad: "Squad") -> RecipeRun:
-    """Run ``recipe.flow`` on an open :class:`~squad.runtime.Squad`."""
-    run = RecipeRun(output="")
+async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:
+    """Run ``recipe.flow`` on an open :class:`~squad.runtime.Squad`, recording each step in
+    ``record`` (a new :class:`RecipeRun` if None) as it finishes."""
+    run = record if record is not None else RecipeRun(output="")
     for step in recipe.flow:
         await _step(recipe, squad, step, run)
     run.output = run.steps[recipe.flow[-1].id]["output"] if recipe.flow else ""
