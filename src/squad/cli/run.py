@@ -109,7 +109,7 @@ def run_command(
     if as_json:
         text = json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
-            "steps": result.steps, "agents": rows, "errors": result.errors,
+            "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info),
         }, indent=2, default=str)
@@ -222,6 +222,8 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
         err_console.print(f"engine: {result.info.slots} slots, context {result.info.n_ctx} tokens (read back from /props)")
     for sid, message in result.errors:
         err_console.print(f"[yellow]step {sid} failed (policy collect):[/] {_esc(message)}")
+    for sid, note in result.notes:
+        err_console.print(f"[yellow]step {sid}:[/] {_esc(note)}")
 
 
 @app.command("chat")

@@ -65,6 +65,8 @@ def show(
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
+        for note in a.notes:
+            console.print(f"[yellow]{a.name}[/]: {escape(note)}")
     for warning in summary.warnings:
         console.print(f"[yellow]warning[/] {escape(warning)}")
 

@@ -35,7 +35,7 @@ from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, template_paths
+from squad.templates import check_template, mark_tags, template_paths
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params"]
 
@@ -350,8 +350,10 @@ class _Loader:
 
     def _mentions(self, prompt: str, agent: str, path: Path_) -> tuple[str, ...]:
         """@mentions in a prompt. Only prompts to the main agent dispatch sub-agents (as
-        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none."""
-        parsed = parse_mentions(prompt, list(self.agents))
+        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none. Only
+        the template's own text counts: what a ``{{ ... }}`` puts in is data at run time
+        (:func:`squad.templates.mark_tags`)."""
+        parsed = parse_mentions(mark_tags(prompt), list(self.agents))
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
         allowed = sub_agent_names(self.agents[agent], self.agents, self.main) if agent == self.main else []
@@ -363,6 +365,8 @@ class _Loader:
             if name not in allowed:
                 raise self.located.error(
                     f"the main agent '{agent}' cannot @mention '{name}': add it to agents.{agent}.agents", path)
+        for problem in parsed.problems():  # idle mentions: nothing but the mention addressed to the agent
+            raise self.located.error(problem, path)
         return tuple(parsed.agents)
 
     def _check_schema(self, schema: dict[str, Any]) -> None:

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import RecipeError, UserError
-from squad.mention import as_data
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
@@ -165,12 +164,18 @@ class Recipe:
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), label: str | None = None) -> Node:
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), label: str | None = None,
+                    depth: int | None = None) -> Node:
+        """``name``'s call and the sub-agents it may reach: those it @mentions, else its
+        sub-agent tools while the run's depth bound (``depth`` levels left) allows them;
+        ``label``: the step id the plan shows."""
         agent = self.agents[name]
-        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
+        if depth is None:  # the agent that starts the run sets its bound
+            depth = agent.max_sub_depth or MAX_SUB_DEPTH
+        subs = mentions or (agent.agents if agent.sub_agent_tools and depth > 0 else ())
         if not subs:
             return Call(name, agent.fixed_budget, label)
-        nodes = tuple(self._agent_node(sub) for sub in subs)
+        nodes = tuple(self._agent_node(sub, depth=depth if mentions else depth - 1) for sub in subs)
         return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes), label)
 
     # --- run-time helpers -------------------------------------------------------------
@@ -180,13 +185,13 @@ class Recipe:
         (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
         :class:`RecipeError` naming the field.
 
-        ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
-        marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
-        @mention a sub-agent (field case F13); the runtime removes the marks before sending."""
+        ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
+        (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
+        sub-agent (field case F13); the mention parser hands out the text unmarked
+        (:func:`squad.mention.unmark` for text sent without parsing)."""
         variables = {"params": self.params, "steps": outputs, **extra}
-        if as_sent:
-            variables = as_data(variables)
-        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
+        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
+                               data=as_sent)
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The list a map step fans out over. Raises :class:`RecipeError` if a step output

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentCancelled, AgentRunError
+from squad.errors import AgentCancelled, AgentRunError, MentionError, RecipeError
 from squad.events import StepWarning
 from squad.outcome import Outcome, fix_for, marked, worst
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult
+from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -57,6 +57,8 @@ class RecipeRun:
     ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
     ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
     ``warnings``: ``(step id, message)`` of non-answers passed on marked or made failures;
+    ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
+    call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
     """
 
@@ -68,6 +70,13 @@ class RecipeRun:
     warnings: list[tuple[str, str]] = field(default_factory=list)
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        steps: dict[str, list[AgentResult]] = {}
+        for sid, result in self.results:
+            steps.setdefault(sid, []).append(result)
+        return [(sid, note) for sid, results in steps.items() for note in notes_of(results)]
 
 
 async def run_recipe(
@@ -133,6 +142,9 @@ async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: Re
             result = turn.main
         else:
             result = await squad.run_agent(step.agent, prompt)
+    except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
+        raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
+                                                         ("file", "line", "column", "field")}) from None
     except AgentCancelled:
         raise
     except AgentRunError as exc:  # the row shows the failure; the error goes on as before
@@ -248,8 +260,10 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
                 tg.start_soon(one, i, prompt)
-    failed = [sid for sid, _ in run.errors if sid.startswith(f"{step.id}[")]
-    error = f"all {len(prompts)} items failed" if prompts and len(failed) >= len(prompts) else None
+    failed = [(sid, message) for sid, message in run.errors if sid.startswith(f"{step.id}[")]
+    error = None
+    if prompts and len(failed) >= len(prompts):  # say why, not only that: the first item's own error
+        error = f"all {len(prompts)} items failed ({failed[0][0]}: {failed[0][1]})"
     run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
                           "outcome": (Outcome.FAILED if error else worst(outcomes)).value}
 
