@@ -71,13 +71,13 @@ class Call:
 @dataclass(frozen=True)
 class Sequence:
     items: tuple["Node", ...]
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Parallel:
     items: tuple["Node", ...]
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
@@ -85,14 +85,14 @@ class Map:
     item: "Node"
     count: int | None = None
     limit: int | None = None
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Delegate:
     main: Call
     subs: "Node"
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 Node = Union[Call, Sequence, Parallel, Map, Delegate]
