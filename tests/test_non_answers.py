@@ -166,6 +166,24 @@ async def test_a_step_setting_overrides_the_recipes(tmp_path):
     assert edit_prompt(engine) == "Shorten: " + CUT.content and not run.errors
 
 
+@pytest.mark.parametrize("setting, where, field, message", [
+    ("non_answers: {truncated: maybe}", "recipe", "non_answers.truncated", "Input should be 'accept', 'mark' or 'fail'"),
+    ("non_answers: {truncted: fail}", "step", "flow[0].non_answers.truncted",
+     "unknown key 'truncted'; did you mean 'truncated'?"),
+    ("non_answers: {failed: mark}", "step", "flow[0].non_answers.failed", "unknown key 'failed'"),
+])
+def test_a_bad_setting_is_a_file_line_error(tmp_path, setting, where, field, message):
+    from squad.errors import RecipeError
+
+    text = TWO_STEPS.replace("SETTING", setting) if where == "recipe" else TWO_STEPS.replace("SETTING", "").replace(
+        "    agent: writer\n", f"    agent: writer\n    {setting}\n")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.field == field and message in info.value.problem and info.value.line is not None
+
+
 BLOCK = """\
 name: blocks
 agents:
