@@ -312,13 +312,16 @@ async def test_a_mention_left_with_nothing_to_do_at_run_time_names_the_step(tmp_
     flow = """\
   - id: facts
     agent: facts
+    non_answers: {empty: accept}
     prompt: list the problems
   - id: merge
     prompt: "@checker {{ steps.facts.output }}"
 """
-    scripted, sent = engine("")  # an empty answer leaves the author's mention with nothing to do
+    # an empty answer passed on as it is (accepted; by default it would be "[empty answer]")
+    # leaves the author's mention with nothing to do
+    scripted, sent = engine("")
     with pytest.raises(RecipeError) as info:
         await run_recipe(recipe(tmp_path, flow), engine=scripted)
-    assert (info.value.line, info.value.field) == (15, "flow[1].prompt")
+    assert (info.value.line, info.value.field) == (16, "flow[1].prompt")
     assert info.value.problem.startswith("step 'merge': '@checker' is mentioned with nothing to do")
     assert [agent for agent, _ in sent] == ["facts"]

@@ -84,7 +84,7 @@ async def test_collect_lets_siblings_finish_and_records_the_error() -> None:
     assert subs["style"].error is not None and subs["style"].output == ""
     assert subs["security"].ok and subs["tests"].ok
     lead_message = [b for b in fe.requests if who(b) == "lead"][0]["messages"][-1]["content"]
-    assert "[@style]\n(failed:" in lead_message
+    assert "[@style]\n[failed:" in lead_message
     assert "half an answer" not in lead_message  # partial text never becomes an answer
 
 

@@ -8,6 +8,7 @@ It is the library's loop; ``squad chat`` only wires it to the terminal.
   history and tool results never do. An unknown @mention is a warning with suggestions; the
   line runs with that mention as written, dispatching no one (:func:`squad.mention.quote_unknown`).
   A mention with nothing to do (``@security`` alone) is an error; the line is not run.
+- An answer that stopped at max_tokens (or is empty) is followed by a warning with the fix.
 - History is kept within half of the main agent's budget (tokens, counted exactly; an auto
   budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
 - ``/quit`` or ``/exit`` (or end of input) ends the loop.
@@ -22,6 +23,7 @@ import anyio
 from squad.chat import ChatEngine
 from squad.errors import AgentRunError, UserError
 from squad.mention import parse_mentions, quote_unknown
+from squad.outcome import fix_for
 from squad.runtime import Squad
 
 __all__ = ["chat_loop", "trim_history", "HISTORY_SHARE"]
@@ -72,6 +74,9 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
             say("error", f"{type(exc).__name__}: {exc}")
             continue
         say("answer", result.output)
+        if not result.outcome.is_answer:  # truncated or empty: never shown as if it were whole
+            say("warning", f"the answer is {result.outcome.value}: "
+                           f"{fix_for(result.outcome, result.main.agent, result.main.max_tokens)}")
         history = await trim_history(squad.chat, result.history, limit)
     return history
 

@@ -22,6 +22,7 @@ SquadError                         base of everything below
     ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
     ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
     ├── CallTimeout                the call passed its deadline; never resent unchanged
+    ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
 ```
 
@@ -52,6 +53,7 @@ __all__ = [
     "TruncatedStream",
     "ReasoningBudgetExhausted",
     "CallTimeout",
+    "IncompleteAnswer",
     "AgentCancelled",
 ]
 
@@ -186,6 +188,15 @@ class ReasoningBudgetExhausted(AgentRunError):
 
 class CallTimeout(AgentRunError):
     """A call passed squad's request deadline; it is not resent unchanged (field case F04)."""
+
+
+class IncompleteAnswer(AgentRunError):
+    """A call ended without a real answer (``outcome``: ``"truncated"`` at max_tokens, or
+    ``"empty"``) and the recipe's ``non_answers`` policy for it is ``fail`` (:mod:`squad.outcome`)."""
+
+    def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated") -> None:
+        self.outcome = outcome
+        super().__init__(message, agent=agent)
 
 
 class AgentCancelled(AgentRunError):

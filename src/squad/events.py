@@ -27,7 +27,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
 ``agent.started``             a conversation begins (priority, item: its map item's index or
                               None; shown as ``agent[item]``)
-``agent.finished``            it answered (summary)
+``agent.finished``            it ended without an error (outcome: ok, truncated or empty;
+                              finish_reason, max_tokens, summary)
 ``agent.failed``              it failed (error)
 ``agent.cancelled``           it was cancelled (reason)
 ``call.queued``               a call waits in squad's admission queue (tokens, position)
@@ -42,6 +43,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
                               limit: ``depth`` or ``calls``, value, message); once per limit
                               per run
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
+``step.warning``              a recipe step produced a non-answer (step, label, outcome,
+                              handling, warning: the line naming the step and the fix)
 ============================  ==================================================================
 
 On disk (JSON Lines, :mod:`squad.trace`) an event is
@@ -84,6 +87,7 @@ __all__ = [
     "ToolCalled",
     "ToolLimited",
     "AnswerCut",
+    "StepWarning",
 ]
 
 EVENT_TYPES: dict[str, type["Event"]] = {}
@@ -233,8 +237,14 @@ class AgentStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class AgentFinished(Event):
+    """``outcome``: ``ok``, ``truncated`` (its last call stopped at ``max_tokens``) or ``empty``
+    (:class:`squad.outcome.Outcome`); ``finish_reason`` of its last call."""
+
     kind: ClassVar[str] = "agent.finished"
     summary: str = ""
+    outcome: str = "ok"
+    finish_reason: str | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,3 +369,20 @@ class AnswerCut(Event):
     room_tokens: int
     main: str
     rule: str = "equal share of the main agent's remaining budget"
+
+
+# --- recipe steps -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWarning(Event):
+    """Recipe step ``step`` got a non-answer (``outcome``, :class:`squad.outcome.Outcome`) from
+    ``label`` (the agent, ``agent[i]`` for a map item); ``handling`` is how it flows on
+    (``accept``, ``mark`` or ``fail``); ``warning`` is the line shown, with the fix."""
+
+    kind: ClassVar[str] = "step.warning"
+    step: str
+    label: str
+    outcome: str
+    handling: str
+    warning: str

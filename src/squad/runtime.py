@@ -36,7 +36,7 @@ import itertools
 import time
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import anyio
 
@@ -45,7 +45,7 @@ from squad.blocks import Operations, Policy, run_block
 from squad.blocks import cancel_reason as operation_cancel_reason
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
-from squad.errors import AgentRunError, MentionError, UserError
+from squad.errors import AgentRunError, IncompleteAnswer, MentionError, UserError
 from squad.events import (
     AgentCancelled as AgentCancelledEvent,
 )
@@ -64,6 +64,7 @@ from squad.events import (
 )
 from squad.handback import TextCounter, hand_back
 from squad.mention import Dispatch, parse_mentions, unmark
+from squad.outcome import Outcome, fix_for
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
@@ -196,6 +197,11 @@ class Squad:
     def _emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
 
+    def emit(self, event: Event) -> None:
+        """Give ``event`` to the squad's event sinks (for layers above the runtime, e.g. a
+        recipe step's :class:`~squad.events.StepWarning`); a failing sink never breaks a run."""
+        emit_to(self._sinks, event)
+
     def _require_open(self) -> None:
         if not self._open:
             raise UserError("the squad is not open: use `async with Squad(...) as sq:` (or run_sync)")
@@ -209,6 +215,7 @@ class Squad:
         history: Sequence[Mapping[str, Any]] = (),
         policy: Policy = "collect",
         variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
     ) -> RunResult:
         """One main-agent turn on ``text``.
 
@@ -221,12 +228,19 @@ class Squad:
         model's answer) with :func:`squad.mention.as_data` so an ``@`` there dispatches no one.
         ``RunResult.notes`` says when a sub-agent tool call was refused by the run's bound.
 
+        The result's ``outcome`` says whether the answer is whole (``ok``) or ``truncated``
+        at max_tokens / ``empty`` (:mod:`squad.outcome`); sub-agent answers that are not
+        whole are handed back marked (``[truncated at max_tokens]``, ``[failed: why]``, ...).
+        ``fail_on`` lists the outcomes (``truncated``, ``empty``) that count as a failure of
+        the main agent here: it raises :class:`IncompleteAnswer` instead of returning.
+
         Raises :class:`MentionError` before any model call for an unknown @mention or one with
         nothing to do (``"@security"`` alone); the main agent's :class:`AgentRunError` if it
         fails; with ``policy="fail-fast"`` the first failing sub-agent's error;
         :class:`AgentCancelled` after ``cancel()``.
         """
         self._require_open()
+        failing = _fail_on(fail_on)
         main = self.agents[self.main]
         known = self._sub_names(main)
         parsed = parse_mentions(text, known)
@@ -237,13 +251,13 @@ class Squad:
         bound = _BOUND.set(self._bound(main))  # the @mentioned sub-agents and the main turn are one run
         try:
             return await self._run(main, text, parsed.dispatches, origin, history=history, policy=policy,
-                                   variables=variables)
+                                   variables=variables, fail_on=failing)
         finally:
             _BOUND.reset(bound)
 
     async def _run(self, main: Agent, text: str, dispatches: Sequence[Dispatch], origin: Origin, *,
                    history: Sequence[Mapping[str, Any]], policy: Policy,
-                   variables: Mapping[str, Any] | None) -> RunResult:
+                   variables: Mapping[str, Any] | None, fail_on: frozenset[Outcome]) -> RunResult:
         """:meth:`run` after its mentions were parsed and checked."""
         async with self._operations.operation():
             subs: list[AgentResult] = []
@@ -261,7 +275,7 @@ class Squad:
                 message = await self.hand_back(main, message, subs, history=history, variables=variables,
                                                origin=origin)
             result = await self._recorded(main, message, history=history, priority=0, variables=variables,
-                                          origin=origin)
+                                          origin=origin, fail_on=fail_on)
         if result.error is not None:
             raise result.error
         return RunResult(output=result.output, main=result, subs=subs + result.subs, history=result.history)
@@ -274,17 +288,20 @@ class Squad:
         history: Sequence[Mapping[str, Any]] = (),
         priority: int = 0,
         variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
     ) -> AgentResult:
         """One turn of agent ``name`` on ``prompt`` (after ``history``, OpenAI-style messages).
 
         Runs the tool loop if it has tools or sub-agent tools. Raises its
-        :class:`AgentRunError` on failure, :class:`UserError` for an unknown agent.
+        :class:`AgentRunError` on failure (:class:`IncompleteAnswer` for an outcome in
+        ``fail_on``, see :meth:`run`), :class:`UserError` for an unknown agent.
         """
         self._require_open()
         agent = self._agent(name)
+        failing = _fail_on(fail_on)
         async with self._operations.operation():
             result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
-                                          variables=variables)
+                                          variables=variables, fail_on=failing)
         if result.error is not None:
             raise result.error
         return result
@@ -298,18 +315,22 @@ class Squad:
         priority: int = 0,
         check: bool = False,
         variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
     ) -> list[AgentResult]:
         """Run ``(agent, prompt)`` pairs at once; results in the same order.
 
         Failures are recorded in each result's ``error`` (see the policies in the module
         docstring). ``check=True`` raises the first failure's error instead of returning.
         ``max_concurrency`` bounds how many run at once in addition to the engine's slots.
+        An outcome in ``fail_on`` (``truncated``, ``empty``) is a failure like any other: an
+        :class:`IncompleteAnswer` error, and under ``fail-fast`` it cancels the siblings.
         """
         self._require_open()
         pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
+        failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority,
-                                           max_concurrency=max_concurrency, variables=variables)
+                                           max_concurrency=max_concurrency, variables=variables, fail_on=failing)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -323,15 +344,17 @@ class Squad:
         max_concurrency: int | None = None,
         policy: Policy = "collect",
         check: bool = False,
+        fail_on: Collection[Outcome | str] = (),
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
         more than the engine's slots in flight); results in input order, each with its
         ``item`` index (events and views name it ``name[i]``). See :meth:`parallel`."""
         self._require_open()
         pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
+        failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
-                                           items=True)
+                                           items=True, fail_on=failing)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -403,6 +426,7 @@ class Squad:
         variables: Mapping[str, Any] | None = None,
         parent: str | None = None,
         items: bool = False,
+        fail_on: frozenset[Outcome] = frozenset(),
     ) -> list[AgentResult]:
         """``items``: the pairs are map items; conversation ``i`` carries ``item=i``."""
 
@@ -411,7 +435,7 @@ class Squad:
             agent = self.agents[pairs[i][0]]
             return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
                                         cancel_reason=reason, origin=self._origin(agent, parent, i if items else None),
-                                        record=record)
+                                        record=record, fail_on=fail_on)
 
         return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
 
@@ -427,9 +451,12 @@ class Squad:
         cancel_reason: Callable[[], str | None] = lambda: None,
         origin: Origin | None = None,
         record: Callable[[AgentResult], None] | None = None,
+        fail_on: frozenset[Outcome] = frozenset(),
     ) -> AgentResult:
         """Run one conversation and always produce its AgentResult (given to ``record`` too,
-        so a cancelled one is recorded before the cancellation propagates)."""
+        so a cancelled one is recorded before the cancellation propagates). An outcome in
+        ``fail_on`` gets an :class:`IncompleteAnswer` error (after ``agent.finished`` said
+        what the outcome was)."""
         origin = origin or self._origin(agent)
         ids: dict[str, Any] = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
         start = time.monotonic()
@@ -454,7 +481,10 @@ class Squad:
         else:
             result.item = origin.item
             if self._sinks:
-                self._emit(AgentFinished(**ids, summary=result.summary()))
+                self._emit(AgentFinished(**ids, summary=result.summary(), outcome=result.outcome.value,
+                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens))
+            if result.outcome in fail_on:
+                result.error = incomplete_answer(result)
         finally:
             _BOUND.reset(bound)
             _CONVERSATION.reset(token)
@@ -549,6 +579,26 @@ def _renamed_hint(given: Mapping[str, Any]) -> str:
     hint = (f"pass them in the engine spec: engine=EngineSpec({', '.join(f'{k}=...' for k in engine)}, ...)"
             if engine else "see help(Squad) for its arguments")
     return f"Squad() got unknown arguments {names}: {hint}"
+
+
+def _fail_on(outcomes: Collection[Outcome | str]) -> frozenset[Outcome]:
+    """``fail_on`` checked: only ``truncated`` and ``empty`` can be made failures."""
+    try:
+        found = frozenset(Outcome(o) for o in outcomes)
+    except ValueError:
+        found = frozenset({Outcome.OK})
+    if found - {Outcome.TRUNCATED, Outcome.EMPTY}:
+        raise UserError(f"fail_on={sorted(map(str, outcomes))!r}: use 'truncated' and/or 'empty' "
+                        "(failed and cancelled already are failures)")
+    return found
+
+
+def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
+    """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
+    what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
+            if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
+    return IncompleteAnswer(f"agent '{result.label}' {what}: {fix_for(result.outcome, result.agent, result.max_tokens)}",
+                            agent=result.agent, outcome=result.outcome.value)
 
 
 def default_workload(agents: Mapping[str, Agent], main: str) -> Node:

@@ -76,8 +76,9 @@ class SubAgentBound:
 
 def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:
     """The tools ``agent`` may call: its named function tools from ``registry``, and an
-    ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output
-    (its error, if it fails, goes back to the model as the tool result)."""
+    ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output,
+    marked when it is not a whole answer (:func:`squad.outcome.marked`: truncated, empty);
+    its error, if it fails, goes back to the model as the tool result."""
     tools = {name: registry[name] for name in agent.tools}
     for sub in sub_agents:
         tools[f"ask_{sub.name}"] = _ask_tool(sub, ask)
@@ -89,7 +90,7 @@ def _ask_tool(sub: Agent, ask: Ask) -> Tool:
         result = await ask(sub, task)
         if result.error is not None:
             raise result.error
-        return result.output
+        return result.marked_output
 
     description = f"Ask the sub-agent {sub.name!r} to do a task and return its answer."
     if sub.description:
@@ -156,4 +157,5 @@ async def run_turn(
         agent=agent.name, output=reply.content or "", reasoning=reply.reasoning or "",
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
+        finish_reason=reply.finish_reason, max_tokens=agent.max_tokens,
     )

@@ -10,7 +10,10 @@ and prints nothing when turned off (``--quiet``)::
 
 Agent states: ``started`` (running, no engine call yet), ``waiting`` (in squad's admission
 queue: no slot or no room in the pool), ``prefill`` (admitted, no token yet), ``generating``
-(tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, ``failed``, ``cancelled``.
+(tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, and
+the non-answers of :mod:`squad.outcome`: ``truncated`` (stopped at max_tokens), ``empty``, ``failed``,
+``cancelled``. Warnings (the engine's, and a recipe step's non-answer with its fix) are printed
+as ``warning: ...`` lines in both modes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from squad.events import (
     EnginePlanned,
     EngineWarning,
     Event,
+    StepWarning,
     ToolLimited,
     item_label,
 )
@@ -55,6 +59,8 @@ _STYLE = {
     "idle": "cyan",
     "retrying": "yellow",
     "done": "bold green",
+    "truncated": "bold yellow",
+    "empty": "bold yellow",
     "failed": "bold red",
     "cancelled": "red",
 }
@@ -81,7 +87,7 @@ class AgentRow:
     tokens_per_s: float | None = None
     ttft_s: float | None = None
     detail: str = ""
-    """Failure or cancellation reason."""
+    """Failure or cancellation reason; for a truncated answer its max_tokens."""
 
     @property
     def in_flight(self) -> int:
@@ -161,8 +167,10 @@ class ViewState:
         if isinstance(event, AgentStarted):
             row.started = t
             self._set(row, "started", t)
-        elif isinstance(event, AgentFinished):
-            self._set(row, "done", t)
+        elif isinstance(event, AgentFinished):  # ok, or a non-answer: truncated, empty
+            self._set(row, "done" if event.outcome == "ok" else event.outcome, t)
+            if event.outcome == "truncated" and event.max_tokens is not None:
+                row.detail = f"at max_tokens {event.max_tokens}"
         elif isinstance(event, AgentFailed):
             self._set(row, "failed", t)
             row.detail = event.error
@@ -195,7 +203,7 @@ class ViewState:
             row.held.pop(call, None)
             row.completion_tokens += event.completion_tokens or 0
             row.tokens_per_s = event.tokens_per_s or row.tokens_per_s
-            if row.state not in ("done", "failed", "cancelled"):
+            if row.state not in ("done", "truncated", "empty", "failed", "cancelled"):
                 self._set(row, "idle" if not row.held else row.state, t)
         elif isinstance(event, CallFailed):
             row.held.pop(call, None)
@@ -225,6 +233,9 @@ class ViewState:
             return f"generating {age:.1f}s{rate}"
         if row.state in ("failed", "cancelled"):
             return f"{row.state}: {row.detail}" if row.detail else row.state
+        if row.state in ("truncated", "empty"):
+            at = f" {row.detail}" if row.detail else ""
+            return f"{row.state}{at} after {row.since - row.started:.1f}s"
         if row.state == "done":
             rate = f", {row.tokens_per_s:.0f} tok/s" if row.tokens_per_s else ""
             return f"done in {row.since - row.started:.1f}s{rate}"
@@ -337,7 +348,7 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited)):  # warnings, in both modes
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, StepWarning)):  # warnings, both modes
                 found = (event.warnings if isinstance(event, EnginePlanned) else
                          [event.message] if isinstance(event, ToolLimited) else [event.warning])
                 for warning in found:

@@ -110,6 +110,7 @@ def run_command(
         text = json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
+            "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info),
         }, indent=2, default=str)
         typer.echo(text)
@@ -171,7 +172,8 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
     if as_json:
         text = json.dumps({"recipe": loaded.name, "output": None, "failed": why,
-                           "finished": {sid: step for sid, step in done}, "errors": record.errors},
+                           "finished": {sid: step for sid, step in done}, "errors": record.errors,
+                           "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings]},
                           indent=2, default=str)
     else:
         body = "\n\n".join(f"## step {sid}\n{step['output']}" for sid, step in done)
@@ -205,9 +207,11 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
     table = Table(title="agents", title_justify="left", show_edge=False)
     for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
         table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")
+    style = {"ok": "green", "truncated": "yellow", "empty": "yellow"}
     for r in rows:
+        color = style.get(r["outcome"], "red") if r["state"] == r["outcome"] else "red"
         table.add_row(
-            r["step"], r["agent"], _esc(str(r["state"]))[:60], f"{r['queued_s']:.2f}",
+            r["step"], r["agent"], f"[{color}]{_esc(str(r['state'])[:60])}[/]", f"{r['queued_s']:.2f}",
             "-" if r["first_token_s"] is None else f"{r['first_token_s']:.2f}",
             f"{r['prompt_tokens']}+{r['completion_tokens']}",
             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",

@@ -45,8 +45,9 @@ def show(
     as_json: Annotated[bool, options.as_json("Print the summary as JSON.")] = False,
     calls: Annotated[bool, typer.Option("--calls", help="Also list every engine call: its id, conversation, parent, slot, times.")] = False,
 ) -> None:
-    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors;
-    with --calls one row per engine call (matched by its call id)."""
+    """Summarize a trace: per agent status (done, truncated, empty, failed, cancelled), queue
+    time, first token, end, tokens, slot, errors and warnings; with --calls one row per engine
+    call (matched by its call id)."""
     path = resolve_trace(file)
     summary = summarize(_events(path))
     if as_json:
@@ -66,6 +67,8 @@ def show(
             console.print(f"[red]{a.name}[/]: {escape(error)}")
         for note in a.notes:
             console.print(f"[yellow]{a.name}[/]: {escape(note)}")
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning[/] {escape(warning)}")
 
 
 def _fmt(seconds: float | None) -> str:
@@ -79,8 +82,10 @@ def _agent_table(summary: TraceSummary) -> Table:
         ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
         ("out tok", "right"), ("slot", "right"),
     ]:
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow"}
+        # the status is never cut ("truncated" must read as itself in a narrow terminal)
+        table.add_column(column, justify=justify, no_wrap=True, min_width=9 if column == "status" else None)  # type: ignore[arg-type]
+    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
+             "empty": "yellow"}
     for a in summary.agents.values():
         table.add_row(
             a.name,
@@ -105,7 +110,8 @@ def _call_table(summary: TraceSummary) -> Table:
                             ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for c in sorted(summary.calls, key=lambda c: c.start):
-        state = "[red]failed[/]" if c.error else "retried" if c.retried else "ok"
+        state = ("[red]failed[/]" if c.error else "[yellow]truncated[/]" if c.finish_reason == "length"
+                 else "retried" if c.retried else "ok")
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
                       _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),

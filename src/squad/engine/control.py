@@ -30,7 +30,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_fixed,
+    wait_random,
     wait_random_exponential,
 )
 
@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 POLL_INTERVAL = 0.1
-"""Seconds between ``/health`` polls while an engine loads."""
+"""Seconds between ``/health`` polls while an engine loads, on average (each wait is drawn
+from half to one and a half times it: jitter)."""
 
 CONTROL_TIMEOUT = 10.0
 """Seconds for one control request (``/props``, ``/slots``, ...)."""
@@ -118,7 +119,7 @@ async def wait_healthy(
     try:
         async for attempt in AsyncRetrying(
             stop=stop_after_delay(timeout),
-            wait=wait_fixed(POLL_INTERVAL),
+            wait=wait_random(POLL_INTERVAL / 2, POLL_INTERVAL * 1.5),  # jittered: pollers never march in step
             retry=retry_if_exception_type(_NotReady),
             sleep=anyio.sleep,
             reraise=True,

@@ -33,7 +33,8 @@ from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
-from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
+from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
+from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import check_template, mark_tags, template_paths
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params"]
@@ -112,6 +113,7 @@ class _Loader:
         self.agents = agents
         self.main = spec.main
         self.ids: set[str] = set()
+        self.non_answers = _handling(dict(DEFAULT_HANDLING), spec.non_answers)
         flow = tuple(self._steps(spec.flow, ("flow",), set()))
         if spec.output is not None:
             self._check_schema(spec.output.schema_)
@@ -279,7 +281,7 @@ class _Loader:
             self._all_ids = self._declared_ids(specs)
         steps = []
         for i, spec in enumerate(specs):
-            step = self._step(spec, (*path, i), done)
+            step = self._step(spec, (*path, i), done, self.non_answers)
             steps.append(step)
             done |= _ids_in(step)
         return steps
@@ -292,16 +294,18 @@ class _Loader:
             out |= self._declared_ids(s.parallel or [])
         return out
 
-    def _step(self, spec: StepSpec, path: Path_, done: set[str]) -> Step:
+    def _step(self, spec: StepSpec, path: Path_, done: set[str], inherited: Mapping[Outcome, Handling]) -> Step:
         sid = spec.id or "step-" + "-".join(str(p + 1) for p in path if isinstance(p, int))
         if sid in self.ids:
             raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique", (*path, "id"))
         self.ids.add(sid)
+        non_answers = _handling(inherited, spec.non_answers)
         if spec.kind == "parallel":
             children = []
             for j, child in enumerate(spec.parallel or []):
-                children.append(self._step(child, (*path, "parallel", j), set(done)))
-            return Step(id=sid, kind="parallel", steps=tuple(children), policy=spec.policy or "collect")
+                children.append(self._step(child, (*path, "parallel", j), set(done), non_answers))
+            return Step(id=sid, kind="parallel", steps=tuple(children), policy=spec.policy or "collect",
+                        non_answers=non_answers)
         agent = spec.agent or self.main
         if agent not in self.agents:
             raise self._unknown_agent(agent, self.agents, (*path, "agent"))
@@ -320,7 +324,7 @@ class _Loader:
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
-                    concurrency=spec.concurrency, loc=loc)
+                    concurrency=spec.concurrency, non_answers=non_answers, loc=loc)
 
     def _chunk_source(self, over: tuple[str, ...], path: Path_) -> None:
         """``split: chunks`` cuts a text: a string or file parameter, or ``steps.ID.output``."""
@@ -416,4 +420,12 @@ def _ids_in(step: Step) -> set[str]:
     out = {step.id}
     for s in step.steps:
         out |= _ids_in(s)
+    return out
+
+
+def _handling(inherited: Mapping[Outcome, Handling], spec: NonAnswersSpec | None) -> dict[Outcome, Handling]:
+    """``inherited`` with the outcomes ``spec`` (a ``non_answers:`` section) sets replaced."""
+    out = dict(inherited)
+    if spec is not None:
+        out.update({Outcome(name): value for name, value in spec.model_dump().items() if value is not None})
     return out

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import RecipeError, UserError
+from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
@@ -60,6 +61,8 @@ class Step:
       tokens of lines repeated).
     - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
     - ``mentions``: sub-agents the prompt @mentions (as declared).
+    - ``non_answers``: how each non-answer of this step flows on (:mod:`squad.outcome`),
+      resolved from the step, its parallel block, the recipe and the defaults.
     - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
     """
 
@@ -76,6 +79,7 @@ class Step:
     chunk_tokens: int | None = None
     overlap: int = 0
     concurrency: int | None = None
+    non_answers: Mapping[Outcome, Handling] = field(default_factory=lambda: dict(DEFAULT_HANDLING))
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
