@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,8 +19,8 @@ import psutil
 import typer
 from rich.table import Table
 
-from squad.cli._app import app, console, err_console
-from squad.cli.engine import engine_app
+from squad.cli._app import LoadTimeout, app, console, err_console
+from squad.cli.engine import engine_app, progress_status
 from squad.engine.control import attach, control_client, pool_warning, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.llama import DEFAULT_SLOTS, MAX_SLOTS
@@ -48,6 +49,7 @@ def verify(
     threads: _Threads = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report instead of a table.")] = False,
+    load_timeout: LoadTimeout = None,
 ) -> None:
     """Check that the engine serves parallel slots with one shared context (the product page's test).
 
@@ -59,7 +61,8 @@ def verify(
 
     report = anyio.run(
         lambda: run_verify(
-            model=model, ctx=ctx, parallel=parallel, binary=llama_server, threads=threads, max_tokens=max_tokens
+            model=model, ctx=ctx, parallel=parallel, binary=llama_server, threads=threads, max_tokens=max_tokens,
+            load_timeout=load_timeout,
         )
     )
     if as_json:
@@ -93,6 +96,7 @@ def engine_start(
     port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="Port (default: a free one).")] = None,
     llama_server: _LlamaServer = None,
     threads: _Threads = None,
+    load_timeout: LoadTimeout = None,
 ) -> None:
     """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
     from squad.engine.launcher import Launcher
@@ -103,14 +107,17 @@ def engine_start(
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
     plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
 
-    async def start() -> Launcher:
-        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True)
+    loading = f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"
+
+    async def start(progress: Callable[[float, float], None]) -> Launcher:
+        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True,
+                            load_timeout=load_timeout, on_progress=progress)
         await launcher.start()
         return launcher
 
     started = time.monotonic()
-    with console.status(f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"):
-        launcher = anyio.run(start)
+    with progress_status(loading) as say:
+        launcher = anyio.run(start, lambda elapsed, limit: say(f"{loading}: {elapsed:.0f} s of at most {limit:.0f} s"))
     info, pid = launcher.info, launcher.pid
     assert info is not None and pid is not None and launcher.log_path is not None
     launcher.detach()

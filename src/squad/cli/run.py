@@ -17,7 +17,7 @@ import anyio
 import typer
 from rich.table import Table
 
-from squad.cli._app import app, collect_params, console, engine_spec, err_console
+from squad.cli._app import LoadTimeout, app, collect_params, console, engine_spec, err_console
 from squad.errors import RecipeError, UserError
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def run_command(
     out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run trace (JSONL) here instead of the state dir.")] = None,
+    load_timeout: LoadTimeout = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -83,7 +84,8 @@ def run_command(
 
     loaded = load_recipe(recipe, collect_params(param))
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
-                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
+                       load_timeout=load_timeout)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -157,6 +159,7 @@ def chat_command(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
     replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
+    load_timeout: LoadTimeout = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     from squad.chatloop import chat_loop
@@ -165,7 +168,7 @@ def chat_command(
 
     agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
-                       cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     view = LiveView(console=err_console, live=False)
 
     def say(kind: str, text: str) -> None:
