@@ -190,6 +190,7 @@ class EngineSession(AsyncResource):
         self._owns_chat = False
         self._reload_lock = anyio.Lock()
         self._exit_reported: int | None = None  # pid of the engine process whose death was reported
+        self._restarted_pid: int | None = None  # pid of the engine the last restart started
 
     # -- what the runtime uses ---------------------------------------------------------------
 
@@ -311,7 +312,9 @@ class EngineSession(AsyncResource):
         assert self.launcher is not None
         await self._exited()
         info = await self.launcher.restart()
-        self._loaded("restarted", info)
+        if self.launcher.pid != self._restarted_pid:  # calls that overlapped share one restart: one event
+            self._restarted_pid = self.launcher.pid
+            self._loaded("restarted", info)
         return info
 
     async def _exited(self, settle: float = 0.5) -> str | None:

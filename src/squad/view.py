@@ -117,7 +117,7 @@ class ViewState:
     """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
     loading: EngineLoading | None = None
     """The latest ``engine.loading`` while the model loads (None once it reported)."""
-    loading_logged: float = -1.0
+    loading_logged: float = float("-inf")
     """``elapsed_s`` of the last loading line printed (plain mode prints one every 10 s)."""
     t0: float | None = None
     last: float = 0.0

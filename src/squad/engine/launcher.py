@@ -176,7 +176,7 @@ class Launcher(AsyncResource):
         self._proc: subprocess.Popen | None = None
         self._pidfile: Path | None = None
         self._lock = anyio.Lock()  # one start/stop/reload at a time
-        self._starts = 0  # how many times an engine was started (lets concurrent restarts coalesce)
+        self._starts = 0  # starts that completed (lets concurrent restarts coalesce)
 
     @property
     def pid(self) -> int | None:
@@ -200,7 +200,6 @@ class Launcher(AsyncResource):
     async def _start(self) -> EngineInfo:
         if self.running and self.info is not None:
             return self.info
-        self._starts += 1
         if not self.detached:
             await anyio.to_thread.run_sync(process.reap_stale_engines)
         binary = _resolve_binary(self._binary_arg)
@@ -228,6 +227,7 @@ class Launcher(AsyncResource):
         except BaseException:
             await self._stop()
             raise
+        self._starts += 1
         return self.info
 
     async def _ready(self, port: int) -> EngineInfo:
@@ -317,7 +317,8 @@ class Launcher(AsyncResource):
     async def restart(self) -> EngineInfo:
         """Stop (if still running) and start again with the same plan, e.g. after the engine died.
 
-        Calls that overlap (several requests saw the engine gone at once) restart it once.
+        Calls that overlap (several requests saw the engine gone at once, or while a restart was
+        loading the model) restart it once.
         """
         seen = self._starts
         async with self._lock:
