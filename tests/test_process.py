@@ -211,3 +211,18 @@ async def test_a_stopped_child_is_released_from_the_guard(tmp_path):
     assert proc.pid in children._guard._groups
     await process.stop(proc, grace=2.0)
     assert proc.pid not in children._guard._groups and wait_gone(child, 5)
+
+
+def test_a_detached_child_is_guarded_until_it_is_let_go(tmp_path):
+    """`squad engine start`: a squad killed while the model loads leaves nothing; once the
+    engine is up and handed over, the guard no longer stops it."""
+    from squad import children
+
+    proc, child = _wrapper(tmp_path, detached=True)
+    try:
+        assert proc.pid in children._guard._groups
+        process.let_go(proc)
+        assert proc.pid not in children._guard._groups
+    finally:
+        _kill(child, proc.pid)
+        proc.wait()

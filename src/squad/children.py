@@ -20,8 +20,8 @@ that imports nothing of squad; about 10 MB), in a
   thread that started it ends (``prctl(PR_SET_PDEATHSIG)``): immediate, and independent of
   the guard. Use it only from a thread that lives as long as the child (the event loop's).
 
-``detached=True`` children (``squad engine start``) are meant to outlive squad: no guard, no
-PDEATHSIG. Windows has no process groups to signal: there only the direct child is stopped.
+``detached=True`` children (``squad engine start``) are meant to outlive squad: no PDEATHSIG,
+and the guard watches them only until :func:`let_go` hands them over (once the engine is up). Windows has no process groups to signal: there only the direct child is stopped.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import IO, Any
 import anyio
 import psutil
 
-__all__ = ["GRACE", "start", "stop", "stop_pid", "kill_now", "terminate", "guard_pid"]
+__all__ = ["GRACE", "start", "stop", "stop_pid", "kill_now", "let_go", "release", "terminate", "guard_pid"]
 
 GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when stopping a child's process group."""
@@ -65,8 +65,9 @@ def start(
     pdeathsig: bool = False,
 ) -> subprocess.Popen:
     """Start ``argv`` as a child squad owns (module docstring): its own session and process
-    group, registered with the guard unless ``detached``; ``pdeathsig`` (Linux, not with
-    ``detached``): the kernel SIGKILLs it when the calling thread ends. ``stdin``/``stdout``/
+    group, registered with the guard (a ``detached`` child until :func:`let_go`);
+    ``pdeathsig`` (Linux, not with ``detached``): the kernel SIGKILLs it when the calling
+    thread ends. ``stdin``/``stdout``/
     ``stderr``/``text``/``env`` as for :class:`subprocess.Popen` (text decodes with
     ``errors="replace"``: a child printing bytes that are not UTF-8 never raises).
 
@@ -77,7 +78,7 @@ def start(
         list(argv), stdin=stdin, stdout=stdout, stderr=stderr, env=env, text=text,
         errors="replace" if text else None, preexec_fn=preexec, start_new_session=True, close_fds=True,
     )
-    if not detached and _GROUPS:
+    if _GROUPS:
         _guard.watch(proc.pid)
     return proc
 
@@ -161,6 +162,7 @@ def stop_pid(pid: int, *, create_time: float | None = None, grace: float = GRACE
     except psutil.NoSuchProcess:
         return False
     terminate(_group_leader(proc), _members(proc), grace)
+    _guard.release(pid)
     return True
 
 
@@ -200,6 +202,11 @@ def kill_now(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL) if _GROUPS else proc.kill()
     proc.wait()
+    _guard.release(proc.pid)
+
+
+def let_go(proc: subprocess.Popen) -> None:
+    """Let a ``detached`` child outlive squad: the guard forgets its group."""
     _guard.release(proc.pid)
 
 

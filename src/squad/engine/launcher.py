@@ -18,8 +18,9 @@ launch's random API key; either failing is "port P is in use by another program"
 
 **No llama-server outlives squad.** The launcher stops its engine (its whole process group)
 when the ``async with`` block ends normally, with an exception, or by cancellation (Ctrl-C),
-shielded from cancellation; if squad dies without running that code, PDEATHSIG (Linux) or the
-pid files the next launch reaps stop it. How, and what each guarantee rests on:
+shielded from cancellation; if squad dies without running that code, the guard process of
+:mod:`squad.children` stops the group (and PDEATHSIG, on Linux, the engine's first process); the
+pid files the next launch reaps are the last resort. How, and what each guarantee rests on:
 :mod:`squad.engine.process`.
 """
 
@@ -132,7 +133,8 @@ class Launcher(AsyncResource):
     - ``request_timeout``: squad's per-request deadline in seconds; the engine's ``-to`` is above it.
     - ``log_dir``: where engine logs go (None → ``state_dir()/logs``).
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
-      no PDEATHSIG, no guard, no pid file.
+      no PDEATHSIG, no pid file; the guard watches it only until :meth:`detach` (squad killed
+      while the model loads leaves nothing).
     - ``on_progress(elapsed, deadline)``: called about once a second while the model loads,
       both in seconds (``deadline`` is the load timeout in force).
 
@@ -331,6 +333,8 @@ class Launcher(AsyncResource):
         """Forget the process without stopping it (only for ``detached=True`` launchers)."""
         if not self.detached:
             raise RuntimeError("only a Launcher(detached=True) can leave its engine running")
+        if self._proc is not None:
+            process.let_go(self._proc)
         self._proc = None
 
     async def aclose(self) -> None:

@@ -16,7 +16,8 @@ The last resort, if the guard was killed too: each launch writes a pid file to
 checking pid *and* start time (psutil) so a reused pid is never killed, and finding a
 wrapper's leftovers by process group and the ``SQUAD_ENGINE_ID`` the launch put in their
 environment (never by pid alone). Engines started with ``detached=True`` (``squad engine
-start``) are meant to outlive squad and are exempt from all of this.
+start``) are meant to outlive squad: no PDEATHSIG and no pid file, and the guard lets them go
+(:func:`let_go`) once they are up.
 
 The API key reaches the engine through ``LLAMA_API_KEY`` in its environment, never argv (argv
 is visible to every user in ``ps``). The engine log (stdout + stderr) goes to one file per
@@ -46,6 +47,7 @@ __all__ = [
     "alive",
     "describe_exit",
     "free_port",
+    "let_go",
     "listens",
     "new_engine_id",
     "port_in_use",
@@ -217,6 +219,7 @@ def alive(pid: int, create_time: float) -> bool:
 
 stop = children.stop
 stop_pid = children.stop_pid
+let_go = children.let_go
 
 
 # --- pid files: the fallback against orphans where PDEATHSIG does not exist ----------------------
