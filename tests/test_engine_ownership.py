@@ -141,6 +141,33 @@ def test_sigint_and_sigterm_cancel_agents_stop_the_engine_and_end_the_trace(run,
 
 
 @pytest.mark.engine
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_at_the_chat_prompt_ends_squad_chat_at_once(tmp_path, model_file, server_bin, state_tmp, sig, code):
+    """The prompt's read blocks in a thread; it must not keep the process from exiting."""
+    err = tmp_path / "err.txt"
+    with err.open("w") as stderr:
+        chat = subprocess.Popen([sys.executable, "-m", "squad", "chat", "-m", str(model_file), "--llama-server",
+                                 str(server_bin)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr,
+                                env={**os.environ, "SQUAD_STATE_DIR": str(state_tmp)},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        end = time.monotonic() + 180
+        while "/quit ends" not in err.read_text():
+            assert chat.poll() is None and time.monotonic() < end, err.read_text()
+            time.sleep(0.1)
+        (pidfile,) = (state_tmp / "engines").glob("*.json")
+        engine = json.loads(pidfile.read_text())["pid"]
+        chat.send_signal(sig)
+        assert chat.wait(60) == code
+        assert gone(engine) and not pidfile.exists()
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+        chat.wait()
+        chat.stdin.close()
+
+
+@pytest.mark.engine
 def test_sigkill_of_squad_stops_the_engine_behind_a_wrapper(run, tmp_path, server_bin):
     """F16: squad killed with SIGKILL runs no code; the guard stops the wrapper's whole group."""
     r = run(_wrapper(tmp_path, server_bin))

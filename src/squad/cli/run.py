@@ -178,9 +178,26 @@ def chat_command(
     async def run() -> None:
         async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
                          replan=replan) as sq:
-            await chat_loop(sq, lambda: input("you> "), say)
+            await chat_loop(sq, _read_prompt, say)
 
     anyio.run(run)
+
+
+def _read_prompt() -> str:
+    """One line typed at the ``you>`` prompt (EOFError at the end of input). A terminal gets
+    ``input()`` with line editing; a pipe is read from the raw file, which no lock guards, so a
+    thread left blocked in it by Ctrl-C or SIGTERM never aborts the interpreter's exit (one
+    blocked in ``sys.stdin.readline()`` does: "could not acquire lock ... at interpreter shutdown")."""
+    import sys
+
+    if sys.stdin.isatty():
+        return input("you> ")
+    sys.stdout.write("you> ")
+    sys.stdout.flush()
+    line = sys.stdin.buffer.raw.readline()  # type: ignore[attr-defined]
+    if not line:
+        raise EOFError
+    return line.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
