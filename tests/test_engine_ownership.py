@@ -481,3 +481,17 @@ def test_engine_info_names_the_llama_cpp_build_squad_built(llama_server_path):
         pytest.skip("this llama-server was not built by squad")
     done = _cli("engine", "info", "--llama-server", str(llama_server_path))
     assert done.returncode == 0 and f"llama.cpp  {tag}" in done.stdout
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_model_loads_stops_the_engine(tmp_path, model_file, state_tmp, sig, code):
+    r = Run(tmp_path, model_file, _forever_loading(tmp_path), state_tmp)
+    try:
+        r.wait_for("engine.loading", timeout=60)
+        pids, (pidfile, _) = r.engine_pids(), r.pidfile()
+        r.proc.send_signal(sig)
+        assert r.proc.wait(60) == code, r.stderr()
+        assert all(gone(pid) for pid in pids) and not pidfile.exists()
+        assert "Traceback" not in r.stderr()
+    finally:
+        r.finish()
