@@ -9,7 +9,7 @@ EXPECTED = {
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
-    "PlanMismatch", "EngineGone", "ModelError",
+    "PlanMismatch", "EngineGone", "ModelError", "UnknownModel",
     "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
     "ReasoningBudgetExhausted", "CallTimeout", "AgentCancelled",
 }

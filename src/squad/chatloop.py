@@ -4,7 +4,10 @@
 @mentioned sub-agents run at once and their answers are handed back), and prints the answer.
 It is the library's loop; ``squad chat`` only wires it to the terminal.
 
-- An unknown @mention is a warning with suggestions; the line runs without it.
+- A line is the user's own text: its @mentions dispatch (:mod:`squad.mention`); answers,
+  history and tool results never do. An unknown @mention is a warning with suggestions; the
+  line runs with that mention as written, dispatching no one (:func:`squad.mention.quote_unknown`).
+  A mention with nothing to do (``@security`` alone) is an error; the line is not run.
 - History is kept within half of the main agent's budget (tokens, counted exactly; an auto
   budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
 - ``/quit`` or ``/exit`` (or end of input) ends the loop.
@@ -13,7 +16,6 @@ It is the library's loop; ``squad chat`` only wires it to the terminal.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 from typing import Any, Callable
 
@@ -23,7 +25,7 @@ import anyio.lowlevel
 
 from squad.chat import ChatEngine
 from squad.errors import AgentRunError, UserError
-from squad.mention import parse_mentions
+from squad.mention import parse_mentions, quote_unknown
 from squad.runtime import Squad
 
 __all__ = ["chat_loop", "trim_history", "HISTORY_SHARE"]
@@ -81,9 +83,11 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
         except UnicodeEncodeError:  # bytes that are not UTF-8 (read with surrogateescape)
             line = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             say("warning", "the line had bytes that are not UTF-8 text; they were replaced with U+FFFD")
-        for unknown in parse_mentions(line, subs).unknown:
-            say("warning", f"{unknown.message()}; not dispatched")
-            line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)
+        unknown = parse_mentions(line, subs).unknown
+        for mention in unknown:
+            say("warning", f"{mention.message()}; not dispatched")
+        if unknown:
+            line = quote_unknown(line, subs)
         try:
             result = await squad.run(line, history=history)
         except UserError as exc:

@@ -14,6 +14,7 @@ SquadError                         base of everything below
 │   ├── PlanMismatch               /props read back something other than the plan
 │   └── EngineGone                 connection refused / process died mid-run
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
+│   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
 └── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
     ├── AdmissionError             the call can never fit (pool or the agent's budget)
     ├── ContextExceeded            the engine said "Context size has been exceeded."
@@ -43,6 +44,7 @@ __all__ = [
     "PlanMismatch",
     "EngineGone",
     "ModelError",
+    "UnknownModel",
     "AgentRunError",
     "AdmissionError",
     "ContextExceeded",
@@ -143,6 +145,10 @@ class EngineGone(EngineError):
 
 class ModelError(SquadError, RuntimeError):
     """A model could not be found, fetched or verified."""
+
+
+class UnknownModel(ModelError, UserError):
+    """The model asked for is neither a known name nor an existing file (bad input: exit 2)."""
 
 
 class AgentRunError(SquadError, RuntimeError):

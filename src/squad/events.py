@@ -41,6 +41,9 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``call.retried``              it is being sent again (reason, attempt, error)
 ``call.released``             its slot and reservation were given back (tokens, held_s)
 ``tool.called``               a tool ran for an agent (tool, ok)
+``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
+                              limit: ``depth`` or ``calls``, value, message); once per limit
+                              per run
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
 ============================  ==================================================================
 
@@ -84,6 +87,7 @@ __all__ = [
     "CallRetried",
     "CallReleased",
     "ToolCalled",
+    "ToolLimited",
     "AnswerCut",
 ]
 
@@ -357,6 +361,19 @@ class ToolCalled(Event):
     kind: ClassVar[str] = "tool.called"
     tool: str
     ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolLimited(Event):
+    """``agent`` asked for a sub-agent with ``tool`` (``ask_<name>``) past the run's bound:
+    ``limit`` is ``depth`` (``max_sub_depth``) or ``calls`` (``max_sub_calls``), ``value`` that
+    bound; ``message`` says so for people (views print it as a warning)."""
+
+    kind: ClassVar[str] = "tool.limited"
+    tool: str
+    limit: str
+    value: int
+    message: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

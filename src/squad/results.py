@@ -19,6 +19,7 @@ __all__ = [
     "RunResult",
     "Usage",
     "first_failure",
+    "notes_of",
     "cancelled_result",
     "usage_of",
     "timings_of",
@@ -70,7 +71,8 @@ class AgentResult:
     (only on success); ``tool_calls`` lists ``(name, arguments, result_text)`` in order;
     ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools;
     ``conversation`` is the id its events carry; ``item`` the index of the map item it
-    worked on (``Squad.map``), else None.
+    worked on (``Squad.map``), else None; ``notes`` what the run should tell that is not a
+    failure (a sub-agent tool call refused by the run's bound).
     """
 
     agent: str
@@ -86,6 +88,7 @@ class AgentResult:
     subs: list["AgentResult"] = field(default_factory=list)
     conversation: str | None = None
     item: int | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -131,11 +134,35 @@ class RunResult:
     def ok(self) -> bool:
         return self.main.ok
 
+    @property
+    def notes(self) -> list[str]:
+        """The notes of every conversation of this turn (:func:`notes_of`)."""
+        return notes_of([self.main, *self.subs])
+
     def summary(self) -> str:
         """The main agent's line, then one indented line per sub-agent."""
         lines = [self.main.summary()]
         lines += [f"  {sub.summary()}" for sub in self.subs]
         return "\n".join(lines)
+
+
+def notes_of(results: Sequence[AgentResult]) -> list[str]:
+    """The ``notes`` of ``results`` and of the sub-agents they called, at any depth, each
+    conversation once, in order."""
+    seen: set[int] = set()
+    found: list[str] = []
+
+    def walk(r: AgentResult) -> None:
+        if id(r) in seen:
+            return
+        seen.add(id(r))
+        found.extend(r.notes)
+        for sub in r.subs:
+            walk(sub)
+
+    for r in results:
+        walk(r)
+    return found
 
 
 def first_failure(results: Sequence[AgentResult]) -> AgentRunError | None:

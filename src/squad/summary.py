@@ -28,6 +28,7 @@ from squad.events import (
     CallRetried,
     EngineLoaded,
     Event,
+    ToolLimited,
     item_label,
 )
 from squad.trace import jsonable
@@ -100,6 +101,8 @@ class AgentSummary:
     slots: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the run said of it that is not a failure (``tool.limited``: a sub-agent call refused)."""
 
 
 @dataclass
@@ -178,6 +181,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
+        elif isinstance(ev, ToolLimited):
+            agent(who(ev)).notes.append(ev.message)
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
             _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()
                                                if s.agent == who(ev) and s.conversation == ev.conversation])

@@ -17,6 +17,11 @@ Rules:
   model call. Anything that fails while rendering (``{{ 10 / 0 }}``, ``{{ "a" + 1 }}``, a
   ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items) is a :class:`RecipeError` too,
   never a traceback.
+- ``data=True`` (a recipe prompt as sent): the output of every ``{{ ... }}`` is data, wrapped
+  by :func:`squad.mention.as_data`, so only the template's own text can @mention an agent
+  (field case F13); :func:`mark_tags` gives the source read the same way, for the checks
+  made before rendering. Values inside the template (``{% if x == "a@b" %}``, ``| length``)
+  are the plain values.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from squad.errors import RecipeError
 
-__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment"]
+__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
 
 _ENV = SandboxedEnvironment(
     undefined=jinja2.StrictUndefined,
@@ -86,11 +91,24 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
     return ast
 
 
-def _compile(source: str, where: str, loc: Mapping[str, Any] | None) -> jinja2.Template:
+_DATA_ENV: SandboxedEnvironment | None = None
+
+
+def _data_env() -> SandboxedEnvironment:
+    """:data:`_ENV` with every ``{{ ... }}`` output wrapped as data (module docstring)."""
+    global _DATA_ENV
+    if _DATA_ENV is None:
+        from squad.mention import as_data
+
+        _DATA_ENV = _ENV.overlay(finalize=as_data)
+    return _DATA_ENV
+
+
+def _compile(source: str, where: str, loc: Mapping[str, Any] | None, data: bool = False) -> jinja2.Template:
     """Parse and compile ``source``; every compile-time problem becomes a :class:`RecipeError`."""
     ast = _parse(source, where, loc)
     try:
-        return _ENV.from_string(ast)
+        return (_data_env() if data else _ENV).from_string(ast)
     except jinja2.TemplateSyntaxError as exc:  # includes TemplateAssertionError
         raise _error(f"template error{_line(source, exc.lineno)}: {exc.message}", where, loc) from None
 
@@ -109,8 +127,11 @@ def render_template(
     *,
     where: str = "",
     loc: Mapping[str, Any] | None = None,
+    data: bool = False,
 ) -> str:
     """Render ``source`` with ``variables`` in the sandbox and return the text.
+
+    ``data=True``: every ``{{ ... }}`` output is marked as data (module docstring).
 
     ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
     optionally carries ``file``/``line``/``column`` for :class:`RecipeError`.
@@ -121,7 +142,7 @@ def render_template(
     """
     if "{{" not in source and "{%" not in source:
         return source  # nothing to render: keep the text byte for byte
-    template = _compile(source, where, loc)
+    template = _compile(source, where, loc, data)
     try:
         return template.render(**variables)
     except jinja2.UndefinedError as exc:
@@ -133,6 +154,34 @@ def render_template(
     except Exception as exc:  # the template's own arithmetic, a too-big range(), a bad + ...
         problem = str(exc) or type(exc).__name__
         raise _error(f"template error: {problem} ({type(exc).__name__})", where, loc) from None
+
+
+def mark_tags(source: str) -> str:
+    """``source`` as the mention parser reads it before rendering: every ``{{ ... }}`` marked
+    as data (:func:`squad.mention.as_data`), as its output will be, and every ``{% ... %}`` tag
+    left out, as it is when rendered (the text on both sides joins). ``source`` unchanged when
+    it has no tags or does not lex."""
+    from squad.mention import as_data
+
+    if "{{" not in source and "{%" not in source:
+        return source
+    out: list[str] = []
+    tag: list[str] = []
+    try:
+        for _, kind, value in _ENV.lex(source):
+            if kind == "data" or kind.startswith("raw_"):
+                out.append(value if kind == "data" else "")
+                continue
+            tag.append(value)
+            if kind == "variable_end":
+                out.append(as_data("".join(tag)))
+            if kind.endswith("_end"):
+                tag = []
+    except jinja2.TemplateSyntaxError:
+        return source
+    if tag:  # a tag left open at the end (a template check_template refuses)
+        out.append(as_data("".join(tag)))
+    return "".join(out)
 
 
 def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.UndefinedError) -> str:

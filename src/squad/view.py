@@ -43,6 +43,7 @@ from squad.events import (
     EnginePlanned,
     EngineWarning,
     Event,
+    ToolLimited,
     item_label,
 )
 
@@ -359,8 +360,9 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning)):  # warnings, in both modes
-                found = event.warnings if isinstance(event, EnginePlanned) else [event.warning]
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited)):  # warnings, in both modes
+                found = (event.warnings if isinstance(event, EnginePlanned) else
+                         [event.message] if isinstance(event, ToolLimited) else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"

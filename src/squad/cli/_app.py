@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -30,9 +31,25 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-LoadTimeout = Annotated[Optional[float], typer.Option(
-    "--load-timeout", min=1, help="Seconds the engine may take to load the model (default: 60 s + 60 s per GiB of model file).")]
-"""The ``--load-timeout`` option of every command that launches an engine."""
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Give every command and group of ``typer_app`` its help as prose: paragraphs kept, the
+    line breaks inside a paragraph (docstring wrapping) dropped, so the terminal rewraps the
+    text at its own width instead of breaking lines mid-sentence. Called once, after every
+    command module registered its commands."""
+    for command in typer_app.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = _prose(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+    if isinstance(typer_app.info.help, str):
+        typer_app.info.help = _prose(typer_app.info.help)
+
+
+def _prose(text: str) -> str:
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +105,7 @@ def _interrupted(terminated: list[int], done: str) -> int:
 
 def _report(exc: SquadError) -> int:
     """Print a squad error for a person; return the exit code (2 = their input, 1 = failure)."""
-    err_console.print("[red]error:[/] " + _escape(str(exc)))
+    err_console.print("[red]error:[/] " + _escape(str(exc)), soft_wrap=True)  # one line, never rewrapped
     if isinstance(exc, EngineStartError) and exc.log_tail:
         err_console.print("[dim]--- engine log (last lines) ---[/]")
         err_console.print(_escape(exc.log_tail), highlight=False)

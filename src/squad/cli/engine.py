@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from squad.cli import options
 from squad.cli._app import app, console
 
 __all__ = ["engine_app", "models_app", "progress_status"]
@@ -86,10 +87,8 @@ def engine_install(
 
 @engine_app.command("info")
 def engine_info(
-    llama_server: Annotated[
-        Optional[Path], typer.Option("--llama-server", help="Use this llama-server binary instead of searching.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    llama_server: Annotated[Optional[Path], options.llama_server("Show this llama-server binary instead of searching.")] = None,
+    as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show which llama-server squad would use, where it came from and how it was built.
 
@@ -133,7 +132,7 @@ def models_pull(
 
 
 @models_app.command("list")
-def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
+def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of a table.")] = False) -> None:
     """List the models squad knows by name, their size and whether they are pulled."""
     from squad.engine.registry import DEFAULT_MODEL, list_models
 
@@ -161,7 +160,7 @@ def models_info(
     model: Annotated[
         Optional[str], typer.Argument(help="A known model name or a path to a .gguf file (default: smollm2-135m).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show a model's GGUF facts and what its KV cache costs (bytes per token, MiB per context).
 

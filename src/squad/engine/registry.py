@@ -23,7 +23,7 @@ import httpx
 from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.engine.facts import is_gguf
-from squad.errors import ModelError
+from squad.errors import ModelError, UnknownModel
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -174,7 +174,7 @@ def resolve_model(
         if not is_gguf(path):
             raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
         return path
-    raise ModelError(
+    raise UnknownModel(
         f"no model {str(model)!r}: not a known name ({', '.join(_REGISTRY)}) and no such file; "
         "pass a known name or a path to a .gguf file"
     )
@@ -187,9 +187,12 @@ def _known(name: str) -> KnownModel:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ModelError(
-            f"no known model {name!r}; known: {', '.join(_REGISTRY)} (or pass a path to a .gguf file)"
-        ) from None
+        known = ", ".join(_REGISTRY)
+        if Path(name).expanduser().is_file():
+            raise UnknownModel(f"{name} is a file you already have: it needs no pull; pass it as --model {name} "
+                               f"(`squad models pull` fetches only the known models: {known})") from None
+        raise UnknownModel(f"no known model {name!r}; `squad models pull` fetches one of: {known} "
+                           "(`squad models list` shows them)") from None
 
 
 def _verified(path: Path, known: KnownModel) -> bool:

@@ -34,7 +34,7 @@ from squad.recipes.budgets import check_prompts, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, template_paths
+from squad.templates import check_template, mark_tags, template_paths
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params"]
 
@@ -43,16 +43,29 @@ _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.output
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
-                require_params: bool = True) -> Recipe:
+                require_params: bool = True, model: str | None = None) -> Recipe:
     """Load and check the recipe at ``path`` with parameter values ``params`` (strings as
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
     ``require_params=False`` lets required parameters stay unset (for ``squad plan``
     without values); their value is then None. When the model file is on disk, budgets are
     checked against it, fixed prompts counted with these values
-    (:func:`squad.recipes.budgets.check_prompts`). Raises :class:`RecipeError`.
+    (:func:`squad.recipes.budgets.check_prompts`). ``model`` (a known name or a ``.gguf`` path
+    relative to the working directory, as ``--model`` gives it) replaces the recipe's model
+    before anything is counted, so ``auto`` budgets follow the model that will really run.
+    Raises :class:`RecipeError`.
     """
-    return _Loader(Path(path)).load(params or {}, require_params=require_params)
+    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model)
+
+
+def _override(model: str) -> str | None:
+    """A ``--model`` given on the command line: None for the default model, a path made
+    absolute (relative to the working directory), a name as given (the registry checks it)."""
+    if model == "default":
+        return None
+    if model.endswith(".gguf") or "/" in model or "\\" in model:
+        return str(Path(model).expanduser().resolve())
+    return model
 
 
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
@@ -80,7 +93,7 @@ class _Loader:
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
 
-    def load(self, given: Mapping[str, Any], *, require_params: bool) -> Recipe:
+    def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None) -> Recipe:
         located = read_yaml(self.path)
         self.located = located
         try:
@@ -91,7 +104,7 @@ class _Loader:
         agents = self.build_agents(raw_agents)
         if spec.main not in agents:
             raise self._unknown_agent(spec.main, agents, ("main",))
-        model = self._model(spec.model)
+        model = self._model(spec.model) if model is None else _override(model)
         self.specs = spec.params
         values = resolve_params(spec.params, given, located, self.path.parent, require=require_params)
         for name, (_, src, base) in raw_agents.items():
@@ -333,8 +346,10 @@ class _Loader:
 
     def _mentions(self, prompt: str, agent: str, path: Path_) -> tuple[str, ...]:
         """@mentions in a prompt. Only prompts to the main agent dispatch sub-agents (as
-        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none."""
-        parsed = parse_mentions(prompt, list(self.agents))
+        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none. Only
+        the template's own text counts: what a ``{{ ... }}`` puts in is data at run time
+        (:func:`squad.templates.mark_tags`)."""
+        parsed = parse_mentions(mark_tags(prompt), list(self.agents))
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
         allowed = sub_agent_names(self.agents[agent], self.agents, self.main) if agent == self.main else []
@@ -346,6 +361,8 @@ class _Loader:
             if name not in allowed:
                 raise self.located.error(
                     f"the main agent '{agent}' cannot @mention '{name}': add it to agents.{agent}.agents", path)
+        for problem in parsed.problems():  # idle mentions: nothing but the mention addressed to the agent
+            raise self.located.error(problem, path)
         return tuple(parsed.agents)
 
     def _check_schema(self, schema: dict[str, Any]) -> None:

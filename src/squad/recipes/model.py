@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import RecipeError, UserError
-from squad.mention import as_data
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
@@ -151,7 +150,7 @@ class Recipe:
     def _node(self, step: Step) -> Node:
         if step.kind == "parallel":
             return Parallel(tuple(self._node(s) for s in step.steps), label=step.id)
-        call = self._agent_node(step.agent, step.mentions)
+        call = self._agent_node(step.agent, step.mentions, label=None if step.kind == "map" else step.id)
         if step.kind == "map":
             count = None
             if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
@@ -161,13 +160,19 @@ class Recipe:
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), label: str | None = None,
+                    depth: int | None = None) -> Node:
+        """``name``'s call and the sub-agents it may reach: those it @mentions, else its
+        sub-agent tools while the run's depth bound (``depth`` levels left) allows them;
+        ``label``: the step id the plan shows."""
         agent = self.agents[name]
-        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
+        if depth is None:  # the agent that starts the run sets its bound
+            depth = agent.max_sub_depth or MAX_SUB_DEPTH
+        subs = mentions or (agent.agents if agent.sub_agent_tools and depth > 0 else ())
         if not subs:
-            return Call(name, agent.fixed_budget)
-        nodes = tuple(self._agent_node(sub) for sub in subs)
-        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
+            return Call(name, agent.fixed_budget, label)
+        nodes = tuple(self._agent_node(sub, depth=depth if mentions else depth - 1) for sub in subs)
+        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes), label)
 
     # --- run-time helpers -------------------------------------------------------------
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
@@ -176,13 +181,13 @@ class Recipe:
         (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
         :class:`RecipeError` naming the field.
 
-        ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
-        marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
-        @mention a sub-agent (field case F13); the runtime removes the marks before sending."""
+        ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
+        (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
+        sub-agent (field case F13); the mention parser hands out the text unmarked
+        (:func:`squad.mention.unmark` for text sent without parsing)."""
         variables = {"params": self.params, "steps": outputs, **extra}
-        if as_sent:
-            variables = as_data(variables)
-        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc))
+        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
+                               data=as_sent)
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The list a map step fans out over. Raises :class:`RecipeError` if a step output

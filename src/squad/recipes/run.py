@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentRunError
+from squad.errors import AgentRunError, MentionError, RecipeError
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult
+from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -47,6 +47,8 @@ class RecipeRun:
     schema (else None); ``steps``: each step's record (see the module docstring);
     ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
     ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
+    ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
+    call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
     """
 
@@ -58,17 +60,27 @@ class RecipeRun:
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
 
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        steps: dict[str, list[AgentResult]] = {}
+        for sid, result in self.results:
+            steps.setdefault(sid, []).append(result)
+        return [(sid, note) for sid, results in steps.items() for note in notes_of(results)]
+
 
 async def run_recipe(
     recipe: Recipe,
     *,
     engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
+    record: RecipeRun | None = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
     ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
-    ``recipe.engine_spec().but(...)`` to override some. Raises the failing agent's
+    ``recipe.engine_spec().but(...)`` to override some. ``record``: a :class:`RecipeRun` to
+    fill as steps finish (and return); when the run fails it still holds the steps that
+    finished. Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
@@ -78,16 +90,17 @@ async def run_recipe(
         list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
         workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params},
     ) as squad:
-        run = await execute_flow(recipe, squad)
+        run = await execute_flow(recipe, squad, record)
         run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         run.value = recipe.check_output(run.output)
     return run
 
 
-async def execute_flow(recipe: Recipe, squad: "Squad") -> RecipeRun:
-    """Run ``recipe.flow`` on an open squad (anything with ``run``/``run_agent``/``parallel``)."""
-    run = RecipeRun(output="")
+async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:
+    """Run ``recipe.flow`` on an open squad (anything with ``run``/``run_agent``/``parallel``),
+    recording each step in ``record`` (a new :class:`RecipeRun` if None) as it finishes."""
+    run = record if record is not None else RecipeRun(output="")
     for step in recipe.flow:
         await _step(recipe, squad, step, run)
     run.output = run.steps[recipe.flow[-1].id]["output"] if recipe.flow else ""
@@ -108,7 +121,11 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
 
 async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> str:
     if step.agent == recipe.main:
-        result = await squad.run(prompt)
+        try:
+            result = await squad.run(prompt)
+        except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
+            raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
+                                                             ("file", "line", "column", "field")}) from None
         run.results.extend((step.id, r) for r in result.subs)
         run.results.append((step.id, result.main))
         return result.output
@@ -170,8 +187,10 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
                 tg.start_soon(one, i, prompt)
-    failed = [sid for sid, _ in run.errors if sid.startswith(f"{step.id}[")]
-    error = f"all {len(prompts)} items failed" if prompts and len(failed) >= len(prompts) else None
+    failed = [(sid, message) for sid, message in run.errors if sid.startswith(f"{step.id}[")]
+    error = None
+    if prompts and len(failed) >= len(prompts):  # say why, not only that: the first item's own error
+        error = f"all {len(prompts)} items failed ({failed[0][0]}: {failed[0][1]})"
     run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
 
 
