@@ -299,6 +299,11 @@ class ReloadingLauncher:
     async def restart(self) -> Any:
         return await self.fe.restart()
 
+    running = True
+
+    def exit_status(self) -> str | None:
+        return None  # the fake engine never dies by itself
+
     async def aclose(self) -> None:
         """The fake engine is stopped by its own context manager."""
 

@@ -16,9 +16,13 @@ It is the library's loop; ``squad chat`` only wires it to the terminal.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any, Callable
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from squad.chat import ChatEngine
 from squad.errors import AgentRunError, UserError
@@ -27,6 +31,29 @@ from squad.outcome import fix_for
 from squad.runtime import Squad
 
 __all__ = ["chat_loop", "trim_history", "HISTORY_SHARE"]
+
+
+async def _read_line(read: Callable[[], str]) -> str:
+    """``read()`` in a daemon thread. Cancelling the wait (Ctrl-C, SIGTERM at the prompt) ends
+    it at once; the thread stays blocked in ``read()`` but, being a daemon, never keeps the
+    process from exiting (an anyio worker thread would: the interpreter joins it at exit)."""
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    outcome: list[Any] = []
+
+    def work() -> None:
+        try:
+            outcome.append(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
+            outcome.append(exc)
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=work, name="squad chat input", daemon=True).start()
+    await done.wait()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 HISTORY_SHARE = 0.5
 """The share of the main agent's budget its kept history may use (tokens)."""
@@ -46,9 +73,7 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
     limit = int(squad.context_limit(main) * HISTORY_SHARE)
     while True:
         try:
-            # abandoned on cancel: Ctrl-C at the prompt ends the loop at once (the thread stays
-            # blocked in read() until the process exits; worker threads do not keep it alive)
-            line = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            line = await _read_line(read)
         except EOFError:
             break
         if line.strip() in ("/quit", "/exit"):

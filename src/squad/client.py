@@ -64,6 +64,7 @@ from squad.errors import (
     EngineGone,
     EngineLoadTimeout,
     SquadError,
+    TruncatedStream,
 )
 from squad.events import (
     CallFailed,
@@ -139,6 +140,9 @@ class EngineClient:
       (not unified KV: each request is also kept under ``n_ctx``).
     - ``request_timeout``: seconds one attempt may take end to end (F04: never resent).
     - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
+    - ``gone_reason``: asked when a call fails because the engine stopped answering or cut
+      its stream; a text such as ``"engine exited (signal 9 SIGKILL), log: PATH"`` is added
+      to the error (None: nothing known).
     - ``load_deadline``: seconds to wait out 503 before :class:`EngineLoadTimeout`.
     - ``max_attempts``: attempts for an innocent ``Context size has been exceeded.``.
     - ``counter``: the token counter for prompts; ``"auto"`` (default) uses the engine's model
@@ -154,12 +158,13 @@ class EngineClient:
         request_timeout: float = 600.0,
         on_event: EventSink | None = None,
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
+        gone_reason: Callable[[], Awaitable[str | None]] | None = None,
         load_deadline: float = 120.0,
         max_attempts: int = 3,
         counter: "TokenCounter | None | Literal['auto']" = "auto",
     ) -> None:
         self.request_timeout, self.load_deadline, self.max_attempts = request_timeout, load_deadline, max_attempts
-        self._on_event, self._restart = on_event, restart
+        self._on_event, self._restart, self._gone_reason = on_event, restart, gone_reason
         self._retired: list[Any] = []
         self._engine = engine
         self.admission: Admission | None = (Admission.for_engine(engine, on_event=on_event) if admission == "auto"
@@ -262,6 +267,10 @@ class EngineClient:
         try:
             result = await self._with_retries(call)
         except SquadError as exc:
+            if isinstance(exc, (EngineGone, TruncatedStream)) and self._gone_reason is not None:
+                reason = await self._gone_reason()
+                if reason and exc.args:
+                    exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
             self._emit(CallFailed, call, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
             raise
         result.attempts, result.call = call.attempts, call.id

@@ -23,6 +23,9 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
                               launched, attached, reloaded or restarted)
 ``engine.replanning``         a reload for a bigger plan begins (from_slots, to_slots, n_ctx)
 ``engine.warning``            something the user should know about the engine (warning)
+``engine.loading``            the model is still loading (model, elapsed_s, timeout_s)
+``engine.exited``             a launched engine died mid-run (status, log_path, message); an
+                              ``engine.loaded`` with reason restarted follows if squad restarts it
 ``mention.dispatched``        a main agent's @mentions run (agents)
 ``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
 ``agent.started``             a conversation begins (priority, item: its map item's index or
@@ -71,6 +74,8 @@ __all__ = [
     "EngineLoaded",
     "EngineReplanning",
     "EngineWarning",
+    "EngineLoading",
+    "EngineExited",
     "MentionDispatched",
     "MentionQueued",
     "AgentStarted",
@@ -209,6 +214,27 @@ class EngineReplanning(Event):
 class EngineWarning(Event):
     kind: ClassVar[str] = "engine.warning"
     warning: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineLoading(Event):
+    """The model is still loading: ``elapsed_s`` of at most ``timeout_s`` seconds (about once a second)."""
+
+    kind: ClassVar[str] = "engine.loading"
+    model: str
+    elapsed_s: float
+    timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineExited(Event):
+    """A launched engine's process ended by itself mid-run. ``status``: ``"signal 9 SIGKILL"``
+    or ``"status 1"``; ``log_path``: its log; ``message``: ``"engine exited (...), log: PATH"``."""
+
+    kind: ClassVar[str] = "engine.exited"
+    status: str
+    log_path: str
+    message: str
 
 
 # --- mentions and agents ----------------------------------------------------------------------

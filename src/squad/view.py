@@ -40,7 +40,9 @@ from squad.events import (
     CallQueued,
     CallReleased,
     CallRetried,
+    EngineExited,
     EngineLoaded,
+    EngineLoading,
     EnginePlanned,
     EngineWarning,
     Event,
@@ -120,6 +122,10 @@ class ViewState:
     loads: int = 0
     planned: tuple[int | None, int | None] | None = None
     """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
+    loading: EngineLoading | None = None
+    """The latest ``engine.loading`` while the model loads (None once it reported)."""
+    loading_logged: float = float("-inf")
+    """``elapsed_s`` of the last loading line printed (plain mode prints one every 10 s)."""
     t0: float | None = None
     last: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
@@ -151,9 +157,11 @@ class ViewState:
         self.last = max(self.last, t)
         if isinstance(event, EnginePlanned):
             self.planned = (event.slots, event.n_ctx)
+        elif isinstance(event, EngineLoading):
+            self.loading = event
         elif isinstance(event, EngineLoaded):
             self.loads += event.reason != "given"
-            self.slots, self.pool = event.slots, event.pool
+            self.slots, self.pool, self.loading = event.slots, event.pool, None
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -266,7 +274,10 @@ class ViewState:
         """``slots 2/4 busy ▮▮▯▯ · 1 waiting · pool 612/4096 tokens reserved (15%)``."""
         parts = []
         if self.slots is None and self.planned is not None:
-            return f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
+            line = f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
+            if self.loading is not None:
+                line += f" · {self.loading_text()}"
+            return line
         if self.slots:
             bar = "▮" * min(self.busy, self.slots) + "▯" * max(0, self.slots - self.busy)
             parts.append(f"slots {self.busy}/{self.slots} busy {bar}")
@@ -277,12 +288,24 @@ class ViewState:
             parts.append(f"pool {self.pool_used}/{self.pool} tokens reserved ({100 * self.pool_used // self.pool}%)")
         return " · ".join(parts)
 
+    def loading_text(self) -> str:
+        """``loading model.gguf: 12 s of at most 90 s`` (the latest ``engine.loading``)."""
+        ev = self.loading
+        return "" if ev is None else f"loading {ev.model}: {ev.elapsed_s:.0f} s of at most {ev.timeout_s:.0f} s"
+
     def line(self, event: Event) -> str | None:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = self.name(event) or "-"
         if isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
+        elif isinstance(event, EngineExited):
+            text = event.message
+        elif isinstance(event, EngineLoading):
+            if event.elapsed_s - self.loading_logged < 10:
+                return None
+            self.loading_logged = event.elapsed_s
+            text = self.loading_text()
         elif isinstance(event, EnginePlanned):
             text = self.status_line()
         elif isinstance(event, AgentStarted):
@@ -353,6 +376,9 @@ class LiveView:
                          [event.message] if isinstance(event, ToolLimited) else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+            restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
+            if self.on and self.live_mode and (isinstance(event, EngineExited) or restarted):  # in both modes
+                self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:
         with self._lock:

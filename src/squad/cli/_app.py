@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,17 +55,32 @@ def _prose(text: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``squad`` console script.
 
-    Exit codes: 0 ok, 1 failure, 2 bad input (usage or a user mistake), 130 interrupted.
-    User mistakes print one clear message, never a traceback.
+    Exit codes: 0 ok, 1 failure, 2 bad input (usage or a user mistake), 130 interrupted
+    (SIGINT, Ctrl-C), 143 terminated (SIGTERM). SIGTERM is handled exactly like Ctrl-C:
+    agents cancelled, the engine stopped, the trace closed. User mistakes print one clear
+    message, never a traceback.
     """
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        interrupt = signal.getsignal(signal.SIGINT)  # Ctrl-C's handler (asyncio's while a loop runs)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread (an embedding caller): signals stay theirs
+        previous = on_sigterm
     try:
         app(args=argv)  # standalone: typer handles usage errors and exits
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]")
-        sys.exit(130)
+        sys.exit(_interrupted(terminated, ""))
     except SystemExit as exc:  # typer turns Ctrl-C into exit 130 after the engine was stopped
         if exc.code == 130:
-            err_console.print("[yellow]interrupted[/]: agents cancelled, engine stopped")
+            sys.exit(_interrupted(terminated, ": agents cancelled, engine stopped"))
         raise
     except SquadError as exc:
         sys.exit(_report(exc))
@@ -73,6 +89,18 @@ def main(argv: list[str] | None = None) -> None:
         if first is None:
             raise
         sys.exit(_report(first))
+    finally:
+        if previous is not on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _interrupted(terminated: list[int], done: str) -> int:
+    """Say that squad was stopped; return 143 after SIGTERM, 130 after Ctrl-C."""
+    if terminated:
+        err_console.print(f"[yellow]terminated (SIGTERM)[/]{done}")
+        return 128 + signal.SIGTERM
+    err_console.print(f"[yellow]interrupted[/]{done}")
+    return 130
 
 
 def _report(exc: SquadError) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from squad.cli import options
 from squad.cli._app import app, console, err_console
-from squad.cli.engine import engine_app
+from squad.cli.engine import engine_app, progress_status
 from squad.engine.control import attach, control_client, pool_warning, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.llama import DEFAULT_SLOTS
@@ -41,6 +42,7 @@ def verify(
     threads: Annotated[Optional[int], options.threads()] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
     as_json: Annotated[bool, options.as_json("Print a JSON report instead of tables.")] = False,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Check that the engine serves parallel slots with one shared context (the product page's test).
 
@@ -54,7 +56,8 @@ def verify(
     check_state_dirs(*ENGINE_STATE)
     report = anyio.run(
         lambda: run_verify(
-            model=model, ctx=ctx, parallel=slots, binary=llama_server, threads=threads, max_tokens=max_tokens
+            model=model, ctx=ctx, parallel=slots, binary=llama_server, threads=threads, max_tokens=max_tokens,
+            load_timeout=load_timeout,
         )
     )
     if as_json:
@@ -88,6 +91,7 @@ def engine_start(
     port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, show_default=False, help="Port on 127.0.0.1 (default: a free one).")] = None,
     llama_server: Annotated[Optional[Path], options.llama_server()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
     from squad.dirs import ENGINE_STATE, check_state_dirs
@@ -101,14 +105,17 @@ def engine_start(
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
     plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
 
-    async def start() -> Launcher:
-        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True)
+    loading = f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"
+
+    async def start(progress: Callable[[float, float], None]) -> Launcher:
+        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True,
+                            load_timeout=load_timeout, on_progress=progress)
         await launcher.start()
         return launcher
 
     started = time.monotonic()
-    with console.status(f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"):
-        launcher = anyio.run(start)
+    with progress_status(loading) as say:
+        launcher = anyio.run(start, lambda elapsed, limit: say(f"{loading}: {elapsed:.0f} s of at most {limit:.0f} s"))
     info, pid = launcher.info, launcher.pid
     assert info is not None and pid is not None and launcher.log_path is not None
     launcher.detach()

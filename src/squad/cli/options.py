@@ -16,12 +16,12 @@ import typer
 from squad.engine.llama import MAX_SLOTS
 
 __all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
-           "api_key", "as_json", "out"]
+           "api_key", "as_json", "out", "load_timeout"]
 
 OPTION_NAMES: dict[str, str | None] = {
     # the engine: the same names as far as possible as llama-server's own short flags
     "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
-    "--llama-server": None, "--port": None, "--url": None, "--api-key": None,
+    "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None,
@@ -81,6 +81,13 @@ def threads() -> Any:
     """``--threads/-t``: llama-server's CPU threads."""
     return typer.Option("--threads", "-t", min=1, show_default=False,
                         help="CPU threads of llama-server, its -t (default: llama-server's choice).")
+
+
+def load_timeout() -> Any:
+    """``--load-timeout SECONDS``: how long a launched engine may take to load the model."""
+    return typer.Option("--load-timeout", min=1, show_default=False,
+                        help="Seconds the engine may take to load the model (default: 60 s + 60 s per GiB of "
+                             "model file).")
 
 
 def url(help: str) -> Any:

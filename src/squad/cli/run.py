@@ -73,6 +73,7 @@ def run_command(
     out: Annotated[Optional[Path], options.out("Also write the final output to this file (checked before the engine starts).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -89,7 +90,8 @@ def run_command(
     check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
     loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
-                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
+                       load_timeout=load_timeout)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -243,6 +245,7 @@ def chat_command(
     threads: Annotated[Optional[int], options.threads()] = None,
     replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     from squad.chatloop import chat_loop
@@ -253,7 +256,7 @@ def chat_command(
 
     agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
-                       threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     if url is None:
         check_state_dirs(*ENGINE_STATE)
     view = LiveView(console=err_console, live=False)
@@ -265,9 +268,26 @@ def chat_command(
     async def run() -> None:
         async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
                          replan=replan) as sq:
-            await chat_loop(sq, lambda: input("you> "), say)
+            await chat_loop(sq, _read_prompt, say)
 
     anyio.run(run)
+
+
+def _read_prompt() -> str:
+    """One line typed at the ``you>`` prompt (EOFError at the end of input). A terminal gets
+    ``input()`` with line editing; a pipe is read from the raw file, which no lock guards, so a
+    thread left blocked in it by Ctrl-C or SIGTERM never aborts the interpreter's exit (one
+    blocked in ``sys.stdin.readline()`` does: "could not acquire lock ... at interpreter shutdown")."""
+    import sys
+
+    if sys.stdin.isatty():
+        return input("you> ")
+    sys.stdout.write("you> ")
+    sys.stdout.flush()
+    line = sys.stdin.buffer.raw.readline()  # type: ignore[attr-defined]
+    if not line:
+        raise EOFError
+    return line.decode("utf-8", "surrogateescape").rstrip("\r\n")
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,

@@ -165,6 +165,11 @@ def resolve_model(
             raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
         return pull_model(name, progress=progress)
     path = Path(name).expanduser()
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.gguf"))[:5]
+        hint = f"one of {', '.join(found)}" if found else "a .gguf file"
+        raise ModelError(f"model {str(model)!r} is a directory: pass {hint} inside it, or a known name "
+                         f"({', '.join(_REGISTRY)})")
     if path.is_file():
         if not is_gguf(path):
             raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
