@@ -107,7 +107,10 @@ async def _squad_phase(engine) -> None:
         print("squad:", [(r.finish_reason, r.usage, round(r.timings.queued_s, 2), round(r.timings.total_s, 2))
                          for r in results], "peak reserved", peak)
         assert len(results) == 4
-        assert all(r.attempts == 1 for r in results), [e for e in events if e.kind == "call.retried"]
+        # squad alone never overflows the pool: no call is retried for it (a resend after a
+        # dropped connection, field case F22, is another rule, allowed here)
+        retried = [e for e in events if e.kind == "call.retried"]
+        assert not [e for e in retried if "overflow" in e.reason], retried
         assert all(r.usage is not None and r.usage.completion_tokens == 400 for r in results)
         assert 0 < peak <= engine.pool
         assert sum(e.kind == "call.queued" for e in events) >= 2

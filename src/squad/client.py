@@ -89,6 +89,9 @@ if TYPE_CHECKING:
 __all__ = ["EngineClient"]
 
 _CALL_IDS = itertools.count(1)
+
+KEEPALIVE_S = 2.0
+"""Seconds an idle connection to the engine stays pooled (below cpp-httplib's 5 s keep-alive)."""
 """Call ids are unique in the process: ``c1``, ``c2``, ..."""
 
 COUNT_CACHE = 4096
@@ -188,11 +191,16 @@ class EngineClient:
 
     def _connect(self, info: EngineInfo) -> None:
         key = info.api_key or "none"
+        # An idle pooled connection is dropped well before the engine's own keep-alive timeout
+        # (cpp-httplib's default is 5 s, as httpx's is), so a call never reuses a socket the
+        # engine is closing at that moment ("Server disconnected" before the first token).
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S)
         self._openai = openai.AsyncOpenAI(base_url=info.base_url + "/v1", api_key=key, max_retries=0,
-                                          timeout=self.request_timeout)
+                                          timeout=self.request_timeout,
+                                          http_client=openai.DefaultAsyncHttpxClient(limits=limits,
+                                                                                     timeout=self.request_timeout))
         self._http = httpx.AsyncClient(base_url=info.base_url, headers={"Authorization": f"Bearer {key}"},
-                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0),
-                                       limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0), limits=limits)
 
     async def aclose(self) -> None:
         """Close every connection this client opened."""
