@@ -9,14 +9,16 @@ Rules:
   ordinary text (a JSON example such as ``{"a": {"b": 1}}``) stay as written. jinja's
   ``{# #}`` comment syntax is switched off so ``{#`` in text stays too.
 - Undefined variables are errors (``StrictUndefined``), never empty strings.
-- The sandbox (``jinja2.sandbox.SandboxedEnvironment``) refuses private/dunder attributes and
-  unsafe callables; autoescape is off (prompts are plain text, not HTML).
+- The sandbox (:class:`squad.sandbox.BoundedSandbox`, jinja's immutable sandbox) refuses
+  private/dunder attributes, unsafe callables and changes to lists and dicts, and bounds
+  what a template may cost: the values it builds, the steps it takes and the text it
+  renders (field case F18); autoescape is off (prompts are plain text, not HTML).
 - Errors are :class:`squad.errors.RecipeError` naming where the template lives and the
   undefined variable or syntax problem. Unknown filters and tests (``{{ x | nosuch }}``,
   ``{% if x is nosuch %}``) are compile errors, found by :func:`check_template` before any
   model call. Anything that fails while rendering (``{{ 10 / 0 }}``, ``{{ "a" + 1 }}``, a
-  ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items) is a :class:`RecipeError` too,
-  never a traceback.
+  ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items, ``{{ 'x' * 10**9 }}``) is a
+  :class:`RecipeError` too, never a traceback or a hang.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta, nodes
-from jinja2.sandbox import SandboxedEnvironment
 
 from squad.errors import RecipeError
+from squad.sandbox import MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
 __all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment"]
 
-_ENV = SandboxedEnvironment(
+_ENV = BoundedSandbox(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
@@ -43,8 +45,8 @@ _ENV = SandboxedEnvironment(
 )
 
 
-def environment() -> SandboxedEnvironment:
-    """The shared sandboxed environment (StrictUndefined, autoescape off)."""
+def environment() -> BoundedSandbox:
+    """The shared sandboxed environment (StrictUndefined, autoescape off, bounded)."""
     return _ENV
 
 
@@ -83,7 +85,7 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
                     where,
                     loc,
                 )
-    return ast
+    return bound(ast, _ENV)
 
 
 def _compile(source: str, where: str, loc: Mapping[str, Any] | None) -> jinja2.Template:
@@ -109,21 +111,37 @@ def render_template(
     *,
     where: str = "",
     loc: Mapping[str, Any] | None = None,
+    max_chars: int | None = None,
+    why: str = "",
 ) -> str:
     """Render ``source`` with ``variables`` in the sandbox and return the text.
 
     ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
-    optionally carries ``file``/``line``/``column`` for :class:`RecipeError`.
+    optionally carries ``file``/``line``/``column`` for :class:`RecipeError`. ``max_chars``
+    caps the rendered text in characters (default: the size of ``variables`` plus
+    :data:`squad.sandbox.MAX_VALUE`); ``why`` says where a cap comes from, for the message
+    (``" (agent 'lead' has a budget of 512 tokens)"``). Text without template syntax is
+    returned as it is, whatever its size: the caller checks it against its budget.
 
     Raises :class:`RecipeError` on a syntax error, an unknown filter or test, an undefined
-    variable or attribute (naming it), an operation the sandbox forbids, or any other
-    exception while rendering (``template error: division by zero``).
+    variable or attribute (naming it), an operation the sandbox forbids, a template that
+    builds too much, takes too many steps or renders more than ``max_chars``
+    (:mod:`squad.sandbox`), or any other exception while rendering (``template error:
+    division by zero``).
     """
     if "{{" not in source and "{%" not in source:
         return source  # nothing to render: keep the text byte for byte
     template = _compile(source, where, loc)
+    given = flat_size(variables, 10**12)
+    meter = Meter(max_value=MAX_VALUE + given, max_chars=max_chars if max_chars is not None else MAX_VALUE + given,
+                  why=why)
     try:
-        return template.render(**variables)
+        with metered(meter):
+            return template.render(**variables)
+    except TemplateLimit as exc:
+        raise _error(f"template error: {exc}", where, loc) from None
+    except RecursionError:
+        raise _error("template error: macros call themselves too deeply; end the recursion sooner", where, loc) from None
     except jinja2.UndefinedError as exc:
         raise _error(_explain_undefined(source, variables, exc), where, loc) from None
     except jinja2.exceptions.SecurityError as exc:
