@@ -144,9 +144,8 @@ def test_validate_recipe_compiles_every_template_field(tmp_path, instructions, p
 def test_recipe_prompt_runtime_error_names_file_and_field(tmp_path):
     from squad.recipes import load_recipe
 
-    recipe = load_recipe(_recipe(tmp_path, "You", "{{ 10 / params.n }}"), {"n": "0"})
-    with pytest.raises(RecipeError) as info:
-        recipe.render_prompt(recipe.flow[1], {})
+    with pytest.raises(RecipeError) as info:  # found while loading, before anything runs (F19)
+        load_recipe(_recipe(tmp_path, "You", "{{ 10 / params.n }}"), {"n": "0"})
     err = info.value
     assert (err.line, err.field) == (9, "flow[1].prompt")
     assert err.problem == "template error: division by zero (ZeroDivisionError)"

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator,
+                      model_validator)
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
@@ -27,10 +28,11 @@ class _Strict(BaseModel):
 
 
 class EngineSection(_Strict):
-    """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned number."""
+    """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned whole number (``true`` or
+    ``2.0`` are not numbers of slots)."""
 
-    slots: Literal["auto"] | int = "auto"
-    ctx: Literal["auto"] | int = "auto"
+    slots: Literal["auto"] | StrictInt = "auto"
+    ctx: Literal["auto"] | StrictInt = "auto"
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
 
     @field_validator("slots", "ctx", mode="before")
@@ -38,8 +40,8 @@ class EngineSection(_Strict):
     def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str) and value != "auto":
             raise ValueError(f"{info.field_name} must be auto or a number of {'slots' if info.field_name == 'slots' else 'tokens'}, got {value!r}")
-        if isinstance(value, bool):
-            raise ValueError(f"{info.field_name} must be auto or a number, got {value!r}")
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{info.field_name} must be auto or a whole number, got {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -56,7 +58,7 @@ class ParamSpec(_Strict):
 
     type: Literal[PARAM_TYPES] = "string"  # type: ignore[valid-type]
     description: str = ""
-    required: bool = False
+    required: StrictBool = False
     default: Any = None
     choices: list[str] | None = None
 
@@ -92,9 +94,9 @@ class StepSpec(_Strict):
     policy: Literal["collect", "fail-fast"] | None = None
     map: str | None = None
     split: Literal["lines", "json", "chunks"] | None = None
-    chunk_tokens: int | None = Field(default=None, ge=1)
-    overlap: int | None = Field(default=None, ge=0)
-    concurrency: int | None = Field(default=None, ge=1, le=64)
+    chunk_tokens: StrictInt | None = Field(default=None, ge=1)
+    overlap: StrictInt | None = Field(default=None, ge=0)
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
 
     @property
     def kind(self) -> Literal["call", "parallel", "map"]:
