@@ -82,7 +82,7 @@ class Agent(BaseModel):
             return value
         if isinstance(value, str) and value.strip().isdigit():
             return int(value)
-        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}")
+        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}; write auto or a number such as 2048")
 
     @model_validator(mode="after")
     def _check(self) -> "Agent":
@@ -94,7 +94,7 @@ class Agent(BaseModel):
                 f"prompt has room: raise budget or lower max_tokens"
             )
         if self.name in self.agents:
-            raise ValueError(f"agent {self.name!r} lists itself in agents")
+            raise ValueError(f"agent {self.name!r} lists itself in agents; remove {self.name!r} from its agents")
         for field in ("tools", "agents"):
             values = getattr(self, field)
             dupes = sorted({v for v in values if values.count(v) > 1})

@@ -47,7 +47,7 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes, pass_context
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 __all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size",
            "MAX_VALUE", "MAX_STEPS", "MAX_INT_DIGITS"]
@@ -324,6 +324,16 @@ def _counted(items: Iterable[Any], meter: Meter) -> Iterator[Any]:
         yield item
 
 
+def _range(*args: int) -> range:
+    """``range()`` in a template: at most jinja's ``MAX_RANGE`` (100,000) items."""
+    _meter().step()
+    items = range(*args)
+    if len(items) > MAX_RANGE:
+        raise TemplateLimit(f"range() of {len(items):,} items is more than the {MAX_RANGE:,} a template may loop "
+                            "over; loop over less")
+    return items
+
+
 @pass_context
 def _loop(context: Any, iterable: Any) -> Iterator[Any]:
     """Every ``{% for %}`` iterable: one step per iteration."""
@@ -364,6 +374,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.globals.pop("lipsum", None)
+        self.globals["range"] = _range
         self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
         self.filters.update({_LOOP: _loop, _CONCAT: _concat, _OUT: _out})
 

@@ -70,7 +70,7 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
         ast = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise _error(
-            f"template syntax error{_line(source, exc.lineno)}: {exc.message}; only {{{{ ... }}}} and "
+            f"template syntax error{_line(source, exc.lineno)}: {(exc.message or '').rstrip('.')}; only {{{{ ... }}}} and "
             "{% ... %} are template syntax, write literal braces as plain text",
             where,
             loc,
@@ -145,12 +145,13 @@ def render_template(
     except jinja2.UndefinedError as exc:
         raise _error(_explain_undefined(source, variables, exc), where, loc) from None
     except jinja2.exceptions.SecurityError as exc:
-        raise _error(f"template not allowed by the sandbox: {exc}", where, loc) from None
+        raise _error(f"template not allowed by the sandbox: {str(exc).rstrip('.')}; templates may not reach Python internals or "
+                     "change values: remove this expression", where, loc) from None
     except jinja2.TemplateError as exc:
-        raise _error(f"template error: {exc}", where, loc) from None
-    except Exception as exc:  # the template's own arithmetic, a too-big range(), a bad + ...
+        raise _error(f"template error: {exc}; fix this expression", where, loc) from None
+    except Exception as exc:  # the template's own arithmetic, a bad + ...
         problem = str(exc) or type(exc).__name__
-        raise _error(f"template error: {problem} ({type(exc).__name__})", where, loc) from None
+        raise _error(f"template error: {problem} ({type(exc).__name__}); fix this expression", where, loc) from None
 
 
 def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.UndefinedError) -> str:
@@ -170,7 +171,7 @@ def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.Un
             have = ", ".join(keys) or "nothing"
             owner = ".".join(path[:depth]) or "this template"
             return f"undefined template variable '{name}'{did} ({owner} has: {have})"
-    return f"undefined template variable: {exc.message}"
+    return f"undefined template variable: {exc.message}; fix this expression"
 
 
 def template_variables(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> set[str]:

@@ -162,7 +162,7 @@ class _Loader:
                 chain = " -> ".join(p.name for p in [*stack[stack.index(target):], target])
                 raise located.error(f"include cycle: {chain}; remove one of these includes", ("include", i))
             if not target.is_file():
-                raise located.error(f"included file not found: {here / rel}", ("include", i))
+                raise located.error(f"included file not found: {here / rel}; fix the path (relative to {Path(located.file).name})", ("include", i))
             sub = read_yaml(target, shown=str(Path(located.file).parent / rel))
             self.reads.append((str(target), f"agents included by {Path(located.file).name}"))
             try:
@@ -187,7 +187,7 @@ class _Loader:
         agents: dict[str, Agent] = {}
         for name, (data, src, base) in raw.items():
             if not re.match(NAME_PATTERN, name):
-                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'", base, key=True)
+                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'; rename it", base, key=True)
             if "name" in data:
                 raise src.error("an agent's name is its key; remove 'name:'", (*base, "name"), key=True)
             try:
@@ -233,7 +233,7 @@ class _Loader:
         if model.endswith(".gguf") or "/" in model or "\\" in model:
             path = (self.path.parent / Path(model).expanduser()).resolve()
             if not path.exists():
-                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe)", ("model",))
+                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the path or use a known model name", ("model",))
             from squad.engine.facts import check_gguf, read_model_facts
 
             try:
@@ -293,14 +293,14 @@ class _Loader:
             hint = difflib.get_close_matches(name, list(self.specs), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             have = ", ".join(sorted(self.specs)) or "none"
-            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have})", path)
+            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have}); declare it under params: or fix the name", path)
         self.used_params.add(name)
 
     def _step_ref(self, ref: tuple[str, ...], src: Located, path: Path_, done: set[str]) -> None:
         sid = ref[1]
         if sid not in done:
             if sid in self.ids or sid in self._all_ids:
-                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it", path)
+                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it: move this step after '{sid}'", path)
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             raise src.error(f"unknown step id '{sid}' in steps.{sid}{did}", path)
@@ -329,7 +329,7 @@ class _Loader:
     def _step(self, spec: StepSpec, path: Path_, done: set[str]) -> Step:
         sid = spec.id or "step-" + "-".join(str(p + 1) for p in path if isinstance(p, int))
         if sid in self.ids:
-            raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique", (*path, "id"))
+            raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique: rename one", (*path, "id"))
         self.ids.add(sid)
         if spec.kind == "parallel":
             children = []
@@ -363,8 +363,8 @@ class _Loader:
         kind = self.specs[name].type
         if kind not in ("list", "string", "file"):
             raise self.located.error(
-                f"map over parameter '{name}': a {kind} parameter has no items; map over a list parameter "
-                f"(type: list) or a text one with split: lines, json or chunks", path)
+                f"map over parameter '{name}': a parameter of type {kind} has no items; use a list parameter "
+                f"(type: list), or a text one with split: lines, json or chunks", path)
         if kind != "list" and split is None:
             raise self.located.error(
                 f"map over parameter '{name}' (type {kind}) needs split: lines, json or chunks to cut it into items; "
@@ -435,7 +435,7 @@ class _Loader:
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise self.located.error(f"output schema is not a valid JSON schema: {exc.message}", ("output", "schema")) from None
+            raise self.located.error(f"output schema is not a valid JSON schema: {exc.message}; fix the schema", ("output", "schema")) from None
 
 
 def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], located: Located,

@@ -121,7 +121,8 @@ def read_yaml(path: Path, *, shown: str | None = None) -> Located:
     except YAMLError as exc:
         raise RecipeError(f"YAML syntax: {exc}", file=name) from None
     if len(documents) != 1 or documents[0] is None:
-        raise RecipeError("expected exactly one YAML document holding a mapping", file=name, line=1)
+        raise RecipeError("expected exactly one YAML document holding a mapping; keep one (remove the '---' "
+                          "separators and what follows)", file=name, line=1)
     located = Located(file=name, data=None)
     located.data = _Builder(located, yaml).build(documents[0], ())
     if not isinstance(located.data, dict):
@@ -253,7 +254,15 @@ def pydantic_error(
         valid = f" (valid keys: {', '.join(allowed)})" if allowed and not hint else ""
         return located.error(f"unknown key '{key}'{did}{valid}", loc, key=True)
     if kind == "missing":
-        return located.error(f"required key '{loc[-1]}' is missing", loc[:-1])
+        line, column = located.where(loc[:-1])
+        return RecipeError(f"required key '{loc[-1]}' is missing; add {loc[-1]}: ...", file=located.file, line=line,
+                           column=column, field=field_path(loc))
+    if kind == "literal_error":
+        return located.error(f"{err['msg'].replace('Input should be', 'use')}, got {given!r}", loc)
+    if kind == "string_pattern_mismatch":
+        return located.error(f"{given!r} is not a name: use a letter, then letters, digits, '-' or '_'", loc)
+    if kind == "too_short":
+        return located.error("needs at least one entry, got none; add one", loc)
     if kind in _BOUNDS:
         limit = (err.get("ctx") or {}).get(_BOUND_KEYS[kind])
         return located.error(f"must be {_BOUNDS[kind]} {limit}, got {given!r}; write a number {_BOUNDS[kind]} {limit}", loc)
@@ -262,11 +271,21 @@ def pydantic_error(
         message += f", got {given!r}"
         if isinstance(given, bool) and kind in ("int_type", "float_type"):
             message += "; true and false are not numbers, write the number"
-        elif isinstance(given, str) and kind in ("int_type", "float_type", "bool_type"):
+        elif isinstance(given, str) and kind in ("int_type", "float_type") and _is_number(given):
             message += "; write it without quotes"
+        elif kind == "string_type" and isinstance(given, (int, float, bool)):
+            message += "; put it in quotes to make it text"
         elif isinstance(given, float) and kind == "int_type":
             message += "; write a whole number"
     return located.error(message, loc)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:

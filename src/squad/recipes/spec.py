@@ -65,11 +65,11 @@ class ParamSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "ParamSpec":
         if self.type == "enum" and not self.choices:
-            raise ValueError("an enum parameter needs choices: [a, b, ...]")
+            raise ValueError("an enum parameter needs choices; add choices: [a, b, ...]")
         if self.type != "enum" and self.choices is not None:
             raise ValueError(f"choices only apply to type enum, not {self.type}")
         if self.required and self.default is not None:
-            raise ValueError("a parameter is either required or has a default, not both")
+            raise ValueError("a parameter is either required or has a default, not both; remove one")
         return self
 
 
@@ -115,7 +115,7 @@ class StepSpec(_Strict):
                 raise ValueError("parallel needs at least one step")
             return self
         if self.policy is not None:
-            raise ValueError("policy applies only to a parallel step")
+            raise ValueError("policy applies only to a parallel step; remove it, or put the steps under parallel:")
         if self.prompt is None:
             raise ValueError("a step needs a prompt (or parallel: [...])")
         if self.map is None and (self.split is not None or self.concurrency is not None):
@@ -214,7 +214,7 @@ def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
     try:
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise ValueError(f"parameter '{name}': file not found: {path}") from None
+        raise ValueError(f"parameter '{name}': file not found: {path}; give an existing file (a default is relative to the recipe, a -p value to the current directory)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"parameter '{name}': cannot read {path} as UTF-8 text: {exc}") from None
 
@@ -228,7 +228,7 @@ def _yaml_text(value: Any) -> str:
 def _as_list(name: str, value: Any) -> list[str]:
     if isinstance(value, list):
         if any(isinstance(v, (dict, list)) for v in value):
-            raise ValueError(f"parameter '{name}' expects a list of plain values")
+            raise ValueError(f"parameter '{name}' expects a list of plain values; write one text per item")
         return [_yaml_text(v) for v in value]
     if not isinstance(value, str):
         raise ValueError(f"parameter '{name}' expects a list, got {value!r}")
