@@ -66,6 +66,13 @@ BOMBS = [
      "renders more than"),
     ("{% filter upper %}{% for i in range(100000) %}{{ 'q' * 100 }}{% endfor %}{% endfilter %}", "renders more than"),
     ("{{ ['x' * 900000] * 1000 }}", "renders more than"),
+    # work repeated on every pass of a loop: all that a render builds, and a time backstop
+    ("{% set b = 'x' * 900000 %}{% for i in range(100000) %}{{ b.upper() | length }}{% endfor %}",
+     "the template builds more than"),
+    ("{% for i in range(100000) %}{% set y = 'x' * 900000 %}{% endfor %}", "the template builds more than"),
+    ("{{ (['x' * 900000] * 1000) | map('upper') | list | length }}", "the template builds more than"),
+    ("{% set b = 'x' * 900000 %}{% for i in range(100000) %}{% if b.count('x') %}{% endif %}{% endfor %}",
+     "the template still renders after 2 s"),
     # ranges
     ("{{ range(10 ** 9) | list }}", "range() of 1,000,000,000 items is more than the 100,000"),
     ("{% for i in range(0, 10 ** 12, 2) %}{% endfor %}", "range() of"),

@@ -15,9 +15,14 @@ checked *before* the work is done, so a bad template fails at once with a
   ``expandtabs``, ``replace``, ``join``), and the filters that can grow their input
   (``center``, ``indent``, ``format``, ``join``, ``replace``, ``wordwrap``, ``batch``,
   ``slice``, ``sum``; every filter's text result is checked after it returns).
+- **work**: all the values one render builds together (every string, list and slice made by
+  an operator, a filter or a method) hold at most :data:`BUILT_FACTOR` times that limit, so
+  a loop that builds a big value on every pass ends early too.
 - **steps**: a render takes at most :data:`MAX_STEPS` steps: loop iterations, calls
   (macros included), operators, attribute and item lookups, and one per item a filter walks.
-  Nested loops and exponential macro recursion end here.
+  Nested loops and exponential macro recursion end here. As a last guard, a render that
+  still runs after :data:`RENDER_SECONDS` (say, a loop scanning a big text on every pass)
+  is stopped.
 - **output**: a render writes at most ``max_chars`` characters (by default the
   :data:`MAX_VALUE` limit above), counted as each piece is written, also inside
   ``{% set %}`` blocks, macros and ``{% filter %}`` blocks.
@@ -41,6 +46,7 @@ import contextvars
 import functools
 import math
 import re
+import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -61,6 +67,13 @@ MAX_STEPS = 250_000
 MAX_INT_DIGITS = 4_300
 """Decimal digits an integer may reach in a template (Python's own int -> text limit)."""
 
+BUILT_FACTOR = 10
+"""All the values one render builds may hold this many times the single-value limit."""
+
+RENDER_SECONDS = 2.0
+"""The most time one render may take; a backstop behind the limits above, far above what any
+template within them needs (a 10,000-line loop renders in ~0.1 s)."""
+
 _MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10))
 _FIX = "build less in the template, or pass the text in as a parameter"
 
@@ -80,18 +93,32 @@ class Meter:
         self.why = why
         self.steps = 0
         self.written = 0
+        self.built = 0
+        self.deadline = time.monotonic() + RENDER_SECONDS
 
     def step(self, n: int = 1) -> None:
         self.steps += n
         if self.steps > self.max_steps:
             raise TemplateLimit(f"the template takes more than {self.max_steps:,} steps (loops, calls, lookups); "
                                 "loop over less, or do the work outside the template")
+        if time.monotonic() > self.deadline:
+            raise TemplateLimit(f"the template still renders after {RENDER_SECONDS:g} s; loop over less, or do "
+                                "the work outside the template")
 
     def check(self, size: int, what: str) -> None:
-        """Refuse ``what`` when it would build ``size`` characters or items, above the limit."""
+        """Refuse ``what`` when it would build ``size`` characters or items, above the limit;
+        else count it as built."""
         if size > self.max_value:
             raise TemplateLimit(f"{what} would build {size:,} characters or items, more than the "
                                 f"{self.max_value:,} a template may build; {_FIX}")
+        self.build(size)
+
+    def build(self, size: int) -> None:
+        """Count ``size`` characters or items built; refuse when the render has built too much."""
+        self.built += size
+        limit = BUILT_FACTOR * self.max_value
+        if self.built > limit:
+            raise TemplateLimit(f"the template builds more than {limit:,} characters or items in all; {_FIX}")
 
     def write(self, size: int) -> None:
         self.written += size
@@ -231,7 +258,9 @@ def _take(items: Any, meter: Meter) -> list[Any]:
     for item in items:
         meter.step()
         out.append(item)
-        meter.check(len(out), "a list")
+        if len(out) > meter.max_value:
+            meter.check(len(out), "a list")
+    meter.build(len(out))
     return out
 
 
@@ -311,6 +340,9 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         result = func(*call_args, **kwargs)
         if isinstance(result, str):
             meter.check(len(result) - _size(value), f"the '{name}' filter")
+            meter.build(len(result))
+        elif isinstance(result, (list, tuple)):
+            meter.build(len(result))
         elif isinstance(result, types.GeneratorType):
             return _counted(result, meter)
         return result
@@ -394,15 +426,21 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 args = (_checked_join(bound_to, args[0], meter), *args[1:])
             else:
                 _check_str_method(name, bound_to, args, kwargs, meter)
-        return super().call(__context, __obj, *args, **kwargs)
+        result = super().call(__context, __obj, *args, **kwargs)
+        meter.build(_size(result))
+        return result
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _meter().step()
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        _meter().step()
-        return super().getitem(obj, argument)
+        meter = _meter()
+        meter.step()
+        result = super().getitem(obj, argument)
+        if isinstance(argument, slice):
+            meter.build(_size(result))
+        return result
 
 
 def bound(ast: nodes.Template, env: jinja2.Environment) -> nodes.Template:
