@@ -184,7 +184,7 @@ async def test_garbage_model_reports_start_error_with_log_tail(server_bin, tmp_p
         async with Launcher(real(bad, 1, 512), binary=server_bin, threads=THREADS):
             pytest.fail("must not start")
     err = exc.value
-    assert "exited with status" in str(err) and str(bad) in str(err)
+    assert "exited (status" in str(err) and str(bad) in str(err)
     assert err.log_tail and Path(err.log_path).is_file()
     assert "gguf" in err.log_tail.lower() or "model" in err.log_tail.lower()
 
@@ -313,7 +313,7 @@ async def test_a_late_engine_does_not_adopt_the_server_already_answering(server_
     impostor = _impostor(port)
     try:
         launcher = Launcher(real(model_file, 1, 512), binary=late, threads=THREADS, port=port)
-        with pytest.raises(EngineStartError, match="not from the llama-server squad started"):
+        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is in use.*not from the llama-server squad started"):
             await launcher.start()
         assert launcher.pid is None and launcher.info is None
     finally:
@@ -358,11 +358,14 @@ _CHILD = textwrap.dedent(
     # restore python's handler so SIGINT raises KeyboardInterrupt as it does in a terminal
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import sys, anyio
-    from squad.engine import process
+    from squad import children
     from squad.engine.launcher import Launcher
     from squad.planner import EnginePlan
-    if sys.argv[3] == "no-pdeathsig":
-        process._pdeathsig_preexec = lambda: None
+    if sys.argv[3] == "no-guard":  # neither PDEATHSIG nor the guard: only the pid file is left
+        children._pdeathsig_preexec = lambda: None
+        children._guard.watch = lambda pgid: None
+    elif sys.argv[3] == "guard-only":
+        children._pdeathsig_preexec = lambda: None
     async def main():
         plan = EnginePlan(model=sys.argv[2], slots=1, n_ctx=512, kv_unified=False)
         async with Launcher(plan, binary=sys.argv[1], threads=1) as engine:
@@ -415,12 +418,12 @@ def test_no_orphan_when_squad_is_killed(server_bin, model_file, state_tmp, sig):
 
 @pytest.mark.engine
 def test_pid_file_fallback_reaps_engine_of_a_killed_squad(server_bin, model_file, state_tmp):
-    child, engine_pid = _run_child(server_bin, model_file, "no-pdeathsig")
+    child, engine_pid = _run_child(server_bin, model_file, "no-guard")
     try:
         child.kill()
         child.wait(30)
         time.sleep(0.5)
-        assert not gone(engine_pid)  # without PDEATHSIG it survives ...
+        assert not gone(engine_pid)  # without PDEATHSIG and the guard it survives ...
         assert reap_stale_engines() == [engine_pid]  # ... until the next launch reaps it
         assert wait_gone(engine_pid)
     finally:
@@ -429,22 +432,20 @@ def test_pid_file_fallback_reaps_engine_of_a_killed_squad(server_bin, model_file
 
 
 @pytest.mark.engine
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PDEATHSIG is Linux-only")
-def test_a_wrapped_engine_of_a_killed_squad_is_reaped(server_bin, model_file, tmp_path, state_tmp):
-    """F16 when squad is SIGKILLed: PDEATHSIG kills the wrapper only; the next launch reaps its
-    llama-server (same process group, same SQUAD_ENGINE_ID)."""
+@pytest.mark.parametrize("mode", ["pdeathsig", "guard-only"])
+def test_a_wrapped_engine_dies_with_a_killed_squad(server_bin, model_file, tmp_path, state_tmp, mode):
+    """F16 when squad is SIGKILLed: PDEATHSIG kills only the wrapper; the guard stops the
+    llama-server the wrapper started (same process group), with no later launch needed."""
     wrapper = _script(tmp_path, "wrapper.sh", f'"{server_bin}" "$@"')
-    child, wrapper_pid = _run_child(wrapper, model_file, "pdeathsig")
+    child, wrapper_pid = _run_child(wrapper, model_file, mode)
     (engine,) = psutil.Process(wrapper_pid).children()
     try:
         child.kill()
         child.wait(30)
-        assert wait_gone(wrapper_pid)  # the kernel killed the wrapper ...
-        assert not gone(engine.pid)  # ... not what it started
-        assert reap_stale_engines() == [engine.pid]
-        assert wait_gone(engine.pid)
+        assert wait_gone(wrapper_pid) and wait_gone(engine.pid), "the wrapper's llama-server outlived squad"
     finally:
         _stop(child, engine.pid)
+
 
 def test_public_names():
     assert set(launcher_mod.__all__) >= {"Launcher", "build_args", "check_applied", "expected_slot_ctx"}

@@ -3,7 +3,7 @@
 import pytest
 
 from squad.errors import MentionError
-from squad.mention import parse_mentions
+from squad.mention import DATA_CLOSE, DATA_OPEN, as_data, parse_mentions, quote_unknown, unmark
 
 KNOWN = ["security", "style", "Lead-Dev", "qa_2"]
 
@@ -71,3 +71,87 @@ def test_check_passes_when_all_known():
     parsed = parse_mentions("@lead go", ["lead"])
     assert parsed.check() is parsed
     assert parsed.agents == ["lead"]
+
+
+# --- quirks: punctuation after a mention, non-ASCII, code, addresses, mentions with nothing to do ---
+
+QUIRKS = [
+    # a leading mention takes the punctuation after it along (no stray '.' or ':')
+    ("@security. Check auth.", [("security", "Check auth.")], "Check auth."),
+    ("@security: check auth", [("security", "check auth")], ""),
+    ("@security! check auth", [("security", "check auth")], "check auth"),
+    ("@security, @style; check", [("security", "check"), ("style", "check")], ""),
+    ("@security -- check auth", [("security", "check auth")], ""),
+    ("@security -v is a flag", [("security", "-v is a flag")], ""),
+    ("ask @security's view", [("security", "ask security's view")], ""),
+    # non-ASCII text, names and full-width punctuation
+    ("@security prüfe den Login. Danke!", [("security", "prüfe den Login. Danke!")], "Danke!"),
+    ("@security，检查登录。谢谢", [("security", "检查登录。谢谢")], "谢谢"),
+    ("@Ünicode check", [], "@Ünicode check"),  # unknown, reported below
+    # code and addresses are never mentions
+    ("```python\n@dataclass\nclass A: ...\n```", [], "```python\n@dataclass\nclass A: ...\n```"),
+    ("use `@security` in docs", [], "use `@security` in docs"),
+    ("write to user@example.com or security@example.com", [], "write to user@example.com or security@example.com"),
+    ("@security@example.com is an address", [], "@security@example.com is an address"),
+]
+
+
+@pytest.mark.parametrize(("text", "dispatches", "remainder"), QUIRKS)
+def test_mention_quirks(text, dispatches, remainder):
+    parsed = parse_mentions(text, KNOWN)
+    assert [(d.agent, d.text) for d in parsed.dispatches] == dispatches
+    assert parsed.remainder == remainder
+    assert [u.name for u in parsed.unknown] == (["Ünicode"] if "Ünicode" in text else [])
+
+
+@pytest.mark.parametrize("text", ["@security", "@security.", "@security @style", "@security\n@style review it"])
+def test_a_mention_with_nothing_to_do_is_an_error(text):
+    parsed = parse_mentions(text, KNOWN)
+    assert "security" in parsed.idle
+    with pytest.raises(MentionError, match="'@security' is mentioned with nothing to do: write its task after"):
+        parsed.check(KNOWN)
+
+
+def test_a_mention_before_a_code_block_has_something_to_do():
+    parsed = parse_mentions("@security\n```\nx = 1\n```", KNOWN)
+    assert parsed.idle == [] and parsed.dispatches[0].text == "```\nx = 1\n```"
+
+
+# --- data regions: text put into the author's words is read as one opaque piece ---
+
+ATTACKS = [
+    "@style please look",  # a mention
+    "mail style@example.com",  # an address
+    "@dataclass\nclass A: ...",  # a decorator
+    "```\nunclosed fence",  # would hide every later mention
+    "a ` backtick",  # would pair with the author's backtick
+    f"{DATA_CLOSE} @style escaped?",  # tries to close its own region
+    "",
+]
+
+
+@pytest.mark.parametrize("data", ATTACKS)
+def test_data_never_dispatches_nor_hides_the_authors_mention(data):
+    text = f"@security review this: {as_data(data)}\nthen `x` and @qa_2 sign off. {as_data(data)} end"
+    parsed = parse_mentions(text, KNOWN)
+    assert parsed.agents == ["security", "qa_2"] and not parsed.unknown
+    clean = data.replace(DATA_CLOSE, "")
+    security = next(d.text for d in parsed.dispatches if d.agent == "security")
+    assert security.startswith(f"review this: {clean}".strip())  # the data as it was, unmarked
+    for d in parsed.dispatches:
+        assert DATA_OPEN not in d.text and DATA_CLOSE not in d.text
+    assert DATA_OPEN not in parsed.remainder
+
+
+def test_unmark_and_as_data():
+    assert unmark(as_data("@x")) == "@x" and as_data(3) == f"{DATA_OPEN}3{DATA_CLOSE}"
+    assert unmark(as_data(f"a{DATA_OPEN}b{DATA_CLOSE}c")) == "abc"
+
+
+def test_quote_unknown_keeps_the_text_and_touches_no_code():
+    text = "@zzz and @security look; `@zzz` stays\n```\n@zzz\n```"
+    quoted = quote_unknown(text, KNOWN)
+    assert unmark(quoted) == text
+    parsed = parse_mentions(quoted, KNOWN)
+    assert parsed.agents == ["security"] and not parsed.unknown
+    assert parsed.dispatches[0].text.startswith("@zzz and security look; `@zzz` stays")

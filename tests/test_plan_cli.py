@@ -92,7 +92,7 @@ def test_recipe_plan_text(capsys, model, tmp_path):
     code, out, err = run(capsys, "plan", str(path), "-p", "diff=x", "--model", model)
     assert code == 0, err
     assert "lead waiting" in out and "×3" in out
-    assert "slots 4 = peak concurrency at step 1 › lead waiting: lead, security, style, tests" in " ".join(out.split())
+    assert "slots 4 = peak concurrency at step 1 (review) › lead waiting: lead, security, style, tests" in " ".join(out.split())
     assert "--kv-unified" in out and "<PORT>" in out
 
 
@@ -114,7 +114,7 @@ def test_recipe_plan_json_and_engine_pins(capsys, model, tmp_path):
     ([], "give a recipe file"),
     (["--agents", "a:lots"], "NAME:BUDGET"),
     (["--agents", "a:40000"], "above the model's training context"),
-    (["--agents", "a:100", "--slots", "9"], "use 1 to 8"),
+    (["--agents", "a:100", "--slots", "9"], "less than or equal to 8"),
     (["--agents", "a:100", "--ctk", "q9"], "q9"),
     (["--agents", "a:100", "--backend", "gpu"], "--backend"),
     (["RECIPE", "-p", "novalue"], "NAME=VALUE"),

@@ -158,3 +158,71 @@ def test_start_error_says_the_port_is_taken(tmp_path):
     err = process.start_error(proc, "/m.gguf", log)
     assert "in use by another program" in str(err) and "GGUF" not in str(err)
 
+
+
+# --- squad's own death: the guard (squad.children) -------------------------------------------------
+
+_SQUAD = """
+import sys, time, psutil
+from squad import children
+proc = children.start(["/bin/sh", "-c", "sleep 300; :"])
+while not psutil.Process(proc.pid).children():
+    time.sleep(0.01)
+print(proc.pid, psutil.Process(proc.pid).children()[0].pid, children.guard_pid(), flush=True)
+if sys.argv[1] == "exit":
+    sys.exit(0)
+time.sleep(300)
+"""
+
+
+def _squad(mode: str) -> tuple[subprocess.Popen, list[int]]:
+    """A stand-in squad process that starts a wrapper (shell + its child) as its child."""
+    squad = subprocess.Popen([sys.executable, "-c", _SQUAD, mode], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(process.__file__).parents[2])})
+    line = squad.stdout.readline()
+    assert line.strip(), "the stand-in squad printed nothing"
+    return squad, [int(p) for p in line.split()]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "exit"])
+def test_a_wrappers_children_die_with_squad(how):
+    """F16 when squad dies without cleanup (SIGKILL), or exits forgetting its child: the guard
+    stops the child's whole group, then exits itself."""
+    squad, (wrapper, child, guard) = _squad("sleep" if how == "SIGKILL" else "exit")
+    try:
+        assert not gone(child) and psutil.Process(guard).ppid() == squad.pid
+        assert os.getpgid(guard) != os.getpgid(squad.pid)  # a signal to squad's group does not reach it
+        if how == "SIGKILL":
+            squad.kill()
+        squad.wait(30)
+        assert wait_gone(child, 10) and wait_gone(wrapper, 10), "the wrapper's child outlived squad"
+        assert wait_gone(guard, 10), "the guard outlived its work"
+    finally:
+        _kill(child, wrapper)
+        squad.stdout.close()
+
+
+@pytest.mark.anyio
+async def test_a_stopped_child_is_released_from_the_guard(tmp_path):
+    """After a normal stop the guard forgets the group: its id may be reused by anyone."""
+    from squad import children
+
+    proc, child = _wrapper(tmp_path)
+    assert proc.pid in children._guard._groups
+    await process.stop(proc, grace=2.0)
+    assert proc.pid not in children._guard._groups and wait_gone(child, 5)
+
+
+def test_a_detached_child_is_guarded_until_it_is_let_go(tmp_path):
+    """`squad engine start`: a squad killed while the model loads leaves nothing; once the
+    engine is up and handed over, the guard no longer stops it."""
+    from squad import children
+
+    proc, child = _wrapper(tmp_path, detached=True)
+    try:
+        assert proc.pid in children._guard._groups
+        process.let_go(proc)
+        assert proc.pid not in children._guard._groups
+    finally:
+        _kill(child, proc.pid)
+        proc.wait()

@@ -4,14 +4,14 @@ import squad
 
 EXPECTED = {
     "__version__",
-    "Agent", "Sampling", "Squad", "run_sync", "AgentResult", "RunResult", "Tool", "tool",
+    "Agent", "Sampling", "Squad", "run_sync", "AgentResult", "RunResult", "Outcome", "Tool", "tool",
     "EnginePlan", "plan", "EngineInfo", "Launcher", "attach", "load_recipe", "parse_mentions", "Event",
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
-    "PlanMismatch", "EngineGone", "ModelError",
+    "PlanMismatch", "EngineGone", "ModelError", "UnknownModel",
     "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
-    "ReasoningBudgetExhausted", "CallTimeout", "AgentCancelled",
+    "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "AgentCancelled",
 }
 
 

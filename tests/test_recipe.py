@@ -38,7 +38,7 @@ def test_shipped_workloads(default_model_path):  # auto budgets: counted with th
     summary = load_recipe(RECIPES / "summarize.yaml").workload()
     assert summary.items[0] == Map(Call("summarizer", 256), count=3, limit=3, label="summaries")
     debate = load_recipe(RECIPES / "mentions.yaml").workload()
-    assert debate.items == (Delegate(Call("host", 512), Parallel((Call("optimist", 256), Call("skeptic", 256)))),)
+    assert debate.items == (Delegate(Call("host", 512), Parallel((Call("optimist", 256), Call("skeptic", 256))), "debate"),)
 
 
 def test_map_count_follows_the_list_param_and_step_output_is_unknown(tmp_path):

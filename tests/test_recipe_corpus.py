@@ -109,7 +109,7 @@ CORPUS = [
     ('not_a_mapping.yaml', 1, None, 'the file must be a mapping (key: value lines) at the top level'),
     ('output_schema_invalid.yaml', 8, 'output.schema', "output schema is not a valid JSON schema: 'objekt' is not valid under "),
     ('overlap_too_big.yaml', 8, 'flow[0]', 'overlap (100) must be below chunk_tokens (100)'),
-    ('parallel_with_prompt.yaml', 6, 'flow[0]', 'a parallel step holds only id, policy and parallel'),
+    ('parallel_with_prompt.yaml', 6, 'flow[0]', 'a parallel step holds only id, policy, non_answers and parallel'),
     ('param_bool_default.yaml', 3, 'params.short.default', "default: parameter 'short' expects true or false, got 'maybe'"),
     ('param_int_default_text.yaml', 3, 'params.n.default', "default: parameter 'n' expects a whole number, got 'lots'"),
     ('param_unknown_type.yaml', 3, 'params.topic.type', "use 'string', 'int', 'number', 'bool', 'enum', 'list' or 'file', got '"),

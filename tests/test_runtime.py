@@ -84,7 +84,7 @@ async def test_collect_lets_siblings_finish_and_records_the_error() -> None:
     assert subs["style"].error is not None and subs["style"].output == ""
     assert subs["security"].ok and subs["tests"].ok
     lead_message = [b for b in fe.requests if who(b) == "lead"][0]["messages"][-1]["content"]
-    assert "[@style]\n(failed:" in lead_message
+    assert "[@style]\n[failed:" in lead_message
     assert "half an answer" not in lead_message  # partial text never becomes an answer
 
 
@@ -298,6 +298,11 @@ class ReloadingLauncher:
 
     async def restart(self) -> Any:
         return await self.fe.restart()
+
+    running = True
+
+    def exit_status(self) -> str | None:
+        return None  # the fake engine never dies by itself
 
     async def aclose(self) -> None:
         """The fake engine is stopped by its own context manager."""

@@ -80,7 +80,8 @@ def squad(*args: str, env: dict | None = None, timeout: float = 240) -> subproce
 
 @pytest.mark.engine
 def test_squad_verify_passes_on_the_real_engine(server_bin, model_file, state_tmp):
-    done = squad("verify", "--model", str(model_file), "--llama-server", str(server_bin), "-t", str(THREADS), "--json", "--max-tokens", "24")
+    done = squad("verify", "--model", str(model_file), "--llama-server", str(server_bin), "-t", str(THREADS), "--json", "--max-tokens", "24",
+                 "--slots", "4", "-c", "8192")  # the same option names as run, plan, chat and engine start
     assert done.returncode == 0, done.stdout + done.stderr
     out = json.loads(done.stdout)
     assert out["passed"] and out["n_ctx"] == 8192 and out["total_slots"] == 4 and out["max_busy_slots"] == 4

@@ -4,7 +4,8 @@ The public API is ``__all__``; everything else is private. Names are imported on
 (PEP 562), so ``import squad`` and the ``squad`` command start quickly.
 
 - Agents and runs: :class:`Agent`, :class:`Squad`, :func:`run_sync`, :class:`AgentResult`,
-  :class:`RunResult`, :class:`Tool`, :func:`tool`.
+  :class:`RunResult` (with its :class:`Outcome`: ok, truncated, empty, failed, cancelled),
+  :class:`Tool`, :func:`tool`.
 - Engine: :class:`EngineSpec` (which engine: model and pins, or a URL) -> :func:`plan_engine`
   -> :class:`EnginePlan` (:func:`plan` is the pure planner); :class:`EngineSession` (launches
   or attaches, owns admission and the client); :class:`Launcher` (starts llama-server and
@@ -31,6 +32,7 @@ _LAZY = {
     "run_sync": "squad.runtime",
     "AgentResult": "squad.results",
     "RunResult": "squad.results",
+    "Outcome": "squad.outcome",
     "Tool": "squad.tools",
     "tool": "squad.tools",
     "EnginePlan": "squad.engine.plan",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.engine.plan import EnginePlan
     from squad.events import Event
     from squad.mention import parse_mentions
+    from squad.outcome import Outcome
     from squad.planner import plan
     from squad.recipes import load_recipe
     from squad.results import AgentResult, RunResult

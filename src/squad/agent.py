@@ -22,6 +22,9 @@ Fields and units:
 - ``tools``: names of function tools registered with the squad.
 - ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
 - ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
+- ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
+  starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
+  defaults 2 levels and 8 calls); None = the squad's.
 """
 
 from __future__ import annotations
@@ -33,7 +36,17 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 
 from squad.errors import UserError
 
-__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle"]
+__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
+           "MAX_SUB_DEPTH",
+           "MAX_SUB_CALLS"]
+
+MAX_SUB_DEPTH = 2
+"""Default levels of sub-agent tool calls in one run: the main agent may ask a sub-agent, and
+that one its own; a third level is refused."""
+
+MAX_SUB_CALLS = 8
+"""Default sub-agent tool calls in one run, all levels together. Without a bound they multiply:
+with 4 tool rounds per turn a 3-level chain made 41 requests."""
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 """An agent name: a letter, then letters, digits, ``-`` or ``_`` (what ``@name`` can spell)."""
@@ -74,6 +87,10 @@ class Agent(BaseModel):
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
     sub_agent_tools: StrictBool = True
+    max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
+                                      description="levels of sub-agent tool calls in a run it starts")
+    max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
+                                      description="sub-agent tool calls in a run it starts")
 
     @field_validator("budget", mode="before")
     @classmethod

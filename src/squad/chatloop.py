@@ -4,7 +4,11 @@
 @mentioned sub-agents run at once and their answers are handed back), and prints the answer.
 It is the library's loop; ``squad chat`` only wires it to the terminal.
 
-- An unknown @mention is a warning with suggestions; the line runs without it.
+- A line is the user's own text: its @mentions dispatch (:mod:`squad.mention`); answers,
+  history and tool results never do. An unknown @mention is a warning with suggestions; the
+  line runs with that mention as written, dispatching no one (:func:`squad.mention.quote_unknown`).
+  A mention with nothing to do (``@security`` alone) is an error; the line is not run.
+- An answer that stopped at max_tokens (or is empty) is followed by a warning with the fix.
 - History is kept within half of the main agent's budget (tokens, counted exactly; an auto
   budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
 - ``/quit`` or ``/exit`` (or end of input) ends the loop.
@@ -12,17 +16,44 @@ It is the library's loop; ``squad chat`` only wires it to the terminal.
 
 from __future__ import annotations
 
-import re
+import contextlib
+import threading
 from typing import Any, Callable
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from squad.chat import ChatEngine
 from squad.errors import AgentRunError, UserError
-from squad.mention import parse_mentions
+from squad.mention import parse_mentions, quote_unknown
+from squad.outcome import fix_for
 from squad.runtime import Squad
 
 __all__ = ["chat_loop", "trim_history", "HISTORY_SHARE"]
+
+
+async def _read_line(read: Callable[[], str]) -> str:
+    """``read()`` in a daemon thread. Cancelling the wait (Ctrl-C, SIGTERM at the prompt) ends
+    it at once; the thread stays blocked in ``read()`` but, being a daemon, never keeps the
+    process from exiting (an anyio worker thread would: the interpreter joins it at exit)."""
+    token = anyio.lowlevel.current_token()
+    done = anyio.Event()
+    outcome: list[Any] = []
+
+    def work() -> None:
+        try:
+            outcome.append(read())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
+            outcome.append(exc)
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=work, name="squad chat input", daemon=True).start()
+    await done.wait()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 HISTORY_SHARE = 0.5
 """The share of the main agent's budget its kept history may use (tokens)."""
@@ -42,9 +73,7 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
     limit = int(squad.context_limit(main) * HISTORY_SHARE)
     while True:
         try:
-            # abandoned on cancel: Ctrl-C at the prompt ends the loop at once (the thread stays
-            # blocked in read() until the process exits; worker threads do not keep it alive)
-            line = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            line = await _read_line(read)
         except EOFError:
             break
         if line.strip() in ("/quit", "/exit"):
@@ -56,9 +85,11 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
         except UnicodeEncodeError:  # bytes that are not UTF-8 (read with surrogateescape)
             line = line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             say("warning", "the line had bytes that are not UTF-8 text; they were replaced with U+FFFD")
-        for unknown in parse_mentions(line, subs).unknown:
-            say("warning", f"{unknown.message()}; not dispatched")
-            line = re.sub(rf"(?<![\w@])@{re.escape(unknown.name)}(?![\w-])", unknown.name, line)
+        unknown = parse_mentions(line, subs).unknown
+        for mention in unknown:
+            say("warning", f"{mention.message()}; not dispatched")
+        if unknown:
+            line = quote_unknown(line, subs)
         try:
             result = await squad.run(line, history=history)
         except UserError as exc:
@@ -68,6 +99,9 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
             say("error", f"{type(exc).__name__}: {exc}")
             continue
         say("answer", result.output)
+        if not result.outcome.is_answer:  # truncated or empty: never shown as if it were whole
+            say("warning", f"the answer is {result.outcome.value}: "
+                           f"{fix_for(result.outcome, result.main.agent, result.main.max_tokens)}")
         history = await trim_history(squad.chat, result.history, limit)
     return history
 

@@ -10,12 +10,14 @@ errors are read by :mod:`squad.stream` (field cases F05-F07, F17).
 Retry policy (all of it, in :meth:`EngineClient._retrying`): 503 loading/restarting is
 waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a connection
 refused or dropped before the first token (the request never reached the engine) is resent
-once at once (a stale keep-alive connection), then once more after ``restart`` (if given);
-it is only :class:`EngineGone` when ``/health`` confirms the engine is down (F22).
+once almost at once (a stale keep-alive connection), then once more after ``restart`` (if
+given); it is only :class:`EngineGone` when ``/health`` confirms the engine is down (F22).
 ``Context size has been exceeded.`` while squad's own reservations fit the engine's pool
-(another client filled it) is retried with jittered backoff up to ``max_attempts`` (F20).
-A token count (idempotent) that hits a transport error is retried with jittered backoff
-(F22). Nothing else is retried: not a prompt too long, a budget, reasoning that ran out,
+(another client filled it) is retried with backoff up to ``max_attempts`` (F20); the final
+error states this process's own reservation, never the pool's size.
+A token count (idempotent) that hits a transport error is retried with backoff (F22).
+Every wait is jittered (:data:`WAITS`), so processes sharing an engine never retry in step.
+Nothing else is retried: not a prompt too long, a budget, reasoning that ran out,
 another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
 
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
@@ -25,10 +27,10 @@ frees the slot.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import itertools
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
@@ -43,8 +45,10 @@ from tenacity import (
     retry_if_exception_type,
     retry_if_not_exception_type,
     stop_after_attempt,
+    wait_random,
     wait_random_exponential,
 )
+from tenacity.wait import wait_base
 
 from squad.admission import Admission, Reservation
 from squad.chat import ChatRequest, ChatResult
@@ -60,6 +64,7 @@ from squad.errors import (
     EngineGone,
     EngineLoadTimeout,
     SquadError,
+    TruncatedStream,
 )
 from squad.events import (
     CallFailed,
@@ -92,6 +97,17 @@ COUNT_CACHE = 4096
 COUNT_ATTEMPTS = 4
 """Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
 
+WAITS: dict[str, wait_base] = {
+    "loading": wait_random(0.25, 0.75),             # 503: poll about every 0.5 s
+    "gone": wait_random(0.05, 0.2),                 # resend on a fresh connection (or after a restart)
+    "overflow": wait_random_exponential(0.25, max=4.0),  # full jitter, doubling per overflow (F20)
+    "count": wait_random_exponential(0.05, max=1.0),     # an idempotent token count (F22)
+    "health": wait_random(0.2, 0.4),                # probing /health before declaring the engine gone
+}
+"""The client's waits between attempts, each by its kind, all with jitter (tenacity), so
+processes sharing one engine never retry in step (field case F20). An exponential wait grows
+with the attempts of its own kind."""
+
 
 @dataclass
 class _Call:
@@ -105,6 +121,10 @@ class _Call:
     first_loading: float | None = None
     overflows: int = 0
     gone: int = 0
+    held: int = 0
+    """The most tokens this process had reserved when the engine overflowed (F20 message)."""
+    need: int = 0
+    """This call's own reservation (prompt + max_tokens)."""
 
     @property
     def agent(self) -> str:
@@ -120,6 +140,9 @@ class EngineClient:
       (not unified KV: each request is also kept under ``n_ctx``).
     - ``request_timeout``: seconds one attempt may take end to end (F04: never resent).
     - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
+    - ``gone_reason``: asked when a call fails because the engine stopped answering or cut
+      its stream; a text such as ``"engine exited (signal 9 SIGKILL), log: PATH"`` is added
+      to the error (None: nothing known).
     - ``load_deadline``: seconds to wait out 503 before :class:`EngineLoadTimeout`.
     - ``max_attempts``: attempts for an innocent ``Context size has been exceeded.``.
     - ``counter``: the token counter for prompts; ``"auto"`` (default) uses the engine's model
@@ -135,12 +158,13 @@ class EngineClient:
         request_timeout: float = 600.0,
         on_event: EventSink | None = None,
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
+        gone_reason: Callable[[], Awaitable[str | None]] | None = None,
         load_deadline: float = 120.0,
         max_attempts: int = 3,
         counter: "TokenCounter | None | Literal['auto']" = "auto",
     ) -> None:
         self.request_timeout, self.load_deadline, self.max_attempts = request_timeout, load_deadline, max_attempts
-        self._on_event, self._restart = on_event, restart
+        self._on_event, self._restart, self._gone_reason = on_event, restart, gone_reason
         self._retired: list[Any] = []
         self._engine = engine
         self.admission: Admission | None = (Admission.for_engine(engine, on_event=on_event) if admission == "auto"
@@ -216,7 +240,7 @@ class EngineClient:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(httpx.TransportError) & retry_if_not_exception_type(httpx.TimeoutException),
-                stop=stop_after_attempt(COUNT_ATTEMPTS), wait=wait_random_exponential(0.05, max=1.0),
+                stop=stop_after_attempt(COUNT_ATTEMPTS), wait=WAITS["count"],
                 sleep=anyio.sleep, reraise=True,
             ):
                 with attempt:
@@ -243,6 +267,10 @@ class EngineClient:
         try:
             result = await self._with_retries(call)
         except SquadError as exc:
+            if isinstance(exc, (EngineGone, TruncatedStream)) and self._gone_reason is not None:
+                reason = await self._gone_reason()
+                if reason and exc.args:
+                    exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
             self._emit(CallFailed, call, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
             raise
         result.attempts, result.call = call.attempts, call.id
@@ -284,24 +312,25 @@ class EngineClient:
         except InnocentOverflow as exc:
             raise ContextExceeded(
                 f"agent '{agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} attempts "
-                f"although squad had at most {exc.reserved} of the engine's {self._engine.pool} tokens reserved: "
-                "another client is using this engine's pool; give squad its own engine or raise the context",
-                agent=agent) from exc
+                f"although this process had at most {call.held} of the engine's {self._engine.pool} tokens reserved "
+                f"(this call {call.need}: prompt + max_tokens): another client is using this engine's pool; "
+                "give squad its own engine or raise the context", agent=agent) from exc
         return result
 
-    async def _engine_up(self, probes: int = 3, every: float = 0.3) -> bool:
-        """True if ``/health`` answers at all (200 or 503 loading) within ``probes`` tries: the
-        engine is only declared gone when it is confirmed down (field case F22)."""
-        for i in range(probes):
-            try:
-                r = await self._http.get("/health", timeout=2.0)
-                if r.status_code in (200, 503):
-                    return True
-            except httpx.TransportError:
-                pass
-            if i + 1 < probes:
-                await anyio.sleep(every)
-        return False
+    async def _engine_up(self, probes: int = 3) -> bool:
+        """True if ``/health`` answers at all (200 or 503 loading) within ``probes`` tries (a
+        jittered wait between them): the engine is only declared gone when it is confirmed
+        down (field case F22)."""
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(probes), wait=WAITS["health"],
+                                               sleep=anyio.sleep, reraise=True):
+                with attempt:
+                    r = await self._http.get("/health", timeout=2.0)
+                    if r.status_code not in (200, 503):
+                        raise EngineGone(f"/health answered HTTP {r.status_code}")
+        except (httpx.TransportError, EngineGone):
+            return False
+        return True
 
     def _retrying(self, call: _Call) -> AsyncRetrying:
         """The one retry policy (see the module docstring)."""
@@ -321,13 +350,10 @@ class EngineClient:
 
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            if isinstance(exc, Loading):
-                return 0.5
-            if isinstance(exc, EngineGone):
-                return 0.1 if call.gone == 1 else 0.0
-            # overflows seen before this one; full jitter so processes sharing an engine do not
-            # collide again on the same schedule (field case F20)
-            return random.uniform(0.0, min(0.25 * 2 ** call.overflows, 4.0))
+            kind = "loading" if isinstance(exc, Loading) else "gone" if isinstance(exc, EngineGone) else "overflow"
+            # an exponential wait counts the attempts of its own kind, not the loading polls before
+            counted = {"gone": call.gone, "overflow": call.overflows}.get(kind, 1)
+            return WAITS[kind](_attempt_no(state, counted))
 
         async def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -362,9 +388,14 @@ class EngineClient:
                 f"is {req.budget}: " + ", or ".join(fixes), agent=agent)
         admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
+        call.need = need
         async with admitted as reservation:
             with anyio.move_on_after(self.request_timeout) as deadline:
-                result = await self._stream(call, reservation)
+                try:
+                    result = await self._stream(call, reservation)
+                except InnocentOverflow as exc:
+                    call.held = max(call.held, exc.reserved)
+                    raise
             if deadline.cancelled_caught:
                 raise CallTimeout(
                     f"agent '{agent}': the call took longer than {self.request_timeout:.0f} s and was stopped; it is not "
@@ -414,6 +445,13 @@ class EngineClient:
                                     call=call.id, engine=self._engine.base_url, **data))
             except Exception:  # noqa: BLE001 - a display bug must not break a call
                 pass
+
+
+def _attempt_no(state: RetryCallState, n: int) -> RetryCallState:
+    """``state`` as a wait sees it when ``n`` attempts of its own kind have failed."""
+    clone = copy.copy(state)
+    clone.attempt_number = max(1, n)
+    return clone
 
 
 def _count_key(messages: list[dict], tools: list[dict] | None) -> str:

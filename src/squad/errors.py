@@ -14,6 +14,7 @@ SquadError                         base of everything below
 │   ├── PlanMismatch               /props read back something other than the plan
 │   └── EngineGone                 connection refused / process died mid-run
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
+│   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
 └── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
     ├── AdmissionError             the call can never fit (pool or the agent's budget)
     ├── ContextExceeded            the engine said "Context size has been exceeded."
@@ -21,6 +22,7 @@ SquadError                         base of everything below
     ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
     ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
     ├── CallTimeout                the call passed its deadline; never resent unchanged
+    ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
 ```
 
@@ -43,6 +45,7 @@ __all__ = [
     "PlanMismatch",
     "EngineGone",
     "ModelError",
+    "UnknownModel",
     "AgentRunError",
     "AdmissionError",
     "ContextExceeded",
@@ -50,6 +53,7 @@ __all__ = [
     "TruncatedStream",
     "ReasoningBudgetExhausted",
     "CallTimeout",
+    "IncompleteAnswer",
     "AgentCancelled",
 ]
 
@@ -145,6 +149,10 @@ class ModelError(SquadError, RuntimeError):
     """A model could not be found, fetched or verified."""
 
 
+class UnknownModel(ModelError, UserError):
+    """The model asked for is neither a known name nor an existing file (bad input: exit 2)."""
+
+
 class AgentRunError(SquadError, RuntimeError):
     """One agent call failed. ``agent`` names the agent (or None)."""
 
@@ -180,6 +188,15 @@ class ReasoningBudgetExhausted(AgentRunError):
 
 class CallTimeout(AgentRunError):
     """A call passed squad's request deadline; it is not resent unchanged (field case F04)."""
+
+
+class IncompleteAnswer(AgentRunError):
+    """A call ended without a real answer (``outcome``: ``"truncated"`` at max_tokens, or
+    ``"empty"``) and the recipe's ``non_answers`` policy for it is ``fail`` (:mod:`squad.outcome`)."""
+
+    def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated") -> None:
+        self.outcome = outcome
+        super().__init__(message, agent=agent)
 
 
 class AgentCancelled(AgentRunError):

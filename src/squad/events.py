@@ -23,11 +23,15 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
                               launched, attached, reloaded or restarted)
 ``engine.replanning``         a reload for a bigger plan begins (from_slots, to_slots, n_ctx)
 ``engine.warning``            something the user should know about the engine (warning)
+``engine.loading``            the model is still loading (model, elapsed_s, timeout_s)
+``engine.exited``             a launched engine died mid-run (status, log_path, message); an
+                              ``engine.loaded`` with reason restarted follows if squad restarts it
 ``mention.dispatched``        a main agent's @mentions run (agents)
 ``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
 ``agent.started``             a conversation begins (priority, item: its map item's index or
                               None; shown as ``agent[item]``)
-``agent.finished``            it answered (summary)
+``agent.finished``            it ended without an error (outcome: ok, truncated or empty;
+                              finish_reason, max_tokens, summary)
 ``agent.failed``              it failed (error)
 ``agent.cancelled``           it was cancelled (reason)
 ``call.queued``               a call waits in squad's admission queue (tokens, position)
@@ -38,7 +42,12 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``call.retried``              it is being sent again (reason, attempt, error)
 ``call.released``             its slot and reservation were given back (tokens, held_s)
 ``tool.called``               a tool ran for an agent (tool, ok)
+``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
+                              limit: ``depth`` or ``calls``, value, message); once per limit
+                              per run
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
+``step.warning``              a recipe step produced a non-answer (step, label, outcome,
+                              handling, warning: the line naming the step and the fix)
 ============================  ==================================================================
 
 On disk (JSON Lines, :mod:`squad.trace`) an event is
@@ -65,6 +74,8 @@ __all__ = [
     "EngineLoaded",
     "EngineReplanning",
     "EngineWarning",
+    "EngineLoading",
+    "EngineExited",
     "MentionDispatched",
     "MentionQueued",
     "AgentStarted",
@@ -79,7 +90,9 @@ __all__ = [
     "CallRetried",
     "CallReleased",
     "ToolCalled",
+    "ToolLimited",
     "AnswerCut",
+    "StepWarning",
 ]
 
 EVENT_TYPES: dict[str, type["Event"]] = {}
@@ -203,6 +216,27 @@ class EngineWarning(Event):
     warning: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineLoading(Event):
+    """The model is still loading: ``elapsed_s`` of at most ``timeout_s`` seconds (about once a second)."""
+
+    kind: ClassVar[str] = "engine.loading"
+    model: str
+    elapsed_s: float
+    timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineExited(Event):
+    """A launched engine's process ended by itself mid-run. ``status``: ``"signal 9 SIGKILL"``
+    or ``"status 1"``; ``log_path``: its log; ``message``: ``"engine exited (...), log: PATH"``."""
+
+    kind: ClassVar[str] = "engine.exited"
+    status: str
+    log_path: str
+    message: str
+
+
 # --- mentions and agents ----------------------------------------------------------------------
 
 
@@ -229,8 +263,14 @@ class AgentStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class AgentFinished(Event):
+    """``outcome``: ``ok``, ``truncated`` (its last call stopped at ``max_tokens``) or ``empty``
+    (:class:`squad.outcome.Outcome`); ``finish_reason`` of its last call."""
+
     kind: ClassVar[str] = "agent.finished"
     summary: str = ""
+    outcome: str = "ok"
+    finish_reason: str | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,6 +374,19 @@ class ToolCalled(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolLimited(Event):
+    """``agent`` asked for a sub-agent with ``tool`` (``ask_<name>``) past the run's bound:
+    ``limit`` is ``depth`` (``max_sub_depth``) or ``calls`` (``max_sub_calls``), ``value`` that
+    bound; ``message`` says so for people (views print it as a warning)."""
+
+    kind: ClassVar[str] = "tool.limited"
+    tool: str
+    limit: str
+    value: int
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AnswerCut(Event):
     """A sub-agent answer (``agent``) cut by ``omitted_tokens`` to fit ``main``'s budget."""
 
@@ -342,3 +395,20 @@ class AnswerCut(Event):
     room_tokens: int
     main: str
     rule: str = "equal share of the main agent's remaining budget"
+
+
+# --- recipe steps -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWarning(Event):
+    """Recipe step ``step`` got a non-answer (``outcome``, :class:`squad.outcome.Outcome`) from
+    ``label`` (the agent, ``agent[i]`` for a map item); ``handling`` is how it flows on
+    (``accept``, ``mark`` or ``fail``); ``warning`` is the line shown, with the fix."""
+
+    kind: ClassVar[str] = "step.warning"
+    step: str
+    label: str
+    outcome: str
+    handling: str
+    warning: str

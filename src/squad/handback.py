@@ -5,7 +5,9 @@ answer under ``[@name]`` (:func:`compose_hand_back`). When the answers would ove
 budget, :func:`cut_answers` shares the room left (budget − max_tokens − the message without
 the answers, counted exactly) equally: an answer shorter than its share keeps all of it and
 leaves the rest to the others; a longer one is cut to its share and ends with
-``[cut: N tokens omitted]``. :func:`hand_back` does both and emits ``answer.cut`` for each
+``[cut: N tokens omitted]``. An answer that is not a whole answer is handed back with its
+mark (:mod:`squad.outcome`: ``[truncated at max_tokens]``, ``[empty answer]``,
+``[failed: ...]``, ``[cancelled: ...]``). :func:`hand_back` does both and emits ``answer.cut`` for each
 answer it cut.
 """
 
@@ -110,7 +112,7 @@ async def hand_back(
     """The ONE user message giving the main agent ``text`` and its sub-agents' answers, cut
     to fit ``budget`` (tokens) after ``max_tokens``, the messages before it (``prefix``:
     system and history) and ``tools``. Emits ``answer.cut`` per cut answer."""
-    answers = [r.output if r.ok else f"(failed: {r.error})" for r in subs]
+    answers = [r.marked_output for r in subs]  # a non-answer is never handed back unmarked
     frame = compose_hand_back(text, [r.agent for r in subs], [""] * len(subs))
     used = await chat.count([*map(dict, prefix), {"role": "user", "content": frame}], tools)
     room = budget - max_tokens - used - CUT_RESERVE * len(subs)

@@ -1,17 +1,32 @@
 """@mention parsing: the one parser the runtime, ``squad chat`` and recipes share.
 
+Whose words can delegate
+------------------------
+Only the author's and the user's own text dispatches sub-agents: a recipe's template text,
+a ``squad chat`` line, the text given to ``Squad.run``. Values put into such text are
+*data* (field case F13: a step output, a model answer, a ``-p`` value, a map item or a
+source file full of ``@dataclass`` must not dispatch anyone). Data is wrapped in
+:data:`DATA_OPEN` ... :data:`DATA_CLOSE` (:func:`as_data`; recipe templates wrap every
+``{{ ... }}`` output, :func:`squad.templates.render_template` with ``data=True``), and the
+parser reads a data region as one opaque piece of the sentence it sits in: no mention, no
+code fence or backtick, no sentence end inside it counts. :func:`unmark` removes the marks;
+every text the parser hands out (:attr:`Dispatch.text`, :attr:`MentionParse.remainder`) is
+already unmarked, so the model sees the text as it was.
+
 What counts as a mention
 ------------------------
 - ``@name`` at the start of the text, after whitespace, or after opening punctuation
-  ``( [ { " '``. ``name`` is letters, digits, ``_`` and ``-`` (not ending in ``-``);
-  trailing punctuation (``@style,`` ``@style.`` ``@style:``) is not part of the name.
+  ``( [ { " '``. ``name`` is letters, digits, ``_`` and ``-`` (not ending in ``-``; letters
+  may be non-ASCII); trailing punctuation (``@style,`` ``@style.`` ``@style:``) is not part
+  of the name.
 - Matched whole-name and case-insensitively against the known agents.
-- Never inside inline code (`` `@x` ``), fenced code blocks (```` ``` ```` / ``~~~``), e-mail
-  addresses (``a@b.com``) or address-like tokens (``@b.com``, ``@user@host``).
+- Never inside data, inline code (`` `@x` ``), fenced code blocks (```` ``` ```` / ``~~~``),
+  e-mail addresses (``a@b.com``) or address-like tokens (``@b.com``, ``@user@host``).
 - Each agent is dispatched once, in order of its first mention.
 - A name that matches no known agent is reported in :attr:`MentionParse.unknown` with
   difflib suggestions, never silently dropped (the runtime and recipes raise
-  :class:`~squad.errors.MentionError` via :meth:`MentionParse.check`; chat warns).
+  :class:`~squad.errors.MentionError` via :meth:`MentionParse.check`; chat warns and sends
+  the line with that mention as written, :func:`quote_unknown`).
 
 What each sub-agent receives
 ----------------------------
@@ -23,8 +38,12 @@ mentions known agents is *addressed* to them; the others are *shared context*.
   it (even if addressed to others too) and the shared context, and leaving out units
   addressed only to other agents. So ``"@security @style review this diff:"`` followed by a
   code block gives both agents ``"review this diff:"`` plus the code block.
-- Mention tokens are stripped: leading mentions (``"@a, @b: do x"``) are removed; a
-  mention inside a sentence becomes the bare name (``"ask @a about x"`` -> ``"ask a about x"``).
+- Mention tokens are stripped: leading mentions and the punctuation after them
+  (``"@a, @b: do x"``, ``"@a. Do x"``) are removed; a mention inside a sentence becomes the
+  bare name (``"ask @a about x"`` -> ``"ask a about x"``).
+- A mentioned agent whose text would be empty (``"@security"`` alone) is listed in
+  :attr:`MentionParse.idle`; :meth:`MentionParse.check` makes that an error (a model sent an
+  empty message answers nonsense), so the caller says what the agent should do.
 - :attr:`MentionParse.remainder` is the shared context alone (mentions stripped): what is
   left for the main agent to answer itself; ``""`` when every unit was addressed.
 """
@@ -33,43 +52,54 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from squad.errors import MentionError
 
-__all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest", "DATA_MARK", "as_data",
-           "unmark"]
+__all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest", "DATA_OPEN", "DATA_CLOSE",
+           "as_data", "unmark", "quote_unknown"]
 
-DATA_MARK = "\u2063"
-"""INVISIBLE SEPARATOR put before every ``@`` of text that is data, not the author's words
-(values substituted into a recipe template: parameters, step outputs, map items), so the
-parser never reads a mention there (field case F13: a model answer or a source file full of
-``@dataclass`` must not dispatch anyone). :func:`unmark` removes it before text is sent."""
+DATA_OPEN = "\ufdd0"
+DATA_CLOSE = "\ufdd1"
+"""The marks around text that is data, not the author's words (module docstring). They are
+Unicode noncharacters (U+FDD0, U+FDD1), reserved for a program's internal use, so they never
+stand for anything in real text; :func:`as_data` removes them from the data it wraps, so data
+cannot close its own region early."""
+
+_MARKS = str.maketrans("", "", DATA_OPEN + DATA_CLOSE)
+_DATA = re.compile(f"{DATA_OPEN}[^{DATA_CLOSE}]*(?:{DATA_CLOSE}|\\Z)")
 
 
-def as_data(value: Any) -> Any:
-    """``value`` with :data:`DATA_MARK` before every ``@`` of every string in it (dicts and
-    lists walked); other values unchanged."""
-    if isinstance(value, str):
-        return value.replace("@", DATA_MARK + "@")
-    if isinstance(value, Mapping):
-        return {k: as_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_data(v) for v in value]
-    return value
+def as_data(value: Any) -> str:
+    """``str(value)`` as one data region: wrapped in :data:`DATA_OPEN`/:data:`DATA_CLOSE`
+    (marks inside it removed). No @mention in it dispatches anyone::
+
+        await squad.run(f"@security review this file:\\n{as_data(source)}")
+    """
+    return DATA_OPEN + unmark(str(value)) + DATA_CLOSE
 
 
 def unmark(text: str) -> str:
-    """``text`` without :data:`DATA_MARK` (what the model sees)."""
-    return text.replace(DATA_MARK, "")
+    """``text`` without the data marks (what the model sees)."""
+    return text.translate(_MARKS)
+
+
+def _mask(text: str) -> str:
+    """``text`` with every data region (marks included) replaced by as many :data:`DATA_OPEN`
+    characters: the same length, and nothing the parser reads (no word, space, punctuation,
+    backtick or newline)."""
+    return _DATA.sub(lambda m: DATA_OPEN * len(m.group()), text)
+
 
 _MENTION = re.compile(r"""(?<![^\s(\[{"'])@(\w(?:[\w-]*\w)?)""")
 _ADDRESS_TAIL = re.compile(r"[.@]\w")
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*$", re.MULTILINE)
-_SENTENCE_END = re.compile(r"[.!?]+[ \t]+|\n")
-_LEAD_SEP = re.compile(r"[\s,:;&]*(?:and\s+)?")
+_SENTENCE_END = re.compile(r"[.!?]+[ \t]+|[\u3002\uff01\uff1f]+|\n")
+_LEAD_SEP = re.compile(r"(?:[\s,:;.!?&\u3001\u3002\uff0c\uff1a\uff1b\uff01\uff1f]|[-\u2013\u2014]+(?=\s))*(?:and\s+)?")
+"""What may follow a leading mention and goes with it: whitespace, ASCII and CJK/full-width
+separators ``, : ; . ! ? &``, dashes before a space, and ``and``."""
 
 
 @dataclass(frozen=True)
@@ -94,23 +124,32 @@ class UnknownMention:
 
 @dataclass(frozen=True)
 class MentionParse:
-    """Result of :func:`parse_mentions`."""
+    """Result of :func:`parse_mentions`. ``idle``: mentioned known agents whose text is empty
+    (nothing but the mention was addressed to them)."""
 
     dispatches: list[Dispatch] = field(default_factory=list)
     unknown: list[UnknownMention] = field(default_factory=list)
     remainder: str = ""
+    idle: list[str] = field(default_factory=list)
 
     @property
     def agents(self) -> list[str]:
         """Mentioned known agents, in order of first mention."""
         return [d.agent for d in self.dispatches]
 
+    def problems(self) -> list[str]:
+        """One message per unknown mention and per idle agent (empty when all is well)."""
+        return [u.message() for u in self.unknown] + [
+            f"'@{name}' is mentioned with nothing to do: write its task after the mention "
+            f"(e.g. '@{name} check the login code')" for name in self.idle]
+
     def check(self, known: Iterable[str] = ()) -> "MentionParse":
-        """Return self, or raise :class:`MentionError` naming every unknown mention."""
-        if self.unknown:
+        """Return self, or raise :class:`MentionError` naming every unknown mention and every
+        idle agent (:meth:`problems`), followed by the known names."""
+        if self.unknown or self.idle:
             names = sorted(known)
-            tail = f" (known agents: {', '.join(names)})" if names else ""
-            raise MentionError("; ".join(u.message() for u in self.unknown) + tail)
+            tail = f" (known agents: {', '.join(names)})" if names and self.unknown else ""
+            raise MentionError("; ".join(self.problems()) + tail)
         return self
 
 
@@ -194,14 +233,16 @@ def _strip(text: str, start: int, end: int, mentions: list[_Mention]) -> str:
 def parse_mentions(text: str, known: Iterable[str]) -> MentionParse:
     """Find the @mentions in ``text`` and the text each mentioned agent receives.
 
-    ``known``: agent names that may be mentioned (matched case-insensitively).
-    Returns :class:`MentionParse`; never raises (call ``.check()`` to make unknown
+    ``known``: agent names that may be mentioned (matched case-insensitively). Data regions
+    (:func:`as_data`) are read as opaque text; the texts returned are unmarked.
+    Returns :class:`MentionParse`; never raises (call ``.check()`` to make unknown and idle
     mentions an error).
     """
     known_list = list(known)
     by_lower = {k.lower(): k for k in known_list}
-    fences, code = _code_spans(text)
-    mentions = _find(text, code, by_lower)
+    seen = _mask(text)  # what the parser reads; the same length as text
+    fences, code = _code_spans(seen)
+    mentions = _find(seen, code, by_lower)
 
     order: list[str] = []
     unknown: dict[str, UnknownMention] = {}
@@ -212,7 +253,7 @@ def parse_mentions(text: str, known: Iterable[str]) -> MentionParse:
             unknown[m.name.lower()] = UnknownMention(m.name, suggest(m.name, known_list))
 
     units = []
-    for a, b in _units(text, fences, code):
+    for a, b in _units(seen, fences, code):
         inside = [m for m in mentions if a <= m.start < b]
         addressed = {m.agent for m in inside if m.agent is not None}
         units.append((a, b, inside, addressed))
@@ -223,10 +264,27 @@ def parse_mentions(text: str, known: Iterable[str]) -> MentionParse:
             for a, b, inside, addressed in units
             if not addressed or agent in addressed
         ]
-        return "".join(parts).strip()
+        return unmark("".join(parts)).strip()
 
+    dispatches = [Dispatch(agent, compose(agent)) for agent in order]
     return MentionParse(
-        dispatches=[Dispatch(agent, compose(agent)) for agent in order],
+        dispatches=dispatches,
         unknown=list(unknown.values()),
         remainder=compose(None),
+        idle=[d.agent for d in dispatches if not d.text],
     )
+
+
+def quote_unknown(text: str, known: Iterable[str]) -> str:
+    """``text`` with each @mention of an agent not in ``known`` made data (:func:`as_data`),
+    so it is sent as written and dispatches nothing (``squad chat`` after warning about it);
+    everything else, code included, unchanged."""
+    by_lower = {k.lower(): k for k in known}
+    seen = _mask(text)
+    _, code = _code_spans(seen)
+    out, pos = [], 0
+    for m in _find(seen, code, by_lower):
+        if m.agent is None:
+            out += [text[pos:m.start], as_data(text[m.start:m.end])]
+            pos = m.end
+    return "".join(out) + text[pos:]

@@ -14,9 +14,10 @@ Rules come from the product page (``docs/mission.md`` facts 3-10):
   queues the rest.
 - A budget above the model's training context is a :class:`~squad.errors.PlanError`.
 - An auto budget (``Call.budget`` None, no prompt known when planning) = the model's training
-  context (:data:`DEFAULT_CTX` when unknown; a pinned context or what memory holds when
-  smaller) divided by the peak number of agents at once (capped by the slots), rounded down
-  to 256, at least 256 (:func:`auto_budget`).
+  context (:data:`DEFAULT_CTX` when unknown) divided by the peak number of agents at once
+  (capped by the slots); a pinned context is shared the same way instead (never above the
+  training context per agent), and what memory holds caps it; rounded down to 256, at least
+  256 (:func:`auto_budget`).
 - KV memory = context × bytes per token; when it does not fit, the largest context that
   fits is planned and slots follow the concurrency that context can really hold.
 - MLX (mlxcel-server) divides the context by slots: 1 slot, unless a max batch is set.
@@ -110,8 +111,7 @@ def plan(
         auto = auto_budget(n_ctx_train, int(at_once), pin_ctx=pin_ctx, memory_fit=fit)
         names = sorted({c.agent for s in timeline for c in s.calls + s.unbounded if c.budget is None})
         notes.reason(f"budget auto = {auto:,} tokens for {', '.join(names)}: "
-                     f"{_auto_source(n_ctx_train, pin_ctx, fit)} / {int(at_once)} agent(s) at once, "
-                     f"rounded down to {CTX_ROUND}")
+                     f"{_auto_source(n_ctx_train, pin_ctx, fit, int(at_once))}, rounded down to {CTX_ROUND}")
         timeline = tuple(s for s in stages(with_budgets(workload, auto)) if s.calls or s.unbounded)
     _check_budgets(timeline, n_ctx_train)
     budgets: dict[str, int] = {}
@@ -160,20 +160,28 @@ def plan(
 def auto_budget(n_ctx_train: int | None, at_once: int, *, pin_ctx: int | None = None,
                 memory_fit: int | None = None) -> int:
     """An auto budget in tokens when no prompt is known: the model's training context
-    (:data:`DEFAULT_CTX` when unknown), or ``pin_ctx`` / ``memory_fit`` (tokens of KV the
-    memory holds) when smaller, divided by ``at_once`` agents, rounded down to 256, at least
-    256."""
-    total = min(v for v in (n_ctx_train or DEFAULT_CTX, pin_ctx, memory_fit) if v is not None)
-    return max(CTX_ROUND, total // max(1, at_once) // CTX_ROUND * CTX_ROUND)
+    (:data:`DEFAULT_CTX` when unknown) divided by ``at_once`` agents; with ``pin_ctx`` the
+    pinned pool divided by them instead, but never above the training context (one request's
+    cap); at most ``memory_fit`` (tokens of KV the memory holds) divided by them; rounded down
+    to 256, at least 256."""
+    trained, at_once = n_ctx_train or DEFAULT_CTX, max(1, at_once)
+    share = trained // at_once if pin_ctx is None else min(trained, pin_ctx // at_once)
+    if memory_fit is not None:
+        share = min(share, memory_fit // at_once)
+    return max(CTX_ROUND, share // CTX_ROUND * CTX_ROUND)
 
 
-def _auto_source(n_ctx_train: int | None, pin_ctx: int | None, fit: int | None) -> str:
+def _auto_source(n_ctx_train: int | None, pin_ctx: int | None, fit: int | None, at_once: int) -> str:
+    """Where :func:`auto_budget`'s number came from, for the plan's reasons."""
     total = n_ctx_train or DEFAULT_CTX
-    if pin_ctx is not None and pin_ctx < total and (fit is None or pin_ctx <= fit):
-        return f"the pinned context {pin_ctx:,}"
-    if fit is not None and fit < total:
-        return f"the {fit:,} tokens of KV memory holds"
-    return f"training context {total:,}" if n_ctx_train else f"default context {total:,}"
+    trained = f"training context {total:,}" if n_ctx_train else f"default context {total:,}"
+    base = trained if pin_ctx is None or pin_ctx >= total * at_once else f"the pinned context {pin_ctx:,}"
+    base_tokens = total if base == trained else pin_ctx or total
+    if fit is not None and fit < base_tokens:
+        return f"the {fit:,} tokens of KV memory holds / {at_once} agent(s) at once"
+    if pin_ctx is not None and base == trained:
+        return f"{trained} (one request's cap; the pinned {pin_ctx:,} is shared by {at_once})"
+    return f"{base} / {at_once} agent(s) at once"
 
 
 def check_attached(plan_needed: EnginePlan, slots: int, n_ctx: int, *, kv_unified: bool | None = None) -> list[str]:

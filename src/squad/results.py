@@ -3,7 +3,9 @@
 
 Runtime objects, so plain dataclasses (not pydantic). An agent that failed or was
 cancelled has ``output == ""`` and its ``error`` set; partial text of a failed call is
-never an ``output`` and never enters a history.
+never an ``output`` and never enters a history. Each result's ``outcome``
+(:class:`~squad.outcome.Outcome`) says whether ``output`` is a real answer: ``ok``, or
+``truncated`` (cut at max_tokens), ``empty``, ``failed``, ``cancelled``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from squad.errors import AgentCancelled, AgentRunError
+from squad.errors import AgentCancelled, AgentRunError, IncompleteAnswer
+from squad.outcome import Outcome, marked, outcome_of
 
 __all__ = [
     "AgentResult",
@@ -19,6 +22,7 @@ __all__ = [
     "RunResult",
     "Usage",
     "first_failure",
+    "notes_of",
     "cancelled_result",
     "usage_of",
     "timings_of",
@@ -62,7 +66,9 @@ class AgentTimings:
 class AgentResult:
     """One agent conversation's outcome.
 
-    ``output`` is the final answer (``""`` on failure); ``reasoning`` is kept apart from it.
+    ``output`` is the final answer (``""`` on failure, except the text of a truncated or
+    empty answer that ``fail_on`` made an :class:`~squad.errors.IncompleteAnswer`);
+    ``reasoning`` is kept apart from it.
     ``slot`` is the engine slot of the last call when the engine reported it.
     ``error`` is the failure (an :class:`AgentCancelled` when cancelled) and
     ``cancelled_reason`` says why it was cancelled (e.g. ``"cancelled because 'style' failed"``).
@@ -70,7 +76,9 @@ class AgentResult:
     (only on success); ``tool_calls`` lists ``(name, arguments, result_text)`` in order;
     ``subs`` are the results of sub-agents it called as ``ask_<name>`` tools;
     ``conversation`` is the id its events carry; ``item`` the index of the map item it
-    worked on (``Squad.map``), else None.
+    worked on (``Squad.map``), else None; ``notes`` what the run should tell that is not a
+    failure (a sub-agent tool call refused by the run's bound). ``finish_reason`` is its last
+    call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate).
     """
 
     agent: str
@@ -86,10 +94,39 @@ class AgentResult:
     subs: list["AgentResult"] = field(default_factory=list)
     conversation: str | None = None
     item: int | None = None
+    finish_reason: str | None = None
+    max_tokens: int | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """No error (it did not fail and was not cancelled); whether ``output`` is a whole
+        answer is :attr:`outcome`."""
         return self.error is None
+
+    @property
+    def outcome(self) -> Outcome:
+        """``ok``, ``truncated``, ``empty``, ``failed`` or ``cancelled`` (:mod:`squad.outcome`)."""
+        if self.cancelled_reason is not None or isinstance(self.error, AgentCancelled):
+            return Outcome.CANCELLED
+        if isinstance(self.error, IncompleteAnswer):  # a non-answer a fail_on policy made a failure
+            return Outcome(self.error.outcome)
+        if self.error is not None:
+            return Outcome.FAILED
+        return outcome_of(self.finish_reason, self.output)
+
+    @property
+    def truncated(self) -> bool:
+        """True when the answer stopped at ``max_tokens`` (outcome ``truncated``)."""
+        return self.outcome is Outcome.TRUNCATED
+
+    @property
+    def marked_output(self) -> str:
+        """``output`` as a later reader is given it: unchanged for an answer, else with the
+        outcome's visible mark (:func:`squad.outcome.marked`, e.g. ``... [truncated at
+        max_tokens]``, ``[failed: why]``)."""
+        detail = self.cancelled_reason or (str(self.error) if self.error is not None else "")
+        return marked(self.outcome, self.output, detail)
 
     @property
     def label(self) -> str:
@@ -103,8 +140,10 @@ class AgentResult:
             state = self.cancelled_reason
         elif self.error is not None:
             state = f"failed: {type(self.error).__name__}: {self.error}"
+        elif self.outcome is Outcome.TRUNCATED and self.max_tokens is not None:
+            state = f"truncated at max_tokens {self.max_tokens}"
         else:
-            state = "ok"
+            state = self.outcome.value
         ttft = f"{t.ttft_s:.2f}s" if t.ttft_s is not None else "-"
         tps = f"{t.tokens_per_s:.1f}" if t.tokens_per_s is not None else "-"
         slot = f" slot {self.slot}" if self.slot is not None else ""
@@ -129,13 +168,48 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        """The main agent did not fail (see :attr:`outcome` for a whole answer)."""
         return self.main.ok
+
+    @property
+    def outcome(self) -> Outcome:
+        """The main agent's outcome: ``ok`` or ``truncated``/``empty`` (a failure raises)."""
+        return self.main.outcome
+
+    @property
+    def truncated(self) -> bool:
+        """True when the main agent's answer stopped at ``max_tokens``."""
+        return self.main.truncated
+
+    @property
+    def notes(self) -> list[str]:
+        """The notes of every conversation of this turn (:func:`notes_of`)."""
+        return notes_of([self.main, *self.subs])
 
     def summary(self) -> str:
         """The main agent's line, then one indented line per sub-agent."""
         lines = [self.main.summary()]
         lines += [f"  {sub.summary()}" for sub in self.subs]
         return "\n".join(lines)
+
+
+def notes_of(results: Sequence[AgentResult]) -> list[str]:
+    """The ``notes`` of ``results`` and of the sub-agents they called, at any depth, each
+    conversation once, in order."""
+    seen: set[int] = set()
+    found: list[str] = []
+
+    def walk(r: AgentResult) -> None:
+        if id(r) in seen:
+            return
+        seen.add(id(r))
+        found.extend(r.notes)
+        for sub in r.subs:
+            walk(sub)
+
+    for r in results:
+        walk(r)
+    return found
 
 
 def first_failure(results: Sequence[AgentResult]) -> AgentRunError | None:

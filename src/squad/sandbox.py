@@ -55,7 +55,7 @@ import jinja2
 from jinja2 import nodes, pass_context
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
-__all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size",
+__all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT",
            "MAX_VALUE", "MAX_STEPS", "MAX_INT_DIGITS"]
 
 MAX_VALUE = 1_000_000
@@ -392,8 +392,12 @@ def _out(context: Any, value: Any) -> Any:
 _MACRO_STEPS = 4
 """Steps one macro call costs (a call runs a whole template function: ~4 simple steps' time)."""
 
-_LOOP, _CONCAT, _OUT = "squad:loop", "squad:concat", "squad:out"
+_LOOP, _CONCAT, _TEXT = "squad:loop", "squad:concat", "squad:text"
 """Names no template can spell (a filter name is an identifier), for :func:`bound`."""
+
+OUT = "squad:out"
+"""The filter every ``{{ ... }}`` output passes through (the template's own text passes
+through another): an environment may replace it to treat that output as data."""
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -408,7 +412,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.globals["range"] = _range
         self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
-        self.filters.update({_LOOP: _loop, _CONCAT: _concat, _OUT: _out})
+        self.filters.update({_LOOP: _loop, _CONCAT: _concat, _TEXT: _out, OUT: _out})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         meter = _meter()
@@ -466,7 +470,7 @@ def bound(ast: nodes.Template, env: jinja2.Environment) -> nodes.Template:
         if isinstance(node, nodes.For):
             node.iter = wrap(node.iter, _LOOP)
         elif isinstance(node, nodes.Output):
-            node.nodes = [wrap(n, _OUT) for n in node.nodes]
+            node.nodes = [wrap(n, _TEXT if isinstance(n, nodes.TemplateData) else OUT) for n in node.nodes]
 
     visit(ast)
     ast.set_environment(env)

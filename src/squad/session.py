@@ -32,7 +32,16 @@ from squad.engine.llama import check_cache_type
 from squad.engine.plan import Backend, EnginePlan
 from squad.engine.process import free_port
 from squad.errors import UserError
-from squad.events import EngineLoaded, EnginePlanned, EngineReplanning, Event, EventSink, emit_to
+from squad.events import (
+    EngineExited,
+    EngineLoaded,
+    EngineLoading,
+    EnginePlanned,
+    EngineReplanning,
+    Event,
+    EventSink,
+    emit_to,
+)
 from squad.planner import plan, plan_for_replan
 from squad.workload import Call, Node
 
@@ -57,7 +66,9 @@ class EngineSpec:
     slots and KV pool itself), so squad sends without reserving.
 
     ``request_timeout`` (seconds) bounds one call end to end, and the engine's own ``-to``
-    is set above it. Raises :class:`UserError` for a bad combination or cache type.
+    is set above it. ``load_timeout`` (seconds): how long a launched engine may take to load the
+    model (None: 60 s + 60 s per GiB of model file). Raises :class:`UserError` for a bad
+    combination or cache type.
     """
 
     model: str | Path | None = None
@@ -71,6 +82,7 @@ class EngineSpec:
     api_key: str | None = None
     admits: bool = False
     request_timeout: float = 600.0
+    load_timeout: float | None = None
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
 
@@ -81,6 +93,9 @@ class EngineSpec:
                 raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
         if not isinstance(self.request_timeout, (int, float)) or self.request_timeout <= 0:
             raise UserError(f"request_timeout must be a positive number of seconds, got {self.request_timeout!r}")
+        if self.load_timeout is not None and (isinstance(self.load_timeout, bool) or not isinstance(
+                self.load_timeout, (int, float)) or not self.load_timeout > 0):
+            raise UserError(f"load_timeout must be a positive number of seconds, got {self.load_timeout!r}")
         for name in ("cache_type_k", "cache_type_v"):
             value = getattr(self, name)
             if value is not None:
@@ -98,7 +113,7 @@ class EngineSpec:
             raise UserError(f"url {self.url!r}: write the engine's address with its scheme, "
                             f"e.g. http://{str(self.url).removeprefix('//')}")
         launch_only = {"model": self.model, "slots": self.slots, "ctx": self.ctx, "binary": self.binary,
-                       "threads": self.threads, "mlx_max_batch": self.mlx_max_batch,
+                       "threads": self.threads, "load_timeout": self.load_timeout, "mlx_max_batch": self.mlx_max_batch,
                        "cache_type_k": None if self.cache_type_k == "f16" else self.cache_type_k,
                        "cache_type_v": self.cache_type_v}
         given = [k for k, v in launch_only.items() if v is not None]
@@ -174,6 +189,8 @@ class EngineSession(AsyncResource):
         self._chat: ChatEngine | None = None
         self._owns_chat = False
         self._reload_lock = anyio.Lock()
+        self._exit_reported: int | None = None  # pid of the engine process whose death was reported
+        self._restarted_pid: int | None = None  # pid of the engine the last restart started
 
     # -- what the runtime uses ---------------------------------------------------------------
 
@@ -224,7 +241,9 @@ class EngineSession(AsyncResource):
             self._emit(EnginePlanned(slots=self.plan.slots, n_ctx=self.plan.n_ctx, reasons=list(self.plan.reasons),
                                      warnings=list(self.plan.warnings)))
             self.launcher = Launcher(self.plan, binary=spec.binary, threads=spec.threads,
-                                     request_timeout=spec.request_timeout, port=free_port())  # one port across reloads
+                                     request_timeout=spec.request_timeout, load_timeout=spec.load_timeout,
+                                     port=free_port(),  # one port across reloads
+                                     on_progress=self._loading if self._sinks else None)
             info, reason = await self.launcher.start(), "launched"
         from squad.client import EngineClient
 
@@ -232,7 +251,7 @@ class EngineSession(AsyncResource):
         sink = self._emit if self._sinks else None  # nobody listens: events are not even built
         admission = None if spec.admits else Admission.for_engine(info, on_event=sink)
         client = EngineClient(info, admission=admission, request_timeout=spec.request_timeout, on_event=sink,
-                              restart=restart)
+                              restart=restart, gone_reason=self._exited if self.launcher is not None else None)
         self._chat, self._owns_chat = client, True
         await client.prepare()  # the model's tokenizer, so calls count prompts without a round trip
         self._loaded(reason)
@@ -243,6 +262,7 @@ class EngineSession(AsyncResource):
             if self._chat is not None and self._owns_chat:
                 await self._chat.aclose()
             if self.launcher is not None:
+                self._report_exit()  # an engine that died unnoticed (no call after it) is still reported
                 await self.launcher.aclose()
 
     # -- reload ------------------------------------------------------------------------------
@@ -290,9 +310,40 @@ class EngineSession(AsyncResource):
     async def _restart(self) -> EngineInfo:
         """The client's restart hook after the engine died: same plan, new process."""
         assert self.launcher is not None
+        await self._exited()
         info = await self.launcher.restart()
-        self._loaded("restarted", info)
+        if self.launcher.pid != self._restarted_pid:  # calls that overlapped share one restart: one event
+            self._restarted_pid = self.launcher.pid
+            self._loaded("restarted", info)
         return info
+
+    async def _exited(self, settle: float = 0.5) -> str | None:
+        """The client's hook when the engine stopped answering or cut a stream: ``"engine exited
+        (signal 9 SIGKILL), log: PATH"`` if the launched engine's process has ended (reported as
+        ``engine.exited`` once per process), else None. Waits up to ``settle`` seconds for a
+        process whose socket closed but that has not finished exiting yet."""
+        assert self.launcher is not None
+        with anyio.move_on_after(settle):
+            while self.launcher.running:
+                await anyio.sleep(0.05)
+        return self._report_exit()
+
+    def _report_exit(self) -> str | None:
+        launcher = self.launcher
+        status = launcher.exit_status() if launcher is not None else None
+        if launcher is None or status is None:
+            return None
+        message = f"engine exited ({status}), log: {launcher.log_path}"
+        if self._exit_reported != launcher.pid:
+            self._exit_reported = launcher.pid
+            self._emit(EngineExited(status=status, log_path=str(launcher.log_path), message=message,
+                                    engine=launcher.base_url))
+        return message
+
+    def _loading(self, elapsed: float, timeout: float) -> None:
+        assert self.plan is not None
+        self._emit(EngineLoading(model=Path(self.plan.model).name, elapsed_s=round(elapsed, 1),
+                                 timeout_s=round(timeout, 1)))
 
     def _adopt(self, info: EngineInfo) -> None:
         chat = self.chat

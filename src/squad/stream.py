@@ -48,7 +48,8 @@ class Loading(EngineError):
 
 class InnocentOverflow(ContextExceeded):
     """The pool overflowed although squad's reservations fit it: another client did it.
-    ``reserved``: tokens squad held when it happened (the real number, for the message)."""
+    ``reserved``: tokens this process's admission held when it happened (this call's
+    reservation and its siblings'), for the message: never the pool's size (F20)."""
 
     def __init__(self, message: str, *, agent: str, reserved: int) -> None:
         self.reserved = reserved
@@ -90,9 +91,9 @@ def classify(exc: openai.APIError, agent: str, *, base_url: str, engine_pool: in
                              f"{n_prompt}, n_ctx={n_ctx}): {fix} or shorten the prompt", agent=agent)
     if CONTEXT_EXCEEDED in message:
         if squad_pool <= engine_pool:
-            return InnocentOverflow(f"agent '{agent}': {message} while squad held {squad_reserved} of "
-                                    f"{engine_pool} tokens: another client filled the pool", agent=agent,
-                                    reserved=squad_reserved)
+            return InnocentOverflow(f"agent '{agent}': {message} while this process held {squad_reserved} of the "
+                                    f"engine's {engine_pool} tokens reserved: another client filled the pool",
+                                    agent=agent, reserved=squad_reserved)
         return ContextExceeded(f"agent '{agent}': {message} squad's admission pool ({squad_pool}) is larger "
                                f"than the engine's ({engine_pool}): build Admission from the engine's "
                                "read-back pool", agent=agent)

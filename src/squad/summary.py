@@ -3,9 +3,10 @@
 :func:`summarize` turns events (live, or read back by :func:`squad.trace.load_trace`) into a
 :class:`TraceSummary`: one :class:`CallSpan` per engine call, matched by its call id (queue,
 admission, first token, end, release), one :class:`AgentSummary` per agent (per map item:
-``security[3]``, from ``agent.started``'s ``item``), the engine loads
-and the peak number of calls holding a slot at once. ``squad trace show/plot`` and
-``squad run``'s table read it.
+``security[3]``, from ``agent.started``'s ``item``) with its outcome (``done``, or a
+non-answer of :mod:`squad.outcome`: ``truncated``, ``empty``, ``failed``, ``cancelled``), the
+recipe steps' warnings, the engine loads and the peak number of calls holding a slot at once.
+``squad trace show/plot`` and ``squad run``'s table read it.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from squad.events import (
     CallRetried,
     EngineLoaded,
     Event,
+    StepWarning,
+    ToolLimited,
     item_label,
 )
+from squad.outcome import worst
 from squad.trace import jsonable
 
 __all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad"]
@@ -43,7 +47,8 @@ class CallSpan:
     ``admitted`` when it got a slot and its reservation, ``first_token`` and ``end`` when the
     stream produced its first token and ended (finished, failed or released). ``slot`` is
     squad's slot number; ``conversation``/``parent`` place it in its agent conversation.
-    ``error`` is set for a failed call; ``retried`` when it was sent more than once.
+    ``error`` is set for a failed call; ``retried`` when it was sent more than once;
+    ``finish_reason`` is the engine's for a finished call (``length``: stopped at max_tokens).
     """
 
     agent: str
@@ -60,6 +65,7 @@ class CallSpan:
     completion_tokens: int | None = None
     error: str | None = None
     retried: bool = False
+    finish_reason: str | None = None
 
     @property
     def start(self) -> float:
@@ -86,8 +92,9 @@ class AgentSummary:
     started: float | None = None
     ended: float | None = None
     status: str = "running"
-    """``running`` (no end event: the run crashed or is still going), ``done``, ``failed``
-    or ``cancelled``."""
+    """``running`` (no end event: the run crashed or is still going), ``done``, or its worst
+    non-answer (:func:`squad.outcome.worst`): ``truncated`` (stopped at max_tokens),
+    ``empty``, ``cancelled``, ``failed``."""
     calls: int = 0
     queued_s: float = 0.0
     """Total seconds its calls waited in squad's admission queue."""
@@ -100,6 +107,8 @@ class AgentSummary:
     slots: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the run said of it that is not a failure (``tool.limited``: a sub-agent call refused)."""
 
 
 @dataclass
@@ -124,6 +133,8 @@ class TraceSummary:
     max_in_flight: int
     duration_s: float
     events: int
+    warnings: list[str] = field(default_factory=list)
+    """Recipe steps' warnings (``step.warning``: a non-answer, naming the step and the fix)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``squad trace show --json``)."""
@@ -146,6 +157,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     t0 = events[0].t if events else 0.0
     agents: dict[str, AgentSummary] = {}
     loads: list[EngineLoad] = []
+    warnings: list[str] = []
     spans: dict[str, CallSpan] = {}
     peak_reported = 0
     labels = {e.conversation: item_label(e.agent, e.item) for e in events
@@ -175,9 +187,13 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         if isinstance(ev, EngineLoaded):
             loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
                                     engine=ev.engine))
+        elif isinstance(ev, StepWarning):
+            warnings.append(ev.warning)
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
+        elif isinstance(ev, ToolLimited):
+            agent(who(ev)).notes.append(ev.message)
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
             _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()
                                                if s.agent == who(ev) and s.conversation == ev.conversation])
@@ -210,7 +226,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = "failed" if a.errors else "done"
     return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
                         max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=len(events))
+                        events=len(events), warnings=warnings)
 
 
 def _call_event(s: CallSpan, ev: Event, t: float) -> int:
@@ -223,7 +239,7 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
     elif isinstance(ev, CallFirstToken):
         s.first_token = t if s.first_token is None else s.first_token
     elif isinstance(ev, CallFinished):
-        s.end, s.error = t, None
+        s.end, s.error, s.finish_reason = t, None, ev.finish_reason
         s.prompt_tokens, s.completion_tokens = ev.prompt_tokens, ev.completion_tokens
     elif isinstance(ev, CallFailed):
         s.end, s.error = t, f"{ev.error}: {ev.message}" if ev.message else ev.error
@@ -237,9 +253,11 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
 
 def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
     a.ended = t
-    status = {AgentFinished: "done", AgentFailed: "failed"}.get(type(ev), "cancelled")
-    if a.status != "failed":  # one failed conversation of an agent (e.g. a map item) stays visible
-        a.status = status
+    outcome = ev.outcome if isinstance(ev, AgentFinished) else "failed" if isinstance(ev, AgentFailed) else "cancelled"
+    # the worst conversation of an agent (e.g. one called by two steps) stays visible
+    seen = [] if a.status == "running" else ["ok" if a.status == "done" else a.status]
+    status = worst([*seen, outcome]).value
+    a.status = "done" if status == "ok" else status
     reason = getattr(ev, "reason", None) or getattr(ev, "error", None)
     if not reason:
         return

@@ -19,6 +19,11 @@ Rules:
   model call. Anything that fails while rendering (``{{ 10 / 0 }}``, ``{{ "a" + 1 }}``, a
   ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items, ``{{ 'x' * 10**9 }}``) is a
   :class:`RecipeError` too, never a traceback or a hang.
+- ``data=True`` (a recipe prompt as sent): the output of every ``{{ ... }}`` is data, wrapped
+  by :func:`squad.mention.as_data`, so only the template's own text can @mention an agent
+  (field case F13); :func:`mark_tags` gives the source read the same way, for the checks
+  made before rendering. Values inside the template (``{% if x == "a@b" %}``, ``| length``)
+  are the plain values.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import jinja2
-from jinja2 import meta, nodes
+from jinja2 import meta, nodes, pass_context
 
 from squad.errors import RecipeError
-from squad.sandbox import MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
+from squad.sandbox import OUT, MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
-__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment"]
+__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
 
 _ENV = BoundedSandbox(
     undefined=jinja2.StrictUndefined,
@@ -88,11 +93,34 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
     return bound(ast, _ENV)
 
 
-def _compile(source: str, where: str, loc: Mapping[str, Any] | None) -> jinja2.Template:
+_DATA_ENV: BoundedSandbox | None = None
+
+
+def _data_env() -> BoundedSandbox:
+    """:data:`_ENV` with every ``{{ ... }}`` output wrapped as data (module docstring): the
+    sandbox's output filter (:data:`squad.sandbox.OUT`, counting each ``{{ ... }}``) also
+    marks it; the template's own text goes through another one and stays as written."""
+    global _DATA_ENV
+    if _DATA_ENV is None:
+        from squad.mention import as_data
+
+        count = _ENV.filters[OUT]
+
+        @pass_context
+        def out_as_data(context: Any, value: Any) -> Any:
+            return as_data(count(context, value))
+
+        env = _ENV.overlay()
+        env.filters = {**_ENV.filters, OUT: out_as_data}
+        _DATA_ENV = env
+    return _DATA_ENV
+
+
+def _compile(source: str, where: str, loc: Mapping[str, Any] | None, data: bool = False) -> jinja2.Template:
     """Parse and compile ``source``; every compile-time problem becomes a :class:`RecipeError`."""
     ast = _parse(source, where, loc)
     try:
-        return _ENV.from_string(ast)
+        return (_data_env() if data else _ENV).from_string(ast)
     except jinja2.TemplateSyntaxError as exc:  # includes TemplateAssertionError
         raise _error(f"template error{_line(source, exc.lineno)}: {exc.message}", where, loc) from None
 
@@ -113,8 +141,11 @@ def render_template(
     loc: Mapping[str, Any] | None = None,
     max_chars: int | None = None,
     why: str = "",
+    data: bool = False,
 ) -> str:
     """Render ``source`` with ``variables`` in the sandbox and return the text.
+
+    ``data=True``: every ``{{ ... }}`` output is marked as data (module docstring).
 
     ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
     optionally carries ``file``/``line``/``column`` for :class:`RecipeError`. ``max_chars``
@@ -131,7 +162,7 @@ def render_template(
     """
     if "{{" not in source and "{%" not in source:
         return source  # nothing to render: keep the text byte for byte
-    template = _compile(source, where, loc)
+    template = _compile(source, where, loc, data)
     given = flat_size(variables, 10**12)
     meter = Meter(max_value=MAX_VALUE + given, max_chars=max_chars if max_chars is not None else MAX_VALUE + given,
                   why=why)
@@ -152,6 +183,34 @@ def render_template(
     except Exception as exc:  # the template's own arithmetic, a bad + ...
         problem = str(exc) or type(exc).__name__
         raise _error(f"template error: {problem} ({type(exc).__name__}); fix this expression", where, loc) from None
+
+
+def mark_tags(source: str) -> str:
+    """``source`` as the mention parser reads it before rendering: every ``{{ ... }}`` marked
+    as data (:func:`squad.mention.as_data`), as its output will be, and every ``{% ... %}`` tag
+    left out, as it is when rendered (the text on both sides joins). ``source`` unchanged when
+    it has no tags or does not lex."""
+    from squad.mention import as_data
+
+    if "{{" not in source and "{%" not in source:
+        return source
+    out: list[str] = []
+    tag: list[str] = []
+    try:
+        for _, kind, value in _ENV.lex(source):
+            if kind == "data" or kind.startswith("raw_"):
+                out.append(value if kind == "data" else "")
+                continue
+            tag.append(value)
+            if kind == "variable_end":
+                out.append(as_data("".join(tag)))
+            if kind.endswith("_end"):
+                tag = []
+    except jinja2.TemplateSyntaxError:
+        return source
+    if tag:  # a tag left open at the end (a template check_template refuses)
+        out.append(as_data("".join(tag)))
+    return "".join(out)
 
 
 def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.UndefinedError) -> str:

@@ -5,7 +5,8 @@ The JSON schema of a tool's arguments comes from pydantic (a model built with
 come from the docstring (Google, NumPy or reST style, parsed by ``docstring_parser``).
 
 A tool never crashes a run: bad JSON, arguments that fail validation and exceptions
-raised by the function all become the tool's result text, which goes back to the model.
+raised by the function all become the tool's result text, which goes back to the model
+(:class:`ToolError` for a message without the exception's name).
 Several tool calls of one model turn run concurrently in one task group; sync functions
 run in a worker thread (``anyio.to_thread``).
 """
@@ -23,7 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from squad.errors import UserError
 
-__all__ = ["Tool", "tool", "ToolOutcome", "run_tool_calls"]
+__all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls"]
+
+
+class ToolError(Exception):
+    """Raise in a tool to give the model ``error: <message>`` as the result (a refusal the
+    model should read as such; any other exception also names its type)."""
 
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
@@ -115,6 +121,8 @@ class Tool:
                     value = await value
         except anyio.get_cancelled_exc_class():
             raise
+        except ToolError as exc:
+            return ToolOutcome(self.name, f"error: {exc}", ok=False)
         except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model
             return ToolOutcome(self.name, f"error: {self.name} raised {type(exc).__name__}: {exc}", ok=False)
         return ToolOutcome(self.name, _as_text(value), ok=True)

@@ -5,29 +5,80 @@ when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`),
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
 round offers no tools, so the model must answer. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
+
+:func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
+:class:`SubAgentBound` is one run's bound on those calls (depth and count; defaults
+:data:`squad.agent.MAX_SUB_DEPTH`, :data:`squad.agent.MAX_SUB_CALLS`), checked before each.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template"]
+__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "Refusal"]
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A sub-agent tool call past a bound: ``limit`` (``"depth"`` or ``"calls"``) and its
+    ``value``; ``reply`` goes to the model as the tool's error; ``note`` says it for people,
+    set only the first time the run hits this limit."""
+
+    limit: str
+    value: int
+    reply: str
+    note: str | None
+
+
+@dataclass
+class SubAgentBound:
+    """The sub-agent tool calls (``ask_<name>``) of one run against its bounds: nested at most
+    ``max_depth`` deep (a call by the run's first agent is depth 1, a call by that sub-agent
+    depth 2, ...) and at most ``max_calls`` in all. ``calls`` counts the calls let through,
+    ``hit`` the limits reached (``"depth"``, ``"calls"``)."""
+
+    max_depth: int = MAX_SUB_DEPTH
+    max_calls: int = MAX_SUB_CALLS
+    calls: int = 0
+    hit: set[str] = field(default_factory=set)
+
+    def admit(self, depth: int, asker: str, sub: str) -> Refusal | None:
+        """Count ``asker``'s call of ``sub`` at ``depth`` and return None, or refuse it."""
+        if depth > self.max_depth:
+            limit, value = "depth", self.max_depth
+            reply = (f"refused: sub-agents may be called only {value} level(s) deep in this run "
+                     f"(max_sub_depth={value}); do this part yourself")
+            note = f"{asker} asked sub-agent {sub} {depth} level(s) deep, past this run's max_sub_depth={value}"
+        elif self.calls >= self.max_calls:
+            limit, value = "calls", self.max_calls
+            reply = (f"refused: this run has made all {value} of its sub-agent calls "
+                     f"(max_sub_calls={value}); answer with what you have")
+            note = f"{asker} asked sub-agent {sub} after this run's {value} sub-agent calls (max_sub_calls={value})"
+        else:
+            self.calls += 1
+            return None
+        first = limit not in self.hit
+        self.hit.add(limit)
+        return Refusal(limit, value, reply, f"{note}; the call was refused and the agent went on without it"
+                       if first else None)
+
+
 def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:
     """The tools ``agent`` may call: its named function tools from ``registry``, and an
-    ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output
-    (its error, if it fails, goes back to the model as the tool result)."""
+    ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output,
+    marked when it is not a whole answer (:func:`squad.outcome.marked`: truncated, empty);
+    its error, if it fails, goes back to the model as the tool result."""
     tools = {name: registry[name] for name in agent.tools}
     for sub in sub_agents:
         tools[f"ask_{sub.name}"] = _ask_tool(sub, ask)
@@ -39,7 +90,7 @@ def _ask_tool(sub: Agent, ask: Ask) -> Tool:
         result = await ask(sub, task)
         if result.error is not None:
             raise result.error
-        return result.output
+        return result.marked_output
 
     description = f"Ask the sub-agent {sub.name!r} to do a task and return its answer."
     if sub.description:
@@ -106,4 +157,5 @@ async def run_turn(
         agent=agent.name, output=reply.content or "", reasoning=reply.reasoning or "",
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
+        finish_reason=reply.finish_reason, max_tokens=agent.max_tokens,
     )

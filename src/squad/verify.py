@@ -203,15 +203,17 @@ async def run_verify(
     binary: Path | str | None = None,
     threads: int | None = None,
     max_tokens: int = 48,
+    load_timeout: float | None = None,
 ) -> VerifyReport:
     """Launch the engine with ``ctx`` tokens and ``parallel`` unified slots, run the checks, stop it.
 
-    ``model``: a known model name or a ``.gguf`` path (None → the default model).
+    ``model``: a known model name or a ``.gguf`` path (None → the default model);
+    ``load_timeout``: seconds the model may take to load (None → the launcher's default).
     Raises what :class:`Launcher` raises (``PlanMismatch`` when ``/props`` disagrees).
     """
     from squad.engine.registry import resolve_model
 
     plan = EnginePlan.simple(resolve_model(model), slots=parallel, n_ctx=ctx)
-    async with Launcher(plan, binary=binary, threads=threads) as engine:
+    async with Launcher(plan, binary=binary, threads=threads, load_timeout=load_timeout) as engine:
         assert engine.info is not None
         return await verify_engine(engine.info, parallel=parallel, ctx=ctx, max_tokens=max_tokens)

@@ -10,7 +10,10 @@ and prints nothing when turned off (``--quiet``)::
 
 Agent states: ``started`` (running, no engine call yet), ``waiting`` (in squad's admission
 queue: no slot or no room in the pool), ``prefill`` (admitted, no token yet), ``generating``
-(tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, ``failed``, ``cancelled``.
+(tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, and
+the non-answers of :mod:`squad.outcome`: ``truncated`` (stopped at max_tokens), ``empty``, ``failed``,
+``cancelled``. Warnings (the engine's, and a recipe step's non-answer with its fix) are printed
+as ``warning: ...`` lines in both modes.
 """
 
 from __future__ import annotations
@@ -37,10 +40,14 @@ from squad.events import (
     CallQueued,
     CallReleased,
     CallRetried,
+    EngineExited,
     EngineLoaded,
+    EngineLoading,
     EnginePlanned,
     EngineWarning,
     Event,
+    StepWarning,
+    ToolLimited,
     item_label,
 )
 
@@ -54,6 +61,8 @@ _STYLE = {
     "idle": "cyan",
     "retrying": "yellow",
     "done": "bold green",
+    "truncated": "bold yellow",
+    "empty": "bold yellow",
     "failed": "bold red",
     "cancelled": "red",
 }
@@ -80,7 +89,7 @@ class AgentRow:
     tokens_per_s: float | None = None
     ttft_s: float | None = None
     detail: str = ""
-    """Failure or cancellation reason."""
+    """Failure or cancellation reason; for a truncated answer its max_tokens."""
 
     @property
     def in_flight(self) -> int:
@@ -113,6 +122,10 @@ class ViewState:
     loads: int = 0
     planned: tuple[int | None, int | None] | None = None
     """(slots, n_ctx) of the plan the engine is being started with, until it reports."""
+    loading: EngineLoading | None = None
+    """The latest ``engine.loading`` while the model loads (None once it reported)."""
+    loading_logged: float = float("-inf")
+    """``elapsed_s`` of the last loading line printed (plain mode prints one every 10 s)."""
     t0: float | None = None
     last: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
@@ -144,9 +157,11 @@ class ViewState:
         self.last = max(self.last, t)
         if isinstance(event, EnginePlanned):
             self.planned = (event.slots, event.n_ctx)
+        elif isinstance(event, EngineLoading):
+            self.loading = event
         elif isinstance(event, EngineLoaded):
             self.loads += event.reason != "given"
-            self.slots, self.pool = event.slots, event.pool
+            self.slots, self.pool, self.loading = event.slots, event.pool, None
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -160,8 +175,10 @@ class ViewState:
         if isinstance(event, AgentStarted):
             row.started = t
             self._set(row, "started", t)
-        elif isinstance(event, AgentFinished):
-            self._set(row, "done", t)
+        elif isinstance(event, AgentFinished):  # ok, or a non-answer: truncated, empty
+            self._set(row, "done" if event.outcome == "ok" else event.outcome, t)
+            if event.outcome == "truncated" and event.max_tokens is not None:
+                row.detail = f"at max_tokens {event.max_tokens}"
         elif isinstance(event, AgentFailed):
             self._set(row, "failed", t)
             row.detail = event.error
@@ -194,7 +211,7 @@ class ViewState:
             row.held.pop(call, None)
             row.completion_tokens += event.completion_tokens or 0
             row.tokens_per_s = event.tokens_per_s or row.tokens_per_s
-            if row.state not in ("done", "failed", "cancelled"):
+            if row.state not in ("done", "truncated", "empty", "failed", "cancelled"):
                 self._set(row, "idle" if not row.held else row.state, t)
         elif isinstance(event, CallFailed):
             row.held.pop(call, None)
@@ -224,6 +241,9 @@ class ViewState:
             return f"generating {age:.1f}s{rate}"
         if row.state in ("failed", "cancelled"):
             return f"{row.state}: {row.detail}" if row.detail else row.state
+        if row.state in ("truncated", "empty"):
+            at = f" {row.detail}" if row.detail else ""
+            return f"{row.state}{at} after {row.since - row.started:.1f}s"
         if row.state == "done":
             rate = f", {row.tokens_per_s:.0f} tok/s" if row.tokens_per_s else ""
             return f"done in {row.since - row.started:.1f}s{rate}"
@@ -254,7 +274,10 @@ class ViewState:
         """``slots 2/4 busy ▮▮▯▯ · 1 waiting · pool 612/4096 tokens reserved (15%)``."""
         parts = []
         if self.slots is None and self.planned is not None:
-            return f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
+            line = f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
+            if self.loading is not None:
+                line += f" · {self.loading_text()}"
+            return line
         if self.slots:
             bar = "▮" * min(self.busy, self.slots) + "▯" * max(0, self.slots - self.busy)
             parts.append(f"slots {self.busy}/{self.slots} busy {bar}")
@@ -265,12 +288,24 @@ class ViewState:
             parts.append(f"pool {self.pool_used}/{self.pool} tokens reserved ({100 * self.pool_used // self.pool}%)")
         return " · ".join(parts)
 
+    def loading_text(self) -> str:
+        """``loading model.gguf: 12 s of at most 90 s`` (the latest ``engine.loading``)."""
+        ev = self.loading
+        return "" if ev is None else f"loading {ev.model}: {ev.elapsed_s:.0f} s of at most {ev.timeout_s:.0f} s"
+
     def line(self, event: Event) -> str | None:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = self.name(event) or "-"
         if isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
+        elif isinstance(event, EngineExited):
+            text = event.message
+        elif isinstance(event, EngineLoading):
+            if event.elapsed_s - self.loading_logged < 10:
+                return None
+            self.loading_logged = event.elapsed_s
+            text = self.loading_text()
         elif isinstance(event, EnginePlanned):
             text = self.status_line()
         elif isinstance(event, AgentStarted):
@@ -336,10 +371,14 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning)):  # warnings, in both modes
-                found = event.warnings if isinstance(event, EnginePlanned) else [event.warning]
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, StepWarning)):  # warnings, both modes
+                found = (event.warnings if isinstance(event, EnginePlanned) else
+                         [event.message] if isinstance(event, ToolLimited) else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+            restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
+            if self.on and self.live_mode and (isinstance(event, EngineExited) or restarted):  # in both modes
+                self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:
         with self._lock:

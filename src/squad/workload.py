@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = [
@@ -60,22 +60,24 @@ __all__ = [
 @dataclass(frozen=True)
 class Call:
     """One agent conversation; ``budget`` is the context it may hold, in tokens (None = auto,
-    resolved by the planner; counted as 0 in sums until then)."""
+    resolved by the planner; counted as 0 in sums until then). ``label`` (e.g. a recipe step's
+    id) names its place in the timeline; calls that differ only by label are equal."""
 
     agent: str
     budget: int | None
+    label: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class Sequence:
     items: tuple["Node", ...]
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Parallel:
     items: tuple["Node", ...]
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
@@ -83,14 +85,14 @@ class Map:
     item: "Node"
     count: int | None = None
     limit: int | None = None
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Delegate:
     main: Call
     subs: "Node"
-    label: str | None = None
+    label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 Node = Union[Call, Sequence, Parallel, Map, Delegate]
@@ -176,7 +178,7 @@ def calls(node: Node) -> tuple[Call, ...]:
 def with_budgets(node: Node, auto: int) -> Node:
     """``node`` with every auto budget (``Call.budget`` None) set to ``auto`` tokens."""
     if isinstance(node, Call):
-        return Call(node.agent, auto) if node.budget is None else node
+        return Call(node.agent, auto, node.label) if node.budget is None else node
     if isinstance(node, Sequence):
         return Sequence(tuple(with_budgets(n, auto) for n in node.items), label=node.label)
     if isinstance(node, Parallel):
@@ -260,7 +262,7 @@ def _unique(items) -> tuple[Call, ...]:
 
 
 def _own_label(node: Node) -> bool:
-    return not isinstance(node, Call) and bool(node.label)
+    return bool(node.label)
 
 
 def _join(outer: str, inner: str) -> str:

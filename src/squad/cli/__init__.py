@@ -14,6 +14,8 @@ from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
 from squad.cli import trace as _trace  # noqa: F401
-from squad.cli._app import app, main
+from squad.cli._app import app, main, unwrap_help
+
+unwrap_help(app)
 
 __all__ = ["app", "main"]

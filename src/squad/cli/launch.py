@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,11 +19,12 @@ import psutil
 import typer
 from rich.table import Table
 
+from squad.cli import options
 from squad.cli._app import app, console, err_console
-from squad.cli.engine import engine_app
+from squad.cli.engine import engine_app, progress_status
 from squad.engine.control import attach, control_client, pool_warning, read_engine
 from squad.engine.info import EngineInfo
-from squad.engine.llama import DEFAULT_SLOTS, MAX_SLOTS
+from squad.engine.llama import DEFAULT_SLOTS
 from squad.engine.plan import EnginePlan
 from squad.engine.process import alive, stop_pid
 from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine, saved_engine_path
@@ -30,36 +32,32 @@ from squad.errors import EngineGone, UserError
 
 __all__ = ["verify", "engine_start", "engine_stop", "engine_status"]
 
-_LlamaServer = Annotated[
-    Optional[Path], typer.Option("--llama-server", help="Use this llama-server binary instead of searching.")
-]
-_Model = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="A known model name or a .gguf path (default: smollm2-135m).")
-]
-_Threads = Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="llama-server threads (-t).")]
-
 
 @app.command("verify")
 def verify(
-    model: _Model = None,
-    ctx: Annotated[int, typer.Option("--ctx", min=256, help="Context length to load, tokens.")] = 8192,
-    parallel: Annotated[int, typer.Option("--parallel", min=1, max=MAX_SLOTS, help="Parallel slots.")] = 4,
-    llama_server: _LlamaServer = None,
-    threads: _Threads = None,
+    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
+    slots: Annotated[int, options.slots()] = 4,
+    ctx: Annotated[int, options.ctx()] = 8192,
+    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    threads: Annotated[Optional[int], options.threads()] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report instead of a table.")] = False,
+    as_json: Annotated[bool, options.as_json("Print a JSON report instead of tables.")] = False,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Check that the engine serves parallel slots with one shared context (the product page's test).
 
-    Loads the model with --ctx and --parallel unified slots, checks /props, sends --parallel
-    overlapping streaming requests while polling /slots, and requires all slots busy at once and
-    every first token before any request finishes. Exits 1 if a check fails.
+    Loads the model with --slots unified slots sharing --ctx tokens, checks /props, sends one
+    streaming request per slot at once while polling /slots, and requires all slots busy at
+    once and every first token before any request finishes. Exits 1 if a check fails.
     """
+    from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.verify import run_verify
 
+    check_state_dirs(*ENGINE_STATE)
     report = anyio.run(
         lambda: run_verify(
-            model=model, ctx=ctx, parallel=parallel, binary=llama_server, threads=threads, max_tokens=max_tokens
+            model=model, ctx=ctx, parallel=slots, binary=llama_server, threads=threads, max_tokens=max_tokens,
+            load_timeout=load_timeout,
         )
     )
     if as_json:
@@ -87,30 +85,37 @@ def verify(
 
 @engine_app.command("start")
 def engine_start(
-    model: _Model = None,
-    slots: Annotated[int, typer.Option("--slots", "-np", min=1, max=MAX_SLOTS, help="Parallel slots.")] = DEFAULT_SLOTS,
-    ctx: Annotated[int, typer.Option("--ctx", "-c", min=256, help="Context length (shared pool), tokens.")] = 8192,
-    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="Port (default: a free one).")] = None,
-    llama_server: _LlamaServer = None,
-    threads: _Threads = None,
+    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
+    slots: Annotated[int, options.slots()] = DEFAULT_SLOTS,
+    ctx: Annotated[int, options.ctx()] = 8192,
+    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, show_default=False, help="Port on 127.0.0.1 (default: a free one).")] = None,
+    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    threads: Annotated[Optional[int], options.threads()] = None,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
+    from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.engine.launcher import Launcher
     from squad.engine.registry import resolve_model
+
+    check_state_dirs(*ENGINE_STATE)
 
     saved = load_saved_engine()
     if saved is not None and alive(saved.pid, saved.create_time):
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
     plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
 
-    async def start() -> Launcher:
-        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True)
+    loading = f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"
+
+    async def start(progress: Callable[[float, float], None]) -> Launcher:
+        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True,
+                            load_timeout=load_timeout, on_progress=progress)
         await launcher.start()
         return launcher
 
     started = time.monotonic()
-    with console.status(f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"):
-        launcher = anyio.run(start)
+    with progress_status(loading) as say:
+        launcher = anyio.run(start, lambda elapsed, limit: say(f"{loading}: {elapsed:.0f} s of at most {limit:.0f} s"))
     info, pid = launcher.info, launcher.pid
     assert info is not None and pid is not None and launcher.log_path is not None
     launcher.detach()
@@ -151,9 +156,9 @@ def engine_stop() -> None:
 
 @engine_app.command("status")
 def engine_status(
-    url: Annotated[Optional[str], typer.Option("--url", help="Engine root URL (default: the one `engine start` left).")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    url: Annotated[Optional[str], options.url("The engine's root URL (default: the one `squad engine start` left running).")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
+    as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show what a running engine applied: slots, n_ctx, busy slots, model, build, unified KV or not."""
     saved = load_saved_engine() if url is None else None

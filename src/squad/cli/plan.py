@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from squad.cli import options
 from squad.cli._app import app, collect_params, console, engine_spec
 from squad.errors import UserError
 from squad.workload import Call, Node, Parallel, Sequence
@@ -22,19 +23,19 @@ __all__ = ["plan_command", "parse_agents"]
 @app.command("plan")
 def plan_command(
     recipe: Annotated[Optional[Path], typer.Argument(help="Recipe YAML file.", show_default=False)] = None,
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE (repeatable); NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (default: the recipe's, else the default model).")] = None,
-    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens (rounded up to 256).")] = None,
-    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...).")] = None,
-    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
+    param: Annotated[list[str], options.param()] = [],  # noqa: B006
+    model: Annotated[Optional[str], options.model("the recipe's model, else smollm2-135m")] = None,
+    slots: Annotated[Optional[int], options.slots("planned from the workload")] = None,
+    ctx: Annotated[Optional[int], options.ctx("planned from the budgets")] = None,
+    ctk: Annotated[Optional[str], options.ctk()] = None,
+    ctv: Annotated[Optional[str], options.ctv()] = None,
     backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
-    mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", help="MLX max batch size (MLX only).")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="With --backend attached: the running engine to check the plan against.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="API key of the attached engine.")] = None,
-    agents: Annotated[Optional[str], typer.Option("--agents", help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
+    mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", show_default=False, help="MLX max batch size (MLX only).")] = None,
+    url: Annotated[Optional[str], options.url("With --backend attached: the running engine to check the plan against.")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
+    agents: Annotated[Optional[str], typer.Option("--agents", show_default=False, help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    as_json: Annotated[bool, options.as_json("Print the plan as JSON.")] = False,
 ) -> None:
     """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
     against the memory available, warnings and the exact llama-server command line."""
@@ -48,7 +49,9 @@ def plan_command(
     workload: Node | None
     base, rows, reads = None, (), ()
     if recipe is not None:
-        loaded = _load_recipe(recipe, collect_params(param))
+        from squad.recipes import load_recipe
+
+        loaded = load_recipe(recipe, collect_params(param), model=model)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads
     else:
         calls = parse_agents(agents or "")
@@ -115,14 +118,6 @@ def parse_agents(text: str) -> tuple[Call, ...]:
     if not calls:
         raise UserError("--agents is empty: write NAME:BUDGET,..., e.g. lead:4096,security:4096")
     return tuple(calls)
-
-
-def _load_recipe(path: Path, params: dict[str, str | list[str]]) -> Any:
-    try:
-        from squad.recipes import load_recipe
-    except ImportError as exc:  # the recipe loader lands separately
-        raise UserError(f"recipes cannot be loaded in this build ({exc}); use --agents NAME:BUDGET,...") from exc
-    return load_recipe(path, params)
 
 
 def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "EnginePlan":

@@ -17,8 +17,9 @@ import anyio
 import typer
 from rich.table import Table
 
+from squad.cli import options
 from squad.cli._app import app, collect_params, console, engine_spec, err_console
-from squad.errors import RecipeError, UserError
+from squad.errors import RecipeError, SquadError, UserError
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
@@ -46,7 +47,7 @@ def validate_command(
             loaded = load_recipe(path, require_params=False)
         except RecipeError as exc:
             failed += 1
-            err_console.print(f"[red]error[/] {_esc(str(exc))}")
+            err_console.print(f"[red]error[/] {_esc(str(exc))}", soft_wrap=True)  # one line per error
             continue
         warnings = loaded.warnings
         for warning in warnings:
@@ -62,55 +63,69 @@ def validate_command(
 @app.command("run")
 def run_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Parameter NAME=VALUE (repeat for lists); NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path (overrides the recipe).")] = None,
-    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
-    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...; overrides the recipe's cache_type).")] = None,
-    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
-    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server instead of launching one.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", "-t", min=1, help="Engine threads (-t).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print output, steps and per-agent stats as JSON.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Also write the final output to this file.")] = None,
+    param: Annotated[list[str], options.param("Parameter")] = [],  # noqa: B006
+    model: Annotated[Optional[str], options.model("the recipe's model")] = None,
+    slots: Annotated[Optional[int], options.slots("planned from the recipe's flow")] = None,
+    ctx: Annotated[Optional[int], options.ctx("planned from the recipe's budgets")] = None,
+    ctk: Annotated[Optional[str], options.ctk()] = None,
+    ctv: Annotated[Optional[str], options.ctv()] = None,
+    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
+    threads: Annotated[Optional[int], options.threads()] = None,
+    as_json: Annotated[bool, options.as_json("Print output, steps and per-agent stats as JSON.")] = False,
+    out: Annotated[Optional[Path], options.out("Also write the final output to this file (checked before the engine starts).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
-    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write the run trace (JSONL) here instead of the state dir.")] = None,
+    trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
-    Every run writes a JSONL trace (default: the newest file in ~/.local/state/squad/traces;
-    see `squad trace show`)."""
-    from squad.recipes import load_recipe, run_recipe, step_table
+    Every path the run writes (--out, --trace, squad's state directory) is checked before the
+    engine starts. The output is printed before it is written to --out, and when a step fails
+    the outputs of the steps that finished are printed (and written to --out) with the failure.
+    Every run writes a JSONL trace; see `squad trace show`."""
+    from squad.dirs import ENGINE_STATE, check_state_dirs
+    from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
-    loaded = load_recipe(recipe, collect_params(param))
+    _check_outputs(recipe, out, trace)
+    check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
+    loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
-                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
+                       load_timeout=load_timeout)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
     trace_path = trace or default_trace_path()
+    record = RecipeRun(output="")  # filled as steps finish: kept when a later step fails
 
     async def main() -> Any:
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink:
-            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink])
+            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink], record=record)
 
-    result = anyio.run(main)
+    try:
+        result = anyio.run(main)
+    except BaseException as exc:  # noqa: BLE001 - re-raised: only keeps what finished
+        _keep_finished(loaded, record, exc, out=out, as_json=as_json)
+        raise
     rows = step_table(result)
-    if out is not None:
-        out.write_text(result.output + ("\n" if not result.output.endswith("\n") else ""), encoding="utf-8")
     if as_json:
-        typer.echo(json.dumps({
+        text = json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
-            "steps": result.steps, "agents": rows, "errors": result.errors,
+            "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
+            "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info),
-        }, indent=2, default=str))
+        }, indent=2, default=str)
+        typer.echo(text)
+        _write_out(out, result.output)
         if result.errors:
             raise typer.Exit(1)
         return
     typer.echo(result.output)
+    _write_out(out, result.output)
     if not quiet:
         _summary(rows, result)
         err_console.print(f"trace: {_esc(str(trace_path))}  (squad trace show / squad trace plot)")
@@ -118,6 +133,74 @@ def run_command(
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
                           + _esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))
         raise typer.Exit(1)
+
+
+def _check_outputs(recipe: Path, out: Path | None, trace: Path | None) -> None:
+    """Before anything starts: ``--out`` and ``--trace`` can be written, neither overwrites
+    the recipe or the other, and ``--trace`` appends only to a squad trace."""
+    from squad.dirs import check_output_file
+    from squad.trace import load_trace
+
+    given = [(p, o) for p, o in ((out, "--out"), (trace, "--trace")) if p is not None]
+    for path, option in given:
+        check_output_file(path, option)
+        if path.resolve() == recipe.resolve():
+            raise UserError(f"{option} {path} is the recipe itself; write to another file")
+    if out is not None and trace is not None and out.resolve() == trace.resolve():
+        raise UserError(f"--out and --trace both name {out}; give them different files")
+    if trace is not None and trace.is_file() and trace.stat().st_size > 0:
+        try:
+            load_trace(trace)
+        except UserError:
+            raise UserError(f"--trace {trace} exists and is not a squad trace; squad appends only to its own "
+                            "traces: give a new file") from None
+
+
+def _write_out(out: Path | None, text: str) -> None:
+    """Write ``text`` to ``--out`` (after it was printed); a failure names the path and says the
+    text is on stdout. Raises :class:`SquadError` (exit 1: the path was fine when the run began)."""
+    if out is None:
+        return
+    try:
+        out.write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")
+    except OSError as exc:
+        raise SquadError(f"could not write the output to --out {out} ({exc.strerror or exc}); it is printed "
+                             "above on stdout") from None
+
+
+def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out: Path | None, as_json: bool) -> None:
+    """A run that failed or was interrupted: print the outputs of the steps that finished
+    (stdout) and write them to ``--out`` headed by the failure, so no finished work is lost."""
+    done = [(s.id, record.steps[s.id]) for s in loaded.flow
+            if s.id in record.steps and not record.steps[s.id].get("error")]
+    if not done:
+        return
+    why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
+    if as_json:
+        text = json.dumps({"recipe": loaded.name, "output": None, "failed": why,
+                           "finished": {sid: step for sid, step in done}, "errors": record.errors,
+                           "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings]},
+                          indent=2, default=str)
+    else:
+        body = "\n\n".join(f"## step {sid}\n{step['output']}" for sid, step in done)
+        text = (f"# the run did not finish: {why}\n# the {len(done)} step(s) that finished, "
+                f"with their outputs:\n\n{body}")
+    typer.echo(text)
+    err_console.print(f"[yellow]kept[/] the output of {len(done)} finished step(s) on stdout"
+                      + (f" and in {_esc(str(out))}" if out is not None else ""), soft_wrap=True)
+    try:
+        _write_out(out, text)
+    except SquadError as error:
+        err_console.print(f"[red]error:[/] {_esc(str(error))}", soft_wrap=True)
+
+
+def _first_error(exc: BaseException) -> str:
+    from squad.errors import SquadError, leaf_errors
+
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = leaf_errors(exc)
+        exc = next((e for e in leaves if isinstance(e, SquadError)), leaves[0] if leaves else exc)
+    return str(exc) or type(exc).__name__
 
 
 def _engine_json(info: "EngineInfo | None") -> dict[str, Any] | None:
@@ -130,9 +213,11 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
     table = Table(title="agents", title_justify="left", show_edge=False)
     for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
         table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")
+    style = {"ok": "green", "truncated": "yellow", "empty": "yellow"}
     for r in rows:
+        color = style.get(r["outcome"], "red") if r["state"] == r["outcome"] else "red"
         table.add_row(
-            r["step"], r["agent"], _esc(str(r["state"]))[:60], f"{r['queued_s']:.2f}",
+            r["step"], r["agent"], f"[{color}]{_esc(str(r['state'])[:60])}[/]", f"{r['queued_s']:.2f}",
             "-" if r["first_token_s"] is None else f"{r['first_token_s']:.2f}",
             f"{r['prompt_tokens']}+{r['completion_tokens']}",
             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",
@@ -143,33 +228,41 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
         err_console.print(f"engine: {result.info.slots} slots, context {result.info.n_ctx} tokens (read back from /props)")
     for sid, message in result.errors:
         err_console.print(f"[yellow]step {sid} failed (policy collect):[/] {_esc(message)}")
+    for sid, note in result.notes:
+        err_console.print(f"[yellow]step {sid}:[/] {_esc(note)}")
 
 
 @app.command("chat")
 def chat_command(
-    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="Take agents and main agent from a recipe.")] = None,
-    agent_file: Annotated[Optional[Path], typer.Option("--agent-file", help="A file with agents: (first is main unless --main).")] = None,
-    main: Annotated[Optional[str], typer.Option("--main", help="The main agent's name.")] = None,
-    param: Annotated[list[str], typer.Option("--param", "-p", help="Recipe parameter NAME=VALUE; NAME=@FILE reads the file's text, @@ escapes a literal @.")] = [],  # noqa: B006
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name or .gguf path.")] = None,
-    slots: Annotated[Optional[int], typer.Option("--slots", help="Pin the slot count (1..8).")] = None,
-    ctx: Annotated[Optional[int], typer.Option("--ctx", help="Pin the context in tokens.")] = None,
-    ctk: Annotated[Optional[str], typer.Option("--ctk", help="KV cache type for K (f16, q8_0, q4_0, ...; overrides the recipe's cache_type).")] = None,
-    ctv: Annotated[Optional[str], typer.Option("--ctv", help="KV cache type for V (default: same as --ctk).")] = None,
-    llama_server: Annotated[Optional[str], typer.Option("--llama-server", help="Path to llama-server.")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="Attach to a running llama-server.")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLAMA_API_KEY", help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for that URL).")] = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", show_default=False, help="Take the agents and the main agent from this recipe.")] = None,
+    agent_file: Annotated[Optional[Path], typer.Option("--agent-file", show_default=False, help="A YAML file with agents: (the first is the main agent unless --main).")] = None,
+    main: Annotated[Optional[str], typer.Option("--main", show_default=False, help="The main agent's name (default: the recipe's main, or the first agent of --agent-file).")] = None,
+    param: Annotated[list[str], options.param("With --recipe: a recipe parameter")] = [],  # noqa: B006
+    model: Annotated[Optional[str], options.model("the recipe's model, else smollm2-135m")] = None,
+    slots: Annotated[Optional[int], options.slots("planned from the agents")] = None,
+    ctx: Annotated[Optional[int], options.ctx("planned from the agents' budgets")] = None,
+    ctk: Annotated[Optional[str], options.ctk()] = None,
+    ctv: Annotated[Optional[str], options.ctv()] = None,
+    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
+    threads: Annotated[Optional[int], options.threads()] = None,
     replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     from squad.chatloop import chat_loop
     from squad.runtime import Squad
     from squad.view import LiveView
 
-    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param)
+    from squad.dirs import ENGINE_STATE, check_state_dirs
+
+    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
-                       cache_type_k=ctk, cache_type_v=ctv or ctk)
+                       threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
+    if url is None:
+        check_state_dirs(*ENGINE_STATE)
     view = LiveView(console=err_console, live=False)
 
     def say(kind: str, text: str) -> None:
@@ -179,21 +272,40 @@ def chat_command(
     async def run() -> None:
         async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
                          replan=replan) as sq:
-            await chat_loop(sq, lambda: input("you> "), say)
+            await chat_loop(sq, _read_prompt, say)
 
     anyio.run(run)
 
 
+def _read_prompt() -> str:
+    """One line typed at the ``you>`` prompt (EOFError at the end of input). A terminal gets
+    ``input()`` with line editing; a pipe is read from the raw file, which no lock guards, so a
+    thread left blocked in it by Ctrl-C or SIGTERM never aborts the interpreter's exit (one
+    blocked in ``sys.stdin.readline()`` does: "could not acquire lock ... at interpreter shutdown")."""
+    import sys
+
+    if sys.stdin.isatty():
+        return input("you> ")
+    sys.stdout.write("you> ")
+    sys.stdout.flush()
+    line = sys.stdin.buffer.raw.readline()  # type: ignore[attr-defined]
+    if not line:
+        raise EOFError
+    return line.decode("utf-8", "surrogateescape").rstrip("\r\n")
+
+
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str]) -> tuple[list[Any], str, dict[str, Any], Any]:
+                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any]:
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
 
     if recipe is not None and agent_file is not None:
         raise UserError("give --recipe or --agent-file, not both")
+    if param and recipe is None:
+        raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
     base = None
     if recipe is not None:
-        loaded = load_recipe(recipe, collect_params(param))
+        loaded = load_recipe(recipe, collect_params(param), model=model)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}

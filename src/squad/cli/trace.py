@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from squad.cli import options
 from squad.cli._app import app, console
+from squad.dirs import check_output_file
 from squad.errors import UserError
+from squad.events import Event
 from squad.summary import CallSpan, TraceSummary, summarize
 from squad.trace import default_trace_dir, load_trace
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+"""Image formats ``squad trace plot`` writes (matplotlib's, picked by the suffix)."""
 
 FileArg = typer.Argument(None, help="Trace file (.jsonl). Default: the newest trace of this machine.")
 
@@ -36,17 +42,19 @@ def resolve_trace(path: Optional[Path]) -> Path:
 @trace_app.command("show")
 def show(
     file: Optional[Path] = FileArg,
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    calls: bool = typer.Option(False, "--calls", help="Also list every engine call: its id, conversation, parent, slot, times."),
+    as_json: Annotated[bool, options.as_json("Print the summary as JSON.")] = False,
+    calls: Annotated[bool, typer.Option("--calls", help="Also list every engine call: its id, conversation, parent, slot, times.")] = False,
 ) -> None:
-    """Summarize a trace: per agent queue time, first token, end, tokens, slot, errors;
-    with --calls one row per engine call (matched by its call id)."""
+    """Summarize a trace: per agent status (done, truncated, empty, failed, cancelled), queue
+    time, first token, end, tokens, slot, errors and warnings; with --calls one row per engine
+    call (matched by its call id)."""
     path = resolve_trace(file)
-    summary = summarize(load_trace(path))
+    summary = summarize(_events(path))
     if as_json:
         print(json.dumps(summary.to_dict(), indent=2))
         return
-    console.print(f"[bold]{path}[/]  {summary.events} events over {summary.duration_s:.2f}s")
+    console.print(f"[bold]{escape(str(path))}[/]  {summary.events} events over {summary.duration_s:.2f}s",
+                  soft_wrap=True)  # a path is never broken across lines
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
         console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
@@ -57,6 +65,10 @@ def show(
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
+        for note in a.notes:
+            console.print(f"[yellow]{a.name}[/]: {escape(note)}")
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning[/] {escape(warning)}")
 
 
 def _fmt(seconds: float | None) -> str:
@@ -70,8 +82,10 @@ def _agent_table(summary: TraceSummary) -> Table:
         ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
         ("out tok", "right"), ("slot", "right"),
     ]:
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow"}
+        # the status is never cut ("truncated" must read as itself in a narrow terminal)
+        table.add_column(column, justify=justify, no_wrap=True, min_width=9 if column == "status" else None)  # type: ignore[arg-type]
+    style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
+             "empty": "yellow"}
     for a in summary.agents.values():
         table.add_row(
             a.name,
@@ -96,7 +110,8 @@ def _call_table(summary: TraceSummary) -> Table:
                             ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for c in sorted(summary.calls, key=lambda c: c.start):
-        state = "[red]failed[/]" if c.error else "retried" if c.retried else "ok"
+        state = ("[red]failed[/]" if c.error else "[yellow]truncated[/]" if c.finish_reason == "length"
+                 else "retried" if c.retried else "ok")
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
                       _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
@@ -104,14 +119,28 @@ def _call_table(summary: TraceSummary) -> Table:
     return table
 
 
+def _events(path: Path) -> list[Event]:
+    """The events of trace file ``path``; UserError when it holds none (an empty file, or
+    JSON lines that are not squad events: not a trace)."""
+    events = load_trace(path)
+    if not events:
+        raise UserError(f"{path}: not a squad trace: it holds no squad events (a trace is the JSONL file "
+                        f"`squad run` writes, by default in {default_trace_dir()})")
+    return events
+
+
 @trace_app.command("plot")
 def plot(
     file: Optional[Path] = FileArg,
-    out: Path = typer.Option(Path("timeline.png"), "-o", "--output", help="Image to write (.png, .svg, .pdf)."),
+    out: Annotated[Path, options.out(f"Image to write; its suffix picks the format ({', '.join(PLOT_FORMATS)}).")] = Path("timeline.png"),
 ) -> None:
     """Draw a timeline: agents as bars over time, coloured by slot, queue waits hatched."""
+    check_output_file(out, "--out")
+    if out.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise UserError(f"--out {out}: give the image a suffix that names its format: "
+                        f"{', '.join('.' + f for f in PLOT_FORMATS)}")
     path = resolve_trace(file)
-    summary = summarize(load_trace(path))
+    summary = summarize(_events(path))
     if not summary.calls and not summary.agents:
         raise UserError(f"{path}: the trace holds no agent or call events to plot")
     plot_timeline(summary, out, title=path.name)
@@ -124,7 +153,8 @@ def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
     One row per agent; per call a hatched grey segment while waiting in squad's queue,
     a light segment for prefill (admitted → first token) and a solid one while generating,
     coloured by slot; failed calls end in a red ✕. Engine loads are dashed vertical lines.
-    Raises UserError when matplotlib (the ``squad[plot]`` extra) is missing.
+    Raises UserError when matplotlib (the ``squad[plot]`` extra) is missing or ``out`` cannot
+    be written (its directory must exist).
     """
     try:
         import matplotlib
@@ -170,9 +200,14 @@ def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.22 if len(agents) < 6 else -0.12),
               ncol=min(6, len(legend)), fontsize=8, frameon=False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        fig.savefig(out)
+    except OSError as exc:
+        raise UserError(f"cannot write the timeline to {out}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a format matplotlib does not know
+        raise UserError(f"cannot write the timeline to {out}: {exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def _draw_span(ax, span: CallSpan, y: int, end: float, height: float, cmap, slots_seen: set[int]) -> None:  # type: ignore[no-untyped-def]

@@ -12,12 +12,10 @@ imported by the installer; llama.cpp is MIT.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
@@ -30,6 +28,7 @@ from typing import Literal
 
 import httpx
 
+from squad import children
 from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.errors import EngineBuildError, EngineNotFound, UserError
@@ -41,6 +40,7 @@ __all__ = [
     "engine_version",
     "cached_binary_path",
     "read_build_info",
+    "llama_cpp_build",
     "build_target",
     "LLAMA_CPP_TAG",
     "CMAKE_FLAGS",
@@ -115,25 +115,46 @@ def engine_version(path: str | Path, *, timeout: float = 10.0) -> str | None:
     """What ``llama-server --version`` reports, e.g. ``0.6.0-dev (build 0, commit unknown)``.
 
     llama-server prints ``version: ...`` and ``built with ...`` on stderr (checked on b11434).
-    Returns None when it fails, times out or prints no version line. It runs in a process group
-    of its own, killed whole on timeout, so a wrapper script that hangs leaves nothing behind.
+    Returns None when it fails, times out or prints no version line; output that is not UTF-8 is
+    decoded with replacement characters. It runs as a :mod:`squad.children` child, killed with its
+    whole group on timeout, so a wrapper script that hangs leaves nothing behind.
     """
     try:
-        proc = subprocess.Popen([str(path), "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = children.start([str(path), "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError:
         return None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        children.kill_now(proc)
         proc.communicate()
         return None
+    children.release(proc)
     for line in (err + "\n" + out).splitlines():
         if line.startswith("version:"):
             return line.partition(":")[2].strip() or None
     return None
+
+
+_BUILD = re.compile(r"\(build (\d+), commit ([^)]+)\)|^(\d+) \(([^)]+)\)")
+
+
+def llama_cpp_build(binary: EngineBinary) -> str | None:
+    """Which llama.cpp ``binary`` was built from, as far as anyone can tell: ``"b11434"`` for a
+    binary squad built (``squad-build.json``), ``"b5000 (commit 1a2b3c)"`` when ``--version``
+    names a build (``version: 0.6.0-dev (build 5000, commit 1a2b3c)``, or the older
+    ``version: 5000 (1a2b3c)``); None when it says ``build 0, commit unknown`` (a build
+    without git metadata) or nothing."""
+    built = read_build_info(binary.path)
+    if built and built.get("llama_cpp_tag"):
+        return str(built["llama_cpp_tag"])
+    match = _BUILD.search((binary.version or "").partition(", built from")[0])
+    if match is None:
+        return None
+    number, commit = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    if number == "0" and commit.strip() in ("unknown", ""):
+        return None
+    return f"b{number}" + ("" if commit.strip() == "unknown" else f" (commit {commit.strip()})")
 
 
 def read_build_info(binary: str | Path) -> dict | None:
@@ -237,10 +258,7 @@ def _run_logged(
     log.flush()
     tail: deque[str] = deque(maxlen=30)
     last = -1
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", start_new_session=True,
-    )
+    proc = children.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -251,12 +269,9 @@ def _run_logged(
                 last = int(match.group(1))
                 on_percent(last)
         code = proc.wait()
+        children.release(proc)
     except BaseException:  # Ctrl-C or a failing callback: stop the compilers we started
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the session of the cmake process started above
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        children.kill_now(proc)  # the group of the cmake process started above
         raise
     if code != 0:
         raise EngineBuildError(
@@ -312,11 +327,17 @@ def _binary(path: Path, source: Source) -> EngineBinary:
 
 
 def _check_given(path: Path, where: str) -> Path:
+    given = path
     path = path.expanduser().absolute()  # "./wrapper.sh" must not turn into a PATH lookup of "wrapper.sh"
+    shown = str(path) if given.expanduser().is_absolute() else f"{given} (taken from the current directory: {path})"
     if not path.exists():
-        raise UserError(f"{where} names {path}, which does not exist; {_HOW_TO_GET}")
+        raise UserError(f"{where} names {shown}, which does not exist; {_HOW_TO_GET}")
+    if path.is_dir():
+        inside = path / "llama-server"
+        hint = f"did you mean {inside}?" if _is_executable(inside) else "give the llama-server program file itself"
+        raise UserError(f"{where} names {shown}, which is a directory: {hint}")
     if not _is_executable(path):
-        raise UserError(f"{where} names {path}, which is not an executable file (try chmod +x)")
+        raise UserError(f"{where} names {shown}, which is not an executable file (try chmod +x)")
     return path
 
 

@@ -30,7 +30,7 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_fixed,
+    wait_random,
     wait_random_exponential,
 )
 
@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 POLL_INTERVAL = 0.1
-"""Seconds between ``/health`` polls while an engine loads."""
+"""Seconds between ``/health`` polls while an engine loads, on average (each wait is drawn
+from half to one and a half times it: jitter)."""
 
 CONTROL_TIMEOUT = 10.0
 """Seconds for one control request (``/props``, ``/slots``, ...)."""
@@ -77,25 +78,30 @@ async def wait_healthy(
     timeout: float,
     check_alive: Callable[[], None] | None = None,
     connect_grace: float | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> int:
     """Poll ``GET /health`` until it answers 200; return how many 503 answers were seen.
 
     503 ``Loading model`` and refused connections (not bound yet) are waited out until
     ``timeout`` seconds have passed. ``check_alive`` runs before each poll and raises if the
     engine process died. ``connect_grace`` (seconds, for attach): give up early with
-    :class:`EngineGone` if nothing ever answered within it.
+    :class:`EngineGone` if nothing ever answered within it. ``progress(elapsed_seconds)`` is
+    called about once a second while it waits.
 
     Raises :class:`EngineLoadTimeout` ("still loading after N s"), :class:`EngineGone`,
     or whatever ``check_alive`` raises.
     """
     seen_503 = 0
     answered = False
-    start = anyio.current_time()
+    start = reported = anyio.current_time()
 
     async def probe() -> None:
-        nonlocal seen_503, answered
+        nonlocal seen_503, answered, reported
         if check_alive is not None:
             check_alive()
+        if progress is not None and anyio.current_time() - reported >= 1.0:
+            reported = anyio.current_time()
+            progress(reported - start)
         try:
             response = await client.get("/health")
         except httpx.TransportError as exc:
@@ -118,7 +124,7 @@ async def wait_healthy(
     try:
         async for attempt in AsyncRetrying(
             stop=stop_after_delay(timeout),
-            wait=wait_fixed(POLL_INTERVAL),
+            wait=wait_random(POLL_INTERVAL / 2, POLL_INTERVAL * 1.5),  # jittered: pollers never march in step
             retry=retry_if_exception_type(_NotReady),
             sleep=anyio.sleep,
             reraise=True,
@@ -130,7 +136,7 @@ async def wait_healthy(
         raise EngineLoadTimeout(
             f"engine at {client.base_url} {state} after {timeout:.0f} s (503 'Loading model' "
             f"{seen_503} times); a large model on a slow disk can take minutes: raise the load "
-            "timeout, or check the engine log"
+            "timeout (--load-timeout SECONDS), or check the engine log"
         ) from None
     return seen_503
 

@@ -13,12 +13,14 @@ environment, never argv (argv is visible to every user in ``ps``). The engine lo
 
 A server squad did not start is never adopted (field case F15): a port something already
 answers on is refused before the spawn, and after ``/health`` the launcher checks that the
-process it started (or a child of it) is the one listening.
+process it started (or a child of it) is the one listening and that the server demands this
+launch's random API key; either failing is "port P is in use by another program".
 
 **No llama-server outlives squad.** The launcher stops its engine (its whole process group)
 when the ``async with`` block ends normally, with an exception, or by cancellation (Ctrl-C),
-shielded from cancellation; if squad dies without running that code, PDEATHSIG (Linux) or the
-pid files the next launch reaps stop it. How, and what each guarantee rests on:
+shielded from cancellation; if squad dies without running that code, the guard process of
+:mod:`squad.children` stops the group (and PDEATHSIG, on Linux, the engine's first process); the
+pid files the next launch reaps are the last resort. How, and what each guarantee rests on:
 :mod:`squad.engine.process`.
 """
 
@@ -31,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
+import httpx
 from anyio.abc import AsyncResource
 
 from squad.dirs import state_dir
@@ -39,7 +42,7 @@ from squad.engine.control import EngineState, control_client, read_engine, wait_
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx
 from squad.engine.plan import EnginePlan
-from squad.errors import EngineStartError, PlanMismatch
+from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, PlanMismatch
 
 __all__ = [
     "Launcher",
@@ -130,7 +133,10 @@ class Launcher(AsyncResource):
     - ``request_timeout``: squad's per-request deadline in seconds; the engine's ``-to`` is above it.
     - ``log_dir``: where engine logs go (None → ``state_dir()/logs``).
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
-      no PDEATHSIG, own session, no pid file.
+      no PDEATHSIG, no pid file; the guard watches it only until :meth:`detach` (squad killed
+      while the model loads leaves nothing).
+    - ``on_progress(elapsed, deadline)``: called about once a second while the model loads,
+      both in seconds (``deadline`` is the load timeout in force).
 
     Starting raises :class:`EngineNotFound`, :class:`EngineStartError` (process exited, carrying
     the log tail; or the port is taken by another program, F15), :class:`EngineLoadTimeout`,
@@ -150,6 +156,7 @@ class Launcher(AsyncResource):
         port: int | None = None,
         grace: float = process.GRACE,
         detached: bool = False,
+        on_progress: Callable[[float, float], None] | None = None,
     ) -> None:
         self.plan = plan
         self._binary_arg = binary
@@ -161,6 +168,7 @@ class Launcher(AsyncResource):
         self.port = port
         self.grace = grace
         self.detached = detached
+        self.on_progress = on_progress
         self.api_key = secrets.token_urlsafe(24)
         self.info: EngineInfo | None = None
         self.log_path: Path | None = None
@@ -170,7 +178,7 @@ class Launcher(AsyncResource):
         self._proc: subprocess.Popen | None = None
         self._pidfile: Path | None = None
         self._lock = anyio.Lock()  # one start/stop/reload at a time
-        self._starts = 0  # how many times an engine was started (lets concurrent restarts coalesce)
+        self._starts = 0  # starts that completed (lets concurrent restarts coalesce)
 
     @property
     def pid(self) -> int | None:
@@ -194,7 +202,6 @@ class Launcher(AsyncResource):
     async def _start(self) -> EngineInfo:
         if self.running and self.info is not None:
             return self.info
-        self._starts += 1
         if not self.detached:
             await anyio.to_thread.run_sync(process.reap_stale_engines)
         binary = _resolve_binary(self._binary_arg)
@@ -222,6 +229,7 @@ class Launcher(AsyncResource):
         except BaseException:
             await self._stop()
             raise
+        self._starts += 1
         return self.info
 
     async def _ready(self, port: int) -> EngineInfo:
@@ -233,15 +241,50 @@ class Launcher(AsyncResource):
                 raise process.start_error(proc, plan.model, log_path)
 
         timeout = self.load_timeout if self.load_timeout is not None else default_load_timeout(plan.model)
+        on_progress = self.on_progress
+        progress = (lambda elapsed: on_progress(elapsed, timeout)) if on_progress is not None else None
         async with control_client(self.base_url, self.api_key) as client:
-            self.loading_polls = await wait_healthy(client, timeout=timeout, check_alive=check_alive)
-            if process.listens(proc.pid, port) is False:  # another server answered (F15)
-                raise EngineStartError(
-                    f"port {port} answered, but not from the llama-server squad started (pid {proc.pid}): "
-                    "another program listens there; pass another port, or none so squad picks a free one"
-                )
+            try:
+                self.loading_polls = await wait_healthy(client, timeout=timeout, check_alive=check_alive,
+                                                        progress=progress)
+            except EngineError as exc:
+                if isinstance(exc, (EngineStartError, EngineLoadTimeout)):
+                    raise
+                check_alive()  # it answered like no llama-server: ours exited, or another program answers
+                raise self._not_ours(port, proc.pid, "it answers /health like no llama-server") from exc
+            await self._check_ours(client, port, proc.pid)
             state = await read_engine(client, with_slots=False)
         return self._info_from(state)
+
+    async def _check_ours(self, client: httpx.AsyncClient, port: int, pid: int) -> None:
+        """Raise :class:`EngineStartError` unless the server answering on ``port`` is the one squad
+        started (field case F15): the process ``pid`` (or a child of it) listens there, and the
+        server demands this launch's random API key (a wrong key gets HTTP 401, the right one not;
+        llama-server checks the key on every endpoint but ``/health`` and ``/v1/models``)."""
+        if process.listens(pid, port) is False:
+            raise self._not_ours(port, pid, f"pid {pid} does not listen there")
+        wrong = await client.get("/props", headers={"Authorization": f"Bearer {secrets.token_urlsafe(24)}"})
+        if wrong.status_code != 401:
+            raise self._not_ours(port, pid, f"it answers without this launch's API key (HTTP {wrong.status_code})")
+        right = await client.get("/props")
+        if right.status_code == 401:
+            raise self._not_ours(port, pid, "it refuses this launch's API key")
+
+    @staticmethod
+    def _not_ours(port: int, pid: int, why: str) -> EngineStartError:
+        return EngineStartError(
+            f"port {port} on 127.0.0.1 is in use by another program: a server answered there, but not from the "
+            f"llama-server squad started (pid {pid}; {why}). Pass another port, or none so squad picks a free one"
+        )
+
+    def exit_status(self) -> str | None:
+        """How the engine process ended (``"signal 9 SIGKILL"``, ``"status 1"``) once it ended by
+        itself (squad did not stop it); None while it runs or when none was started. Its log is
+        :attr:`log_path`."""
+        proc = self._proc
+        if proc is None or proc.poll() is None:
+            return None
+        return process.describe_exit(proc.returncode)
 
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
@@ -276,7 +319,8 @@ class Launcher(AsyncResource):
     async def restart(self) -> EngineInfo:
         """Stop (if still running) and start again with the same plan, e.g. after the engine died.
 
-        Calls that overlap (several requests saw the engine gone at once) restart it once.
+        Calls that overlap (several requests saw the engine gone at once, or while a restart was
+        loading the model) restart it once.
         """
         seen = self._starts
         async with self._lock:
@@ -289,6 +333,8 @@ class Launcher(AsyncResource):
         """Forget the process without stopping it (only for ``detached=True`` launchers)."""
         if not self.detached:
             raise RuntimeError("only a Launcher(detached=True) can leave its engine running")
+        if self._proc is not None:
+            process.let_go(self._proc)
         self._proc = None
 
     async def aclose(self) -> None:

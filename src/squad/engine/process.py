@@ -1,23 +1,23 @@
 """The engine process: spawn, stop, pid files, reaping, and its log.
 
-**No llama-server outlives squad.** :class:`~squad.engine.launcher.Launcher` stops its engine
-(SIGTERM, then SIGKILL after a grace period, :func:`stop`) when the ``async with`` block ends
-normally, with an exception, or by cancellation (Ctrl-C); the stop runs shielded from
-cancellation. If squad itself dies without running that code (SIGKILL, a hard crash): on Linux
-the engine is started with ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` so the kernel kills it when
-squad goes. The signal fires when the *thread* that spawned the engine exits, so the launcher
-spawns from the event loop's thread, never from a worker thread. Elsewhere (macOS, Windows)
-each launch writes a pid file to ``state_dir()/engines``; the next launch kills engines whose
-squad process is gone, checking pid *and* process start time (psutil) so a reused pid is never
-killed. Engines started with ``detached=True`` (``squad engine start``) are meant to outlive
-squad and are exempt from both.
+**No llama-server outlives squad.** The engine is a child like every other squad starts
+(:mod:`squad.children`): its own session and process group, so a wrapper script that runs
+llama-server without ``exec`` (field case F16) is stopped together with what it started.
+:class:`~squad.engine.launcher.Launcher` stops the whole group (SIGTERM, then SIGKILL after
+:data:`GRACE` seconds, :func:`stop`) when the ``async with`` block ends normally, with an
+exception, or by cancellation (Ctrl-C, SIGTERM of the CLI); the stop runs shielded from
+cancellation. If squad itself dies without running that code (SIGKILL, a hard crash), the
+guard process of :mod:`squad.children` stops the group, and on Linux the kernel SIGKILLs the
+engine's first process at once (``prctl(PR_SET_PDEATHSIG)``; it fires when the *thread* that
+spawned it exits, so the launcher spawns from the event loop's thread).
 
-The engine may be a wrapper script that runs llama-server without ``exec`` (field case F16).
-So every engine starts in its own session and process group, and every stop (:func:`stop`,
-:func:`stop_pid`, reaping) signals the whole group and waits for the engine and every process
-it started, not only for the one squad started. PDEATHSIG reaches only that one: when squad is SIGKILLed, such a
-wrapper's llama-server survives until the next launch reaps it, found by its process group and
-the ``SQUAD_ENGINE_ID`` the launch put in its environment (never by pid alone).
+The last resort, if the guard was killed too: each launch writes a pid file to
+``state_dir()/engines``, and the next launch stops engines whose squad process is gone,
+checking pid *and* start time (psutil) so a reused pid is never killed, and finding a
+wrapper's leftovers by process group and the ``SQUAD_ENGINE_ID`` the launch put in their
+environment (never by pid alone). Engines started with ``detached=True`` (``squad engine
+start``) are meant to outlive squad: no PDEATHSIG and no pid file, and the guard lets them go
+(:func:`let_go`) once they are up.
 
 The API key reaches the engine through ``LLAMA_API_KEY`` in its environment, never argv (argv
 is visible to every user in ``ps``). The engine log (stdout + stderr) goes to one file per
@@ -27,7 +27,6 @@ launch; :func:`start_error` turns its tail into the error a user sees when loadi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -35,20 +34,20 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import psutil
 
+from squad import children
 from squad.dirs import state_dir
 from squad.errors import EngineNotFound, EngineStartError
 
 __all__ = [
     "GRACE",
     "alive",
+    "describe_exit",
     "free_port",
+    "let_go",
     "listens",
     "new_engine_id",
     "port_in_use",
@@ -62,13 +61,11 @@ __all__ = [
     "write_pidfile",
 ]
 
-GRACE = 5.0
-"""Seconds between SIGTERM and SIGKILL when stopping an engine."""
+GRACE = children.GRACE
 
 LOG_TAIL_LINES = 30
 KEEP_LOGS = 50
 """Engine logs kept in the log directory; older ones are deleted at each start."""
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -112,21 +109,6 @@ def listens(pid: int, port: int) -> bool | None:
 # --- spawning ------------------------------------------------------------------------------------
 
 
-def _pdeathsig_preexec() -> Callable[[], None] | None:
-    """A preexec function asking the kernel to SIGKILL the child when its parent thread dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved in the parent: no dlopen after fork
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
 ENGINE_ID_VAR = "SQUAD_ENGINE_ID"
 """Environment variable holding a random id per launch: marks the engine's processes (and a
 wrapper script's children, which inherit it) for :func:`reap_stale_engines`."""
@@ -148,19 +130,11 @@ def spawn(
     env = {**os.environ, "LLAMA_API_KEY": api_key, ENGINE_ID_VAR: engine_id or new_engine_id()}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        try:
-            return subprocess.Popen(
-                [str(binary), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=None if detached else _pdeathsig_preexec(),
-                start_new_session=True,  # its own process group: a stop reaches a wrapper's children (F16)
-                close_fds=True,
-            )
+        try:  # its own process group, guarded: a stop, or squad's death, reaches a wrapper's children (F16)
+            return children.start([str(binary), *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  detached=detached, pdeathsig=True)
         except OSError as exc:
-            raise EngineNotFound(f"cannot run llama-server at {binary}: {exc}") from exc
+            raise EngineNotFound(f"cannot run llama-server at {binary}: {exc.strerror or exc}") from exc
 
 
 # --- the log -------------------------------------------------------------------------------------
@@ -196,6 +170,17 @@ def _reason(tail: str) -> str:
     return "no error line in the log"
 
 
+def describe_exit(returncode: int | None) -> str:
+    """``"signal 9 SIGKILL"`` for a process a signal ended (Popen's negative returncode),
+    ``"status 1"`` otherwise."""
+    if returncode is not None and returncode < 0:
+        try:
+            return f"signal {-returncode} {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"
+
+
 def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> EngineStartError:
     """The :class:`EngineStartError` for an engine that exited while loading ``model``: the
     first error-like line of its log, a hint (the port is taken, not a llama-server, or the
@@ -214,14 +199,14 @@ def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> En
     else:
         hint = "Check that the model is a complete GGUF file llama.cpp supports"
     return EngineStartError(
-        f"llama-server exited with status {proc.returncode} while loading {model}: {_reason(tail)}. "
+        f"llama-server exited ({describe_exit(proc.returncode)}) while loading {model}: {_reason(tail)}. "
         f"{hint}; full log: {log_path}",
         log_tail=tail,
         log_path=str(log_path),
     )
 
 
-# --- stopping ------------------------------------------------------------------------------------
+# --- stopping: the process group, as for every child squad starts (squad.children) ----------------
 
 
 def alive(pid: int, create_time: float) -> bool:
@@ -232,95 +217,9 @@ def alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def _members(proc: psutil.Process) -> list[psutil.Process]:
-    """``proc`` and its descendants (psutil objects: each remembers its start time, so a later
-    signal never reaches a reused pid)."""
-    try:
-        return [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return [proc]
-
-
-def _running(members: list[psutil.Process]) -> list[psutil.Process]:
-    """The ``members`` still running (a zombie has stopped)."""
-    running = []
-    for member in members:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if member.is_running() and member.status() != psutil.STATUS_ZOMBIE:
-                running.append(member)
-    return running
-
-
-def _signal(leader: psutil.Process | None, members: list[psutil.Process], sig: int) -> None:
-    """Send ``sig`` to the process group ``leader`` leads (skipped once the leader is gone:
-    its id could be reused) and to each of ``members`` still running (some may have left it)."""
-    if leader is not None and hasattr(os, "killpg") and leader.is_running():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader.pid, sig)
-    for member in _running(members):
-        with contextlib.suppress(psutil.Error):
-            member.send_signal(sig)
-
-
-def _group_leader(proc: psutil.Process) -> psutil.Process | None:
-    """``proc`` when it leads its own process group (every engine :func:`spawn` starts does)."""
-    try:
-        return proc if hasattr(os, "getpgid") and os.getpgid(proc.pid) == proc.pid else None
-    except OSError:
-        return None
-
-
-def _terminate(leader: psutil.Process | None, members: list[psutil.Process], grace: float) -> None:
-    """SIGTERM, wait up to ``grace`` s for every member, SIGKILL and wait for the rest; blocking."""
-    _signal(leader, members, signal.SIGTERM)
-    _, running = psutil.wait_procs(members, timeout=grace)
-    if running:
-        _signal(leader, running, signal.SIGKILL)
-        psutil.wait_procs(running, timeout=grace)
-
-
-def stop_pid(pid: int, *, create_time: float | None = None, grace: float = GRACE) -> bool:
-    """SIGTERM a process and, when it leads a process group, the whole group (a wrapper script's
-    llama-server, F16); SIGKILL what still runs after ``grace`` seconds; blocking. False if it was
-    not running (a zombie is not), or its start time differs from ``create_time``: the pid was
-    reused."""
-    try:
-        proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 1.0:
-            return False
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return False
-    _terminate(_group_leader(proc), _members(proc), grace)
-    return True
-
-
-async def stop(proc: subprocess.Popen, grace: float = GRACE) -> None:
-    """SIGTERM the engine's process group, wait up to ``grace`` s for each of its processes,
-    SIGKILL what is left, reap. Shielded: runs to the end under cancellation.
-
-    The group is signalled only while squad has not reaped the engine (alive or a zombie, its
-    pid and so its group id cannot be reused); processes that left the group are signalled one
-    by one."""
-    with anyio.CancelScope(shield=True):
-        leader, members = None, []
-        if proc.returncode is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                leader = psutil.Process(proc.pid)
-                members = _members(leader)
-        _signal(leader, members, signal.SIGTERM)
-        with anyio.move_on_after(grace):
-            while _running(members):
-                await anyio.sleep(0.05)
-        if _running(members):
-            _signal(leader, members, signal.SIGKILL)
-            while _running(members):
-                await anyio.sleep(0.02)
-        while proc.poll() is None:  # reap; the kill only matters if psutil could not see it
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await anyio.sleep(0.02)
+stop = children.stop
+stop_pid = children.stop_pid
+let_go = children.let_go
 
 
 # --- pid files: the fallback against orphans where PDEATHSIG does not exist ----------------------
@@ -380,7 +279,7 @@ def reap_stale_engines() -> list[int]:
                 reaped.append(record["pid"])
             elif hasattr(os, "getpgid") and record.get("engine_id"):
                 survivors = _survivors(record["pid"], record["engine_id"])
-                _terminate(None, survivors, 2.0)
+                children.terminate(None, survivors, 2.0)
                 reaped.extend(p.pid for p in survivors)
         except (OSError, ValueError, KeyError, TypeError):
             pass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from squad.errors import ModelError, SquadError
 
@@ -101,7 +101,7 @@ def find_file(
 @retry(
     retry=retry_if_exception_type(httpx.TransportError),
     stop=stop_after_attempt(3),
-    wait=wait_exponential(multiplier=0.5, max=4),
+    wait=wait_random_exponential(multiplier=0.5, max=4),  # jittered backoff
     reraise=True,
 )
 def _get_index(http: httpx.Client, url: str) -> dict[str, Any]:

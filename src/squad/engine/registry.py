@@ -23,7 +23,7 @@ import httpx
 from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.engine.facts import is_gguf
-from squad.errors import ModelError
+from squad.errors import ModelError, UnknownModel
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -165,11 +165,16 @@ def resolve_model(
             raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
         return pull_model(name, progress=progress)
     path = Path(name).expanduser()
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.gguf"))[:5]
+        hint = f"one of {', '.join(found)}" if found else "a .gguf file"
+        raise ModelError(f"model {str(model)!r} is a directory: pass {hint} inside it, or a known name "
+                         f"({', '.join(_REGISTRY)})")
     if path.is_file():
         if not is_gguf(path):
             raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
         return path
-    raise ModelError(
+    raise UnknownModel(
         f"no model {str(model)!r}: not a known name ({', '.join(_REGISTRY)}) and no such file; "
         "pass a known name or a path to a .gguf file"
     )
@@ -182,9 +187,12 @@ def _known(name: str) -> KnownModel:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ModelError(
-            f"no known model {name!r}; known: {', '.join(_REGISTRY)} (or pass a path to a .gguf file)"
-        ) from None
+        known = ", ".join(_REGISTRY)
+        if Path(name).expanduser().is_file():
+            raise UnknownModel(f"{name} is a file you already have: it needs no pull; pass it as --model {name} "
+                               f"(`squad models pull` fetches only the known models: {known})") from None
+        raise UnknownModel(f"no known model {name!r}; `squad models pull` fetches one of: {known} "
+                           "(`squad models list` shows them)") from None
 
 
 def _verified(path: Path, known: KnownModel) -> bool:

@@ -321,18 +321,18 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
              outputs: dict[str, dict[str, Any]], extra: dict[str, Any]) -> list[tuple[str, int]]:
     """``(agent, prompt tokens)`` for the agent of ``step`` and each sub-agent it @mentions."""
     from squad.engine.tokens import NotExact
-    from squad.mention import parse_mentions
+    from squad.mention import parse_mentions, unmark
 
     try:
-        user = recipe.render_prompt(step, outputs, **extra)
+        marked = recipe.render_prompt(step, outputs, as_sent=True, capped=False, **extra)  # split as the run does
     except SquadError:
         return []
     out: list[tuple[str, int]] = []
     subs_allowance = sum(recipe.agents[m].max_tokens for m in step.mentions)
-    sends = [(agent, user, subs_allowance)]
+    sends = [(agent, unmark(marked), subs_allowance)]
     if step.mentions:
         known = sub_agent_names(agent, recipe.agents, recipe.main)
-        sends += [(recipe.agents[d.agent], d.text, 0) for d in parse_mentions(user, known).dispatches]
+        sends += [(recipe.agents[d.agent], d.text, 0) for d in parse_mentions(marked, known).dispatches]
     for who, text, allowance in sends:
         subs = [recipe.agents[n] for n in sub_agent_names(who, recipe.agents, recipe.main)]
         try:

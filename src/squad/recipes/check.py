@@ -45,8 +45,9 @@ from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
-from squad.recipes.spec import AgentFileSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, render_template, template_paths
+from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
+from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
+from squad.templates import check_template, mark_tags, render_template, template_paths
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]
 
@@ -55,16 +56,29 @@ _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.output
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
-                require_params: bool = True) -> Recipe:
+                require_params: bool = True, model: str | None = None) -> Recipe:
     """Load and check the recipe at ``path`` with parameter values ``params`` (strings as
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
     ``require_params=False`` lets required parameters stay unset (for ``squad plan``
     without values); their value is then None. When the model file is on disk, budgets are
     checked against it, fixed prompts counted with these values
-    (:func:`squad.recipes.budgets.check_prompts`). Raises :class:`RecipeError`.
+    (:func:`squad.recipes.budgets.check_prompts`). ``model`` (a known name or a ``.gguf`` path
+    relative to the working directory, as ``--model`` gives it) replaces the recipe's model
+    before anything is counted, so ``auto`` budgets follow the model that will really run.
+    Raises :class:`RecipeError`.
     """
-    return _Loader(Path(path)).load(params or {}, require_params=require_params)
+    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model)
+
+
+def _override(model: str) -> str | None:
+    """A ``--model`` given on the command line: None for the default model, a path made
+    absolute (relative to the working directory), a name as given (the registry checks it)."""
+    if model == "default":
+        return None
+    if model.endswith(".gguf") or "/" in model or "\\" in model:
+        return str(Path(model).expanduser().resolve())
+    return model
 
 
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
@@ -93,7 +107,7 @@ class _Loader:
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
 
-    def load(self, given: Mapping[str, Any], *, require_params: bool) -> Recipe:
+    def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None) -> Recipe:
         located = read_yaml(self.path)
         self.located = located
         _params_as_text(located)
@@ -105,7 +119,7 @@ class _Loader:
         agents = self.build_agents(raw_agents)
         if spec.main not in agents:
             raise self._unknown_agent(spec.main, agents, ("main",))
-        model = self._model(spec.model)
+        model = self._model(spec.model) if model is None else _override(model)
         self.specs = spec.params
         values = resolve_params(spec.params, given, located, self.path.parent, require=require_params,
                                 reads=self.reads)
@@ -114,6 +128,7 @@ class _Loader:
         self.agents = agents
         self.main = spec.main
         self.ids: set[str] = set()
+        self.non_answers = _handling(dict(DEFAULT_HANDLING), spec.non_answers)
         flow = tuple(self._steps(spec.flow, ("flow",), set()))
         if spec.output is not None:
             self._check_schema(spec.output.schema_)
@@ -313,7 +328,7 @@ class _Loader:
             self._all_ids = self._declared_ids(specs)
         steps = []
         for i, spec in enumerate(specs):
-            step = self._step(spec, (*path, i), done)
+            step = self._step(spec, (*path, i), done, self.non_answers)
             steps.append(step)
             done |= _ids_in(step)
         return steps
@@ -326,16 +341,18 @@ class _Loader:
             out |= self._declared_ids(s.parallel or [])
         return out
 
-    def _step(self, spec: StepSpec, path: Path_, done: set[str]) -> Step:
+    def _step(self, spec: StepSpec, path: Path_, done: set[str], inherited: Mapping[Outcome, Handling]) -> Step:
         sid = spec.id or "step-" + "-".join(str(p + 1) for p in path if isinstance(p, int))
         if sid in self.ids:
             raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique: rename one", (*path, "id"))
         self.ids.add(sid)
+        non_answers = _handling(inherited, spec.non_answers)
         if spec.kind == "parallel":
             children = []
             for j, child in enumerate(spec.parallel or []):
-                children.append(self._step(child, (*path, "parallel", j), set(done)))
-            return Step(id=sid, kind="parallel", steps=tuple(children), policy=spec.policy or "collect")
+                children.append(self._step(child, (*path, "parallel", j), set(done), non_answers))
+            return Step(id=sid, kind="parallel", steps=tuple(children), policy=spec.policy or "collect",
+                        non_answers=non_answers)
         agent = spec.agent or self.main
         if agent not in self.agents:
             raise self._unknown_agent(agent, self.agents, (*path, "agent"))
@@ -356,7 +373,7 @@ class _Loader:
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
-                    concurrency=spec.concurrency, loc=loc)
+                    concurrency=spec.concurrency, non_answers=non_answers, loc=loc)
 
     def _map_param(self, name: str, split: str | None, path: Path_) -> None:
         """A map over a parameter needs items: a list parameter, or a text one with ``split``."""
@@ -394,8 +411,10 @@ class _Loader:
 
     def _mentions(self, prompt: str, agent: str, path: Path_) -> tuple[str, ...]:
         """@mentions in a prompt. Only prompts to the main agent dispatch sub-agents (as
-        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none."""
-        parsed = parse_mentions(prompt, list(self.agents))
+        ``Squad.run`` does): to its ``agents``, or to every other agent if it lists none. Only
+        the template's own text counts: what a ``{{ ... }}`` puts in is data at run time
+        (:func:`squad.templates.mark_tags`)."""
+        parsed = parse_mentions(mark_tags(prompt), list(self.agents))
         for unknown in parsed.unknown:
             raise self.located.error(unknown.message(), path)
         allowed = sub_agent_names(self.agents[agent], self.agents, self.main) if agent == self.main else []
@@ -407,6 +426,8 @@ class _Loader:
             if name not in allowed:
                 raise self.located.error(
                     f"the main agent '{agent}' cannot @mention '{name}': add it to agents.{agent}.agents", path)
+        for problem in parsed.problems():  # idle mentions: nothing but the mention addressed to the agent
+            raise self.located.error(problem, path)
         return tuple(parsed.agents)
 
     # rendering with stand-ins ---------------------------------------------------------------
@@ -540,4 +561,12 @@ def _ids_in(step: Step) -> set[str]:
     out = {step.id}
     for s in step.steps:
         out |= _ids_in(s)
+    return out
+
+
+def _handling(inherited: Mapping[Outcome, Handling], spec: NonAnswersSpec | None) -> dict[Outcome, Handling]:
+    """``inherited`` with the outcomes ``spec`` (a ``non_answers:`` section) sets replaced."""
+    out = dict(inherited)
+    if spec is not None:
+        out.update({Outcome(name): value for name, value in spec.model_dump().items() if value is not None})
     return out

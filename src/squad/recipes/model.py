@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.agent import Agent
+from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import RecipeError, UserError
-from squad.mention import as_data
+from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import ParamSpec
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
@@ -61,6 +61,8 @@ class Step:
       tokens of lines repeated).
     - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
     - ``mentions``: sub-agents the prompt @mentions (as declared).
+    - ``non_answers``: how each non-answer of this step flows on (:mod:`squad.outcome`),
+      resolved from the step, its parallel block, the recipe and the defaults.
     - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
     """
 
@@ -77,6 +79,7 @@ class Step:
     chunk_tokens: int | None = None
     overlap: int = 0
     concurrency: int | None = None
+    non_answers: Mapping[Outcome, Handling] = field(default_factory=lambda: dict(DEFAULT_HANDLING))
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -159,7 +162,7 @@ class Recipe:
     def _node(self, step: Step) -> Node:
         if step.kind == "parallel":
             return Parallel(tuple(self._node(s) for s in step.steps), label=step.id)
-        call = self._agent_node(step.agent, step.mentions)
+        call = self._agent_node(step.agent, step.mentions, label=None if step.kind == "map" else step.id)
         if step.kind == "map":
             count = None
             if step.over[0] == "params" and isinstance(self.params.get(step.over[1]), list):
@@ -169,38 +172,42 @@ class Recipe:
             return Map(call, count=count, limit=step.concurrency, label=step.id)
         return call
 
-    def _agent_node(self, name: str, mentions: tuple[str, ...] = ()) -> Node:
+    def _agent_node(self, name: str, mentions: tuple[str, ...] = (), label: str | None = None,
+                    depth: int | None = None) -> Node:
+        """``name``'s call and the sub-agents it may reach: those it @mentions, else its
+        sub-agent tools while the run's depth bound (``depth`` levels left) allows them;
+        ``label``: the step id the plan shows."""
         agent = self.agents[name]
-        subs = mentions or (agent.agents if agent.sub_agent_tools else ())
+        if depth is None:  # the agent that starts the run sets its bound
+            depth = agent.max_sub_depth or MAX_SUB_DEPTH
+        subs = mentions or (agent.agents if agent.sub_agent_tools and depth > 0 else ())
         if not subs:
-            return Call(name, agent.fixed_budget)
-        nodes = tuple(self._agent_node(sub) for sub in subs)
-        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes))
+            return Call(name, agent.fixed_budget, label)
+        nodes = tuple(self._agent_node(sub, depth=depth if mentions else depth - 1) for sub in subs)
+        return Delegate(Call(name, agent.fixed_budget), nodes[0] if len(nodes) == 1 else Parallel(nodes), label)
 
     # --- run-time helpers -------------------------------------------------------------
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
-                      **extra: Any) -> str:
+                      capped: bool | None = None, **extra: Any) -> str:
         """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
         (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
         :class:`RecipeError` naming the field.
 
-        ``as_sent=True`` (the run): the substituted values are data, so every ``@`` in them is
-        marked (:func:`squad.mention.as_data`) and only the recipe author's own text can
-        @mention a sub-agent (field case F13); the runtime removes the marks before sending.
-        The rendered text is then capped by what the agent's context can hold
-        (:meth:`max_chars`) before it goes anywhere (field case F18)."""
+        ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
+        (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
+        sub-agent (field case F13); the mention parser hands out the text unmarked
+        (:func:`squad.mention.unmark` for text sent without parsing). The rendered text is
+        then capped by what the agent's context can hold (:meth:`max_chars`) before it goes
+        anywhere (field case F18); ``capped`` (default: ``as_sent``) turns that cap on or off
+        (budget planning measures the text itself)."""
         variables = {"params": self.params, "steps": outputs, **extra}
-        cap, why = None, ""
-        if as_sent:
-            variables = as_data(variables)
-            cap, why = self.max_chars(step.agent)
+        cap, why = self.max_chars(step.agent) if (as_sent if capped is None else capped) else (None, "")
         text = render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
-                               max_chars=cap, why=why)
+                               data=as_sent, max_chars=cap, why=why)
         if cap is not None and len(text) > cap:  # a prompt without template syntax is not rendered
             raise RecipeError(f"the prompt is {len(text):,} characters, more than {cap:,}{why}; shorten it",
                               **_file_loc(step.loc), field=step.loc.get("field"))
         return text
-
     def max_chars(self, agent: str) -> tuple[int | None, str]:
         """``(characters, why)``: the most text one prompt to ``agent`` can be, at
         :data:`~squad.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's

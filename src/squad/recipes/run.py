@@ -1,17 +1,24 @@
 """Running a recipe's flow on a :class:`squad.runtime.Squad`.
 
 Each step's result is kept as ``steps[ID] = {"output": text, "outputs": [texts],
-"error": message or None}`` for later templates:
+"error": message or None, "outcome": ok|truncated|empty|failed|cancelled}`` for later
+templates:
 
 - a call step: ``output`` is the answer (``outputs`` = ``[output]``). A prompt to the main
   agent goes through ``Squad.run`` (its @mentions run in parallel and are handed back);
   a prompt to another agent through ``Squad.run_agent``.
 - a parallel block: its steps run at once; ``outputs`` lists their outputs in order and
   ``output`` joins them with a blank line. ``policy: fail-fast`` stops the block (and the
-  run) at the first failure; ``collect`` records the failure (``output`` ``""``, ``error``
-  set) and goes on.
-- a map: ``outputs`` has one answer per item (in item order, ``""`` for a failed item),
-  ``output`` is them one per line.
+  run) at the first failure; ``collect`` records the failure (``error`` set, ``output``
+  ``""``) and goes on.
+- a map: ``outputs`` has one answer per item (in item order), ``output`` is them one per line.
+
+Non-answers (:mod:`squad.outcome`) never flow on silently: a truncated or empty answer is
+passed on as the step's ``non_answers`` setting says (``mark``: with ``[truncated at
+max_tokens]`` / ``[empty answer]`` at its end; ``accept``: as it is; ``fail``: the step
+fails), with a :class:`~squad.events.StepWarning` naming the step and the fix unless
+accepted; a failed step fails whoever uses it directly, and appears as ``[failed: why]`` in
+a block's or map's ``outputs`` and ``output``.
 
 The final output is the last step's ``output``; with an output schema it must be JSON
 matching it (:meth:`Recipe.check_output`).
@@ -24,9 +31,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentRunError
+from squad.errors import AgentCancelled, AgentRunError, MentionError, RecipeError
+from squad.events import StepWarning
+from squad.outcome import Outcome, fix_for, marked, worst
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult
+from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -47,6 +56,9 @@ class RecipeRun:
     schema (else None); ``steps``: each step's record (see the module docstring);
     ``results``: ``(step id, AgentResult)`` for every agent conversation, in finishing order;
     ``errors``: ``(step id, message)`` of failures a ``collect`` policy let pass;
+    ``warnings``: ``(step id, message)`` of non-answers passed on marked or made failures;
+    ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
+    call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
     """
 
@@ -55,8 +67,16 @@ class RecipeRun:
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     results: list[tuple[str, AgentResult]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
+
+    @property
+    def notes(self) -> list[tuple[str, str]]:
+        steps: dict[str, list[AgentResult]] = {}
+        for sid, result in self.results:
+            steps.setdefault(sid, []).append(result)
+        return [(sid, note) for sid, results in steps.items() for note in notes_of(results)]
 
 
 async def run_recipe(
@@ -64,11 +84,14 @@ async def run_recipe(
     *,
     engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
+    record: RecipeRun | None = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
     ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
-    ``recipe.engine_spec().but(...)`` to override some. Raises the failing agent's
+    ``recipe.engine_spec().but(...)`` to override some. ``record``: a :class:`RecipeRun` to
+    fill as steps finish (and return); when the run fails it still holds the steps that
+    finished. Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
@@ -78,16 +101,17 @@ async def run_recipe(
         list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
         workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params},
     ) as squad:
-        run = await execute_flow(recipe, squad)
+        run = await execute_flow(recipe, squad, record)
         run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         run.value = recipe.check_output(run.output)
     return run
 
 
-async def execute_flow(recipe: Recipe, squad: "Squad") -> RecipeRun:
-    """Run ``recipe.flow`` on an open squad (anything with ``run``/``run_agent``/``parallel``)."""
-    run = RecipeRun(output="")
+async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:
+    """Run ``recipe.flow`` on an open :class:`~squad.runtime.Squad`, recording each step in
+    ``record`` (a new :class:`RecipeRun` if None) as it finishes."""
+    run = record if record is not None else RecipeRun(output="")
     for step in recipe.flow:
         await _step(recipe, squad, step, run)
     run.output = run.steps[recipe.flow[-1].id]["output"] if recipe.flow else ""
@@ -102,37 +126,97 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
         await _map(recipe, squad, step, run)
     else:
         prompt = recipe.render_prompt(step, run.steps, as_sent=True)
-        text = await _call(recipe, squad, step, prompt, run)
-        run.steps[step.id] = {"output": text, "outputs": [text], "error": None}
+        result = await _call(recipe, squad, step, prompt, run)
+        run.steps[step.id] = _entry(_passed_on(squad, step, result, run), result.outcome)
 
 
-async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> str:
-    if step.agent == recipe.main:
-        result = await squad.run(prompt)
-        run.results.extend((step.id, r) for r in result.subs)
-        run.results.append((step.id, result.main))
+async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> AgentResult:
+    """One call of ``step``; its result is in ``run.results``. Raises its error when it
+    failed, or :class:`~squad.errors.IncompleteAnswer` for a non-answer ``step`` fails on."""
+    from squad.runtime import incomplete_answer
+
+    try:
+        if step.agent == recipe.main:
+            turn = await squad.run(prompt)
+            run.results.extend((step.id, r) for r in turn.subs)
+            result = turn.main
+        else:
+            result = await squad.run_agent(step.agent, prompt)
+    except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
+        raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
+                                                         ("file", "line", "column", "field")}) from None
+    except AgentCancelled:
+        raise
+    except AgentRunError as exc:  # the row shows the failure; the error goes on as before
+        run.results.append((step.id, AgentResult(agent=step.agent, error=exc)))
+        raise
+    run.results.append((step.id, result))
+    if result.outcome in _fail_on(step):
+        result.error = incomplete_answer(result)
+        _warn(squad, step, result, run)
+        raise result.error
+    return result
+
+
+def _fail_on(step: Step) -> frozenset[Outcome]:
+    """The non-answers ``step`` turns into failures (``non_answers: {...: fail}``)."""
+    return frozenset(o for o in (Outcome.TRUNCATED, Outcome.EMPTY) if step.non_answers.get(o) == "fail")
+
+
+def _passed_on(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> str:
+    """The text later steps see of ``result`` (one answer of ``step``): the answer; a
+    non-answer as ``step.non_answers`` says (warning unless accepted); a failure's mark."""
+    outcome = result.outcome
+    if result.error is not None:
+        _warn(squad, step, result, run)
+        return result.marked_output
+    if outcome is Outcome.OK or step.non_answers.get(outcome) == "accept":
         return result.output
-    agent_result = await squad.run_agent(step.agent, prompt)
-    run.results.append((step.id, agent_result))
-    return agent_result.output
+    _warn(squad, step, result, run)
+    return result.marked_output
+
+
+def _warn(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> None:
+    """A :class:`StepWarning` for a truncated or empty answer (not for other failures: their
+    errors are reported as errors)."""
+    outcome = result.outcome
+    if outcome not in (Outcome.TRUNCATED, Outcome.EMPTY):
+        return
+    handling = step.non_answers.get(outcome, "mark")
+    what = (f"the answer stopped at max_tokens ({result.max_tokens})" if outcome is Outcome.TRUNCATED
+            else "the model gave an empty answer")
+    effect = ("the step fails" if handling == "fail"
+              else f"it is passed on marked {marked(outcome, '').strip()}")
+    warning = (f"step '{step.id}' (agent '{result.label}'): {what}: {fix_for(outcome, result.agent, result.max_tokens)}; "
+               f"{effect} (non_answers.{outcome.value}: {handling})")
+    run.warnings.append((step.id, warning))
+    squad.emit(StepWarning(agent=result.agent, conversation=result.conversation, step=step.id, label=result.label,
+                               outcome=outcome.value, handling=handling, warning=warning))
 
 
 async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
-    simple = all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
+    simple = (all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
+              and len({_fail_on(s) for s in step.steps}) == 1)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
         pairs = [(s.agent, recipe.render_prompt(s, run.steps, as_sent=True)) for s in step.steps]
-        results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast")
+        results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast",
+                                       fail_on=_fail_on(step.steps[0]))
         for child, result in zip(step.steps, results):
             run.results.append((child.id, result))
-            _record(run, child.id, result.output, result.error)
+            if result.error is not None:
+                _warn(squad, child, result, run)
+                _record(run, child.id, "", result.error, result.outcome)
+            else:
+                run.steps[child.id] = _entry(_passed_on(squad, child, result, run), result.outcome)
     else:
         async with anyio.create_task_group() as tg:
             for child in step.steps:
                 tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
-    outputs = [run.steps[c.id]["output"] for c in step.steps]
+    outputs = [_shown(run.steps[c.id]) for c in step.steps]
     failed = [c.id for c in step.steps if run.steps[c.id].get("error")]
     error = f"all of its steps failed ({', '.join(failed)})" if failed and len(failed) == len(step.steps) else None
-    run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
+    run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
+                          "outcome": worst(run.steps[c.id]["outcome"] for c in step.steps).value}
 
 
 async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, policy: str) -> None:
@@ -141,7 +225,7 @@ async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, p
     except AgentRunError as exc:
         if policy == "fail-fast":
             raise
-        _record(run, step.id, "", exc)
+        _record(run, step.id, "", exc, _outcome_of_error(exc))
 
 
 async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
@@ -150,11 +234,12 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
     prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i, **extra)
                for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
+    outcomes: list[Outcome] = [Outcome.OK] * len(prompts)
     if step.agent != recipe.main:
-        results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency)
+        results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency, fail_on=_fail_on(step))
         for i, result in enumerate(results):
             run.results.append((step.id, result))  # the result's label names the item
-            outputs[i] = result.output
+            outputs[i], outcomes[i] = _passed_on(squad, step, result, run), result.outcome
             if result.error is not None:
                 run.errors.append((f"{step.id}[{i}]", str(result.error)))
     else:
@@ -163,16 +248,24 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         async def one(i: int, prompt: str) -> None:
             async with limiter:
                 try:
-                    outputs[i] = await _call(recipe, squad, step, prompt, run)
+                    result = await _call(recipe, squad, step, prompt, run)
+                except AgentCancelled:
+                    raise
                 except AgentRunError as exc:
                     run.errors.append((f"{step.id}[{i}]", str(exc)))
+                    outputs[i], outcomes[i] = marked(Outcome.FAILED, "", str(exc)), _outcome_of_error(exc)
+                    return
+                outputs[i], outcomes[i] = _passed_on(squad, step, result, run), result.outcome
 
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
                 tg.start_soon(one, i, prompt)
-    failed = [sid for sid, _ in run.errors if sid.startswith(f"{step.id}[")]
-    error = f"all {len(prompts)} items failed" if prompts and len(failed) >= len(prompts) else None
-    run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error}
+    failed = [(sid, message) for sid, message in run.errors if sid.startswith(f"{step.id}[")]
+    error = None
+    if prompts and len(failed) >= len(prompts):  # say why, not only that: the first item's own error
+        error = f"all {len(prompts)} items failed ({failed[0][0]}: {failed[0][1]})"
+    run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
+                          "outcome": (Outcome.FAILED if error else worst(outcomes)).value}
 
 
 def _check_inputs(step: Step, run: RecipeRun) -> None:
@@ -192,24 +285,53 @@ def _check_inputs(step: Step, run: RecipeRun) -> None:
             raise AgentRunError(f"step '{step.id}' uses the output of step '{sid}', which failed: {error}")
 
 
-def _record(run: RecipeRun, sid: str, output: str, error: BaseException | None) -> None:
-    run.steps[sid] = {"output": output, "outputs": [output], "error": str(error) if error else None}
-    if error is not None:
-        run.errors.append((sid, str(error)))
+def _entry(text: str, outcome: Outcome) -> dict[str, Any]:
+    """The record of a step that did not fail: ``text`` is what later steps see."""
+    return {"output": text, "outputs": [text], "error": None, "outcome": outcome.value}
+
+
+def _record(run: RecipeRun, sid: str, output: str, error: BaseException, outcome: Outcome) -> None:
+    """The record of a step that failed (and its entry in ``run.errors``)."""
+    run.steps[sid] = {"output": output, "outputs": [output], "error": str(error), "outcome": outcome.value}
+    run.errors.append((sid, str(error)))
+
+
+def _shown(record: Mapping[str, Any]) -> str:
+    """A step's text among its siblings' (a block's outputs): a failed one as its mark."""
+    if not record.get("error"):
+        return str(record["output"])
+    outcome = Outcome(record.get("outcome", "failed"))
+    return marked(outcome if outcome is Outcome.CANCELLED else Outcome.FAILED, "", str(record["error"]))
+
+
+def _outcome_of_error(exc: BaseException) -> Outcome:
+    if isinstance(exc, AgentCancelled):
+        return Outcome.CANCELLED
+    return Outcome(getattr(exc, "outcome", "failed"))
 
 
 def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
-    """One row per agent conversation: step, agent (``name[i]`` for a map item), state, queued s, first token s, tokens,
-    tok/s, slot (for ``squad run``'s summary)."""
+    """One row per agent conversation: step, agent (``name[i]`` for a map item), state (its
+    outcome: ``ok``, ``truncated``, ``empty``, ``failed: why``, the cancel reason; a non-answer
+    a ``fail`` setting made a failure is ``truncated (failed)``), outcome, queued s, first
+    token s, tokens, tok/s, slot (for ``squad run``'s summary)."""
     rows = []
     for sid, r in run.results:
         t = r.timings
         rows.append({
-            "step": sid, "agent": r.label,
-            "state": "ok" if r.ok else (r.cancelled_reason or f"failed: {r.error}"),
+            "step": sid, "agent": r.label, "state": _state(r), "outcome": r.outcome.value,
             "queued_s": round(t.queued_s, 3), "first_token_s": None if t.ttft_s is None else round(t.ttft_s, 3),
             "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
             "tokens_per_s": None if t.tokens_per_s is None else round(t.tokens_per_s, 1),
             "slot": r.slot, "total_s": round(t.total_s, 3),
         })
     return rows
+
+
+def _state(r: AgentResult) -> str:
+    outcome = r.outcome
+    if outcome is Outcome.CANCELLED:
+        return r.cancelled_reason or str(r.error)
+    if outcome is Outcome.FAILED:
+        return f"failed: {r.error}"
+    return f"{outcome.value} (failed)" if r.error is not None else outcome.value

@@ -17,7 +17,8 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
-__all__ = ["EngineSection", "ParamSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec", "PARAM_TYPES", "coerce_param"]
+__all__ = ["EngineSection", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec",
+           "PARAM_TYPES", "coerce_param"]
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 PARAM_TYPES = ("string", "int", "number", "bool", "enum", "list", "file")
@@ -73,6 +74,19 @@ class ParamSpec(_Strict):
         return self
 
 
+HandlingName = Literal["accept", "mark", "fail"]
+
+
+class NonAnswersSpec(_Strict):
+    """``non_answers:``: how a step's truncated or empty answers flow on to later steps and
+    the final output (:mod:`squad.outcome`): ``accept``, ``mark`` or ``fail``. A key left out
+    keeps what the enclosing level says (step < parallel block < recipe < the default
+    ``mark``). A failed or cancelled step always counts as failed."""
+
+    truncated: HandlingName | None = None
+    empty: HandlingName | None = None
+
+
 class StepSpec(_Strict):
     """One flow step. Exactly one kind:
 
@@ -85,6 +99,9 @@ class StepSpec(_Strict):
       ``split: chunks`` cuts a text (a text parameter or ``steps.ID.output``) into pieces of
       at most ``chunk_tokens`` tokens, repeating up to ``overlap`` tokens of whole lines
       from the previous piece (:mod:`squad.recipes.chunks`).
+
+    Any step may say how its non-answers flow on (``non_answers:``, :class:`NonAnswersSpec`);
+    on a parallel block it applies to the steps inside.
     """
 
     id: str | None = Field(default=None, pattern=ID_PATTERN)
@@ -97,6 +114,7 @@ class StepSpec(_Strict):
     chunk_tokens: StrictInt | None = Field(default=None, ge=1)
     overlap: StrictInt | None = Field(default=None, ge=0)
     concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
+    non_answers: NonAnswersSpec | None = None
 
     @property
     def kind(self) -> Literal["call", "parallel", "map"]:
@@ -110,7 +128,8 @@ class StepSpec(_Strict):
             extra = [k for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap", "concurrency")
                      if getattr(self, k) is not None]
             if extra:
-                raise ValueError(f"a parallel step holds only id, policy and parallel; move {', '.join(extra)} into its steps")
+                raise ValueError(f"a parallel step holds only id, policy, non_answers and parallel; move {', '.join(extra)} "
+                                 "into its steps")
             if not self.parallel:
                 raise ValueError("parallel needs at least one step")
             return self
@@ -157,6 +176,7 @@ class RecipeSpec(_Strict):
     main: str
     flow: list[StepSpec] = Field(min_length=1)
     output: OutputSpec | None = None
+    non_answers: NonAnswersSpec | None = None
 
 
 # --- parameter values ----------------------------------------------------------------------

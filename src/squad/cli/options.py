@@ -1,0 +1,129 @@
+"""The options commands share, defined once: one name, one short form, one type and range
+for each meaning, whichever command it is on. Help texts that mention a default take it from
+the command (``default=``), so each says what happens in the command it is in.
+
+:data:`OPTION_NAMES` is the table of every option name the CLI may use and its short form;
+``tests/test_cli_consistency.py`` walks every command and holds them to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import typer
+
+from squad.engine.llama import MAX_SLOTS
+
+__all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
+           "api_key", "as_json", "out", "load_timeout"]
+
+OPTION_NAMES: dict[str, str | None] = {
+    # the engine: the same names as far as possible as llama-server's own short flags
+    "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
+    "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
+    # recipes and runs
+    "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
+    "--recipe": None, "--agent-file": None, "--main": None, "--replan": None,
+    # plan
+    "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
+    # verify, engine install, models, trace
+    "--max-tokens": None, "--force": None, "--jobs": "-j", "--calls": None,
+    "--help": None,
+}
+"""Every long option name the CLI may use -> its one short form (None: no short form)."""
+
+
+def model(default: str) -> Any:
+    """``--model/-m``: a known model name or a .gguf path."""
+    return typer.Option("--model", "-m", help=f"A known model name or a .gguf path (default: {default}).",
+                        show_default=False)
+
+
+def param(what: str = "Recipe parameter") -> Any:
+    """``--param/-p NAME=VALUE`` (repeatable)."""
+    return typer.Option("--param", "-p", show_default=False,
+                        help=f"{what} NAME=VALUE (repeat a NAME for a list); NAME=@FILE reads the file's text, "
+                             "@@ escapes a literal @.")
+
+
+def slots(default: str | None = None) -> Any:
+    """``--slots/-np``: parallel slots, 1..MAX_SLOTS. ``default``: what happens without it, in
+    words (None: the command's own default value is shown)."""
+    return typer.Option("--slots", "-np", min=1, max=MAX_SLOTS, show_default=default is None,
+                        help="Parallel slots" + _default(default))
+
+
+def ctx(default: str | None = None) -> Any:
+    """``--ctx/-c``: the context in tokens (the slots' shared pool); ``default`` as for :func:`slots`."""
+    return typer.Option("--ctx", "-c", min=256, show_default=default is None,
+                        help="Context in tokens, shared by the slots as one pool; rounded up to a multiple "
+                             "of 256" + _default(default))
+
+
+def ctk(default: str = "the recipe's cache_type, else f16") -> Any:
+    """``--ctk``: KV cache type for K."""
+    return typer.Option("--ctk", show_default=False,
+                        help=f"KV cache type for K: f16, q8_0, q4_0, ... (default: {default}).")
+
+
+def ctv() -> Any:
+    """``--ctv``: KV cache type for V."""
+    return typer.Option("--ctv", show_default=False, help="KV cache type for V (default: the same as --ctk).")
+
+
+def llama_server(help: str = "The llama-server binary to run (default: the one `squad engine info` shows).") -> Any:
+    """``--llama-server PATH``: the binary to run."""
+    return typer.Option("--llama-server", show_default=False, help=help)
+
+
+def threads() -> Any:
+    """``--threads/-t``: llama-server's CPU threads."""
+    return typer.Option("--threads", "-t", min=1, show_default=False,
+                        help="CPU threads of llama-server, its -t (default: llama-server's choice).")
+
+
+def load_timeout() -> Any:
+    """``--load-timeout SECONDS``: how long a launched engine may take to load the model."""
+    return typer.Option("--load-timeout", min=1, show_default=False,
+                        help="Seconds the engine may take to load the model (default: 60 s + 60 s per GiB of "
+                             "model file).")
+
+
+def url(help: str) -> Any:
+    """``--url``: an engine's root URL; checked to be http(s)://HOST[:PORT] when parsed."""
+    return typer.Option("--url", help=help, show_default=False, callback=_check_url)
+
+
+def api_key(help: str = "Bearer key of the engine at --url (default: the key `squad engine start` "
+                        "recorded for that URL).") -> Any:
+    """``--api-key`` (also from ``$LLAMA_API_KEY``)."""
+    return typer.Option("--api-key", envvar="LLAMA_API_KEY", show_default=False, help=help)
+
+
+def as_json(help: str = "Print JSON instead of text.") -> Any:
+    """``--json``."""
+    return typer.Option("--json", help=help)
+
+
+def out(help: str) -> Any:
+    """``--out/-o FILE``: a file the command writes (checked before any work starts)."""
+    return typer.Option("--out", "-o", help=help, show_default=False)
+
+
+def _default(words: str | None) -> str:
+    return "." if words is None else f" (default: {words})."
+
+
+def _check_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(f"{value!r} is not an engine URL; write http://HOST:PORT, "
+                                 "e.g. http://127.0.0.1:8080")
+    try:
+        parts.port  # noqa: B018  (raises for a port that is not a number)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: the port is not a number; write http://HOST:PORT") from None
+    return value
