@@ -35,21 +35,25 @@ app.add_typer(recipes_app, name="recipes")
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
 ) -> None:
-    """Check recipes without an engine: YAML, keys, types, agents, templates, @mentions,
-    parameters; when the model file is on disk, budgets against it (fixed prompts counted
-    with its tokenizer). Prints OK, warnings or the error for each file; exit 2 if any has errors."""
-    from squad.recipes import validate_recipe
+    """Check recipes without an engine: YAML, keys, types, agents, @mentions, parameters, every
+    template rendered with stand-in values; when the model file is on disk, budgets against it
+    (fixed prompts counted with its tokenizer), else says what it could not check. Prints OK,
+    warnings or the error for each file; exit 2 if any has errors."""
+    from squad.recipes import load_recipe
 
     failed = 0
     for path in files:
         try:
-            warnings = validate_recipe(path)
+            loaded = load_recipe(path, require_params=False)
         except RecipeError as exc:
             failed += 1
             err_console.print(f"[red]error[/] {_esc(str(exc))}", soft_wrap=True)  # one line per error
             continue
+        warnings = loaded.warnings
         for warning in warnings:
             err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
+        for note in loaded.unchecked:
+            err_console.print(f"[cyan]not checked[/] {_esc(str(note))}")
         console.print(f"[green]OK[/] {_esc(str(path))}" + (f" ({len(warnings)} warnings)" if warnings else ""))
     if failed:
         err_console.print(f"{failed} of {len(files)} recipe(s) have errors")
