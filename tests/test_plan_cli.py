@@ -131,7 +131,7 @@ def test_user_mistakes_exit_2_without_traceback(capsys, model, tmp_path, argv, t
 RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
 SHIPPED = {  # the plans the shipped recipes document in their header comments
     "summarize.yaml": (3, 768),
-    "review.yaml": (3, 768),
+    "review.yaml": (3, 1024),
     "mentions.yaml": (3, 1024),
 }
 
@@ -174,5 +174,5 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         stop_pid(proc.pid, grace=20)
         proc.wait()
         log.close()
-    assert (data["slots"], data["n_ctx"], data["command"]) == (3, 768, None)
+    assert (data["slots"], data["n_ctx"], data["command"]) == (3, 1024, None)
     assert any("2 slot(s)" in w for w in data["warnings"])
