@@ -37,10 +37,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from squad import children
 from squad.errors import MCPServerError, UserError
@@ -61,6 +61,17 @@ _STDERR_TAIL = 20
 """Lines of a server's stderr quoted in an error."""
 
 
+def _not_a_template(text: str) -> str:
+    if "{{" in text or "{%" in text:
+        raise ValueError(f"{text!r}: a server's command, args and env are used as written, never rendered as "
+                         "templates (no parameter reaches a server's command line); write the value itself")
+    return text
+
+
+_Plain = Annotated[str, AfterValidator(_not_a_template)]
+"""Text used as written: a template tag in it is refused, not rendered."""
+
+
 class MCPServer(BaseModel):
     """One MCP server (module docstring). Exactly one of ``command`` and ``url``.
 
@@ -78,23 +89,13 @@ class MCPServer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=SERVER_NAME, max_length=64)
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
+    command: _Plain | None = None
+    args: tuple[_Plain, ...] = ()
+    env: dict[str, _Plain] = Field(default_factory=dict)
     cwd: str | None = None
     url: str | None = None
     timeout: float = Field(default=30.0, gt=0, description="seconds one tool call may take")
     start_timeout: float = Field(default=30.0, gt=0, description="seconds to start and list tools")
-
-    @field_validator("command", "args", "env", mode="after")
-    @classmethod
-    def _not_templates(cls, value: Any) -> Any:
-        texts = [value] if isinstance(value, str) else list(value.values()) if isinstance(value, dict) else list(value or ())
-        for text in texts:
-            if "{{" in text or "{%" in text:
-                raise ValueError(f"{text!r}: a server's command, args and env are used as written, never rendered "
-                                 "as templates (no parameter reaches a server's command line); write the value itself")
-        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> "MCPServer":
@@ -386,22 +387,24 @@ class MCPServers:
 
     # --- agents' tools --------------------------------------------------------------------------
 
-    def tools_for(self, agent: "Agent", taken: Collection[str] = ()) -> dict[str, MCPTool]:
-        """The MCP tools ``agent`` names in its ``tools``, by the name the model sees.
+    def tools_for(self, agent: "Agent", taken: Collection[str] = (), server: str | None = None) -> dict[str, MCPTool]:
+        """The MCP tools ``agent`` names in its ``tools`` (of ``server`` only, if given), by
+        the name the model sees.
 
         ``taken``: names its other tools already use (function tools, ``ask_<name>``).
         Raises :class:`UserError` for an undeclared server, a tool the server does not have
-        (naming the ones it has) or two tools with one name.
+        (naming the ones it has), a tool whose input schema is not a valid JSON schema (the
+        model could not be told its arguments) or two tools with one name.
         """
         out: dict[str, MCPTool] = {}
         origin: dict[str, str] = {name: "another of its tools" for name in taken}
         for ref in agent.tools:
-            if not is_mcp_ref(ref):
+            if not is_mcp_ref(ref) or (server is not None and split_ref(ref)[0] != server):
                 continue
-            server, tool = split_ref(ref)
-            if server not in self.servers:
+            server_name, tool = split_ref(ref)
+            if server_name not in self.servers:
                 raise UserError(unknown_server(agent.name, ref, self.names))
-            have = self._connections[server].tools if server in self._connections else {}
+            have = self._connections[server_name].tools if server_name in self._connections else {}
             if tool == "*":
                 chosen = list(have.values())
             elif tool in have:
@@ -409,6 +412,11 @@ class MCPServers:
             else:
                 raise UserError(unknown_tool(agent.name, ref, list(have)))
             for t in chosen:
+                problem = t.schema_problem()
+                if problem is not None:
+                    raise UserError(f"agent {agent.name!r} lists tool {ref!r}, but the input schema MCP server "
+                                    f"{server_name!r} gives for {t.remote!r} is not a valid JSON schema ({problem}); "
+                                    "fix the server or leave the tool out")
                 if t.name in origin and origin[t.name] != f"{t.server}.{t.remote}":
                     raise UserError(
                         f"agent {agent.name!r} gets two tools named {t.name!r}: {origin[t.name]} and "

@@ -34,26 +34,53 @@ app.add_typer(recipes_app, name="recipes")
 @recipes_app.command("validate")
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
+    check_mcp: Annotated[bool, options.check_mcp("check the tools its agents name and the tools' schemas")] = False,
 ) -> None:
     """Check recipes without an engine: YAML, keys, types, agents, templates, @mentions,
-    parameters; when the model file is on disk, budgets against it (fixed prompts counted
-    with its tokenizer). Prints OK, warnings or the error for each file; exit 2 if any has errors."""
+    parameters, MCP server declarations; when the model file is on disk, budgets against it
+    (fixed prompts counted with its tokenizer). Prints OK, warnings or the error for each file;
+    exit 2 if any has errors (1 if an MCP server did not start)."""
+    from squad.errors import MCPServerError
     from squad.recipes import validate_recipe
 
-    failed = 0
+    failed, broken = 0, 0
     for path in files:
         try:
             warnings = validate_recipe(path)
-        except RecipeError as exc:
+            servers = _check_mcp(path) if check_mcp else []
+        except (RecipeError, MCPServerError) as exc:
             failed += 1
+            broken += isinstance(exc, MCPServerError)
             err_console.print(f"[red]error[/] {_esc(str(exc))}", soft_wrap=True)  # one line per error
             continue
+        for line in servers:
+            console.print(f"  {_esc(line)}", soft_wrap=True)
         for warning in warnings:
             err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
         console.print(f"[green]OK[/] {_esc(str(path))}" + (f" ({len(warnings)} warnings)" if warnings else ""))
     if failed:
         err_console.print(f"{failed} of {len(files)} recipe(s) have errors")
-        raise typer.Exit(2)
+        raise typer.Exit(2 if failed > broken else 1)
+
+
+def _check_mcp(path: Path) -> list[str]:
+    """Start the recipe's MCP servers, check the tools its agents name (and their schemas),
+    stop them; one line per server: its tools and which agent uses which."""
+    from squad.recipes import load_recipe, recipe_mcp
+
+    loaded = load_recipe(path, require_params=False)
+
+    async def check() -> list[str]:
+        lines = []
+        async with recipe_mcp(loaded) as servers:
+            for name, tools in servers.tools.items():
+                users = [f"{a.name}: {', '.join(servers.tools_for(a, server=name))}" for a in loaded.agents.values()
+                         if servers.tools_for(a, server=name)]
+                lines.append(f"mcp {name}: {len(tools)} tool(s) ({', '.join(tools) or 'none'}); "
+                             f"used by {'; '.join(users) or 'no agent'}")
+        return lines
+
+    return anyio.run(check)
 
 
 @app.command("run")

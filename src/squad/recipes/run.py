@@ -143,7 +143,7 @@ async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
 def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
     """``exc`` (about one of ``agent``'s MCP tools) at that tool's place in the recipe."""
     for (name, ref), loc in recipe.tool_locs.items():
-        if name == agent and repr(ref) in str(exc):
+        if name == agent and f"lists tool {ref!r}" in str(exc):
             return RecipeError(str(exc), **loc)
     return RecipeError(str(exc), file=str(recipe.path))
 
