@@ -106,7 +106,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("map_, extra, message", [
     ("params.code", "concurrency: 1", "split: chunks needs chunk_tokens"),
-    ("params.code", "chunk_tokens: 0", "greater than or equal to 1"),
+    ("params.code", "chunk_tokens: 0", "must be at least 1, got 0"),
     ("params.code", "{chunk_tokens: 10, overlap: 10}".replace("{", "").replace("}", "").replace(", ", "\n    "),
      "overlap (10) must be below chunk_tokens (10)"),
     ("params.xs", "chunk_tokens: 10", "split: chunks cuts a text, but parameter 'xs' is a list"),

@@ -135,7 +135,7 @@ def test_not_gguf_is_a_model_error(tmp_path):
         resolve_model(junk)
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(b"GGUF\x03\x00\x00\x00\x01")
-    with pytest.raises(ModelError, match="cannot read GGUF metadata"):
+    with pytest.raises(ModelError, match="is truncated: it ends at byte 9, inside its header"):
         read_model_facts(truncated)
 
 

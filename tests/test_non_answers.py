@@ -167,7 +167,7 @@ async def test_a_step_setting_overrides_the_recipes(tmp_path):
 
 
 @pytest.mark.parametrize("setting, where, field, message", [
-    ("non_answers: {truncated: maybe}", "recipe", "non_answers.truncated", "Input should be 'accept', 'mark' or 'fail'"),
+    ("non_answers: {truncated: maybe}", "recipe", "non_answers.truncated", "use 'accept', 'mark' or 'fail', got 'maybe'"),
     ("non_answers: {truncted: fail}", "step", "flow[0].non_answers.truncted",
      "unknown key 'truncted'; did you mean 'truncated'?"),
     ("non_answers: {failed: mark}", "step", "flow[0].non_answers.failed", "unknown key 'failed'"),

@@ -33,7 +33,7 @@ def test_shipped_workloads(default_model_path):  # auto budgets: counted with th
     assert review == Sequence((
         Parallel(tuple(Map(Call(name, 256), count=1, limit=1, label=name) for name in ("security", "style", "tests")),
                  label="reviews"),  # a small file is one chunk per reviewer
-        Call("lead", 768),
+        Call("lead", 1024),  # its counted prompt + max_tokens 384 + headroom
     ), label="parallel-review")
     summary = load_recipe(RECIPES / "summarize.yaml").workload()
     assert summary.items[0] == Map(Call("summarizer", 256), count=3, limit=3, label="summaries")

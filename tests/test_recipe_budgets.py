@@ -100,7 +100,7 @@ def test_a_required_parameter_is_counted_only_once_it_has_a_value(default_model_
 def test_prompts_known_only_at_run_time_are_not_counted(default_model_path, tmp_path, prompt, flow):
     path = write_recipe(tmp_path, prompt=prompt, flow=flow)
     if "item" in prompt:  # make the last step a map
-        path.write_text(path.read_text().replace("    prompt:", "    map: params.text\n    prompt:"))
+        path.write_text(path.read_text().replace("    prompt:", "    map: params.text\n    split: lines\n    prompt:"))
     assert validate_recipe(path) == []
 
 
@@ -139,7 +139,25 @@ def test_shipped_recipes_fit_their_budgets(default_model_path, path):
 
 def test_without_the_model_file_nothing_is_counted(tmp_path, monkeypatch):
     monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "empty-cache"))  # the default model is not there
-    assert validate_recipe(write_recipe(tmp_path)) == []
+    path = write_recipe(tmp_path, param=f'default: "{LONG[:3000]}"')  # ~600 tokens: too many, but not countable here
+    assert validate_recipe(path) == []
+    recipe = load_recipe(path)
+    assert [w.problem for w in recipe.unchecked] == [
+        "the default model 'smollm2-135m' is not on this machine, so budgets were not checked against its training "
+        "context and prompts were not counted with its tokenizer; run `squad models pull smollm2-135m` and validate "
+        "again"]
+
+
+def test_without_the_model_file_a_prompt_no_tokenizer_can_fit_is_still_refused(tmp_path, monkeypatch):
+    """The same verdict with or without the model file for a prompt far above the budget: more
+    bytes than 8 per token of the budget (F19)."""
+    monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "empty-cache"))
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(write_recipe(tmp_path))
+    assert info.value.line == prompt_line(tmp_path / "long.yaml")[0]
+    assert info.value.problem == (
+        "step 'summarize' (agent 'writer'): its prompt is 9,841 bytes (system + user message), more than a budget "
+        "of 512 tokens can hold even at 8 bytes per token; raise agents.writer.budget or shorten the prompt")
 
 
 # --- tiny synthetic models: always run -------------------------------------------------------
@@ -178,4 +196,4 @@ def test_a_budget_the_model_cannot_hold_asks_for_a_shorter_prompt(tmp_path, own_
 
 def test_a_request_the_counter_cannot_reproduce_is_not_counted(tmp_path, own_cache):
     tiny_gguf(tmp_path / "tiny.gguf", n_ctx_train=65536, template="{{ raise_exception('no') }}")
-    assert validate_recipe(write_recipe(tmp_path, model="tiny.gguf")) == []
+    assert validate_recipe(write_recipe(tmp_path, model="tiny.gguf", param=f'default: "{LONG[:3000]}"')) == []

@@ -17,6 +17,7 @@ Fields and units:
   counted prompts of the agent's steps (:mod:`squad.recipes.budgets`), elsewhere the model's
   training context shared by the agents running at once (:func:`squad.planner.plan`).
 - ``max_tokens``: tokens one model turn may generate; must be below a fixed ``budget``.
+  Numbers are strict: ``true`` is not 1 and ``"256"`` is not 256 (field case F21).
 - ``sampling``: :class:`Sampling` (temperature, top_p, ...), sent with every call.
 - ``tools``: names of function tools registered with the squad, and MCP tools as
   ``SERVER.TOOL`` or ``SERVER.*`` (all of a server's tools; :mod:`squad.mcp`).
@@ -31,11 +32,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
+                      field_validator, model_validator)
 
 from squad.errors import UserError
 
-__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "MAX_SUB_DEPTH",
+__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
+           "MAX_SUB_DEPTH",
            "MAX_SUB_CALLS"]
 
 MAX_SUB_DEPTH = 2
@@ -58,12 +61,12 @@ class Sampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repeat_penalty: float | None = Field(default=None, gt=0)
-    seed: int | None = None
+    temperature: StrictFloat | None = Field(default=None, ge=0)
+    top_p: StrictFloat | None = Field(default=None, gt=0, le=1)
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    min_p: StrictFloat | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: StrictFloat | None = Field(default=None, gt=0)
+    seed: StrictInt | None = None
     stop: list[str] | None = None
 
     def as_params(self) -> dict[str, Any]:
@@ -80,11 +83,11 @@ class Agent(BaseModel):
     description: str = ""
     instructions: str = ""
     budget: int | Literal["auto"] = Field(default="auto", description="context tokens this agent may hold, or auto")
-    max_tokens: int = Field(default=256, gt=0, description="tokens one turn may generate")
+    max_tokens: StrictInt = Field(default=256, gt=0, description="tokens one turn may generate")
     sampling: Sampling = Field(default_factory=Sampling)
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
-    sub_agent_tools: bool = True
+    sub_agent_tools: StrictBool = True
     max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
@@ -97,7 +100,7 @@ class Agent(BaseModel):
             return value
         if isinstance(value, str) and value.strip().isdigit():
             return int(value)
-        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}")
+        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}; write auto or a number such as 2048")
 
     @model_validator(mode="after")
     def _check(self) -> "Agent":
@@ -109,7 +112,7 @@ class Agent(BaseModel):
                 f"prompt has room: raise budget or lower max_tokens"
             )
         if self.name in self.agents:
-            raise ValueError(f"agent {self.name!r} lists itself in agents")
+            raise ValueError(f"agent {self.name!r} lists itself in agents; remove {self.name!r} from its agents")
         for field in ("tools", "agents"):
             values = getattr(self, field)
             dupes = sorted({v for v in values if values.count(v) > 1})
@@ -209,19 +212,34 @@ def sub_agent_names(agent: Agent, squad: Mapping[str, Agent], main: str) -> list
     return []
 
 
-def _check_cycles(by_name: Mapping[str, Agent]) -> None:
+def find_cycle(agents: Mapping[str, Agent]) -> list[str] | None:
+    """The first cycle of sub-agent calls among ``agents`` (by name), as the path that closes
+    it (``["a", "b", "a"]``: a lists b, b lists a), or None. Sub-agents not in ``agents`` are
+    ignored."""
     state: dict[str, int] = {}
 
-    def visit(name: str, path: list[str]) -> None:
+    def visit(name: str, path: list[str]) -> list[str] | None:
         if state.get(name) == 2:
-            return
+            return None
         if state.get(name) == 1:
-            cycle = " -> ".join([*path[path.index(name):], name])
-            raise UserError(f"sub-agents form a cycle: {cycle}; an agent cannot (indirectly) call itself")
+            return [*path[path.index(name):], name]
         state[name] = 1
-        for sub in by_name[name].agents:
-            visit(sub, [*path, name])
+        for sub in agents[name].agents:
+            if sub in agents:
+                found = visit(sub, [*path, name])
+                if found:
+                    return found
         state[name] = 2
+        return None
 
-    for name in by_name:
-        visit(name, [])
+    for name in agents:
+        found = visit(name, [])
+        if found:
+            return found
+    return None
+
+
+def _check_cycles(by_name: Mapping[str, Agent]) -> None:
+    cycle = find_cycle(by_name)
+    if cycle:
+        raise UserError(f"sub-agents form a cycle: {' -> '.join(cycle)}; an agent cannot (indirectly) call itself")

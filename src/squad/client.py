@@ -383,6 +383,7 @@ class EngineClient:
 
     async def _attempt(self, call: _Call) -> ChatResult:
         req, agent = call.request, call.agent
+        _refuse_oversized(req, agent, self._engine.pool)
         prompt, local = await self.counter(req.messages, req.tools)
         need = prompt + req.max_tokens
         if req.budget is not None and need > req.budget:
@@ -464,3 +465,19 @@ def _attempt_no(state: RetryCallState, n: int) -> RetryCallState:
 def _count_key(messages: list[dict], tools: list[dict] | None) -> str:
     text = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _refuse_oversized(req: ChatRequest, agent: str, pool: int) -> None:
+    """Raise :class:`AdmissionError` for a prompt of more than
+    :data:`~squad.counting.MAX_BYTES_PER_TOKEN` bytes per token of the agent's budget (or of the
+    engine's pool): it cannot fit, so it is neither counted nor sent (field case F18)."""
+    from squad.counting import MAX_BYTES_PER_TOKEN
+
+    tokens, what = (req.budget, "its budget") if req.budget else (pool, "the engine's pool")
+    if not tokens:
+        return
+    size = sum(len(str(m.get("content") or "").encode("utf-8", "surrogatepass")) for m in req.messages)
+    if size > MAX_BYTES_PER_TOKEN * tokens:
+        raise AdmissionError(
+            f"agent '{agent}': its prompt is {size:,} bytes, more than {what} of {tokens:,} tokens can hold even at "
+            f"{MAX_BYTES_PER_TOKEN} bytes per token; it was neither counted nor sent: shorten the prompt", agent=agent)

@@ -30,10 +30,15 @@ from squad.errors import SquadError
 if TYPE_CHECKING:
     from squad.engine.tokens import TokenCounter
 
-__all__ = ["PromptCounter", "COUNT_CACHE"]
+__all__ = ["PromptCounter", "COUNT_CACHE", "MAX_BYTES_PER_TOKEN"]
 
 COUNT_CACHE = 4096
 """Prompt counts remembered (least recently used dropped first)."""
+
+MAX_BYTES_PER_TOKEN = 8
+"""A prompt above this many UTF-8 bytes per token of the context it must fit is refused without
+counting it: no tokenizer packs more than a few bytes into one token of ordinary text, so it
+cannot fit, and counting 100 MB would take minutes (field case F18)."""
 
 Remote = Callable[[list[dict], "list[dict] | None"], Awaitable[int]]
 

@@ -9,14 +9,16 @@ Rules:
   ordinary text (a JSON example such as ``{"a": {"b": 1}}``) stay as written. jinja's
   ``{# #}`` comment syntax is switched off so ``{#`` in text stays too.
 - Undefined variables are errors (``StrictUndefined``), never empty strings.
-- The sandbox (``jinja2.sandbox.SandboxedEnvironment``) refuses private/dunder attributes and
-  unsafe callables; autoescape is off (prompts are plain text, not HTML).
+- The sandbox (:class:`squad.sandbox.BoundedSandbox`, jinja's immutable sandbox) refuses
+  private/dunder attributes, unsafe callables and changes to lists and dicts, and bounds
+  what a template may cost: the values it builds, the steps it takes and the text it
+  renders (field case F18); autoescape is off (prompts are plain text, not HTML).
 - Errors are :class:`squad.errors.RecipeError` naming where the template lives and the
   undefined variable or syntax problem. Unknown filters and tests (``{{ x | nosuch }}``,
   ``{% if x is nosuch %}``) are compile errors, found by :func:`check_template` before any
   model call. Anything that fails while rendering (``{{ 10 / 0 }}``, ``{{ "a" + 1 }}``, a
-  ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items) is a :class:`RecipeError` too,
-  never a traceback.
+  ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items, ``{{ 'x' * 10**9 }}``) is a
+  :class:`RecipeError` too, never a traceback or a hang.
 - ``data=True`` (a recipe prompt as sent): the output of every ``{{ ... }}`` is data, wrapped
   by :func:`squad.mention.as_data`, so only the template's own text can @mention an agent
   (field case F13); :func:`mark_tags` gives the source read the same way, for the checks
@@ -31,14 +33,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import jinja2
-from jinja2 import meta, nodes
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2 import meta, nodes, pass_context
 
 from squad.errors import RecipeError
+from squad.sandbox import OUT, MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
 __all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
 
-_ENV = SandboxedEnvironment(
+_ENV = BoundedSandbox(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
@@ -48,8 +50,8 @@ _ENV = SandboxedEnvironment(
 )
 
 
-def environment() -> SandboxedEnvironment:
-    """The shared sandboxed environment (StrictUndefined, autoescape off)."""
+def environment() -> BoundedSandbox:
+    """The shared sandboxed environment (StrictUndefined, autoescape off, bounded)."""
     return _ENV
 
 
@@ -73,7 +75,7 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
         ast = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise _error(
-            f"template syntax error{_line(source, exc.lineno)}: {exc.message}; only {{{{ ... }}}} and "
+            f"template syntax error{_line(source, exc.lineno)}: {(exc.message or '').rstrip('.')}; only {{{{ ... }}}} and "
             "{% ... %} are template syntax, write literal braces as plain text",
             where,
             loc,
@@ -88,19 +90,29 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
                     where,
                     loc,
                 )
-    return ast
+    return bound(ast, _ENV)
 
 
-_DATA_ENV: SandboxedEnvironment | None = None
+_DATA_ENV: BoundedSandbox | None = None
 
 
-def _data_env() -> SandboxedEnvironment:
-    """:data:`_ENV` with every ``{{ ... }}`` output wrapped as data (module docstring)."""
+def _data_env() -> BoundedSandbox:
+    """:data:`_ENV` with every ``{{ ... }}`` output wrapped as data (module docstring): the
+    sandbox's output filter (:data:`squad.sandbox.OUT`, counting each ``{{ ... }}``) also
+    marks it; the template's own text goes through another one and stays as written."""
     global _DATA_ENV
     if _DATA_ENV is None:
         from squad.mention import as_data
 
-        _DATA_ENV = _ENV.overlay(finalize=as_data)
+        count = _ENV.filters[OUT]
+
+        @pass_context
+        def out_as_data(context: Any, value: Any) -> Any:
+            return as_data(count(context, value))
+
+        env = _ENV.overlay()
+        env.filters = {**_ENV.filters, OUT: out_as_data}
+        _DATA_ENV = env
     return _DATA_ENV
 
 
@@ -127,6 +139,8 @@ def render_template(
     *,
     where: str = "",
     loc: Mapping[str, Any] | None = None,
+    max_chars: int | None = None,
+    why: str = "",
     data: bool = False,
 ) -> str:
     """Render ``source`` with ``variables`` in the sandbox and return the text.
@@ -134,26 +148,41 @@ def render_template(
     ``data=True``: every ``{{ ... }}`` output is marked as data (module docstring).
 
     ``where`` names the field for error messages (``agents.lead.instructions``); ``loc``
-    optionally carries ``file``/``line``/``column`` for :class:`RecipeError`.
+    optionally carries ``file``/``line``/``column`` for :class:`RecipeError`. ``max_chars``
+    caps the rendered text in characters (default: the size of ``variables`` plus
+    :data:`squad.sandbox.MAX_VALUE`); ``why`` says where a cap comes from, for the message
+    (``" (agent 'lead' has a budget of 512 tokens)"``). Text without template syntax is
+    returned as it is, whatever its size: the caller checks it against its budget.
 
     Raises :class:`RecipeError` on a syntax error, an unknown filter or test, an undefined
-    variable or attribute (naming it), an operation the sandbox forbids, or any other
-    exception while rendering (``template error: division by zero``).
+    variable or attribute (naming it), an operation the sandbox forbids, a template that
+    builds too much, takes too many steps or renders more than ``max_chars``
+    (:mod:`squad.sandbox`), or any other exception while rendering (``template error:
+    division by zero``).
     """
     if "{{" not in source and "{%" not in source:
         return source  # nothing to render: keep the text byte for byte
     template = _compile(source, where, loc, data)
+    given = flat_size(variables, 10**12)
+    meter = Meter(max_value=MAX_VALUE + given, max_chars=max_chars if max_chars is not None else MAX_VALUE + given,
+                  why=why)
     try:
-        return template.render(**variables)
+        with metered(meter):
+            return template.render(**variables)
+    except TemplateLimit as exc:
+        raise _error(f"template error: {exc}", where, loc) from None
+    except RecursionError:
+        raise _error("template error: macros call themselves too deeply; end the recursion sooner", where, loc) from None
     except jinja2.UndefinedError as exc:
         raise _error(_explain_undefined(source, variables, exc), where, loc) from None
     except jinja2.exceptions.SecurityError as exc:
-        raise _error(f"template not allowed by the sandbox: {exc}", where, loc) from None
+        raise _error(f"template not allowed by the sandbox: {str(exc).rstrip('.')}; templates may not reach Python internals or "
+                     "change values: remove this expression", where, loc) from None
     except jinja2.TemplateError as exc:
-        raise _error(f"template error: {exc}", where, loc) from None
-    except Exception as exc:  # the template's own arithmetic, a too-big range(), a bad + ...
+        raise _error(f"template error: {exc}; fix this expression", where, loc) from None
+    except Exception as exc:  # the template's own arithmetic, a bad + ...
         problem = str(exc) or type(exc).__name__
-        raise _error(f"template error: {problem} ({type(exc).__name__})", where, loc) from None
+        raise _error(f"template error: {problem} ({type(exc).__name__}); fix this expression", where, loc) from None
 
 
 def mark_tags(source: str) -> str:
@@ -201,7 +230,7 @@ def _explain_undefined(source: str, variables: Mapping[str, Any], exc: jinja2.Un
             have = ", ".join(keys) or "nothing"
             owner = ".".join(path[:depth]) or "this template"
             return f"undefined template variable '{name}'{did} ({owner} has: {have})"
-    return f"undefined template variable: {exc.message}"
+    return f"undefined template variable: {exc.message}; fix this expression"
 
 
 def template_variables(source: str, *, where: str = "", loc: Mapping[str, Any] | None = None) -> set[str]:

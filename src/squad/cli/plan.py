@@ -48,14 +48,14 @@ def plan_command(
     if (recipe is None) == (agents is None):
         raise UserError("give a recipe file, or --agents NAME:BUDGET,... for a quick workload (not both)")
     workload: Node | None
-    base, rows = None, ()
+    base, rows, reads = None, (), ()
     if recipe is not None:
         from squad.recipes import load_recipe
 
         loaded = load_recipe(recipe, collect_params(param), model=model)
         if loaded.mcp_servers:
             _mcp(loaded, check_mcp)
-        workload, base, rows = loaded.workload(), loaded.engine_spec(), loaded.budgets
+        workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads
     else:
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
@@ -68,8 +68,11 @@ def plan_command(
         the_plan = _check_engine(the_plan, url, api_key)
     binary = _binary()
     if as_json:
-        typer.echo(json.dumps({"steps": step_budgets_json(rows), **plan_json(the_plan, binary)}, indent=2))
+        typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
+                               **plan_json(the_plan, binary)}, indent=2))
     else:
+        if reads:
+            _render_reads(reads)
         if rows:
             _render_steps(rows)
         render_plan(the_plan, console, binary)
@@ -101,6 +104,16 @@ def step_budgets_json(rows: Any) -> list[dict[str, Any]]:
     return [{"step": r.step, "agent": r.agent, "prompt_tokens": r.prompt, "estimated": r.estimated,
              "max_tokens": r.max_tokens, "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto"}
             for r in rows]
+
+
+def _render_reads(reads: Any) -> None:
+    """The files loading the recipe read (recipes are trusted like scripts: a ``type: file``
+    parameter reads any file the user can read, and its text goes to the model)."""
+    from rich.markup import escape
+
+    console.print("[bold]files this recipe reads[/] (their text may be sent to the model):")
+    for path, why in reads:
+        console.print(f"  {escape(path)}  [dim]{escape(why)}[/]")
 
 
 def _render_steps(rows: Any) -> None:

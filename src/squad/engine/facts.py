@@ -8,6 +8,10 @@ Model facts are cached as JSON in ``cache_dir()/facts/`` keyed by the file's res
 size and mtime, so only the first read of a model parses the GGUF. The same per-file disk
 cache (:func:`cache_entry`, :func:`read_entry`, :func:`write_entry`) and GGUF reading
 (:func:`is_gguf`, :func:`read_fields`) serve the token counter (:mod:`squad.engine.tokens`).
+
+:func:`check_gguf` says what is wrong with a file that is not a complete GGUF (a directory,
+0 bytes, another format, cut short in its header or its tensor data) in squad's words, before
+any reader meets it with a numpy error.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import mmap
 import os
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +35,7 @@ __all__ = [
     "ModelFacts",
     "read_model_facts",
     "is_gguf",
+    "check_gguf",
     "read_fields",
     "cache_entry",
     "read_entry",
@@ -165,10 +172,7 @@ def _load_facts(entry: Path, key: dict[str, object], path: Path) -> ModelFacts |
 
 
 def _parse_facts(path: Path) -> ModelFacts:
-    if not path.is_file():
-        raise ModelError(f"{path}: no such model file")
-    if not is_gguf(path):
-        raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+    check_gguf(path)
     fields = read_fields(path)
 
     def get(key: str, default: object = ModelError) -> object:
@@ -216,6 +220,118 @@ def is_gguf(path: Path) -> bool:
             return f.read(4) == b"GGUF"
     except OSError:
         return False
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+"""Bytes of each GGUF scalar value type (``gguf.GGUFValueType``; 8 = string, 9 = array)."""
+
+_FETCH_AGAIN = "fetch or copy the file again (squad models pull NAME --force for a known model)"
+
+
+def check_gguf(path: Path) -> None:
+    """Raise ``ModelError`` naming ``path`` and what is wrong unless it is a complete GGUF file:
+    a directory, missing, empty, not starting with ``b"GGUF"``, an unknown GGUF version, or
+    cut short (inside its metadata, or shorter than its tensors need). Reads only the header
+    and metadata (GGUF v2/v3 layout from ggml's ``gguf.cpp``; tensor sizes from
+    ``gguf.GGML_QUANT_SIZES``): milliseconds, no numpy."""
+    path = Path(path)
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory, not a model file; give the path of the .gguf file")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ModelError(f"{path}: no such model file ({exc.strerror or exc})") from None
+    if size == 0:
+        raise ModelError(f"{path} is empty (0 bytes): the download or copy did not finish; {_FETCH_AGAIN}")
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _walk_gguf(path, data, size)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+
+
+def _walk_gguf(path: Path, data: Any, size: int) -> None:
+    from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
+
+    if data[:4] != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, a GGUF file with "
+                         "b'GGUF'; give the path of a .gguf model")
+    pos = 4
+    where = "its header"
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        need = struct.calcsize(fmt)
+        if pos + need > size:
+            raise ModelError(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
+        value = struct.unpack_from(fmt, data, pos)
+        pos += need
+        return value[0] if len(value) == 1 else value
+
+    def skip(n: int) -> None:
+        nonlocal pos
+        if n < 0 or pos + n > size:
+            raise ModelError(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
+        pos += n
+
+    def text() -> str:
+        n = take("<Q")
+        skip(n)
+        return bytes(data[pos - n:pos]).decode("utf-8", "replace")
+
+    def value(kind: int, depth: int = 0) -> Any:
+        if kind in _SCALAR_SIZES:
+            start = pos
+            skip(_SCALAR_SIZES[kind])
+            return int.from_bytes(data[start:pos], "little") if kind in (4, 10) else None
+        if kind == 8:
+            text()
+        elif kind == 9 and depth == 0:
+            item, count = take("<I"), take("<Q")
+            if item in _SCALAR_SIZES:
+                skip(_SCALAR_SIZES[item] * count)
+            else:
+                for _ in range(count):
+                    value(item, depth + 1)
+        else:
+            raise ModelError(f"{path} is damaged: unknown GGUF value type {kind} in {where}; {_FETCH_AGAIN}")
+        return None
+
+    version = take("<I")
+    if version not in (2, 3):
+        raise ModelError(f"{path}: GGUF version {version} is not supported (llama.cpp reads versions 2 and 3); "
+                         "convert the model again with a current llama.cpp")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    if n_tensors > size or n_kv > size:
+        raise ModelError(f"{path} is damaged: its header claims {n_tensors:,} tensors and {n_kv:,} metadata keys; "
+                         f"{_FETCH_AGAIN}")
+    alignment = GGUF_DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        where = f"metadata key {i + 1} of {n_kv}"
+        key = text()
+        where = f"the value of metadata key {key!r}"
+        found = value(take("<I"))
+        if key == "general.alignment" and found:
+            alignment = found
+    end = 0
+    for i in range(n_tensors):
+        where = f"tensor info {i + 1} of {n_tensors}"
+        name = text()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        kind, offset = take("<I"), take("<Q")
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise ModelError(f"{path}: tensor {name!r} has tensor type {kind}, unknown to this gguf package; "
+                             "upgrade squad's gguf dependency or use another model") from None
+        elements = 1
+        for d in dims:
+            elements *= d
+        end = max(end, offset + elements // block * block_bytes)
+    data_start = -(-pos // alignment) * alignment
+    if data_start + end > size:
+        raise ModelError(f"{path} is truncated: its tensors need {data_start + end:,} bytes, the file has {size:,}; "
+                         f"{_FETCH_AGAIN}")
 
 
 def read_fields(path: Path) -> dict[str, Any]:

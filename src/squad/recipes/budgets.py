@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from squad.agent import Agent, sub_agent_names
+from squad.counting import MAX_BYTES_PER_TOKEN
 from squad.engine.llama import round_ctx
 from squad.errors import ModelError, RecipeError, SquadError
 from squad.recipes.model import Recipe, RecipeWarning, Step, StepBudget
@@ -55,9 +56,9 @@ HEADROOM_SHARE = 0.10
 HEADROOM_MIN = 64
 """The least headroom an auto budget adds, in tokens."""
 
-BYTES_PER_TOKEN = 8
-"""A rendered prompt above this many UTF-8 bytes per token of the training context is refused
-without tokenizing: no tokenizer packs more than a few bytes into one token of ordinary text."""
+BYTES_PER_TOKEN = MAX_BYTES_PER_TOKEN
+"""A rendered prompt above this many UTF-8 bytes per token of the training context (or of a
+fixed budget) is refused without tokenizing (:data:`squad.counting.MAX_BYTES_PER_TOKEN`)."""
 
 _STAND_IN = " word"
 """One token of stand-in text for an output not known before the run (a space + a common
@@ -111,28 +112,45 @@ def check_prompts(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
 
     The error names the step, the agent, the prompt tokens, ``max_tokens`` and the budget,
     and the fix: a budget rounded up to 256 tokens that holds both (when the model's
-    training context allows it), or a shorter prompt. Nothing is checked when the model file
-    is not on disk, its tokenizer is not reproduced exactly, or a request cannot be counted
-    exactly (:class:`~squad.engine.tokens.NotExact`).
+    training context allows it), or a shorter prompt. When the prompt cannot be counted
+    exactly (the model file is not on disk, its tokenizer is not reproduced, or
+    :class:`~squad.engine.tokens.NotExact`), only a prompt of more than
+    :data:`BYTES_PER_TOKEN` bytes per token of the budget is refused.
     """
     fixed = [(step, recipe.agents[step.agent]) for step in _fixed_steps(recipe.flow, unset)]
     fixed = [(s, a) for s, a in fixed if not any(_unset(r, unset) for r in template_paths(a.instructions))]
-    counter = _counter(recipe.model) if fixed else None
-    if counter is None:
+    fixed = [(s, a) for s, a in fixed if a.fixed_budget is not None]
+    if not fixed:
         return
+    counter = _counter(recipe.model)
     from squad.engine.tokens import NotExact
 
-    fixed = [(s, a) for s, a in fixed if a.fixed_budget is not None]
     for step, agent in fixed:
         messages = _messages(recipe, step, agent)
         if messages is None:
             continue
-        try:
-            prompt = counter.count_chat(messages)
-        except NotExact:
-            continue
-        if prompt + agent.max_tokens > agent.fixed_budget:  # type: ignore[operator]
-            raise _too_small(recipe, step, agent, prompt)
+        if counter is not None:
+            try:
+                prompt = counter.count_chat(messages)
+            except NotExact:
+                pass
+            else:
+                if prompt + agent.max_tokens > agent.fixed_budget:  # type: ignore[operator]
+                    raise _too_small(recipe, step, agent, prompt)
+                continue
+        _check_bytes(step, agent, messages)
+
+
+def _check_bytes(step: Step, agent: Agent, messages: list[dict[str, str]]) -> None:
+    """Without an exact count: refuse a prompt of more than :data:`BYTES_PER_TOKEN` bytes per
+    token of the agent's fixed budget (it cannot fit with any tokenizer)."""
+    size = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in messages)
+    budget = agent.fixed_budget or 0
+    if size > BYTES_PER_TOKEN * budget:
+        raise RecipeError(
+            f"step '{step.id}' (agent '{agent.name}'): its prompt is {size:,} bytes (system + user message), more than "
+            f"a budget of {budget:,} tokens can hold even at {BYTES_PER_TOKEN} bytes per token; raise "
+            f"agents.{agent.name}.budget or shorten the prompt", **_loc(step))
 
 
 def _fixed_steps(steps: tuple[Step, ...], unset: Set[str]) -> Iterator[Step]:
@@ -317,7 +335,7 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
     from squad.mention import parse_mentions, unmark
 
     try:
-        marked = recipe.render_prompt(step, outputs, as_sent=True, **extra)  # split as the run splits it
+        marked = recipe.render_prompt(step, outputs, as_sent=True, capped=False, **extra)  # split as the run does
     except SquadError:
         return []
     out: list[tuple[str, int]] = []

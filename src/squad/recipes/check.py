@@ -14,11 +14,23 @@ the model file is on disk, budgets against it (:mod:`squad.recipes.budgets`: abo
 training context, or too small for a fixed prompt). A declared parameter no template uses is
 a warning.
 
-Templates are rendered later, one field at a time (:meth:`Recipe.render_prompt`).
+Every template is also *rendered* before anything runs (field case F19), with the parameter
+values (a required one without a value: a stand-in of its declared type, see
+:func:`stand_in`) and every earlier step's output stood in for by a string, so what only
+rendering finds (the sandbox refusing ``''.__class__``, ``{{ 1 / 0 }}``, a ``range()`` over
+the sandbox's limit, ``{{ params.topic.nosuch }}``, a template that builds too much or takes
+too long, :mod:`squad.sandbox`) is a file:line error too. Types are strict: YAML ``true`` is
+not the number 1, and a parameter of type string keeps a default such as ``1.10`` as written
+(field case F21). A ``model:`` path must be a complete GGUF file
+(:func:`squad.engine.facts.check_gguf`). What cannot be checked because the model file is
+not on this machine is said in :attr:`Recipe.unchecked`.
+
+At run time templates are rendered again, one field at a time (:meth:`Recipe.render_prompt`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from collections.abc import Mapping
@@ -27,18 +39,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from squad.agent import NAME_PATTERN, Agent, check_squad, sub_agent_names
-from squad.errors import RecipeError, UserError
+from squad.agent import NAME_PATTERN, Agent, check_squad, find_cycle, sub_agent_names
+from squad.errors import ModelError, RecipeError, UserError
 from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_server
 from squad.mention import parse_mentions
-from squad.recipes.budgets import check_prompts, n_ctx_train, plan_budgets
+from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, mark_tags, template_paths
+from squad.templates import check_template, mark_tags, render_template, template_paths
 
-__all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params"]
+__all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]
 
 _STEP_FIELDS = ("output", "outputs")
 _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.outputs?)?)$")
@@ -95,10 +107,12 @@ class _Loader:
         self.mcp_servers: tuple[MCPServer, ...] = ()
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
+        self.reads: list[tuple[str, str]] = []
 
     def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None) -> Recipe:
         located = read_yaml(self.path)
         self.located = located
+        _params_as_text(located)
         try:
             spec = RecipeSpec.model_validate(located.data)
         except ValidationError as exc:
@@ -111,7 +125,8 @@ class _Loader:
             raise self._unknown_agent(spec.main, agents, ("main",))
         model = self._model(spec.model) if model is None else _override(model)
         self.specs = spec.params
-        values = resolve_params(spec.params, given, located, self.path.parent, require=require_params)
+        values = resolve_params(spec.params, given, located, self.path.parent, require=require_params,
+                                reads=self.reads)
         for name, (_, src, base) in raw_agents.items():
             self._check_instructions(agents[name], src, base)
         self.agents = agents
@@ -138,10 +153,22 @@ class _Loader:
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
             mcp_servers=self.mcp_servers, tool_locs=self.tool_locs,
+            reads=tuple(self.reads), context_limit=n_ctx_train(model),
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
+        self._render_all(recipe, raw_agents, unset)
         check_prompts(recipe, unset=unset)
         plan_budgets(recipe, unset=unset)
+        if model_file(model) is None:
+            from squad.engine.registry import DEFAULT_MODEL
+
+            what = f"model '{model}'" if model else f"the default model '{DEFAULT_MODEL}'"
+            recipe.unchecked.append(RecipeWarning(
+                f"{what} is not on this machine, so budgets were not checked against its training context and "
+                f"prompts were not counted with its tokenizer; run `squad models pull {model or DEFAULT_MODEL}` "
+                "and validate again",
+                file=located.file, line=located.where(("model",))[0] if "model" in located.data else None,
+                field="model"))
         return recipe
 
     # agents and includes ----------------------------------------------------------------
@@ -155,8 +182,9 @@ class _Loader:
                 chain = " -> ".join(p.name for p in [*stack[stack.index(target):], target])
                 raise located.error(f"include cycle: {chain}; remove one of these includes", ("include", i))
             if not target.is_file():
-                raise located.error(f"included file not found: {here / rel}", ("include", i))
+                raise located.error(f"included file not found: {here / rel}; fix the path (relative to {Path(located.file).name})", ("include", i))
             sub = read_yaml(target, shown=str(Path(located.file).parent / rel))
+            self.reads.append((str(target), f"agents included by {Path(located.file).name}"))
             try:
                 AgentFileSpec.model_validate(sub.data)
             except ValidationError as exc:
@@ -179,7 +207,7 @@ class _Loader:
         agents: dict[str, Agent] = {}
         for name, (data, src, base) in raw.items():
             if not re.match(NAME_PATTERN, name):
-                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'", base, key=True)
+                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'; rename it", base, key=True)
             if "name" in data:
                 raise src.error("an agent's name is its key; remove 'name:'", (*base, "name"), key=True)
             try:
@@ -195,8 +223,20 @@ class _Loader:
         for name, agent in agents.items():
             data, src, base = raw[name]
             for i, tool in enumerate(agent.tools):
-                if is_mcp_ref(tool) and split_ref(tool)[0] not in servers:
+                if not is_mcp_ref(tool):
+                    raise src.error(
+                        f"agent '{name}' lists tool '{tool}', but a recipe cannot register function tools; remove it "
+                        "(tools are registered in Python: Squad(..., tools=[...])), or name an MCP tool as "
+                        "SERVER.TOOL", (*base, "tools", i))
+                if split_ref(tool)[0] not in servers:
                     raise src.error(unknown_server(name, tool, servers), (*base, "tools", i))
+        cycle = find_cycle(agents)
+        if cycle:
+            last, closing = cycle[-2], cycle[-1]
+            _, src, base = raw[last]
+            raise src.error(
+                f"sub-agents form a cycle: {' -> '.join(cycle)}; an agent cannot (indirectly) call itself: "
+                f"remove '{closing}' from agents.{last}.agents", (*base, "agents", agents[last].agents.index(closing)))
         try:
             check_squad(list(agents.values()), tool_names=[t for a in agents.values() for t in a.tools],
                         mcp_servers=servers)
@@ -237,8 +277,16 @@ class _Loader:
             return model
         if model.endswith(".gguf") or "/" in model or "\\" in model:
             path = (self.path.parent / Path(model).expanduser()).resolve()
-            if not path.is_file():
-                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe)", ("model",))
+            if not path.exists():
+                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the path or use a known model name", ("model",))
+            from squad.engine.facts import check_gguf, read_model_facts
+
+            try:
+                check_gguf(path)
+                read_model_facts(path)
+            except ModelError as exc:
+                raise self.located.error(str(exc), ("model",)) from None
+            self.reads.append((str(path), "the model"))
             return str(path)
         hint = difflib.get_close_matches(model, list(known_models()), n=1)
         did = f"; did you mean '{hint[0]}'?" if hint else ""
@@ -290,14 +338,14 @@ class _Loader:
             hint = difflib.get_close_matches(name, list(self.specs), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             have = ", ".join(sorted(self.specs)) or "none"
-            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have})", path)
+            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have}); declare it under params: or fix the name", path)
         self.used_params.add(name)
 
     def _step_ref(self, ref: tuple[str, ...], src: Located, path: Path_, done: set[str]) -> None:
         sid = ref[1]
         if sid not in done:
             if sid in self.ids or sid in self._all_ids:
-                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it", path)
+                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it: move this step after '{sid}'", path)
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             raise src.error(f"unknown step id '{sid}' in steps.{sid}{did}", path)
@@ -326,7 +374,7 @@ class _Loader:
     def _step(self, spec: StepSpec, path: Path_, done: set[str], inherited: Mapping[Outcome, Handling]) -> Step:
         sid = spec.id or "step-" + "-".join(str(p + 1) for p in path if isinstance(p, int))
         if sid in self.ids:
-            raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique", (*path, "id"))
+            raise self.located.error(f"duplicate step id '{sid}'; step ids must be unique: rename one", (*path, "id"))
         self.ids.add(sid)
         non_answers = _handling(inherited, spec.non_answers)
         if spec.kind == "parallel":
@@ -341,6 +389,8 @@ class _Loader:
         over: tuple[str, ...] = ()
         if spec.kind == "map":
             over = self._map_ref(spec.map or "", (*path, "map"), done)
+            if over[0] == "params":
+                self._map_param(over[1], spec.split, (*path, "map"))
             if spec.split == "chunks":
                 self._chunk_source(over, (*path, "map"))
         prompt_path = (*path, "prompt")
@@ -354,6 +404,18 @@ class _Loader:
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
                     concurrency=spec.concurrency, non_answers=non_answers, loc=loc)
+
+    def _map_param(self, name: str, split: str | None, path: Path_) -> None:
+        """A map over a parameter needs items: a list parameter, or a text one with ``split``."""
+        kind = self.specs[name].type
+        if kind not in ("list", "string", "file"):
+            raise self.located.error(
+                f"map over parameter '{name}': a parameter of type {kind} has no items; use a list parameter "
+                f"(type: list), or a text one with split: lines, json or chunks", path)
+        if kind != "list" and split is None:
+            raise self.located.error(
+                f"map over parameter '{name}' (type {kind}) needs split: lines, json or chunks to cut it into items; "
+                f"add one, or declare the parameter type: list", path)
 
     def _chunk_source(self, over: tuple[str, ...], path: Path_) -> None:
         """``split: chunks`` cuts a text: a string or file parameter, or ``steps.ID.output``."""
@@ -398,19 +460,40 @@ class _Loader:
             raise self.located.error(problem, path)
         return tuple(parsed.agents)
 
+    # rendering with stand-ins ---------------------------------------------------------------
+    def _render_all(self, recipe: Recipe, raw: Mapping[str, tuple[dict, Located, Path_]], unset: set[str]) -> None:
+        """Render every template once, before anything runs: instructions with the parameters,
+        each step's prompt with the parameters, earlier steps' outputs stood in for by a string
+        and a map's ``item`` by one. Raises the first :class:`RecipeError`, at its field."""
+        params = {**recipe.params, **{n: stand_in(recipe.param_specs[n]) for n in unset}}
+        for name, agent in recipe.agents.items():
+            _, src, base = raw[name]
+            path = (*base, "instructions")
+            line, column = src.where(path)
+            subs = [recipe.agents[n] for n in sub_agent_names(agent, recipe.agents, recipe.main)]
+            variables = {"name": agent.name, "description": agent.description, "params": params,
+                         "agents": [{"name": a.name, "description": a.description} for a in subs]}
+            render_template(agent.instructions, variables, where=field_path(path),
+                            loc={"file": src.file, "line": line, "column": column})
+        standing = dataclasses.replace(recipe, params=params)
+        outputs: dict[str, dict[str, Any]] = {}
+        for step in recipe.flow:
+            _render_step(standing, step, outputs)
+
     def _check_schema(self, schema: dict[str, Any]) -> None:
         import jsonschema
 
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
-            raise self.located.error(f"output schema is not a valid JSON schema: {exc.message}", ("output", "schema")) from None
+            raise self.located.error(f"output schema is not a valid JSON schema: {exc.message}; fix the schema", ("output", "schema")) from None
 
 
 def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], located: Located,
-                   recipe_dir: Path, *, require: bool) -> dict[str, Any]:
+                   recipe_dir: Path, *, require: bool, reads: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """Typed parameter values: given values (relative to the current directory for files),
-    else defaults (relative to the recipe). Raises :class:`RecipeError` naming the parameter."""
+    else defaults (relative to the recipe). Raises :class:`RecipeError` naming the parameter.
+    ``reads`` collects ``(path, why)`` of every file a ``type: file`` parameter read."""
     for name in given:
         if name not in specs:
             hint = difflib.get_close_matches(name, list(specs), n=1)
@@ -430,11 +513,16 @@ def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], loc
                 values[name] = coerce_param(name, spec, value, Path.cwd())
             except ValueError as exc:
                 raise RecipeError(f"{exc} (from -p {name}=...)", file=located.file, field=f"params.{name}") from None
+            if spec.type == "file" and reads is not None:
+                reads.append((str((Path.cwd() / str(value)).expanduser()), f"parameter '{name}' (type: file, from -p)"))
         elif spec.default is not None:
             try:
                 values[name] = coerce_param(name, spec, spec.default, recipe_dir)
             except ValueError as exc:
                 raise located.error(f"default: {exc}", ("params", name, "default")) from None
+            if spec.type == "file" and reads is not None:
+                reads.append((str((recipe_dir / Path(str(spec.default)).expanduser()).resolve()),
+                               f"parameter '{name}' (type: file, its default)"))
         elif spec.required and require:
             line, column = located.where(("params", name), key=True)
             what = f" ({spec.description})" if spec.description else ""
@@ -455,6 +543,60 @@ def _tool_locs(raw: Mapping[str, tuple[dict, Located, Path_]]) -> dict[tuple[str
                 line, column = src.where(path)
                 out[(name, tool)] = {"file": src.file, "line": line, "column": column, "field": field_path(path)}
     return out
+
+
+_STAND_INS: dict[str, Any] = {"string": "1", "file": "1", "int": 1, "number": 1.0, "bool": True, "list": ["1"]}
+
+
+def stand_in(spec: ParamSpec) -> Any:
+    """A value of ``spec``'s declared type for rendering a template without the real one:
+    ``"1"`` for text (string, file), 1, 1.0, True, the first choice of an enum, ``["1"]``."""
+    if spec.type == "enum":
+        return (spec.choices or [""])[0]
+    return _STAND_INS[spec.type]
+
+
+_OUTPUT_STAND_IN = "1"
+"""A step's output while validating: a string (``| int`` gives 1, never a division by zero)."""
+
+
+def _render_step(recipe: Recipe, step: Step, outputs: dict[str, dict[str, Any]]) -> None:
+    """Render ``step`` with ``outputs`` of the steps before it (a parallel block's steps do not
+    see each other), then stand in for the outputs of it and its children."""
+    if step.kind == "parallel":
+        for child in step.steps:
+            _render_step(recipe, child, dict(outputs))
+    else:
+        extra: dict[str, Any] = {}
+        if step.kind == "map":
+            extra = {"item": _OUTPUT_STAND_IN, "index": 0}
+            if step.split == "chunks":
+                extra["chunks"] = 1
+        recipe.render_prompt(step, outputs, **extra)
+    for sid in _ids_in(step):
+        outputs[sid] = {"output": _OUTPUT_STAND_IN, "outputs": [_OUTPUT_STAND_IN], "error": None}
+
+
+_TEXT_TYPES = {"string", "enum", "file", "list"}
+
+
+def _params_as_text(located: Located) -> None:
+    """A text parameter's default and choices as written: ``default: 1.10`` of a string
+    parameter is ``"1.10"``, not the float 1.1 YAML reads (field case F21)."""
+    params = located.data.get("params")
+    if not isinstance(params, dict):
+        return
+    for name, entry in params.items():
+        if not isinstance(entry, dict) or entry.get("type", "string") not in _TEXT_TYPES:
+            continue
+        base = ("params", name)
+        default = entry.get("default")
+        if isinstance(default, list):
+            entry["default"] = [located.as_text((*base, "default", i), v) for i, v in enumerate(default)]
+        elif "default" in entry:
+            entry["default"] = located.as_text((*base, "default"), default)
+        if isinstance(entry.get("choices"), list):
+            entry["choices"] = [located.as_text((*base, "choices", i), v) for i, v in enumerate(entry["choices"])]
 
 
 def _ids_in(step: Step) -> set[str]:

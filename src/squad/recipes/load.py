@@ -50,12 +50,20 @@ def field_path(path: Path_) -> str:
 @dataclass
 class Located:
     """Plain data read from ``file`` plus positions: ``values[path]`` and ``keys[path]`` are
-    1-based ``(line, column)`` of the value node and of the mapping key that names it."""
+    1-based ``(line, column)`` of the value node and of the mapping key that names it;
+    ``texts[path]`` is the source text of a number or boolean as written (``1.10`` stays
+    ``"1.10"``, where the data holds the float 1.1), for fields that take text (F21)."""
 
     file: str
     data: Any
     values: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    texts: dict[Path_, str] = field(default_factory=dict)
+
+    def as_text(self, path: Path_, value: Any) -> Any:
+        """``value`` (found at ``path``) as its source text when it was written as a number or
+        boolean; else ``value`` unchanged."""
+        return self.texts.get(path, value)
 
     def where(self, path: Path_, *, key: bool = False) -> tuple[int | None, int | None]:
         """Line and column of ``path`` (the key when ``key``), else of its closest ancestor."""
@@ -113,7 +121,8 @@ def read_yaml(path: Path, *, shown: str | None = None) -> Located:
     except YAMLError as exc:
         raise RecipeError(f"YAML syntax: {exc}", file=name) from None
     if len(documents) != 1 or documents[0] is None:
-        raise RecipeError("expected exactly one YAML document holding a mapping", file=name, line=1)
+        raise RecipeError("expected exactly one YAML document holding a mapping; keep one (remove the '---' "
+                          "separators and what follows)", file=name, line=1)
     located = Located(file=name, data=None)
     located.data = _Builder(located, yaml).build(documents[0], ())
     if not isinstance(located.data, dict):
@@ -186,6 +195,8 @@ class _Builder:
             )
         if tag in ("str", "timestamp", "binary"):
             return str(node.value)
+        if tag in ("int", "float", "bool"):
+            self.located.texts[path] = str(node.value)
         return self.constructor.construct_object(node, deep=True)
 
 
@@ -211,6 +222,10 @@ _EXPECTED = {
     "model_attributes_type": "expected a mapping (key: value lines)",
     "missing": "required key is missing",
 }
+
+_BOUNDS = {"greater_than": "above", "greater_than_equal": "at least", "less_than": "below",
+           "less_than_equal": "at most"}
+_BOUND_KEYS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
 
 
 def pydantic_error(
@@ -239,11 +254,38 @@ def pydantic_error(
         valid = f" (valid keys: {', '.join(allowed)})" if allowed and not hint else ""
         return located.error(f"unknown key '{key}'{did}{valid}", loc, key=True)
     if kind == "missing":
-        return located.error(f"required key '{loc[-1]}' is missing", loc[:-1])
+        line, column = located.where(loc[:-1])
+        return RecipeError(f"required key '{loc[-1]}' is missing; add {loc[-1]}: ...", file=located.file, line=line,
+                           column=column, field=field_path(loc))
+    if kind == "literal_error":
+        return located.error(f"{err['msg'].replace('Input should be', 'use')}, got {given!r}", loc)
+    if kind == "string_pattern_mismatch":
+        return located.error(f"{given!r} is not a name: use a letter, then letters, digits, '-' or '_'", loc)
+    if kind == "too_short":
+        return located.error("needs at least one entry, got none; add one", loc)
+    if kind in _BOUNDS:
+        limit = (err.get("ctx") or {}).get(_BOUND_KEYS[kind])
+        return located.error(f"must be {_BOUNDS[kind]} {limit}, got {given!r}; write a number {_BOUNDS[kind]} {limit}", loc)
     message = _EXPECTED.get(kind) or err["msg"].removeprefix("Value error, ")
     if kind in _EXPECTED and kind != "missing" and not isinstance(given, (dict, list)):
         message += f", got {given!r}"
+        if isinstance(given, bool) and kind in ("int_type", "float_type"):
+            message += "; true and false are not numbers, write the number"
+        elif isinstance(given, str) and kind in ("int_type", "float_type") and _is_number(given):
+            message += "; write it without quotes"
+        elif kind == "string_type" and isinstance(given, (int, float, bool)):
+            message += "; put it in quotes to make it text"
+        elif isinstance(given, float) and kind == "int_type":
+            message += "; write a whole number"
     return located.error(message, loc)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:

@@ -119,6 +119,11 @@ class Recipe:
       loading); ``tool_locs``: where each agent lists each MCP tool, for errors once they run.
     - ``planned``: agents whose ``auto`` budget :func:`~squad.recipes.budgets.plan_budgets` set
       (counted again when MCP tool schemas are known).
+    - ``reads``: ``(path, why)`` of every file loading the recipe read besides itself
+      (included agent files, the model, ``type: file`` parameters), for ``squad plan``.
+    - ``context_limit``: the model's training context in tokens when its file is on disk.
+    - ``unchecked``: what could not be checked before the run (the model file is not on
+      this machine), said plainly by ``squad recipes validate``.
     """
 
     name: str
@@ -137,6 +142,9 @@ class Recipe:
     mcp_servers: tuple["MCPServer", ...] = ()
     tool_locs: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     planned: frozenset[str] = frozenset()
+    reads: tuple[tuple[str, str], ...] = ()
+    context_limit: int | None = None
+    unchecked: list[RecipeWarning] = field(default_factory=list)
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":
@@ -188,7 +196,7 @@ class Recipe:
 
     # --- run-time helpers -------------------------------------------------------------
     def render_prompt(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], *, as_sent: bool = False,
-                      **extra: Any) -> str:
+                      capped: bool | None = None, **extra: Any) -> str:
         """Render ``step.prompt`` with ``params``, ``steps`` (``outputs``) and ``extra``
         (``item``/``index`` in a map, and ``chunks``, their number, with ``split: chunks``). Raises
         :class:`RecipeError` naming the field.
@@ -196,10 +204,31 @@ class Recipe:
         ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
         (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
         sub-agent (field case F13); the mention parser hands out the text unmarked
-        (:func:`squad.mention.unmark` for text sent without parsing)."""
+        (:func:`squad.mention.unmark` for text sent without parsing). The rendered text is
+        then capped by what the agent's context can hold (:meth:`max_chars`) before it goes
+        anywhere (field case F18); ``capped`` (default: ``as_sent``) turns that cap on or off
+        (budget planning measures the text itself)."""
         variables = {"params": self.params, "steps": outputs, **extra}
-        return render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
-                               data=as_sent)
+        cap, why = self.max_chars(step.agent) if (as_sent if capped is None else capped) else (None, "")
+        text = render_template(step.prompt, variables, where=step.loc.get("field", ""), loc=_file_loc(step.loc),
+                               data=as_sent, max_chars=cap, why=why)
+        if cap is not None and len(text) > cap:  # a prompt without template syntax is not rendered
+            raise RecipeError(f"the prompt is {len(text):,} characters, more than {cap:,}{why}; shorten it",
+                              **_file_loc(step.loc), field=step.loc.get("field"))
+        return text
+    def max_chars(self, agent: str) -> tuple[int | None, str]:
+        """``(characters, why)``: the most text one prompt to ``agent`` can be, at
+        :data:`~squad.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's
+        training context while its budget is auto); None when neither is known."""
+        from squad.counting import MAX_BYTES_PER_TOKEN
+
+        budget = self.agents[agent].fixed_budget
+        tokens, whose = (budget, f"agent '{agent}' has a budget of {budget:,} tokens") if budget else \
+            (self.context_limit, f"the model's training context is {self.context_limit:,} tokens") if self.context_limit \
+            else (None, "")
+        if tokens is None:
+            return None, ""
+        return MAX_BYTES_PER_TOKEN * tokens, f" ({whose}, at most {MAX_BYTES_PER_TOKEN} characters per token)"
 
     def items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The list a map step fans out over. Raises :class:`RecipeError` if a step output
@@ -220,19 +249,22 @@ class Recipe:
             return split_chunks(text, step.chunk_tokens or 1, count, overlap=step.overlap)
         if step.over[0] == "params":
             value = self.params[step.over[1]]
-            return [str(v) for v in value] if isinstance(value, list) else _lines(str(value))
-        out = outputs[step.over[1]]
-        if len(step.over) > 2 and step.over[2] == "outputs":
-            return [str(v) for v in out["outputs"]]
-        text = str(out["output"])
+            if isinstance(value, list):
+                return [str(v) for v in value]
+            text, what = "" if value is None else str(value), f"parameter '{step.over[1]}'"
+        else:
+            out = outputs[step.over[1]]
+            if len(step.over) > 2 and step.over[2] == "outputs":
+                return [str(v) for v in out["outputs"]]
+            text, what = str(out["output"]), f"step '{step.over[1]}' output"
         if step.split == "json":
             try:
                 value = json.loads(_strip_fence(text))
             except json.JSONDecodeError as exc:
-                raise RecipeError(f"step '{step.over[1]}' output is not a JSON list ({exc.msg}): {text[:200]!r}",
+                raise RecipeError(f"{what} is not a JSON list ({exc.msg}): {text[:200]!r}",
                                   **_file_loc(step.loc), field=f"{step.loc.get('field')}") from None
             if not isinstance(value, list):
-                raise RecipeError(f"step '{step.over[1]}' output is JSON but not a list", **_file_loc(step.loc))
+                raise RecipeError(f"{what} is JSON but not a list", **_file_loc(step.loc))
             return [v if isinstance(v, str) else json.dumps(v) for v in value]
         return _lines(text)
 

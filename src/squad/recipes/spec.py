@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator,
+                      model_validator)
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
@@ -28,10 +29,11 @@ class _Strict(BaseModel):
 
 
 class EngineSection(_Strict):
-    """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned number."""
+    """``slots``/``ctx``: ``auto`` (the planner decides) or a pinned whole number (``true`` or
+    ``2.0`` are not numbers of slots)."""
 
-    slots: Literal["auto"] | int = "auto"
-    ctx: Literal["auto"] | int = "auto"
+    slots: Literal["auto"] | StrictInt = "auto"
+    ctx: Literal["auto"] | StrictInt = "auto"
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
 
     @field_validator("slots", "ctx", mode="before")
@@ -39,8 +41,8 @@ class EngineSection(_Strict):
     def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str) and value != "auto":
             raise ValueError(f"{info.field_name} must be auto or a number of {'slots' if info.field_name == 'slots' else 'tokens'}, got {value!r}")
-        if isinstance(value, bool):
-            raise ValueError(f"{info.field_name} must be auto or a number, got {value!r}")
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{info.field_name} must be auto or a whole number, got {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -57,18 +59,18 @@ class ParamSpec(_Strict):
 
     type: Literal[PARAM_TYPES] = "string"  # type: ignore[valid-type]
     description: str = ""
-    required: bool = False
+    required: StrictBool = False
     default: Any = None
     choices: list[str] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ParamSpec":
         if self.type == "enum" and not self.choices:
-            raise ValueError("an enum parameter needs choices: [a, b, ...]")
+            raise ValueError("an enum parameter needs choices; add choices: [a, b, ...]")
         if self.type != "enum" and self.choices is not None:
             raise ValueError(f"choices only apply to type enum, not {self.type}")
         if self.required and self.default is not None:
-            raise ValueError("a parameter is either required or has a default, not both")
+            raise ValueError("a parameter is either required or has a default, not both; remove one")
         return self
 
 
@@ -109,9 +111,9 @@ class StepSpec(_Strict):
     policy: Literal["collect", "fail-fast"] | None = None
     map: str | None = None
     split: Literal["lines", "json", "chunks"] | None = None
-    chunk_tokens: int | None = Field(default=None, ge=1)
-    overlap: int | None = Field(default=None, ge=0)
-    concurrency: int | None = Field(default=None, ge=1, le=64)
+    chunk_tokens: StrictInt | None = Field(default=None, ge=1)
+    overlap: StrictInt | None = Field(default=None, ge=0)
+    concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
     non_answers: NonAnswersSpec | None = None
 
     @property
@@ -132,7 +134,7 @@ class StepSpec(_Strict):
                 raise ValueError("parallel needs at least one step")
             return self
         if self.policy is not None:
-            raise ValueError("policy applies only to a parallel step")
+            raise ValueError("policy applies only to a parallel step; remove it, or put the steps under parallel:")
         if self.prompt is None:
             raise ValueError("a step needs a prompt (or parallel: [...])")
         if self.map is None and (self.split is not None or self.concurrency is not None):
@@ -234,7 +236,7 @@ def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
     try:
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise ValueError(f"parameter '{name}': file not found: {path}") from None
+        raise ValueError(f"parameter '{name}': file not found: {path}; give an existing file (a default is relative to the recipe, a -p value to the current directory)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"parameter '{name}': cannot read {path} as UTF-8 text: {exc}") from None
 
@@ -248,7 +250,7 @@ def _yaml_text(value: Any) -> str:
 def _as_list(name: str, value: Any) -> list[str]:
     if isinstance(value, list):
         if any(isinstance(v, (dict, list)) for v in value):
-            raise ValueError(f"parameter '{name}' expects a list of plain values")
+            raise ValueError(f"parameter '{name}' expects a list of plain values; write one text per item")
         return [_yaml_text(v) for v in value]
     if not isinstance(value, str):
         raise ValueError(f"parameter '{name}' expects a list, got {value!r}")
