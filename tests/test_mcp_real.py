@@ -128,6 +128,13 @@ def _squad_run(tmp_path: Path, llama_server_path: Path, *extra: str) -> subproce
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
 
 
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # ended (or a zombie) meanwhile
+        return ""
+
+
 def _notes_servers() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -158,7 +165,7 @@ def test_no_engine_or_mcp_server_outlives_squad_run(sig, code, tmp_path, llama_s
         while time.monotonic() < deadline and engine is None:  # servers start first, then the engine
             kids = squad.children(recursive=True)
             server = next((p for p in _notes_servers() if p.pid not in before), None)
-            engine = next((p for p in kids if "llama-server" in " ".join(p.cmdline())), None)
+            engine = next((p for p in kids if "llama-server" in _cmd(p) and "--version" not in _cmd(p)), None)
             time.sleep(0.1)
         assert server is not None and engine is not None, proc.stderr.read() if proc.poll() is not None else ""
         proc.send_signal(sig)
