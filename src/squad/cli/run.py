@@ -283,7 +283,7 @@ def chat_command(
 
     from squad.dirs import ENGINE_STATE, check_state_dirs
 
-    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param, model)
+    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     if url is None:
@@ -296,7 +296,7 @@ def chat_command(
 
     async def run() -> None:
         async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
-                         replan=replan) as sq:
+                         replan=replan, mcp_servers=servers) as sq:
             await chat_loop(sq, _read_prompt, say)
 
     anyio.run(run)
@@ -320,7 +320,8 @@ def _read_prompt() -> str:
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any]:
+                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
+    """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
 
@@ -328,13 +329,14 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("give --recipe or --agent-file, not both")
     if param and recipe is None:
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
-    base = None
+    base, servers = None, ()
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param), model=model)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}
         lead, variables, base = main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
+        servers = loaded.mcp_servers
     elif agent_file is not None:
         agents, variables = load_agents(agent_file), {}
         lead = main or next(iter(agents), "")
@@ -344,7 +346,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         lead, variables = "assistant", {}
     if lead not in agents:
         raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")
-    return list(agents.values()), lead, variables, base
+    return list(agents.values()), lead, variables, base, servers
 
 
 def _esc(text: str) -> str:
