@@ -9,7 +9,7 @@ EXPECTED = {
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
-    "PlanMismatch", "EngineGone", "ModelError", "UnknownModel",
+    "PlanMismatch", "EngineGone", "MCPServerError", "ModelError", "UnknownModel", "MCPServer",
     "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
     "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "AgentCancelled",
 }
@@ -44,7 +44,7 @@ def test_recipes_package_exports_one_way_through():
 
     assert set(squad.recipes.__all__) == {
         "load_recipe", "validate_recipe", "load_agents", "Recipe", "Step", "EngineSettings", "RecipeWarning",
-        "run_recipe", "execute_flow", "RecipeRun", "step_table",
+        "run_recipe", "execute_flow", "RecipeRun", "step_table", "recipe_mcp",
     }
     assert all(getattr(squad.recipes, name) is not None for name in squad.recipes.__all__)
     assert squad.load_recipe is squad.recipes.load_recipe

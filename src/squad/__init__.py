@@ -5,7 +5,7 @@ The public API is ``__all__``; everything else is private. Names are imported on
 
 - Agents and runs: :class:`Agent`, :class:`Squad`, :func:`run_sync`, :class:`AgentResult`,
   :class:`RunResult` (with its :class:`Outcome`: ok, truncated, empty, failed, cancelled),
-  :class:`Tool`, :func:`tool`.
+  :class:`Tool`, :func:`tool`, :class:`MCPServer` (tools from an MCP server).
 - Engine: :class:`EngineSpec` (which engine: model and pins, or a URL) -> :func:`plan_engine`
   -> :class:`EnginePlan` (:func:`plan` is the pure planner); :class:`EngineSession` (launches
   or attaches, owns admission and the client); :class:`Launcher` (starts llama-server and
@@ -34,6 +34,7 @@ _LAZY = {
     "RunResult": "squad.results",
     "Outcome": "squad.outcome",
     "Tool": "squad.tools",
+    "MCPServer": "squad.mcp",
     "tool": "squad.tools",
     "EnginePlan": "squad.engine.plan",
     "plan": "squad.planner",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.engine.launcher import Launcher
     from squad.engine.plan import EnginePlan
     from squad.events import Event
+    from squad.mcp import MCPServer
     from squad.mention import parse_mentions
     from squad.outcome import Outcome
     from squad.planner import plan

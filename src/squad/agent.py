@@ -19,7 +19,8 @@ Fields and units:
 - ``max_tokens``: tokens one model turn may generate; must be below a fixed ``budget``.
   Numbers are strict: ``true`` is not 1 and ``"256"`` is not 256 (field case F21).
 - ``sampling``: :class:`Sampling` (temperature, top_p, ...), sent with every call.
-- ``tools``: names of function tools registered with the squad.
+- ``tools``: names of function tools registered with the squad, and MCP tools as
+  ``SERVER.TOOL`` or ``SERVER.*`` (all of a server's tools; :mod:`squad.mcp`).
 - ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
 - ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
 - ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
@@ -163,8 +164,11 @@ def agent_error(exc: ValidationError, name: Any = None) -> UserError:
     return UserError(f"{who} is invalid: " + "; ".join(lines))
 
 
-def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = ()) -> dict[str, Agent]:
+def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
+                mcp_servers: Sequence[str] = ()) -> dict[str, Agent]:
     """Check that agents work together: unique names, known sub-agents and tools, no cycles.
+    An MCP tool (``server.tool``) must name one of ``mcp_servers``; whether the server has
+    that tool is checked when it has started (:meth:`squad.mcp.MCPServers.tools_for`).
 
     Returns the agents by name. Raises :class:`UserError` naming the agent and what to fix.
     """
@@ -182,6 +186,12 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = ()) -> dict
                     f"(agents: {', '.join(sorted(by_name))})"
                 )
         for tool in agent.tools:
+            if "." in tool:  # an MCP tool: server.tool or server.*
+                from squad.mcp import unknown_server
+
+                if tool.partition(".")[0] not in mcp_servers:
+                    raise UserError(unknown_server(agent.name, tool, mcp_servers))
+                continue
             if tool not in known_tools:
                 have = ", ".join(sorted(known_tools)) or "none"
                 raise UserError(

@@ -1,8 +1,8 @@
 """Child processes squad starts: each in a process group of its own, stopped whole, and never
 left behind, not even when squad itself is killed.
 
-One mechanism for every child (the engine, ``llama-server --version``, a build, later MCP
-servers started through ``npx``/``uvx``-style wrappers):
+One mechanism for every child (the engine, ``llama-server --version``, a build, MCP servers,
+also when started through ``npx``/``uvx``-style wrappers):
 
 - :func:`start` runs the child in a new session, so its process id is also its process group
   id and everything it starts (a wrapper script's real server, field case F16) is in that group.
@@ -19,6 +19,10 @@ that imports nothing of squad; about 10 MB), in a
 - ``pdeathsig=True`` additionally asks the Linux kernel to SIGKILL the direct child when the
   thread that started it ends (``prctl(PR_SET_PDEATHSIG)``): immediate, and independent of
   the guard. Use it only from a thread that lives as long as the child (the event loop's).
+
+A child another library spawns in a session of its own (the MCP SDK's ``stdio_client``) joins
+the same mechanism with :func:`adopt` (the guard watches its group) and :func:`stop_group` (what
+is left of the group once the library has stopped its leader).
 
 ``detached=True`` children (``squad engine start``) are meant to outlive squad: no PDEATHSIG,
 and the guard watches them only until :func:`let_go` hands them over (once the engine is up). Windows has no process groups to signal: there only the direct child is stopped.
@@ -40,7 +44,8 @@ from typing import IO, Any
 import anyio
 import psutil
 
-__all__ = ["GRACE", "start", "stop", "stop_pid", "kill_now", "let_go", "release", "terminate", "guard_pid"]
+__all__ = ["GRACE", "start", "stop", "stop_pid", "kill_now", "let_go", "release", "terminate", "guard_pid", "adopt",
+           "stop_group"]
 
 GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when stopping a child's process group."""
@@ -214,6 +219,42 @@ def release(proc: subprocess.Popen) -> None:
     """Tell the guard a child that ended on its own (and was reaped) needs no stopping."""
     if proc.returncode is not None:
         _guard.release(proc.pid)
+
+
+def adopt(pgid: int) -> None:
+    """Watch the process group ``pgid`` a library started for squad (its leader in a session of
+    its own, so its pid is the group id): the guard stops it if squad dies. Release it with
+    :func:`stop_group`."""
+    if _GROUPS:
+        _guard.watch(pgid)
+
+
+async def stop_group(pgid: int, grace: float = GRACE) -> None:
+    """Stop what is left of an :func:`adopt`-ed process group (processes its leader started
+    that outlived it), SIGTERM then SIGKILL after ``grace`` seconds, and release it from the
+    guard. Call it right after the leader was stopped and reaped: a group id is not reused
+    while any process of the group lives. Shielded from cancellation."""
+    with anyio.CancelScope(shield=True):
+        if _GROUPS:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if not _group_alive(pgid):
+                    break
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+                with anyio.move_on_after(grace):
+                    while _group_alive(pgid):
+                        await anyio.sleep(0.05)
+        _guard.release(pgid)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --- the guard -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ SquadError                         base of everything below
 │   ├── EngineLoadTimeout          still "Loading model" (503) after the deadline
 │   ├── PlanMismatch               /props read back something other than the plan
 │   └── EngineGone                 connection refused / process died mid-run
+├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
 │   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
 └── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
@@ -44,6 +45,7 @@ __all__ = [
     "EngineLoadTimeout",
     "PlanMismatch",
     "EngineGone",
+    "MCPServerError",
     "ModelError",
     "UnknownModel",
     "AgentRunError",
@@ -143,6 +145,17 @@ class PlanMismatch(EngineError):
 
 class EngineGone(EngineError):
     """The engine stopped answering (connection refused, process died)."""
+
+
+class MCPServerError(SquadError, RuntimeError):
+    """An MCP server did not start (its command failed or exited, its URL did not answer the
+    MCP handshake) or could not list its tools. ``server`` names it; ``stderr`` holds the end
+    of what a stdio server wrote to stderr."""
+
+    def __init__(self, message: str, *, server: str, stderr: str = "") -> None:
+        self.server = server
+        self.stderr = stderr
+        super().__init__(message)
 
 
 class ModelError(SquadError, RuntimeError):

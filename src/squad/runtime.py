@@ -63,6 +63,7 @@ from squad.events import (
     emit_to,
 )
 from squad.handback import TextCounter, hand_back
+from squad.mcp import MCPServer, MCPServers, MCPTool
 from squad.mention import Dispatch, parse_mentions, unmark
 from squad.outcome import Outcome, fix_for
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
@@ -93,7 +94,10 @@ class Squad:
       ``api_key`` (attach) build the spec; nothing at all launches the built-in model.
 
     ``main`` names the main agent (default: the first). ``tools`` are the function tools
-    agents may name. ``variables`` are passed to every agent's instructions template.
+    agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose
+    tools agents name as ``server.tool`` or ``server.*``: they start when the squad opens,
+    before the engine, and stop when it closes (:mod:`squad.mcp`); an
+    :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every agent's instructions template.
     ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
     a launched engine with more slots (otherwise they queue in squad, with an event).
     ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
@@ -109,7 +113,9 @@ class Squad:
     what the engine reported; ``session.plan``: the plan, None when not launched).
 
     Raises :class:`UserError` for an inconsistent squad (unknown sub-agent or tool, a
-    cycle, duplicate names, short forms together with ``engine=``, pins with ``url``).
+    cycle, duplicate names, short forms together with ``engine=``, pins with ``url``); on
+    entry, for an MCP tool its server does not have (or two tools with one name), and
+    :class:`~squad.errors.MCPServerError` for an MCP server that does not start.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class Squad:
         replan: bool = False,
         on_event: EventSink | Sequence[EventSink] | None = None,
         tools: Sequence[Tool] = (),
+        mcp_servers: Sequence[MCPServer] | MCPServers = (),
         variables: Mapping[str, Any] | None = None,
         max_tool_rounds: int = 4,
         max_sub_depth: int = MAX_SUB_DEPTH,
@@ -139,7 +146,10 @@ class Squad:
         if not agents:
             raise UserError("a squad needs at least one agent")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
-        self.agents: dict[str, Agent] = check_squad(agents, list(self.tools))
+        self._own_mcp = not isinstance(mcp_servers, MCPServers)
+        self.mcp: MCPServers = MCPServers(list(mcp_servers)) if self._own_mcp else mcp_servers  # type: ignore[arg-type]
+        self._mcp_tools: dict[str, dict[str, MCPTool]] = {}
+        self.agents: dict[str, Agent] = check_squad(agents, list(self.tools), self.mcp.names)
         if main is not None and main not in self.agents:
             raise UserError(f"main agent {main!r} is not in the squad (agents: {', '.join(self.agents)})")
         self.main: str = main or agents[0].name
@@ -184,7 +194,16 @@ class Squad:
         return self.session.chat
 
     async def __aenter__(self) -> "Squad":
-        await self.session.__aenter__()
+        if self._own_mcp:
+            await self.mcp.__aenter__()  # before the engine: a server that fails costs no model load
+        try:
+            self._mcp_tools = {a.name: self.mcp.tools_for(a, taken=self._other_tool_names(a))
+                               for a in self.agents.values() if self.mcp}
+            await self.session.__aenter__()
+        except BaseException:
+            if self._own_mcp:
+                await self.mcp.aclose()
+            raise
         self._count_text = TextCounter(self.session.chat)
         self._open = True
         return self
@@ -192,7 +211,16 @@ class Squad:
     async def __aexit__(self, *exc: object) -> None:
         self.cancel("the squad is closing")
         self._open = False
-        await self.session.aclose()
+        try:
+            await self.session.aclose()
+        finally:
+            if self._own_mcp:
+                await self.mcp.aclose()
+
+    def _other_tool_names(self, agent: Agent) -> list[str]:
+        """Names of ``agent``'s function and ``ask_<name>`` tools (an MCP tool may not reuse one)."""
+        subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
+        return [t for t in agent.tools if "." not in t] + subs
 
     def _emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
@@ -544,7 +572,7 @@ class Squad:
             return result
 
         subs_as_tools = [self.agents[n] for n in agent.agents] if agent.sub_agent_tools else []
-        return agent_tools(agent, self.tools, subs_as_tools, ask)
+        return agent_tools(agent, self.tools, subs_as_tools, ask, self._mcp_tools.get(agent.name))
 
     async def hand_back(
         self,

@@ -74,14 +74,17 @@ class SubAgentBound:
                        if first else None)
 
 
-def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask) -> dict[str, Tool]:
-    """The tools ``agent`` may call: its named function tools from ``registry``, and an
+def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence[Agent], ask: Ask,
+                mcp: Mapping[str, Tool] | None = None) -> dict[str, Tool]:
+    """The tools ``agent`` may call: its named function tools from ``registry``, an
     ``ask_<name>`` tool per agent in ``sub_agents`` whose answer is that sub-agent's output,
     marked when it is not a whole answer (:func:`squad.outcome.marked`: truncated, empty);
-    its error, if it fails, goes back to the model as the tool result."""
-    tools = {name: registry[name] for name in agent.tools}
+    its error, if it fails, goes back to the model as the tool result; and ``mcp``, its MCP
+    tools by the names the model sees (:meth:`squad.mcp.MCPServers.tools_for`)."""
+    tools = {name: registry[name] for name in agent.tools if "." not in name}  # server.tool: in mcp
     for sub in sub_agents:
         tools[f"ask_{sub.name}"] = _ask_tool(sub, ask)
+    tools.update(mcp or {})
     return tools
 
 

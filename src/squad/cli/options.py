@@ -16,7 +16,7 @@ import typer
 from squad.engine.llama import MAX_SLOTS
 
 __all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
-           "api_key", "as_json", "out", "load_timeout"]
+           "api_key", "as_json", "out", "load_timeout", "check_mcp"]
 
 OPTION_NAMES: dict[str, str | None] = {
     # the engine: the same names as far as possible as llama-server's own short flags
@@ -24,7 +24,7 @@ OPTION_NAMES: dict[str, str | None] = {
     "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
-    "--recipe": None, "--agent-file": None, "--main": None, "--replan": None,
+    "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None,
     # plan
     "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
     # verify, engine install, models, trace
@@ -127,3 +127,9 @@ def _check_url(value: str | None) -> str | None:
     except ValueError:
         raise typer.BadParameter(f"{value!r}: the port is not a number; write http://HOST:PORT") from None
     return value
+
+
+def check_mcp(what: str) -> Any:
+    """``--check-mcp``: start a recipe's MCP servers (they are never started otherwise)."""
+    return typer.Option("--check-mcp", show_default=False,
+                        help=f"Start the recipe's MCP servers to {what}, then stop them (without it no server starts).")

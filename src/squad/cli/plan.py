@@ -36,6 +36,7 @@ def plan_command(
     agents: Annotated[Optional[str], typer.Option("--agents", show_default=False, help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
     parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, options.as_json("Print the plan as JSON.")] = False,
+    check_mcp: Annotated[bool, options.check_mcp("check the tools its agents name and count their schemas in the auto budgets")] = False,
 ) -> None:
     """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
     against the memory available, warnings and the exact llama-server command line."""
@@ -52,6 +53,8 @@ def plan_command(
         from squad.recipes import load_recipe
 
         loaded = load_recipe(recipe, collect_params(param), model=model)
+        if loaded.mcp_servers:
+            _mcp(loaded, check_mcp)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads
     else:
         calls = parse_agents(agents or "")
@@ -73,6 +76,27 @@ def plan_command(
         if rows:
             _render_steps(rows)
         render_plan(the_plan, console, binary)
+
+
+def _mcp(loaded: Any, start: bool) -> None:
+    """With ``start``: start the recipe's MCP servers, check its agents' tools, count their
+    schemas into the auto budgets, stop them. Without: say the schemas are not counted."""
+    from squad.cli._app import err_console
+
+    names = ", ".join(s.name for s in loaded.mcp_servers)
+    if not start:
+        err_console.print(f"note: MCP server(s) {names} not started, so their tool schemas are not counted in the "
+                          "auto budgets (squad run counts them); pass --check-mcp to start them and count", soft_wrap=True)
+        return
+    import anyio
+
+    from squad.recipes import recipe_mcp
+
+    async def count() -> None:
+        async with recipe_mcp(loaded):
+            pass
+
+    anyio.run(count)
 
 
 def step_budgets_json(rows: Any) -> list[dict[str, Any]]:

@@ -34,22 +34,29 @@ app.add_typer(recipes_app, name="recipes")
 @recipes_app.command("validate")
 def validate_command(
     files: Annotated[list[Path], typer.Argument(help="Recipe YAML files.", show_default=False)],
+    check_mcp: Annotated[bool, options.check_mcp("check the tools its agents name and the tools' schemas")] = False,
 ) -> None:
     """Check recipes without an engine: YAML, keys, types, agents, @mentions, parameters, every
-    template rendered with stand-in values; when the model file is on disk, budgets against it
-    (fixed prompts counted with its tokenizer), else says what it could not check. Prints OK,
-    warnings or the error for each file; exit 2 if any has errors."""
+    template rendered with stand-in values, MCP server declarations; when the model file is on
+    disk, budgets against it (fixed prompts counted with its tokenizer), else says what it could
+    not check. Prints OK, warnings or the error for each file; exit 2 if any has errors (1 if an
+    MCP server did not start)."""
+    from squad.errors import MCPServerError
     from squad.recipes import load_recipe
 
-    failed = 0
+    failed, broken = 0, 0
     for path in files:
         try:
             loaded = load_recipe(path, require_params=False)
-        except RecipeError as exc:
+            servers = _check_mcp(loaded) if check_mcp else []
+        except (RecipeError, MCPServerError) as exc:
             failed += 1
+            broken += isinstance(exc, MCPServerError)
             err_console.print(f"[red]error[/] {_esc(str(exc))}", soft_wrap=True)  # one line per error
             continue
         warnings = loaded.warnings
+        for line in servers:
+            console.print(f"  {_esc(line)}", soft_wrap=True)
         for warning in warnings:
             err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
         for note in loaded.unchecked:
@@ -57,7 +64,25 @@ def validate_command(
         console.print(f"[green]OK[/] {_esc(str(path))}" + (f" ({len(warnings)} warnings)" if warnings else ""))
     if failed:
         err_console.print(f"{failed} of {len(files)} recipe(s) have errors")
-        raise typer.Exit(2)
+        raise typer.Exit(2 if failed > broken else 1)
+
+
+def _check_mcp(loaded: Any) -> list[str]:
+    """Start the recipe's MCP servers, check the tools its agents name (and their schemas),
+    stop them; one line per server: its tools and which agent uses which."""
+    from squad.recipes import recipe_mcp
+
+    async def check() -> list[str]:
+        lines = []
+        async with recipe_mcp(loaded) as servers:
+            for name, tools in servers.tools.items():
+                users = [f"{a.name}: {', '.join(servers.tools_for(a, server=name))}" for a in loaded.agents.values()
+                         if servers.tools_for(a, server=name)]
+                lines.append(f"mcp {name}: {len(tools)} tool(s) ({', '.join(tools) or 'none'}); "
+                             f"used by {'; '.join(users) or 'no agent'}")
+        return lines
+
+    return anyio.run(check)
 
 
 @app.command("run")
@@ -258,7 +283,7 @@ def chat_command(
 
     from squad.dirs import ENGINE_STATE, check_state_dirs
 
-    agents, main_name, variables, base = _chat_agents(recipe, agent_file, main, param, model)
+    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     if url is None:
@@ -271,7 +296,7 @@ def chat_command(
 
     async def run() -> None:
         async with Squad(agents, main=main_name, engine=spec, on_event=view, variables=variables,
-                         replan=replan) as sq:
+                         replan=replan, mcp_servers=servers) as sq:
             await chat_loop(sq, _read_prompt, say)
 
     anyio.run(run)
@@ -295,7 +320,8 @@ def _read_prompt() -> str:
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any]:
+                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
+    """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
 
@@ -303,13 +329,14 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("give --recipe or --agent-file, not both")
     if param and recipe is None:
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
-    base = None
+    base, servers = None, ()
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param), model=model)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}
         lead, variables, base = main or loaded.main, {"params": loaded.params}, loaded.engine_spec()
+        servers = loaded.mcp_servers
     elif agent_file is not None:
         agents, variables = load_agents(agent_file), {}
         lead = main or next(iter(agents), "")
@@ -319,7 +346,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         lead, variables = "assistant", {}
     if lead not in agents:
         raise UserError(f"main agent {lead!r} is not defined (agents: {', '.join(agents)})")
-    return list(agents.values()), lead, variables, base
+    return list(agents.values()), lead, variables, base, servers
 
 
 def _esc(text: str) -> str:

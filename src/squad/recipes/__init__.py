@@ -11,7 +11,7 @@ One way through (format in ``docs/recipes.md``):
 - :mod:`~squad.recipes.model`: the checked :class:`Recipe` and :class:`Step`: its engine
   spec, its workload for the planner, its templates rendered at run time.
 - :mod:`~squad.recipes.run`: running the flow on a :class:`squad.runtime.Squad`
-  (:func:`run_recipe`).
+  (:func:`run_recipe`); its MCP servers started, checked and counted (:func:`recipe_mcp`).
 
 Every problem in a file is a :class:`~squad.errors.RecipeError` naming file, line, column
 and field.
@@ -19,10 +19,10 @@ and field.
 
 from squad.recipes.check import load_agents, load_recipe, validate_recipe
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
-from squad.recipes.run import RecipeRun, execute_flow, run_recipe, step_table
+from squad.recipes.run import RecipeRun, execute_flow, recipe_mcp, run_recipe, step_table
 
 __all__ = [
     "load_recipe", "validate_recipe", "load_agents",
     "Recipe", "Step", "EngineSettings", "RecipeWarning",
-    "run_recipe", "execute_flow", "RecipeRun", "step_table",
+    "run_recipe", "execute_flow", "RecipeRun", "step_table", "recipe_mcp",
 ]

@@ -15,7 +15,8 @@ they are skipped and the planner and the client check again at run time.
   :class:`~squad.errors.RecipeError` at the prompt, before anything runs.
 - :func:`plan_budgets`: an ``auto`` budget from the real, counted work. Each step's prompt
   is rendered with the real parameters and counted with the system prompt, the tool
-  definitions and, for a main agent that @mentions sub-agents, an allowance of the sum of
+  definitions (``ask_<name>`` tools; MCP tools' schemas once their servers are up, see
+  :func:`squad.recipes.run.recipe_mcp`) and, for a main agent that @mentions sub-agents, an allowance of the sum of
   their ``max_tokens`` for the handed-back answers. A prompt that uses an earlier step's
   output is an estimate: each output is stood in for by that step's ``max_tokens`` worth of
   tokens (a parallel block's or a map's: the sum over its children or items). The agent's
@@ -32,7 +33,7 @@ context) names the step, the counted tokens and the limit.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,10 +234,13 @@ def _too_small(recipe: Recipe, step: Step, agent: Agent, prompt: int) -> RecipeE
 # --- auto budgets ------------------------------------------------------------------------------
 
 
-def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
+def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset(),
+                 tools: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> None:
     """Count every step's prompt and set each ``auto`` agent's budget from it (rule in the
     module docstring). Sets ``recipe.budgets`` (one :class:`StepBudget` per counted step and
     agent) and replaces auto agents in ``recipe.agents`` by copies with the planned budget.
+    ``tools``: more tool definitions per agent name (its MCP tools' ``spec()``), counted in
+    its prompts. Planning again (with ``tools`` now known) starts from the auto budgets.
 
     An agent none of whose prompts can be counted (no model file, a tokenizer not reproduced,
     parameters in ``unset``, only called as a tool) keeps ``auto``: the planner shares the
@@ -247,11 +251,14 @@ def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
     trained = n_ctx_train(recipe.model)
     if counter is None:
         return
+    for name in recipe.planned:  # planned before: count again from auto
+        recipe.agents[name] = recipe.agents[name].model_copy(update={"budget": "auto"})
+    extra = {name: list(specs) for name, specs in (tools or {}).items()}
     rows: list[StepBudget] = []
     outputs: dict[str, dict[str, Any]] = {}
     sizes: dict[str, int] = {}
     for step in recipe.flow:
-        rows += _plan_step(recipe, step, counter, trained, outputs, sizes, unset)
+        rows += _plan_step(recipe, step, counter, trained, outputs, sizes, unset, extra)
     best: dict[str, int] = {}
     for row in rows:
         if not row.fixed:
@@ -260,15 +267,17 @@ def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset()) -> None:
         agent = recipe.agents[name]
         recipe.agents[name] = agent.model_copy(update={"budget": max(budget, agent.max_tokens + 1)})
     recipe.budgets = tuple(rows)
+    recipe.planned = frozenset(best)
 
 
 def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int | None,
-               outputs: dict[str, dict[str, Any]], sizes: dict[str, int], unset: Set[str]) -> list[StepBudget]:
+               outputs: dict[str, dict[str, Any]], sizes: dict[str, int], unset: Set[str],
+               extra: Mapping[str, list[Mapping[str, Any]]]) -> list[StepBudget]:
     """Rows for ``step`` (and its children); records its stand-in output for later steps."""
     if step.kind == "parallel":
         rows = []
         for child in step.steps:
-            rows += _plan_step(recipe, child, counter, trained, outputs, sizes, unset)
+            rows += _plan_step(recipe, child, counter, trained, outputs, sizes, unset, extra)
         sizes[step.id] = sum(sizes[c.id] for c in step.steps)
         outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [outputs[c.id]["output"] for c in step.steps]}
         return rows
@@ -289,11 +298,12 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
     if any(_unset(r, unset) for r in refs) or any(_unset(r, unset) for r in template_paths(agent.instructions)):
         return []
     worst: dict[str, int] = {}
+    extra_tools = extra
     for index, item in enumerate(items):
-        extra = {"item": item, "index": index} if step.kind == "map" else {}
+        values: dict[str, Any] = {"item": item, "index": index} if step.kind == "map" else {}
         if step.kind == "map" and step.split == "chunks":
-            extra["chunks"] = count
-        for name, prompt in _counted(recipe, step, agent, counter, trained, before, extra):
+            values["chunks"] = count
+        for name, prompt in _counted(recipe, step, agent, counter, trained, before, values, extra_tools):
             worst[name] = max(worst.get(name, 0), prompt)
     rows = []
     for name, prompt in worst.items():
@@ -318,7 +328,8 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
 
 
 def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", trained: int | None,
-             outputs: dict[str, dict[str, Any]], extra: dict[str, Any]) -> list[tuple[str, int]]:
+             outputs: dict[str, dict[str, Any]], extra: dict[str, Any],
+             more_tools: Mapping[str, list[Mapping[str, Any]]]) -> list[tuple[str, int]]:
     """``(agent, prompt tokens)`` for the agent of ``step`` and each sub-agent it @mentions."""
     from squad.engine.tokens import NotExact
     from squad.mention import parse_mentions, unmark
@@ -341,7 +352,7 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
             continue
         _check_size(step, who, system + text, trained)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        tools = _tool_specs(who, subs)
+        tools = (_tool_specs(who, subs) or []) + list(more_tools.get(who.name, ())) or None
         try:
             try:
                 prompt = counter.count_chat(messages, tools)

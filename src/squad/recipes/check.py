@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from squad.agent import NAME_PATTERN, Agent, check_squad, find_cycle, sub_agent_names
 from squad.errors import ModelError, RecipeError, UserError
+from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_server
 from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
@@ -103,6 +104,7 @@ def load_agents(path: Path | str) -> dict[str, Agent]:
 class _Loader:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.mcp_servers: tuple[MCPServer, ...] = ()
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
@@ -115,8 +117,10 @@ class _Loader:
             spec = RecipeSpec.model_validate(located.data)
         except ValidationError as exc:
             raise pydantic_error(exc, located, (), RecipeSpec) from None
+        self.mcp_servers = self.build_mcp(spec.mcp)
         raw_agents = self.collect_agents(located, [self.path.resolve()])
         agents = self.build_agents(raw_agents)
+        self.tool_locs = _tool_locs(raw_agents)
         if spec.main not in agents:
             raise self._unknown_agent(spec.main, agents, ("main",))
         model = self._model(spec.model) if model is None else _override(model)
@@ -148,6 +152,7 @@ class _Loader:
             name=spec.name, description=spec.description, path=self.path, model=model, engine=engine,
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
+            mcp_servers=self.mcp_servers, tool_locs=self.tool_locs,
             reads=tuple(self.reads), context_limit=n_ctx_train(model),
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
@@ -214,10 +219,17 @@ class _Loader:
             for i, sub in enumerate(agent.agents):
                 if sub not in agents:
                     raise self._unknown_agent(sub, agents, (*base, "agents", i), src)
+        servers = [s.name for s in self.mcp_servers]
+        for name, agent in agents.items():
+            data, src, base = raw[name]
             for i, tool in enumerate(agent.tools):
-                raise src.error(
-                    f"agent '{name}' lists tool '{tool}', but a recipe cannot register function tools; remove it "
-                    "(tools are registered in Python: Squad(..., tools=[...]))", (*base, "tools", i))
+                if not is_mcp_ref(tool):
+                    raise src.error(
+                        f"agent '{name}' lists tool '{tool}', but a recipe cannot register function tools; remove it "
+                        "(tools are registered in Python: Squad(..., tools=[...])), or name an MCP tool as "
+                        "SERVER.TOOL", (*base, "tools", i))
+                if split_ref(tool)[0] not in servers:
+                    raise src.error(unknown_server(name, tool, servers), (*base, "tools", i))
         cycle = find_cycle(agents)
         if cycle:
             last, closing = cycle[-2], cycle[-1]
@@ -226,10 +238,28 @@ class _Loader:
                 f"sub-agents form a cycle: {' -> '.join(cycle)}; an agent cannot (indirectly) call itself: "
                 f"remove '{closing}' from agents.{last}.agents", (*base, "agents", agents[last].agents.index(closing)))
         try:
-            check_squad(list(agents.values()), tool_names=[t for a in agents.values() for t in a.tools])
+            check_squad(list(agents.values()), tool_names=[t for a in agents.values() for t in a.tools],
+                        mcp_servers=servers)
         except UserError as exc:
             raise RecipeError(str(exc), file=str(self.path)) from None
         return agents
+
+    def build_mcp(self, raw: Mapping[str, dict[str, Any]]) -> tuple[MCPServer, ...]:
+        """The ``mcp:`` servers, checked (a stdio server's ``cwd`` is relative to the recipe,
+        which is also its default). Never started here."""
+        servers = []
+        for name, data in raw.items():
+            base: Path_ = ("mcp", name)
+            if not isinstance(data, dict):
+                raise self.located.error("an MCP server is a mapping: command (+ args, env, cwd) or url", base)
+            if "name" in data:
+                raise self.located.error("an MCP server's name is its key; remove 'name:'", (*base, "name"), key=True)
+            try:
+                server = MCPServer(name=name, **data)
+            except ValidationError as exc:
+                raise pydantic_error(exc, self.located, base, MCPServer) from None
+            servers.append(resolve_cwd(server, self.path.parent))
+        return tuple(servers)
 
     def _unknown_agent(self, name: str, agents: Mapping[str, Agent], path: Path_,
                        src: Located | None = None) -> RecipeError:
@@ -501,6 +531,18 @@ def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], loc
         else:
             values[name] = [] if spec.type == "list" else None
     return values
+
+
+def _tool_locs(raw: Mapping[str, tuple[dict, Located, Path_]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Where each agent lists each MCP tool: ``(agent, "server.tool")`` -> file, line, column, field."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, (data, src, base) in raw.items():
+        for i, tool in enumerate(data.get("tools") or ()):
+            if isinstance(tool, str) and is_mcp_ref(tool):
+                path = (*base, "tools", i)
+                line, column = src.where(path)
+                out[(name, tool)] = {"file": src.file, "line": line, "column": column, "field": field_path(path)}
+    return out
 
 
 _STAND_INS: dict[str, Any] = {"string": "1", "file": "1", "int": 1, "number": 1.0, "bool": True, "list": ["1"]}

@@ -27,6 +27,7 @@ from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
 
 if TYPE_CHECKING:
+    from squad.mcp import MCPServer
     from squad.session import EngineSpec
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "StepBudget"]
@@ -114,6 +115,10 @@ class Recipe:
     - ``params``: parameter values, typed (str, int, float, bool, list[str]; file = its text).
     - ``agents``: :class:`squad.agent.Agent` by name; ``main`` names the main agent.
     - ``output_schema``: JSON schema for the final output, or None.
+    - ``mcp_servers``: its ``mcp:`` servers (:class:`squad.mcp.MCPServer`; never started by
+      loading); ``tool_locs``: where each agent lists each MCP tool, for errors once they run.
+    - ``planned``: agents whose ``auto`` budget :func:`~squad.recipes.budgets.plan_budgets` set
+      (counted again when MCP tool schemas are known).
     - ``reads``: ``(path, why)`` of every file loading the recipe read besides itself
       (included agent files, the model, ``type: file`` parameters), for ``squad plan``.
     - ``context_limit``: the model's training context in tokens when its file is on disk.
@@ -134,6 +139,9 @@ class Recipe:
     output_schema: dict[str, Any] | None = None
     warnings: list[RecipeWarning] = field(default_factory=list)
     budgets: tuple[StepBudget, ...] = ()
+    mcp_servers: tuple["MCPServer", ...] = ()
+    tool_locs: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    planned: frozenset[str] = frozenset()
     reads: tuple[tuple[str, str], ...] = ()
     context_limit: int | None = None
     unchecked: list[RecipeWarning] = field(default_factory=list)

@@ -22,16 +22,22 @@ a block's or map's ``outputs`` and ``output``.
 
 The final output is the last step's ``output``; with an output schema it must be JSON
 matching it (:meth:`Recipe.check_output`).
+
+A recipe's MCP servers (``mcp:``) start before the engine (:func:`recipe_mcp`): the tools its
+agents name are checked against what the servers list, and their schemas are counted into the
+``auto`` budgets, so the engine is planned for prompts that include them.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
 
-from squad.errors import AgentCancelled, AgentRunError, MentionError, RecipeError
+from squad.errors import AgentCancelled, AgentRunError, MentionError, RecipeError, UserError
 from squad.events import StepWarning
 from squad.outcome import Outcome, fix_for, marked, worst
 from squad.recipes.model import Recipe, Step
@@ -39,13 +45,14 @@ from squad.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
+    from squad.mcp import MCPServers
     from squad.engine.info import EngineInfo
     from squad.engine.plan import EnginePlan
     from squad.events import EventSink
     from squad.runtime import Squad
     from squad.session import EngineSpec
 
-__all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table"]
+__all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table", "recipe_mcp"]
 
 
 @dataclass
@@ -97,15 +104,48 @@ async def run_recipe(
     """
     from squad.runtime import Squad
 
-    async with Squad(
+    async with recipe_mcp(recipe) as servers, Squad(
         list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
-        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params},
+        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
     ) as squad:
         run = await execute_flow(recipe, squad, record)
         run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         run.value = recipe.check_output(run.output)
     return run
+
+
+@asynccontextmanager
+async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
+    """Start ``recipe``'s MCP servers (none: nothing starts), check the MCP tools each agent
+    names against what its server lists, and count those tools' schemas into the ``auto``
+    budgets (:func:`squad.recipes.budgets.plan_budgets`); the servers stop on exit.
+
+    Raises :class:`~squad.errors.MCPServerError` for a server that does not start, and
+    :class:`RecipeError` at the agent's ``tools`` entry for a tool its server does not have.
+    """
+    from squad.mcp import MCPServers
+    from squad.recipes.budgets import plan_budgets
+
+    async with MCPServers(recipe.mcp_servers) as servers:
+        if recipe.mcp_servers:
+            specs = {}
+            for agent in recipe.agents.values():
+                try:
+                    specs[agent.name] = [t.spec() for t in servers.tools_for(agent).values()]
+                except UserError as exc:
+                    raise _at_tool(recipe, agent.name, exc) from None
+            unset = {n for n, p in recipe.param_specs.items() if p.required and recipe.params.get(n) is None}
+            plan_budgets(recipe, unset=unset, tools=specs)
+        yield servers
+
+
+def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
+    """``exc`` (about one of ``agent``'s MCP tools) at that tool's place in the recipe."""
+    for (name, ref), loc in recipe.tool_locs.items():
+        if name == agent and f"lists tool {ref!r}" in str(exc):
+            return RecipeError(str(exc), **loc)
+    return RecipeError(str(exc), file=str(recipe.path))
 
 
 async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:

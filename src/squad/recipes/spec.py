@@ -164,7 +164,8 @@ class AgentFileSpec(_Strict):
 
 
 class RecipeSpec(_Strict):
-    """A whole recipe file."""
+    """A whole recipe file. ``mcp``: MCP servers by name, each checked as a
+    :class:`squad.mcp.MCPServer` (like agents, one definition for Python and YAML)."""
 
     name: str = Field(pattern=ID_PATTERN)
     description: str = ""
@@ -172,6 +173,7 @@ class RecipeSpec(_Strict):
     engine: EngineSection = EngineSection()
     params: dict[str, ParamSpec] = {}
     include: list[str] = []
+    mcp: dict[str, dict[str, Any]] = {}
     agents: dict[str, dict[str, Any]] = {}
     main: str
     flow: list[StepSpec] = Field(min_length=1)
