@@ -123,6 +123,31 @@ def test_a_prompt_far_too_large_is_refused_without_tokenizing(default_model_path
         load_recipe(one_piece(tmp_path), {"code": "x" * 70_000})
 
 
+def test_at_file_reads_are_bounded(monkeypatch):
+    """``-p code=@/dev/zero`` (an endless or huge file) is an error, not all of the memory."""
+    import squad.cli._app as cli_app
+
+    monkeypatch.setattr(cli_app, "AT_FILE_LIMIT", 1024)
+    with pytest.raises(UserError, match=r"larger than 0 MiB"):
+        collect_params(["code=@/dev/zero"])
+
+
+def test_request_timeout_on_the_command_line(monkeypatch):
+    """``--request-timeout`` reaches the engine spec ``run`` uses (the advice a CallTimeout gives)."""
+    import squad.recipes
+
+    seen = []
+
+    async def fake_run(recipe, *, engine=None, **kwargs):
+        seen.append(engine)
+        raise RecipeError("stop here")
+
+    monkeypatch.setattr(squad.recipes, "run_recipe", fake_run)
+    with pytest.raises(SystemExit):
+        squad_main(["run", str(REVIEW), "--request-timeout", "1800", "-q"])
+    assert seen and seen[0].request_timeout == 1800
+
+
 def test_at_file_params(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("text of a")

@@ -75,7 +75,8 @@ def classify(exc: openai.APIError, agent: str, *, base_url: str, engine_pool: in
     message = str(body.get("message") or exc.message)
     if isinstance(exc, openai.APITimeoutError):
         return CallTimeout(f"agent '{agent}': no answer from the engine within {request_timeout:.0f} s; "
-                           "not resent unchanged: raise request_timeout or shorten the prompt", agent=agent)
+                           "not resent unchanged: raise request_timeout (--request-timeout on the command line) "
+                           "or shorten the prompt", agent=agent)
     if isinstance(exc, openai.APIConnectionError):
         if not started:
             return EngineGone(f"engine at {base_url} is not answering ({message})")

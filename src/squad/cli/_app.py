@@ -143,6 +143,10 @@ def collect_params(items: list[str]) -> dict[str, str | list[str]]:
     return params
 
 
+AT_FILE_LIMIT = 64 * 2**20
+"""Bytes ``-p NAME=@FILE`` reads at most (64 MiB): far above any prompt, below any harm."""
+
+
 def _at_file(name: str, value: str) -> str:
     """``@path`` -> the file's text; ``@@x`` -> ``@x``; anything else unchanged."""
     if value.startswith("@@"):
@@ -153,7 +157,12 @@ def _at_file(name: str, value: str) -> str:
 
     path = Path(value[1:]).expanduser()
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        with path.open("rb") as f:  # bounded: /dev/zero or a huge file must not fill the memory
+            data = f.read(AT_FILE_LIMIT + 1)
+        if len(data) > AT_FILE_LIMIT:
+            raise UserError(f"-p {name}=@{value[1:]}: the file is larger than {AT_FILE_LIMIT // 2**20} MiB; "
+                            "give a smaller file (a long text is read in pieces by a map step with split: chunks)")
+        return data.decode("utf-8-sig")
     except OSError as exc:
         raise UserError(f"-p {name}=@{value[1:]}: cannot read the file: {exc.strerror or exc} "
                         f"(write @@ for a value that starts with a literal @)") from None

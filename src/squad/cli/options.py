@@ -16,12 +16,13 @@ import typer
 from squad.engine.llama import MAX_SLOTS
 
 __all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
-           "api_key", "as_json", "out", "load_timeout", "check_mcp"]
+           "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp"]
 
 OPTION_NAMES: dict[str, str | None] = {
     # the engine: the same names as far as possible as llama-server's own short flags
     "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
     "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
+    "--request-timeout": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None,
@@ -88,6 +89,13 @@ def load_timeout() -> Any:
     return typer.Option("--load-timeout", min=1, show_default=False,
                         help="Seconds the engine may take to load the model (default: 60 s + 60 s per GiB of "
                              "model file).")
+
+
+def request_timeout() -> Any:
+    """``--request-timeout SECONDS``: how long one model call may take end to end."""
+    return typer.Option("--request-timeout", min=1, show_default=False,
+                        help="Seconds one model call may take end to end, queueing excluded (default: 600 s); "
+                             "raise it for long prompts on a slow or busy CPU.")
 
 
 def url(help: str) -> Any:

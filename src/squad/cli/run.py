@@ -103,6 +103,7 @@ def run_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
+    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -121,6 +122,8 @@ def run_command(
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
                        binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
                        load_timeout=load_timeout)
+    if request_timeout is not None:
+        spec = spec.but(request_timeout=request_timeout)
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -250,7 +253,8 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
         )
     err_console.print(table)
     if result.info is not None:
-        err_console.print(f"engine: {result.info.slots} slots, context {result.info.n_ctx} tokens (read back from /props)")
+        err_console.print(f"engine: {result.info.slots} slots sharing a pool of {result.info.pool:,} tokens, "
+                          f"{result.info.n_ctx:,} per request (read back from /props)")
     for sid, message in result.errors:
         err_console.print(f"[yellow]step {sid} failed (policy collect):[/] {_esc(message)}")
     for sid, note in result.notes:
@@ -275,6 +279,7 @@ def chat_command(
     replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
+    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     from squad.chatloop import chat_loop
@@ -286,6 +291,8 @@ def chat_command(
     agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
+    if request_timeout is not None:
+        spec = spec.but(request_timeout=request_timeout)
     if url is None:
         check_state_dirs(*ENGINE_STATE)
     view = LiveView(console=err_console, live=False)
