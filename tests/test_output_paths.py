@@ -224,3 +224,16 @@ def test_run_never_writes_over_its_recipe_or_a_file_that_is_not_a_trace(capsys, 
         assert code == 2 and words in err and "Traceback" not in err, err
     assert notes.read_text() == "my notes\n" and "two-steps" in recipe.read_text()
     assert engine.requests == []
+
+
+def test_a_cut_answer_the_recipe_fails_on_is_still_shown(capsys, tmp_path, state, engine):
+    """``non_answers: {truncated: fail}`` on the first step: the run fails (exit 1), and the
+    cut text is printed and written to --out, marked as the failing step's, not lost."""
+    path = tmp_path / "cut.yaml"
+    path.write_text(TWO_STEPS.replace("main: writer\n", "main: writer\nnon_answers: {truncated: fail}\n"))
+    engine.script(Reply(content="a draft about cats that was cut", finish_reason="length"))
+    out_file = tmp_path / "out.txt"
+    code, out, err = squad(capsys, "run", path, "--url", engine.base_url, "-q", "--out", out_file)
+    assert code == 1 and "Traceback" not in err
+    assert "a draft about cats that was cut" in out and "(cut, the failing step)" in out
+    assert "a draft about cats that was cut" in out_file.read_text()

@@ -207,8 +207,9 @@ class IncompleteAnswer(AgentRunError):
     """A call ended without a real answer (``outcome``: ``"truncated"`` at max_tokens, or
     ``"empty"``) and the recipe's ``non_answers`` policy for it is ``fail`` (:mod:`squad.outcome`)."""
 
-    def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated") -> None:
-        self.outcome = outcome
+    def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated",
+                 partial: str = "") -> None:
+        self.outcome, self.partial = outcome, partial  # partial: the cut text, kept for the user
         super().__init__(message, agent=agent)
 
 

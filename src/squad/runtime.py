@@ -626,7 +626,7 @@ def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
     what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
             if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
     return IncompleteAnswer(f"agent '{result.label}' {what}: {fix_for(result.outcome, result.agent, result.max_tokens)}",
-                            agent=result.agent, outcome=result.outcome.value)
+                            agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
 
 
 def default_workload(agents: Mapping[str, Agent], main: str) -> Node:

@@ -201,6 +201,9 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
     (stdout) and write them to ``--out`` headed by the failure, so no finished work is lost."""
     done = [(s.id, record.steps[s.id]) for s in loaded.flow
             if s.id in record.steps and not record.steps[s.id].get("error")]
+    cut = _cut_answer(exc)
+    if cut:  # a non-answer the recipe made a failure (non_answers: fail): its text is kept too
+        done.append((f"{cut[0]} (cut, the failing step)", {"output": cut[1]}))
     if not done:
         return
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
@@ -220,6 +223,20 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
         _write_out(out, text)
     except SquadError as error:
         err_console.print(f"[red]error:[/] {_esc(str(error))}", soft_wrap=True)
+
+
+def _cut_answer(exc: BaseException) -> tuple[str, str] | None:
+    """(agent, cut text) of the :class:`~squad.errors.IncompleteAnswer` that ended the run."""
+    from squad.errors import IncompleteAnswer, leaf_errors
+
+    leaves = leaf_errors(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    for leaf in leaves:
+        seen: BaseException | None = leaf
+        while seen is not None:  # the recipe runner may wrap it (raise ... from)
+            if isinstance(seen, IncompleteAnswer) and seen.partial.strip():
+                return (seen.agent or "agent", seen.partial)
+            seen = seen.__cause__
+    return None
 
 
 def _first_error(exc: BaseException) -> str:
