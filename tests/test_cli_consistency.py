@@ -20,7 +20,8 @@ import pytest
 import typer
 from typer.core import TyperOption
 
-from squad.cli import app, main
+from cli_support import squad
+from squad.cli import app
 from squad.cli.options import OPTION_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,16 +57,6 @@ def groups() -> list[tuple[str, Any]]:
 
 def options(cmd: Any) -> list[TyperOption]:
     return [p for p in cmd.params if isinstance(p, TyperOption)]
-
-
-def squad(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in argv])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line_error(code: int, err: str) -> None:

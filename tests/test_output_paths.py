@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from squad.cli import main
+from cli_support import squad
 from squad.dirs import check_output_file, check_state_dirs
 from squad.errors import UserError
 from squad.testing import FakeEngine, Reply
@@ -65,16 +65,6 @@ def recipe(tmp_path) -> Path:
     path = tmp_path / "two.yaml"
     path.write_text(TWO_STEPS)
     return path
-
-
-def squad(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in argv])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def a_file(tmp_path: Path) -> Path:

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from squad.cli import main
+from cli_support import squad
 from squad.engine.process import stop_pid
 
 RECIPE = textwrap.dedent("""\
@@ -43,14 +43,7 @@ def _memory(monkeypatch):
     monkeypatch.setenv("SQUAD_KV_MEMORY", "4GiB")
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+run = squad  # the in-process CLI runner (tests/cli_support.py)
 
 
 def run_json(capsys, *argv: str) -> dict:
