@@ -3,7 +3,8 @@
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
 when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
-round offers no tools, so the model must answer. The result is an
+round offers no tools, so the model must answer. The agent's ``tool_choice`` applies to the
+first round only (:func:`forced_choice`); later rounds are ``auto``. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
 
 :func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
@@ -19,11 +20,12 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
+from squad.errors import UserError
 from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "Refusal"]
+__all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""
@@ -106,6 +108,24 @@ def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
             "template supports tool calls, or @mentions instead of sub-agents as tools.")
 
 
+def forced_choice(agent: Agent, tools: Mapping[str, Tool],
+                  specs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """The tools offered and the ``tool_choice`` sent in the first round of ``agent``'s turn:
+    ``(specs, None)`` for ``auto``; ``(specs, "required")``; for a named choice only that tool's
+    spec with ``"required"`` (llama-server b11434 reads ``tool_choice`` only as a string, see
+    :mod:`squad.engine.chat_templates`). Raises :class:`UserError` when the named tool is not
+    among ``tools``."""
+    choice = agent.tool_choice
+    if choice == "auto":
+        return specs, None
+    if choice == "required":
+        return specs, "required"
+    if choice not in tools:
+        raise UserError(f"agent {agent.name!r} has tool_choice {choice!r} but may not call it here (its tools: "
+                        f"{', '.join(tools) or 'none'}): use auto, required or one of those names")
+    return [tools[choice].spec()], "required"
+
+
 async def run_turn(
     chat: ChatEngine,
     agent: Agent,
@@ -132,10 +152,13 @@ async def run_turn(
     tool_log: list[tuple[str, str, str]] = []
     for round_no in range(max_tool_rounds + 1):
         offer = specs if round_no < max_tool_rounds else None
+        choice = None
+        if offer and round_no == 0:
+            offer, choice = forced_choice(agent, tools, offer)
         messages = ([{"role": "system", "content": system}] if system else []) + convo
         reply = await chat.complete(ChatRequest(
             origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer,
-            sampling=agent.sampling.as_params() or None, priority=priority,
+            tool_choice=choice, sampling=agent.sampling.as_params() or None, priority=priority,
         ))
         calls.append(reply)
         if offer and reply.tool_calls:
