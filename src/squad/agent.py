@@ -25,6 +25,10 @@ Fields and units:
   tools) or a tool's name (it must call that one: one of ``tools`` or ``ask_<sub-agent>``).
   A forced choice applies to the first model round of a turn only: after a tool result the
   model may answer (else every round would call again until the rounds run out).
+- ``parallel_tool_calls``: whether one model round may call several tools. False is sent to
+  the engine, and squad also runs only the first call of a reply (llama-server b11434 ignores
+  the flag for templates that mark each call, squad's ChatML one included; a small model
+  often repeats the same call).
 - ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
   starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
   defaults 2 levels and 8 calls); None = the squad's.
@@ -90,6 +94,7 @@ class Agent(BaseModel):
     sub_agent_tools: bool = True
     tool_choice: str = Field(default="auto", pattern=r"^[A-Za-z0-9_-]+$",
                              description="auto, required, or the name of a tool to call first")
+    parallel_tool_calls: bool = True
     max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,

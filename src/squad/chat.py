@@ -35,7 +35,8 @@ class ChatRequest:
       max_tokens) the agent's conversation may hold, or None for no limit of its own.
     - ``tools``: OpenAI tool specs, or None; ``sampling``: request fields (temperature, ...).
     - ``tool_choice``: ``"auto"`` (None: the same) or ``"required"`` (the model must call one of
-      ``tools``; a named choice is sent as ``"required"`` with only that tool in ``tools``).
+      ``tools``; a named choice is sent as ``"required"`` with only that tool in ``tools``);
+      ``parallel_tool_calls``: whether one reply may hold several calls (None: the engine's default).
     - ``priority``: admission order (lower first; main agent 0, sub-agents their depth).
     - ``on_delta``: receives answer text as it streams.
     """
@@ -46,6 +47,7 @@ class ChatRequest:
     budget: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
     sampling: dict[str, Any] | None = None
     priority: int = 0
     on_delta: Callable[[str], None] | None = None

@@ -420,6 +420,8 @@ class EngineClient:
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         if req.tools and req.tool_choice:
             kwargs["tool_choice"] = req.tool_choice
+        if req.tools and req.parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = req.parallel_tool_calls
         sent = time.monotonic()
         got = StreamAssembly()
         try:

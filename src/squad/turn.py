@@ -158,16 +158,20 @@ async def run_turn(
         messages = ([{"role": "system", "content": system}] if system else []) + convo
         reply = await chat.complete(ChatRequest(
             origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer,
-            tool_choice=choice, sampling=agent.sampling.as_params() or None, priority=priority,
+            tool_choice=choice, parallel_tool_calls=None if agent.parallel_tool_calls else False,
+            sampling=agent.sampling.as_params() or None, priority=priority,
         ))
         calls.append(reply)
         if offer and reply.tool_calls:
+            # llama-server b11434 ignores parallel_tool_calls=false for per-call markers (its
+            # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
+            wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
             convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in reply.tool_calls
+                for c in wanted
             ]})
-            outcomes = await run_tool_calls(tools, reply.tool_calls)
-            for call, outcome in zip(reply.tool_calls, outcomes):
+            outcomes = await run_tool_calls(tools, wanted)
+            for call, outcome in zip(wanted, outcomes):
                 convo.append({"role": "tool", "tool_call_id": call.id, "content": outcome.text})
                 tool_log.append((call.name, call.arguments, outcome.text))
                 on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
