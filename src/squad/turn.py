@@ -14,6 +14,7 @@ first round only (:func:`forced_choice`); later rounds are ``auto``. The result 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -108,6 +109,17 @@ def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
             "template supports tool calls, or @mentions instead of sub-agents as tools.")
 
 
+def _json_object(arguments: str) -> str:
+    """``arguments`` when they are a JSON object, else ``"{}"`` for the history. A reply cut by
+    ``max_tokens`` mid-call leaves them unfinished; llama-server parses the arguments of every
+    call in the history and refuses the next request (HTTP 500) over them. The tool still gets
+    the original text and answers with the error (bad arguments), which the model reads."""
+    try:
+        return arguments if isinstance(json.loads(arguments), dict) else "{}"
+    except ValueError:
+        return "{}"
+
+
 def forced_choice(agent: Agent, tools: Mapping[str, Tool],
                   specs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """The tools offered and the ``tool_choice`` sent in the first round of ``agent``'s turn:
@@ -167,7 +179,7 @@ async def run_turn(
             # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
             wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
             convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
                 for c in wanted
             ]})
             outcomes = await run_tool_calls(tools, wanted)
