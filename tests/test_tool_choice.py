@@ -204,3 +204,12 @@ async def test_a_call_cut_by_max_tokens_keeps_valid_json_in_the_history() -> Non
     assert sent[-2]["tool_calls"][0]["function"]["arguments"] == "{}"
     assert sent[-1]["role"] == "tool" and sent[-1]["content"].startswith("error: bad arguments for lookup")
     assert result.output == "sorry"
+
+
+def test_the_template_file_ships_in_the_wheel() -> None:
+    """pyproject's package-data names the template, so an installed squad has the file."""
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    patterns = data["tool"]["setuptools"]["package-data"]["squad.engine"]
+    assert any(CHATML_TOOLS.path.match(p) for p in patterns)

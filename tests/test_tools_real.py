@@ -40,7 +40,7 @@ def get_weather(city: str) -> str:
 
 AGENTS = [
     Agent(name="helper", instructions="You answer questions. Use the tools when they help.", budget=2048,
-          max_tokens=64, tools=["get_weather"], tool_choice="required", parallel_tool_calls=False, sampling=SAMPLING),
+          max_tokens=48, tools=["get_weather"], tool_choice="required", parallel_tool_calls=False, sampling=SAMPLING),
     Agent(name="lead", instructions="You answer questions. Ask the weather sub-agent about the weather.", budget=2048,
           max_tokens=128, agents=["weather"], tool_choice="ask_weather", parallel_tool_calls=False, sampling=SAMPLING),
     Agent(name="weather", description="knows the weather of any city",
@@ -49,6 +49,7 @@ AGENTS = [
 ]
 
 
+@pytest.mark.timeout(900)  # five to seven model calls on 2 shared cores
 async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_calls(
     llama_server_path: Path, default_model_path: Path
 ) -> None:
