@@ -9,8 +9,10 @@ something). Every task runs ``--runs`` times per mode with sampling seeds 1..N (
 - right arguments: its arguments parsed as JSON and equal to the task's;
 - answer uses result: the final answer contains the value the tool returned.
 
-A grammar makes a call well-formed; it does not make it right: these shares are what the
-135M model does with the calls it is made to write.
+Each turn has at most two model rounds (``max_tool_rounds=1``): the round that may call (forced
+with ``required``), then one that must answer; ``max_tokens`` 48. A grammar makes a call
+well-formed; it does not make it right: these shares are what the 135M model does with the
+calls it is made to write.
 
     .venv/bin/python bench/tools.py [--runs 20] [--slots 4]
 """
@@ -86,7 +88,7 @@ MODES = ["required", "auto"]
 
 def agent(mode: str, seed: int) -> Agent:
     return Agent(name=f"{mode}-{seed}", instructions="You answer questions. Use the tools when they help.",
-                 budget=2048, max_tokens=96, tools=["get_weather", "add", "to_celsius"], tool_choice=mode,
+                 budget=2048, max_tokens=48, tools=["get_weather", "add", "to_celsius"], tool_choice=mode,
                  parallel_tool_calls=False, sampling={"temperature": 0.7, "seed": seed})
 
 
@@ -109,7 +111,7 @@ async def main(runs: int, slots: int) -> None:
     spec = EngineSpec(model=MODEL, binary=BINARY, threads=THREADS, slots=slots, ctx=2048 * slots)
     scores: dict[tuple[str, str], list[dict[str, bool]]] = {}
     started = time.monotonic()
-    async with Squad(agents, engine=spec, tools=[get_weather, add, to_celsius], max_tool_rounds=2) as sq:
+    async with Squad(agents, engine=spec, tools=[get_weather, add, to_celsius], max_tool_rounds=1) as sq:
         template = sq.info.template_name
         limit = anyio.CapacityLimiter(slots)
 

@@ -108,7 +108,7 @@ def render_plan(plan: EnginePlan, console: Console, binary: str = "llama-server"
                      + (f" (training context {plan.n_ctx_train:,})" if plan.n_ctx_train else ""))
     rows.add_row("KV cache", _memory(plan))
     if plan.backend == "llama-server":
-        rows.add_row("chat template", plan.template_name)
+        rows.add_row("template", plan.template_name)
     console.print(rows)
 
     if plan.reasons:
