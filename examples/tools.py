@@ -50,9 +50,9 @@ AGENTS = [
     Agent(
         name="traveller",
         description="asks about the weather",
-        instructions="You answer travel questions. Ask the weather agent about the weather.",
-        budget=1536,
-        max_tokens=96,
+        instructions="You answer questions. Ask the weather sub-agent about the weather.",
+        budget=2048,
+        max_tokens=128,
         agents=["weather"],
         tool_choice="ask_weather",
         parallel_tool_calls=False,
@@ -73,7 +73,7 @@ async def main(model: str | None) -> None:
     async with Squad(AGENTS, model=model, tools=[days_until], threads=2) as sq:
         print(f"chat template: {sq.info.template_name}")
         results = [await sq.run_agent("planner", "How many days until 2031-07-01?"),
-                   await sq.run_agent("traveller", "What is Paris like in July?")]
+                   await sq.run_agent("traveller", "Weather in Paris?")]
     for result in results:
         print(f"\n{result.agent}:")
         for message in result.history:  # the calls exactly as the engine returned them
