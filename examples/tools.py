@@ -1,8 +1,13 @@
 """Tools: a Python function tool and a sub-agent exposed as a tool (``ask_<name>``).
 
-The model decides whether to call them; tool errors go back to it as tool results. A
-135M model is not a reliable tool caller, so this example prints what happened either
-way: the tool calls made, their results, and the final answer.
+The built-in model's own chat template has no tools section, so squad starts llama-server
+with its ChatML tool template (shown as ``squad:chatml-tools``): the engine renders the tool
+definitions and parses the model's calls into its own ``tool_calls``. squad runs the calls
+and sends the results back as ``tool`` messages.
+
+A 135M model is not a reliable tool caller, so the planner is made to call first
+(``tool_choice="days_until"``, for its first round only) and the weather agent is asked the
+same way; the example prints every call, its arguments and result, and the final answers.
 
     .venv/bin/python examples/tools.py
 """
@@ -38,6 +43,19 @@ AGENTS = [
         max_tokens=64,
         tools=["days_until"],
         agents=["weather"],
+        tool_choice="days_until",
+        parallel_tool_calls=False,
+        sampling={"temperature": 0.0, "seed": 1},
+    ),
+    Agent(
+        name="traveller",
+        description="asks about the weather",
+        instructions="You answer questions. Ask the weather sub-agent about the weather.",
+        budget=2048,
+        max_tokens=128,
+        agents=["weather"],
+        tool_choice="ask_weather",
+        parallel_tool_calls=False,
         sampling={"temperature": 0.0, "seed": 1},
     ),
     Agent(
@@ -53,13 +71,20 @@ AGENTS = [
 
 async def main(model: str | None) -> None:
     async with Squad(AGENTS, model=model, tools=[days_until], threads=2) as sq:
-        result = await sq.run_agent("planner", "How many days until 2031-07-01, and what is Paris like in July?")
-    for name, arguments, output in result.tool_calls:
-        print(f"tool {name}({arguments}) -> {output}")
-    for sub in result.subs:
-        print(f"sub-agent {sub.summary()}")
-    print(f"\nplanner: {result.output.strip()}")
-    print(result.summary())
+        print(f"chat template: {sq.info.template_name}")
+        results = [await sq.run_agent("planner", "How many days until 2031-07-01?"),
+                   await sq.run_agent("traveller", "Weather in Paris?")]
+    for result in results:
+        print(f"\n{result.agent}:")
+        for message in result.history:  # the calls exactly as the engine returned them
+            for call in message.get("tool_calls") or []:
+                print(f"  engine tool_call {call['id'][:8]}… {call['function']['name']}({call['function']['arguments']})")
+        for name, arguments, output in result.tool_calls:
+            print(f"  tool {name}({arguments}) -> {output.strip()}")
+        for sub in result.subs:
+            print(f"  sub-agent {sub.summary()}")
+        print(f"  answer: {result.output.strip()}")
+        print(f"  {result.summary()}")
 
 
 if __name__ == "__main__":

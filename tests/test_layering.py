@@ -57,7 +57,8 @@ def test_no_module_imports_back_up_the_data_path():
     assert not bad, "\n".join(bad)
 
 
-FLAGS = {"--kv-unified", "--no-kv-unified", "-np", "--parallel", "-ctk", "-ctv", "-c", "--ctx-size", "-to", "--metrics"}
+FLAGS = {"--kv-unified", "--no-kv-unified", "-np", "--parallel", "-ctk", "-ctv", "-c", "--ctx-size", "-to", "--metrics",
+         "--jinja", "--chat-template-file", "--chat-template"}
 
 
 def test_llama_facts_are_written_once():

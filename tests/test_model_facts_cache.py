@@ -64,7 +64,7 @@ def test_second_read_comes_from_the_cache_without_opening_the_gguf(cache, tmp_pa
     [
         lambda text: "{ not json",
         lambda text: "",
-        lambda text: text.replace('"version": 1', '"version": 0'),  # an older format
+        lambda text: text.replace(f'"version": {facts._FACTS_VERSION}', '"version": 0'),  # an older format
         lambda text: text.replace('"n_layer": 4', '"n_layer": "many"'),
         lambda text: text.replace('"n_layer": 4, ', ""),  # a field missing
         lambda text: json.dumps([1, 2]),

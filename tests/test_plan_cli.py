@@ -75,7 +75,8 @@ def test_memory_too_small_cuts_and_warns(capsys, model, monkeypatch):
 def test_pins_ctx_rounding_and_cache_type(capsys, model):
     data = run_json(capsys, "plan", "--agents", "a:500", "--model", model, "--slots", "1", "--ctx", "1000", "--ctk", "q8_0")
     assert (data["slots"], data["n_ctx"], data["requested_ctx"]) == (1, 1024, 1000)
-    assert data["server_args"][-4:] == ["-ctk", "q8_0", "-ctv", "q8_0"]
+    at = data["server_args"].index("-ctk")
+    assert data["server_args"][at:at + 4] == ["-ctk", "q8_0", "-ctv", "q8_0"]
     assert data["kv_bytes"] == 1024 * 12240 and data["warnings"] == []
 
 

@@ -110,27 +110,6 @@ async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
     assert any("connection failed before the first token" in str(e.data.get("reason")) for e in retried)
 
 
-async def test_default_model_template_has_no_tools_and_squad_says_so(
-    llama_server_path: Path, default_model_path: Path
-) -> None:
-    """SmolLM2-135M's chat template has no tools section: llama-server drops tool definitions
-    (b11434), so squad warns instead of letting the agent silently answer without them."""
-    from squad.tools import tool
-
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two numbers."""
-        return a + b
-
-    events: list[Event] = []
-    agent = Agent(name="calc", tools=["add"], **TINY)
-    async with Squad([agent], engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
-                     tools=[add], on_event=events.append) as sq:
-        assert sq.info.template_has_tools is False
-        await sq.run_agent("calc", "Add 2 and 3.")
-    assert any(e.kind == "engine.warning" and "calc" in e.data["warning"] for e in events)
-
-
 async def test_prompts_are_counted_locally_and_match_the_engines_usage(
     llama_server_path: Path, default_model_path: Path
 ) -> None:

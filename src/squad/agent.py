@@ -23,6 +23,14 @@ Fields and units:
   ``SERVER.TOOL`` or ``SERVER.*`` (all of a server's tools; :mod:`squad.mcp`).
 - ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
 - ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
+- ``tool_choice``: ``"auto"`` (the model decides), ``"required"`` (it must call one of its
+  tools) or a tool's name (it must call that one: one of ``tools`` or ``ask_<sub-agent>``).
+  A forced choice applies to the first model round of a turn only: after a tool result the
+  model may answer (else every round would call again until the rounds run out).
+- ``parallel_tool_calls``: whether one model round may call several tools. False is sent to
+  the engine, and squad also runs only the first call of a reply (llama-server b11434 ignores
+  the flag for templates that mark each call, squad's ChatML one included; a small model
+  often repeats the same call).
 - ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
   starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
   defaults 2 levels and 8 calls); None = the squad's.
@@ -88,6 +96,9 @@ class Agent(BaseModel):
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
     sub_agent_tools: StrictBool = True
+    tool_choice: str = Field(default="auto", pattern=r"^[A-Za-z0-9_.*-]+$",
+                             description="auto, required, or the name of a tool to call first")
+    parallel_tool_calls: StrictBool = True
     max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
@@ -179,6 +190,7 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
         by_name[agent.name] = agent
     known_tools = set(tool_names)
     for agent in agents:
+        _check_tool_choice(agent, by_name)
         for sub in agent.agents:
             if sub not in by_name:
                 raise UserError(
@@ -200,6 +212,29 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
                 )
     _check_cycles(by_name)
     return by_name
+
+
+def _check_tool_choice(agent: Agent, by_name: Mapping[str, Agent]) -> None:
+    """A named choice must be one of the agent's tools or ``ask_<agent>`` of a squad member it may
+    call (a main agent without ``agents`` may call every other one, so any member counts)."""
+    choice = agent.tool_choice
+    subs = (agent.agents or [n for n in by_name if n != agent.name]) if agent.sub_agent_tools else []
+    offered = [*agent.tools, *(f"ask_{a}" for a in subs)]
+    if choice == "auto":
+        return
+    if choice == "required":
+        if not offered:
+            raise UserError(f"agent {agent.name!r} has tool_choice required but no tools to call: give it tools "
+                            "(or sub-agents), or use tool_choice auto")
+        return
+    if "." in choice:  # an MCP tool, SERVER.TOOL: listed itself or through SERVER.*
+        server = choice.partition(".")[0]
+        if choice in agent.tools or f"{server}.*" in agent.tools:
+            return
+    if choice not in offered:
+        have = ", ".join(offered) or "none"
+        raise UserError(f"agent {agent.name!r} has tool_choice {choice!r}, which is not one of its tools "
+                        f"({have}): use auto, required or one of those names")
 
 
 def sub_agent_names(agent: Agent, squad: Mapping[str, Agent], main: str) -> list[str]:

@@ -34,6 +34,9 @@ class ChatRequest:
     - ``max_tokens``: tokens this call may generate; ``budget``: the most tokens (prompt +
       max_tokens) the agent's conversation may hold, or None for no limit of its own.
     - ``tools``: OpenAI tool specs, or None; ``sampling``: request fields (temperature, ...).
+    - ``tool_choice``: ``"auto"`` (None: the same) or ``"required"`` (the model must call one of
+      ``tools``; a named choice is sent as ``"required"`` with only that tool in ``tools``);
+      ``parallel_tool_calls``: whether one reply may hold several calls (None: the engine's default).
     - ``priority``: admission order (lower first; main agent 0, sub-agents their depth).
     - ``on_delta``: receives answer text as it streams.
     """
@@ -43,6 +46,8 @@ class ChatRequest:
     max_tokens: int
     budget: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
     sampling: dict[str, Any] | None = None
     priority: int = 0
     on_delta: Callable[[str], None] | None = None

@@ -172,7 +172,7 @@ class EngineClient:
         self._engine = engine
         self.admission: Admission | None = (Admission.for_engine(engine, on_event=on_event) if admission == "auto"
                                             else admission)  # type: ignore[assignment]
-        self.counter = PromptCounter(engine.model_path, self._count_remote, counter)
+        self.counter = PromptCounter(engine.model_path, self._count_remote, counter, template=engine.chat_template)
         self._connect(engine)
 
     # -- engine and connections ---------------------------------------------------------
@@ -384,7 +384,7 @@ class EngineClient:
     async def _attempt(self, call: _Call) -> ChatResult:
         req, agent = call.request, call.agent
         _refuse_oversized(req, agent, self._engine.pool)
-        prompt, local = await self.counter(req.messages, req.tools)
+        prompt, local = await self.counter(self._messages(req), req.tools)
         need = prompt + req.max_tokens
         if req.budget is not None and need > req.budget:
             fixes = [f"raise its budget to {round_ctx(need)}"]
@@ -419,11 +419,15 @@ class EngineClient:
     async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
+        if req.tools and req.tool_choice:
+            kwargs["tool_choice"] = req.tool_choice
+        if req.tools and req.parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = req.parallel_tool_calls
         sent = time.monotonic()
         got = StreamAssembly()
         try:
             stream = await self._openai.chat.completions.create(
-                model=self._engine.model_alias or "default", messages=req.messages, max_tokens=req.max_tokens,
+                model=self._engine.model_alias or "default", messages=self._messages(req), max_tokens=req.max_tokens,
                 stream=True, stream_options={"include_usage": True}, extra_body=dict(req.sampling or {}), **kwargs)
         except openai.APIError as exc:
             raise self._classify(exc, agent, started=False) from exc
@@ -438,6 +442,16 @@ class EngineClient:
             with anyio.CancelScope(shield=True):
                 await stream.close()  # on cancellation too: the engine frees the slot
         return got.result(agent, sent)
+
+    def _messages(self, req: ChatRequest) -> list[dict]:
+        """The messages sent for ``req``: a forced tool choice on an engine that applies a template
+        squad ships ends with an assistant message holding the template's call prefix, which
+        llama-server continues (see :mod:`squad.engine.chat_templates`: b11434's ``required``
+        alone lets a model write text first)."""
+        prefix = self._engine.tool_call_prefix
+        if req.tool_choice == "required" and req.tools and prefix:
+            return [*req.messages, {"role": "assistant", "content": prefix}]
+        return req.messages
 
     def _classify(self, exc: openai.APIError, agent: str, *, started: bool, partial: str = "") -> Exception:
         return classify(exc, agent, base_url=self._engine.base_url, engine_pool=self._engine.pool,

@@ -50,11 +50,15 @@ class PromptCounter:
     - ``remote``: asks the engine to count (``async (messages, tools) -> int``);
     - ``local``: ``"auto"`` finds the model's tokenizer from ``model_path``; a
       :class:`~squad.engine.tokens.TokenCounter` to use; None never counts locally.
+    - ``template``: the chat template the engine applies (``/props`` ``chat_template``), used by
+      an ``"auto"`` local counter in place of the model file's when they differ (an engine
+      started with squad's tool template); None: the model file's.
     """
 
     def __init__(self, model_path: str, remote: Remote,
-                 local: "TokenCounter | None | Literal['auto']" = "auto") -> None:
+                 local: "TokenCounter | None | Literal['auto']" = "auto", *, template: str | None = None) -> None:
         self.model_path, self._remote, self._local_arg = model_path, remote, local
+        self.template = template
         self._local: TokenCounter | None = None
         self._ready = False
         self._lock = anyio.Lock()
@@ -86,7 +90,7 @@ class PromptCounter:
         if path is None or not path.is_file():
             return None
         try:
-            return counter_for_model(path)
+            return counter_for_model(path, template=self.template)
         except SquadError:
             return None
 

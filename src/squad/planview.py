@@ -51,6 +51,8 @@ def plan_json(plan: EnginePlan, binary: str = "llama-server") -> dict[str, Any]:
         "n_ctx_train": plan.n_ctx_train,
         "cache_type_k": plan.cache_type_k,
         "cache_type_v": plan.cache_type_v,
+        "chat_template": plan.template_name,
+        "chat_template_file": str(plan.chat_template) if plan.chat_template else None,
         "kv_bytes": plan.kv_bytes,
         "memory_for_kv": plan.memory_for_kv,
         "peak": plan.peak,
@@ -105,6 +107,8 @@ def render_plan(plan: EnginePlan, console: Console, binary: str = "llama-server"
         rows.add_row("per request", f"up to {plan.per_slot_ctx:,} tokens"
                      + (f" (training context {plan.n_ctx_train:,})" if plan.n_ctx_train else ""))
     rows.add_row("KV cache", _memory(plan))
+    if plan.backend == "llama-server":
+        rows.add_row("template", plan.template_name)
     console.print(rows)
 
     if plan.reasons:

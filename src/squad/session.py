@@ -45,7 +45,7 @@ from squad.events import (
 from squad.planner import plan, plan_for_replan
 from squad.workload import Call, Node
 
-__all__ = ["EngineSpec", "EngineSession", "plan_engine"]
+__all__ = ["EngineSpec", "EngineSession", "plan_engine", "with_chat_template"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
     model_path = resolve_model(spec.model, pull=pull)
     facts = read_model_facts(model_path)
     ctk, ctv = spec.kv_types
-    return plan(
+    planned = plan(
         workload,
         model=model_path,
         n_ctx_train=facts.n_ctx_train,
@@ -161,6 +161,25 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
         cache_type_v=ctv,
         mlx_max_batch=spec.mlx_max_batch,
     )
+    return with_chat_template(planned, facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
+
+
+def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_template: bool = False) -> EnginePlan:
+    """``planned`` with the chat template the engine gets for a model whose own template is
+    ``source`` (:func:`squad.engine.chat_templates.tool_template_for`), and a reason saying which."""
+    from squad.engine.chat_templates import describe, tool_template_for
+
+    if planned.backend != "llama-server":
+        return planned
+    chosen = tool_template_for(source, has_tool_use_template=has_tool_use_template)
+    if chosen is None:
+        return dataclasses.replace(planned, template_name=describe(source),
+                                   reasons=(*planned.reasons, f"chat template: {describe(source)}"))
+    why = (f"chat template: {chosen.name}, because the model's own {chosen.chat_format} template has no tools "
+           "section (llama-server would drop tool definitions); it renders the same conversation format and "
+           "lets the engine parse tool calls itself")
+    return dataclasses.replace(planned, chat_template=chosen.path, template_name=chosen.name,
+                               reasons=(*planned.reasons, why))
 
 
 class EngineSession(AsyncResource):

@@ -5,9 +5,10 @@ Stream rules (field cases in ``shared/cases/README.md``):
 
 - the usage-only final chunk (``choices: []``) is read for usage, never indexed (F06);
 - ``reasoning_content`` deltas (a llama-server extra field) are kept apart from content;
-- tool-call deltas are assembled by ``index``: ``id`` and ``name`` are taken once (engines
-  that repeat them on every delta are not glued together, F17; a name split over deltas is
-  joined), ``arguments`` are concatenated;
+- tool-call deltas are assembled by ``index`` (a delta without one continues the last call):
+  ``id``, ``type`` and ``name`` sent once, repeated on every delta, split over the first deltas
+  or growing all assemble to the one value (F17, :func:`_header`); ``arguments`` are
+  concatenated;
 - a stream that ends without a ``finish_reason`` is :class:`TruncatedStream`, the partial text
   only on the exception (F05); ``finish_reason == "length"`` with reasoning but no answer is
   :class:`ReasoningBudgetExhausted` (F07).
@@ -104,6 +105,28 @@ def classify(exc: openai.APIError, agent: str, *, base_url: str, engine_pool: in
     return AgentRunError(f"agent '{agent}': the engine answered HTTP {status}: {message}", agent=agent)
 
 
+def _header(slot: dict[str, str], key: str, piece: str | None) -> None:
+    """Fold one delta's ``id``/``type``/``name`` into a call being assembled (field case F17).
+
+    Engines send these header fields in four shapes: once (llama.cpp), repeated whole on every
+    delta, split into pieces over the first deltas, or growing (each delta the text so far). A
+    piece equal to what is held, or arriving after the call's arguments have begun (split
+    headers come before the arguments), is a repeat; a piece that extends what is held replaces
+    it; any other piece continues a split field.
+    """
+    if not piece:
+        return
+    held = slot[key]
+    if not held:
+        slot[key] = piece
+    elif piece == held or slot["arguments"]:
+        return
+    elif piece.startswith(held):
+        slot[key] = piece
+    else:
+        slot[key] = held + piece
+
+
 class StreamAssembly:
     """Accumulates one stream's chunks: content, reasoning, tool calls by index, usage."""
 
@@ -114,6 +137,7 @@ class StreamAssembly:
         self.usage: Usage | None = None
         self.timings: dict[str, Any] | None = None
         self.first_at: float | None = None
+        self._last_index = 0
 
     def add(self, chunk: Any, on_delta: Callable[[str], None] | None = None) -> bool:
         """Take one chunk (an openai ``ChatCompletionChunk``); True when it carried generated
@@ -143,14 +167,17 @@ class StreamAssembly:
         return produced
 
     def _tool_delta(self, tc: Any) -> None:
-        slot = self.calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-        slot["id"] = slot["id"] or tc.id or ""
-        if tc.function is None:
-            return
-        name = tc.function.name or ""
-        if name and name != slot["name"]:  # repeated on every delta by some engines: taken once
-            slot["name"] += name
-        slot["arguments"] += tc.function.arguments or ""
+        # the SDK builds stream chunks without validation: any field may be absent
+        index = getattr(tc, "index", None)
+        index = self._last_index if index is None else index
+        self._last_index = index
+        slot = self.calls.setdefault(index, {"id": "", "type": "", "name": "", "arguments": ""})
+        fn = getattr(tc, "function", None)
+        _header(slot, "id", getattr(tc, "id", None))
+        _header(slot, "type", getattr(tc, "type", None))
+        _header(slot, "name", getattr(fn, "name", None))
+        if getattr(fn, "arguments", None):
+            slot["arguments"] += fn.arguments
 
     def result(self, agent: str, sent: float) -> ChatResult:
         """The finished call (``sent``: ``time.monotonic()`` when the request was sent).

@@ -3,7 +3,8 @@
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
 when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
-round offers no tools, so the model must answer. The result is an
+round offers no tools, so the model must answer. The agent's ``tool_choice`` applies to the
+first round only (:func:`forced_choice`); later rounds are ``auto``. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
 
 :func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
@@ -13,17 +14,19 @@ round offers no tools, so the model must answer. The result is an
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
+from squad.errors import UserError
 from squad.events import EventSink, Origin, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.tools import Tool, run_tool_calls
 
-__all__ = ["run_turn", "agent_tools", "no_tool_template", "SubAgentBound", "Refusal"]
+__all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
 
 Ask = Callable[[Agent, str], Awaitable[AgentResult]]
 """Runs a sub-agent conversation on a task and returns its result."""
@@ -104,9 +107,43 @@ def _ask_tool(sub: Agent, ask: Ask) -> Tool:
 
 def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
     """The warning for an agent with tools on a model whose chat template has no tools section."""
-    return (f"agent '{agent}' has tools ({', '.join(tools)}) but the model's chat template has no tools "
-            "section, so llama-server drops them: the model cannot call them. Use a model whose "
-            "template supports tool calls, or @mentions instead of sub-agents as tools.")
+    return (f"agent '{agent}' has tools ({', '.join(tools)}) but the engine's chat template has no tools "
+            "section, so llama-server drops them: the model cannot call them. squad ships a tool template "
+            "only for ChatML models (used when squad starts the engine); use a model whose template supports "
+            "tool calls, or @mentions instead of sub-agents as tools.")
+
+
+def _json_object(arguments: str) -> str:
+    """``arguments`` when they are a JSON object, else ``"{}"`` for the history. A reply cut by
+    ``max_tokens`` mid-call leaves them unfinished; llama-server parses the arguments of every
+    call in the history and refuses the next request (HTTP 500) over them. The tool still gets
+    the original text and answers with the error (bad arguments), which the model reads."""
+    try:
+        return arguments if isinstance(json.loads(arguments), dict) else "{}"
+    except ValueError:
+        return "{}"
+
+
+def forced_choice(agent: Agent, tools: Mapping[str, Tool],
+                  specs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """The tools offered and the ``tool_choice`` sent in the first round of ``agent``'s turn:
+    ``(specs, None)`` for ``auto``; ``(specs, "required")``; for a named choice only that tool's
+    spec with ``"required"`` (llama-server b11434 reads ``tool_choice`` only as a string, see
+    :mod:`squad.engine.chat_templates`). Raises :class:`UserError` when the named tool is not
+    among ``tools``."""
+    choice = agent.tool_choice
+    if choice == "auto":
+        return specs, None
+    if choice == "required":
+        return specs, "required"
+    if "." in choice:  # SERVER.TOOL: the MCP tool by the name the model sees
+        server, _, remote = choice.partition(".")
+        choice = next((name for name, t in tools.items()
+                       if getattr(t, "server", None) == server and getattr(t, "remote", None) == remote), choice)
+    if choice not in tools:
+        raise UserError(f"agent {agent.name!r} has tool_choice {choice!r} but may not call it here (its tools: "
+                        f"{', '.join(tools) or 'none'}): use auto, required or one of those names")
+    return [tools[choice].spec()], "required"
 
 
 async def run_turn(
@@ -135,19 +172,26 @@ async def run_turn(
     tool_log: list[tuple[str, str, str]] = []
     for round_no in range(max_tool_rounds + 1):
         offer = specs if round_no < max_tool_rounds else None
+        choice = None
+        if offer and round_no == 0:
+            offer, choice = forced_choice(agent, tools, offer)
         messages = ([{"role": "system", "content": system}] if system else []) + convo
         reply = await chat.complete(ChatRequest(
             origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer,
+            tool_choice=choice, parallel_tool_calls=None if agent.parallel_tool_calls else False,
             sampling=agent.sampling.as_params() or None, priority=priority,
         ))
         calls.append(reply)
         if offer and reply.tool_calls:
+            # llama-server b11434 ignores parallel_tool_calls=false for per-call markers (its
+            # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
+            wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
             convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in reply.tool_calls
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
+                for c in wanted
             ]})
-            outcomes = await run_tool_calls(tools, reply.tool_calls)
-            for call, outcome in zip(reply.tool_calls, outcomes):
+            outcomes = await run_tool_calls(tools, wanted)
+            for call, outcome in zip(wanted, outcomes):
                 convo.append({"role": "tool", "tool_call_id": call.id, "content": outcome.text})
                 tool_log.append((call.name, call.arguments, outcome.text))
                 on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,

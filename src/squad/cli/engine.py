@@ -99,9 +99,13 @@ def engine_info(
     binary = resolve_llama_server(llama_server)
     build = read_build_info(binary.path)
     llama_cpp = llama_cpp_build(binary)
+    from squad.engine.chat_templates import CHATML_TOOLS
+
+    shipped = f"{CHATML_TOOLS.name} ({CHATML_TOOLS.path}), for {CHATML_TOOLS.chat_format} models whose own template has no tools"
     if as_json:
         out = {"path": str(binary.path), "source": binary.source, "version": binary.version, "build": build,
-               "llama_cpp": llama_cpp}
+               "llama_cpp": llama_cpp, "chat_templates": [{"name": CHATML_TOOLS.name, "path": str(CHATML_TOOLS.path),
+                                                           "chat_format": CHATML_TOOLS.chat_format}]}
         console.print_json(json.dumps(out))
         return
     console.print(f"path       {binary.path}", highlight=False)
@@ -115,6 +119,7 @@ def engine_info(
             f"built by   squad from {build.get('source_package')}, {build.get('build_seconds')} s, "
             f"flags {' '.join(build.get('cmake_flags', []))}", highlight=False, markup=False,
         )
+    console.print(f"templates  {shipped}", highlight=False, markup=False)
 
 
 @models_app.command("pull")
@@ -169,7 +174,11 @@ def models_info(
     from squad.engine.facts import read_model_facts
     from squad.engine.registry import resolve_model
 
+    from squad.engine.chat_templates import describe, tool_template_for
+
     facts = read_model_facts(resolve_model(model, pull=True))
+    chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
+    template = describe(facts.chat_template) + (f"; squad starts the engine with {chosen.name}" if chosen else "")
     per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}
     contexts = (4096, 8192, 16384)
     mib = {f"{n}": round(facts.kv_bytes(n) / _MiB, 1) for n in contexts}
@@ -181,7 +190,7 @@ def models_info(
             "key_length": facts.key_length, "value_length": facts.value_length,
             "sliding_window": facts.sliding_window,
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
-            "kv_bytes_per_token": per_token, "kv_mib_f16": mib,
+            "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
         }
         console.print_json(json.dumps(out))
         return
@@ -196,6 +205,7 @@ def models_info(
     if facts.sliding_window:
         n_swa = sum(facts.sliding_window_pattern or ())
         console.print(f"sliding window  {facts.sliding_window} tokens on {n_swa} of {facts.n_layer} layers")
+    console.print(f"chat template   {template}", highlight=False, markup=False)
     console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")
     console.print(
         "KV at f16       " + ", ".join(f"{n // 1024}K: {mib[str(n)]} MiB" for n in contexts)

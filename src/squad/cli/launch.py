@@ -103,7 +103,13 @@ def engine_start(
     saved = load_saved_engine()
     if saved is not None and alive(saved.pid, saved.create_time):
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
-    plan = EnginePlan.simple(resolve_model(model), slots=slots, n_ctx=ctx)
+    from squad.engine.facts import read_model_facts
+    from squad.session import with_chat_template
+
+    model_path = resolve_model(model)
+    facts = read_model_facts(model_path)
+    plan = with_chat_template(EnginePlan.simple(model_path, slots=slots, n_ctx=ctx), facts.chat_template,
+                              has_tool_use_template=facts.has_tool_use_template)
 
     loading = f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"
 
@@ -139,6 +145,7 @@ def engine_start(
         f"engine up at [bold]{info.base_url}[/] in {time.monotonic() - started:.1f} s: {info.slots} slots, "
         f"n_ctx {info.n_ctx} per request, pool {info.pool} tokens, pid {pid}"
     )
+    console.print(f"chat template {info.template_name}", highlight=False, markup=False)
     console.print(f"API key and pid in {path}; log {launcher.log_path}")
     console.print("check it with `squad engine status`; stop it with `squad engine stop`")
 
@@ -171,7 +178,7 @@ def engine_status(
     info, busy = anyio.run(lambda: _status(url, api_key))
     warning = pool_warning(info)
     if as_json:
-        out = {**asdict(info), "api_key": None, "busy_slots": busy, "pid": saved.pid if saved else None, "warning": warning}
+        out = {**asdict(info), "api_key": None, "chat_template": info.template_name, "busy_slots": busy, "pid": saved.pid if saved else None, "warning": warning}
         console.print_json(json.dumps(out))
         return
     unified = {True: "yes (one shared pool)", False: "no", None: "unknown"}[info.kv_unified]
@@ -181,6 +188,7 @@ def engine_status(
     console.print(f"slots        {info.slots} ({'?' if busy is None else busy} busy)")
     console.print(f"n_ctx        {info.n_ctx} tokens per request (n_ctx_train {info.n_ctx_train})")
     console.print(f"unified KV   {unified}; pool {info.pool} tokens")
+    console.print(f"template     {info.template_name}")
     if warning:
         err_console.print(f"[yellow]warning:[/] {warning}")
 

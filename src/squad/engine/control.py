@@ -34,6 +34,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from squad.engine.chat_templates import handles_tools
 from squad.engine.info import EngineInfo
 from squad.engine.llama import pool_cells
 from squad.engine.saved import saved_engine_at
@@ -173,14 +174,15 @@ class EngineState:
             model_alias=str(self.props.get("model_alias", "")),
             build_info=str(self.props.get("build_info", "")),
             launched=launched,
-            template_has_tools=self.template_has_tools,
+            template_has_tools=handles_tools(self.chat_template),
+            chat_template=self.chat_template,
         )
 
     @property
-    def template_has_tools(self) -> bool | None:
-        """Whether ``/props`` ``chat_template`` mentions ``tools`` (None without a template)."""
+    def chat_template(self) -> str | None:
+        """``/props`` ``chat_template``: the template the engine applies (None when not reported)."""
         template = self.props.get("chat_template")
-        return ("tools" in template) if isinstance(template, str) and template else None
+        return template if isinstance(template, str) and template else None
 
     @property
     def total_slots(self) -> int:

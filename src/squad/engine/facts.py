@@ -58,6 +58,9 @@ class ModelFacts:
     - ``file_size``: bytes.
     - ``key_length_swa``/``value_length_swa``: head dims of sliding-window layers when the
       file gives them (``{arch}.attention.key_length_swa``), else None = same as full layers.
+    - ``chat_template``: ``tokenizer.chat_template`` (jinja source), or None;
+      ``has_tool_use_template``: the file also has ``tokenizer.chat_template.tool_use``. The
+      planner picks the engine's template from them (:mod:`squad.engine.chat_templates`).
     """
 
     path: Path
@@ -75,6 +78,8 @@ class ModelFacts:
     file_size: int
     key_length_swa: int | None = None
     value_length_swa: int | None = None
+    chat_template: str | None = None
+    has_tool_use_template: bool = False
 
     def kv_bytes_per_token(self, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
         """KV bytes one cell (token) takes summed over all layers.
@@ -145,7 +150,7 @@ def _read_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
 
 
 #: Bump when ModelFacts (or how it is read) changes: older cache entries are then re-parsed.
-_FACTS_VERSION = 1
+_FACTS_VERSION = 2
 
 
 _CACHED_FIELDS = tuple(f for f in ModelFacts.__dataclass_fields__ if f != "path")
@@ -207,6 +212,8 @@ def _parse_facts(path: Path) -> ModelFacts:
         file_size=path.stat().st_size,
         key_length_swa=_opt_int(get(f"{arch}.attention.key_length_swa", None)),
         value_length_swa=_opt_int(get(f"{arch}.attention.value_length_swa", None)),
+        chat_template=_opt_str(get("tokenizer.chat_template", None)),
+        has_tool_use_template=get("tokenizer.chat_template.tool_use", None) is not None,
     )
 
 
@@ -382,6 +389,10 @@ def _swa_pattern(value: object, n_layer: int, arch: str) -> tuple[bool, ...] | N
 
 def _opt_int(value: object) -> int | None:
     return int(value) if value else None
+
+
+def _opt_str(value: object) -> str | None:
+    return str(value) if value else None
 
 
 # --- the per-file disk cache --------------------------------------------------------------

@@ -23,10 +23,14 @@ class EngineInfo:
     - ``pool``: KV cells the slots share, in tokens. Unified: ``n_ctx``. Not unified: each slot
       has its own ``n_ctx`` cells, so admission must keep each request under ``n_ctx``.
     - ``n_ctx_train``: the model's training context (``/v1/models`` ``data[0].meta``), or None.
-    - ``template_has_tools``: whether ``/props`` ``chat_template`` refers to ``tools`` at all
-      (None when unknown). llama-server renders ``tools`` into the prompt only through the
-      model's chat template, so a template without them silently drops the tool definitions
-      (measured on b11434 with SmolLM2: the same prompt token count with and without tools).
+    - ``chat_template``: ``/props`` ``chat_template``, the jinja source the engine applies (the
+      model's own, or one squad passed with ``--chat-template-file``), or None when not reported;
+      :attr:`template_name` names it, :attr:`tool_call_prefix` is the prefix of squad's own.
+    - ``template_has_tools``: whether that template renders tool definitions and tool calls
+      (:func:`squad.engine.chat_templates.handles_tools`; None when unknown). llama-server renders
+      ``tools`` into the prompt only through the chat template, so a template without them
+      silently drops the tool definitions (measured on b11434 with SmolLM2's own template: the
+      same prompt token count with and without tools).
     """
 
     base_url: str
@@ -41,3 +45,20 @@ class EngineInfo:
     build_info: str = ""
     launched: bool = True
     template_has_tools: bool | None = None
+    chat_template: str | None = field(default=None, repr=False)
+
+    @property
+    def template_name(self) -> str:
+        """Which chat template the engine applies, for people (:func:`squad.engine.chat_templates.describe`)."""
+        from squad.engine.chat_templates import describe
+
+        return describe(self.chat_template)
+
+    @property
+    def tool_call_prefix(self) -> str | None:
+        """The text that opens a tool call when the engine applies a template squad ships (the
+        client prefills it for a forced tool choice), else None."""
+        from squad.engine.chat_templates import known_template
+
+        shipped = known_template(self.chat_template)
+        return shipped.call_prefix if shipped is not None else None

@@ -11,7 +11,7 @@ a number or a flag of the engine's itself.
 - KV cache types: :data:`KV_TYPE_BYTES` (one table; a type is either in it, and so accepted by
   the recipe spec, the planner, the memory estimate and the argv, or refused everywhere by
   :func:`check_cache_type`), :func:`kv_row_bytes`.
-- The command line: :func:`server_args` (model, context, slots, KV) and :func:`launch_args`
+- The command line: :func:`server_args` (model, context, slots, KV, chat template) and :func:`launch_args`
   (host, port, metrics, timeout, threads).
 - Error text: :data:`CONTEXT_EXCEEDED`.
 """
@@ -133,13 +133,18 @@ def kv_row_bytes(n_elements: int, cache_type: str) -> int:
 
 
 def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
-                cache_type_k: str = "f16", cache_type_v: str = "f16") -> list[str]:
-    """The arguments that size the engine: ``-m``, ``-c``, ``-np``, KV layout and types.
+                cache_type_k: str = "f16", cache_type_v: str = "f16",
+                chat_template: Path | str | None = None) -> list[str]:
+    """The arguments that size the engine: ``-m``, ``-c``, ``-np``, KV layout and types, and the
+    chat template when it is not the model's own.
 
     Always passes ``-c`` (unset, llama-server picks a size from free memory) and an explicit
     ``--kv-unified``/``--no-kv-unified`` (with an explicit ``-np`` b11434 leaves unified KV off
     unless asked, and each slot then gets only ``c/N``: field case F02). Cache types other
-    than f16 (llama-server's default) add ``-ctk``/``-ctv``.
+    than f16 (llama-server's default) add ``-ctk``/``-ctv``. ``chat_template`` (a jinja file)
+    adds ``--jinja --chat-template-file FILE``: ``--jinja`` first, because b11434 accepts only
+    its built-in template names otherwise (``common/arg.cpp``; jinja is on by default for the
+    server, the flag makes it explicit).
     """
     args = ["-m", str(model), "-c", str(n_ctx), "-np", str(slots)]
     args.append("--kv-unified" if kv_unified else "--no-kv-unified")
@@ -147,6 +152,8 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
         args += ["-ctk", cache_type_k]
     if check_cache_type(cache_type_v) != "f16":
         args += ["-ctv", cache_type_v]
+    if chat_template is not None:
+        args += ["--jinja", "--chat-template-file", str(chat_template)]
     return args
 
 

@@ -45,6 +45,9 @@ class EnginePlan:
     - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
     - ``budgets``: each agent's budget in tokens as planned (auto ones resolved); the runtime
       checks every call against it.
+    - ``chat_template``: a chat template file squad ships, passed to the engine in place of the
+      model's own (:func:`squad.engine.chat_templates.tool_template_for`), or None for the
+      model's own; ``template_name`` names it for display.
     """
 
     model: Path
@@ -54,6 +57,7 @@ class EnginePlan:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     backend: Backend = "llama-server"
+    chat_template: Path | None = None
     kv_bytes: int | None = field(default=None, compare=False)
     per_slot_ctx: int | None = field(default=None, compare=False)
     reasons: tuple[str, ...] = field(default=(), compare=False)
@@ -64,6 +68,7 @@ class EnginePlan:
     n_ctx_train: int | None = field(default=None, compare=False)
     peak: int | None = field(default=None, compare=False)
     budgets: dict[str, int] = field(default_factory=dict, compare=False)
+    template_name: str = field(default="the model's own", compare=False)
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).
@@ -71,7 +76,8 @@ class EnginePlan:
         The launcher adds host, port, API key, metrics, timeout and threads.
         """
         return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
-                           cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v)
+                           cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
+                           chat_template=self.chat_template)
 
     @classmethod
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":

@@ -273,12 +273,15 @@ class GGUFCounter:
             raise NotExact(f"the chat template failed to render here: {exc}") from exc
 
 
-def counter_for_model(path: str | Path) -> GGUFCounter | None:
+def counter_for_model(path: str | Path, *, template: str | None = None) -> GGUFCounter | None:
     """The exact counter for a GGUF file, or None when its tokenizer/template is not supported.
 
-    Memoized per (resolved path, size, mtime) for the life of the process; the built tokenizer
-    is also cached on disk in ``cache_dir()/tokenizers/``. Raises ``ModelError`` when the file is
-    missing or not readable GGUF.
+    ``template``: the chat template the engine applies when it is not the file's own (an engine
+    started with ``--chat-template-file``, ``/props`` ``chat_template``); the same rules apply
+    to it (None when the engine special-cases it), and the file's ``tool_use`` variant no longer
+    counts. Memoized per (resolved path, size, mtime) for the life of the process; the built
+    tokenizer is also cached on disk in ``cache_dir()/tokenizers/``. Raises ``ModelError`` when
+    the file is missing or not readable GGUF.
     """
     path = Path(path).expanduser()
     try:
@@ -287,7 +290,23 @@ def counter_for_model(path: str | Path) -> GGUFCounter | None:
         raise ModelError(f"{path}: no such model file") from None
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _lock:
-        return _counter(*key)
+        counter = _counter(*key)
+        if counter is None or template is None or template == counter._meta.template:
+            return counter
+        return _with_template(counter, template)
+
+
+@functools.lru_cache(maxsize=8)
+def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
+    if any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
+        return None
+    from dataclasses import replace
+
+    try:
+        return GGUFCounter(counter.path, counter._tok, replace(counter._meta, template=template,
+                                                                has_tool_use_template=False))
+    except Exception:  # noqa: BLE001 -- a template jinja2 cannot compile
+        return None
 
 
 _lock = threading.Lock()

@@ -204,9 +204,21 @@ def _counter(model: str | None) -> GGUFCounter | None:
         from squad.engine.tokens import counter_for_model
 
         path = model_file(model)
-        return None if path is None else counter_for_model(path)
+        return None if path is None else counter_for_model(path, template=engine_template(path))
     except Exception:  # noqa: BLE001 - an unreadable file: the planner reports it at run time
         return None
+
+
+def engine_template(path: Path) -> str | None:
+    """The chat template squad will start the engine with for the model file at ``path`` when it
+    is not the file's own (:func:`squad.engine.chat_templates.tool_template_for`), so counts made
+    before launch match what the engine will count."""
+    from squad.engine.chat_templates import tool_template_for
+    from squad.engine.facts import read_model_facts
+
+    facts = read_model_facts(path)
+    chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
+    return chosen.text if chosen is not None else None
 
 
 def _too_small(recipe: Recipe, step: Step, agent: Agent, prompt: int) -> RecipeError:

@@ -1,0 +1,163 @@
+"""Chat templates squad ships, and which one an engine gets.
+
+llama-server renders ``tools`` into the prompt, and finds tool calls in what the model writes,
+only through the model's jinja chat template (llama.cpp b11434, ``common/chat.cpp``
+``common_chat_templates_apply_jinja``). A template that never reads ``tools`` (SmolLM2-135M's
+own ChatML template) makes the engine drop the tool definitions silently. For such a model
+squad starts llama-server with a tool-capable template of its own **for the same chat
+format** (``--jinja --chat-template-file``, :func:`squad.engine.llama.server_args`), chosen here
+by :func:`tool_template_for`; never for a model whose own template already handles tools, or
+that has a separate ``tool_use`` template.
+
+How b11434 reads a template (``common/chat.cpp`` ``common_chat_try_specialized_template``,
+then the differential "autoparser", ``common/chat-diff-analyzer.cpp``, ``docs/autoparser.md``):
+a few families are recognized by marker strings; every other template is rendered with and
+without a tool call and the differences give the tool-call markers. squad's ChatML template
+(``chat_templates/chatml-tools.jinja``, written for squad) writes a call as a JSON object
+``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>`` (measured on
+b11434: ``tool_mode: JSON_NATIVE``, ``per_call_start: '<tool_call>\\n'``, a grammar built from the
+tools' schemas); the engine then returns the calls as its own ``tool_calls``.
+
+``tool_choice: required`` on b11434 still lets the model write text before the first
+``<tool_call>`` (the generated parser is ``content? tool-calls``), and a small model then
+rambles until ``max_tokens``. For squad's own template the client therefore continues an
+assistant message holding :attr:`ChatTemplate.call_prefix` (llama-server's assistant prefill:
+the prefix is fed to the grammar and to the parser, ``common/chat-auto-parser-generator.cpp``),
+so a forced turn starts inside a call. A named ``tool_choice`` object is not read by b11434
+(``tools/server/server-common.cpp`` reads ``tool_choice`` as a string; an object silently
+becomes ``auto``), so squad sends a named choice as ``required`` with only that tool offered.
+
+A template "handles tools" (:func:`handles_tools`, shown in plans) when rendering it with a tool definition shows the tool's name and
+rendering an assistant tool call shows the call (the same probe llama.cpp's
+``common/jinja/caps.cpp`` makes, here by rendering with jinja2's sandbox).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ChatTemplate", "CHATML_TOOLS", "chat_format", "handles_tools", "tool_template_for", "known_template",
+           "describe"]
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template squad ships.
+
+    - ``name``: how plans and ``squad engine info`` show it (``squad:chatml-tools``);
+    - ``chat_format``: the chat format it is written for (``chatml``);
+    - ``path``: the ``.jinja`` file inside the installed package (passed to
+      ``--chat-template-file``);
+    - ``call_prefix``: the text that opens one tool call in this template; the client prefills it
+      for a forced tool choice.
+    """
+
+    name: str
+    chat_format: str
+    path: Path
+    call_prefix: str
+
+    @property
+    def text(self) -> str:
+        """The template's source."""
+        return _read(self.path)
+
+
+def _package_file(name: str) -> Path:
+    return Path(str(resources.files("squad.engine") / "chat_templates" / name))
+
+
+CHATML_TOOLS = ChatTemplate(name="squad:chatml-tools", chat_format="chatml",
+                            path=_package_file("chatml-tools.jinja"), call_prefix="<tool_call>\n")
+"""ChatML with Hermes-style ``<tool_call>`` JSON calls and ``<tool_response>`` results."""
+
+_SHIPPED = {CHATML_TOOLS.chat_format: CHATML_TOOLS}
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def chat_format(source: str | None) -> str | None:
+    """The chat format a template writes (``"chatml"``: ``<|im_start|>role ... <|im_end|>``), or
+    None when it is none squad ships a template for."""
+    if source and "<|im_start|>" in source and "<|im_end|>" in source:
+        return "chatml"
+    return None
+
+
+_PROBE_TOOL = "squad_probe_tool_f1"
+_PROBE_CALL = "squad_probe_call_f2"
+
+
+@functools.lru_cache(maxsize=32)
+def handles_tools(source: str | None) -> bool | None:
+    """Whether a template renders tool definitions *and* assistant tool calls (None: no
+    template, or it cannot be rendered here, so nothing is known)."""
+    if not source:
+        return None
+    tools = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call00001", "type": "function",
+                     "function": {"name": _PROBE_CALL, "arguments": {"arg": "value"}}}]},
+                {"role": "tool", "tool_call_id": "call00001", "content": "ok"},
+                {"role": "user", "content": "thanks"}]
+    try:
+        text = _render(source, messages=messages, tools=tools)
+    except Exception:  # noqa: BLE001 - a template jinja2 cannot run here: unknown
+        return None
+    return _PROBE_TOOL in text and _PROBE_CALL in text
+
+
+def _render(source: str, **context: Any) -> str:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, ensure_ascii=False, indent=indent)
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(source).render(bos_token="", eos_token="", add_generation_prompt=True, **context)
+
+
+def tool_template_for(source: str | None, *, has_tool_use_template: bool = False) -> ChatTemplate | None:
+    """The template squad starts the engine with for a model whose own template is ``source``:
+    squad's template for its chat format when the model's cannot carry tools, else None (the
+    model's own template is used). Never one for a model with a ``tool_use`` template, or whose
+    template mentions tools at all (it may handle them in a way the render probe does not see:
+    SmolLM3 and LFM2 pass tools through their own variables), and never when the chat format
+    is not one squad ships."""
+    if has_tool_use_template or not source or "tool" in source.lower() or handles_tools(source) is not False:
+        return None
+    return _SHIPPED.get(chat_format(source) or "")
+
+
+def known_template(source: str | None) -> ChatTemplate | None:
+    """The shipped template ``source`` is (what ``/props`` ``chat_template`` reads back), or None."""
+    if not source:
+        return None
+    return next((t for t in _SHIPPED.values() if t.text.strip() == source.strip()), None)
+
+
+def describe(source: str | None) -> str:
+    """One line for people: which template an engine applies and whether it carries tools."""
+    if not source:
+        return "unknown (the engine did not report one)"
+    shipped = known_template(source)
+    if shipped is not None:
+        return f"{shipped.name} (squad's {shipped.chat_format} template with tools)"
+    tools = handles_tools(source)
+    fmt = chat_format(source)
+    kind = f"the model's own{' ' + fmt if fmt else ''} template"
+    return kind + {True: " (carries tools)", False: " (no tools: tool definitions are dropped)",
+                   None: ""}[tools]
