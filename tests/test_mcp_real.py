@@ -9,8 +9,9 @@ What each test proves:
   the model's first round is scripted (the built-in model's own chat template cannot carry
   tools on this branch), the call runs on the real server, its result goes to the real engine
   as a ``tool`` message with the server's schemas offered, and the engine answers.
-- The model's own call (``tool_choice="required"``) runs only where the engine renders tools
-  (squad's tool template for the built-in model); it is skipped otherwise, saying why.
+- The model's own call (``tool_choice="required"``): the engine renders the server's tools with
+  squad's tool template for the built-in model, parses the model's call into ``tool_calls``, and
+  squad runs it on the real server (stdio and streamable HTTP).
 """
 
 from __future__ import annotations
@@ -103,10 +104,11 @@ async def test_an_mcp_result_goes_to_the_real_engine_as_a_tool_message(kind, req
 
 
 @pytest.mark.anyio
-async def test_the_models_own_mcp_call_where_the_engine_renders_tools(llama_server_path, default_model_path):
-    if "tool_choice" not in Agent.model_fields:
-        pytest.skip("needs tool_choice and squad's tool template for the built-in model (issue 12 items 1-2)")
-    server = MCPServer(name="t", command="python", args=(str(SERVER),))
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+async def test_the_models_own_mcp_call_where_the_engine_renders_tools(kind, request, llama_server_path,
+                                                                      default_model_path):
+    server = (MCPServer(name="t", command="python", args=(str(SERVER),)) if kind == "stdio"
+              else MCPServer(name="t", url=request.getfixturevalue("http_url")))
     agent = Agent(name="calc", instructions="Use the add tool, then give the sum.", tools=["t.add"],
                   tool_choice="required", **TINY)
     spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=1024)
@@ -114,7 +116,11 @@ async def test_the_models_own_mcp_call_where_the_engine_renders_tools(llama_serv
         if not sq.info.template_has_tools:
             pytest.skip("the engine's chat template drops tools for this model")
         result = await sq.run("What is 19 + 23?")
-    assert result.main.tool_calls and result.main.tool_calls[0][0] == "add"
+    assert result.main.tool_calls and result.main.tool_calls[0][0] == "add"  # the engine's own tool_calls
+    name, arguments, answer = result.main.tool_calls[0]
+    args = json.loads(arguments)
+    if set(args) == {"a", "b"} and all(type(v) is int for v in args.values()):  # a call ran on the server
+        assert answer == str(args["a"] + args["b"])
 
 
 # --- the shipped recipe through the CLI --------------------------------------------------------

@@ -11,7 +11,7 @@ EXPECTED = {
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
     "PlanMismatch", "EngineGone", "MCPServerError", "ModelError", "UnknownModel", "MCPServer",
     "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
-    "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "AgentCancelled",
+    "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "InvalidOutput", "AgentCancelled",
 }
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from squad.errors import RecipeError, UserError
+from squad.errors import InvalidOutput, RecipeError
 from squad.recipes import load_recipe, run_recipe, validate_recipe
 from squad.testing import FakeEngine, Reply
 from squad.workload import Call, Delegate, Map, Parallel, Sequence
@@ -145,8 +145,9 @@ output:
 """)
     recipe = load_recipe(path)
     assert recipe.check_output('```json\n{"score": 3}\n```') == {"score": 3}
-    with pytest.raises(UserError, match="does not match the recipe's output schema"):
+    with pytest.raises(InvalidOutput, match="does not match the recipe's output schema") as caught:
         recipe.check_output('{"score": "high"}')
+    assert caught.value.raw == '{"score": "high"}'
 
 
 def test_include_of_shared_agents_and_duplicate_name(tmp_path):

@@ -31,6 +31,10 @@ Fields and units:
   the engine, and squad also runs only the first call of a reply (llama-server b11434 ignores
   the flag for templates that mark each call, squad's ChatML one included; a small model
   often repeats the same call).
+- ``output_type``: what its answers must be: a pydantic model class (or another type pydantic
+  validates) or a JSON schema dict, kept as a :class:`~squad.structured.OutputSchema`. The
+  engine is asked for JSON of that schema (``response_format``), the answer is validated and
+  asked once more on a miss; ``AgentResult.output_value`` holds the value (:mod:`squad.structured`).
 - ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
   starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
   defaults 2 levels and 8 calls); None = the squad's.
@@ -44,6 +48,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       field_validator, model_validator)
 
 from squad.errors import UserError
+from squad.structured import OutputSchema
 
 __all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
            "MAX_SUB_DEPTH",
@@ -85,7 +90,7 @@ class Sampling(BaseModel):
 class Agent(BaseModel):
     """One agent's definition (see the module docstring for each field)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     name: str = Field(pattern=NAME_PATTERN, max_length=64)
     description: str = ""
@@ -99,10 +104,16 @@ class Agent(BaseModel):
     tool_choice: str = Field(default="auto", pattern=r"^[A-Za-z0-9_.*-]+$",
                              description="auto, required, or the name of a tool to call first")
     parallel_tool_calls: StrictBool = True
+    output_type: OutputSchema | None = Field(default=None, description="the schema its answers must match")
     max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
                                       description="sub-agent tool calls in a run it starts")
+
+    @field_validator("output_type", mode="before")
+    @classmethod
+    def _output_schema(cls, value: Any) -> Any:
+        return None if value is None else OutputSchema.of(value)
 
     @field_validator("budget", mode="before")
     @classmethod

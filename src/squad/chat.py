@@ -37,6 +37,8 @@ class ChatRequest:
     - ``tool_choice``: ``"auto"`` (None: the same) or ``"required"`` (the model must call one of
       ``tools``; a named choice is sent as ``"required"`` with only that tool in ``tools``);
       ``parallel_tool_calls``: whether one reply may hold several calls (None: the engine's default).
+    - ``response_format``: the request's ``response_format`` (a JSON schema the answer must
+      match, :meth:`squad.structured.OutputSchema.response_format`), or None.
     - ``priority``: admission order (lower first; main agent 0, sub-agents their depth).
     - ``on_delta``: receives answer text as it streams.
     """
@@ -48,6 +50,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
     sampling: dict[str, Any] | None = None
     priority: int = 0
     on_delta: Callable[[str], None] | None = None

@@ -423,6 +423,8 @@ class EngineClient:
             kwargs["tool_choice"] = req.tool_choice
         if req.tools and req.parallel_tool_calls is not None:
             kwargs["parallel_tool_calls"] = req.parallel_tool_calls
+        if req.response_format is not None:
+            kwargs["response_format"] = req.response_format
         sent = time.monotonic()
         got = StreamAssembly()
         try:

@@ -24,6 +24,7 @@ SquadError                         base of everything below
     ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
     ├── CallTimeout                the call passed its deadline; never resent unchanged
     ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
+    ├── InvalidOutput              an answer that missed its output schema twice; keeps the raw text
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
 ```
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 __all__ = [
     "SquadError",
+    "InvalidOutput",
     "UserError",
     "RecipeError",
     "MentionError",
@@ -210,6 +212,17 @@ class IncompleteAnswer(AgentRunError):
     def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated",
                  partial: str = "") -> None:
         self.outcome, self.partial = outcome, partial  # partial: the cut text, kept for the user
+        super().__init__(message, agent=agent)
+
+
+class InvalidOutput(AgentRunError):
+    """An answer that is not JSON of the agent's output schema, asked once more with the error
+    shown and still wrong (or a recipe's final output that misses ``output.schema``). ``raw``
+    is the text the model gave, kept so the caller can show and save it (exit 1: the input was
+    fine). See :mod:`squad.structured`."""
+
+    def __init__(self, message: str, *, agent: str | None = None, raw: str = "") -> None:
+        self.raw = raw
         super().__init__(message, agent=agent)
 
 

@@ -45,6 +45,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
                               limit: ``depth`` or ``calls``, value, message); once per limit
                               per run
+``output.retried``            an answer missed its output schema and was asked once more
+                              (problem, message; :mod:`squad.structured`)
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
 ``step.warning``              a recipe step produced a non-answer (step, label, outcome,
                               handling, warning: the line naming the step and the fix)
@@ -91,6 +93,7 @@ __all__ = [
     "CallReleased",
     "ToolCalled",
     "ToolLimited",
+    "OutputRetried",
     "AnswerCut",
     "StepWarning",
 ]
@@ -371,6 +374,16 @@ class ToolCalled(Event):
     kind: ClassVar[str] = "tool.called"
     tool: str
     ok: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputRetried(Event):
+    """``agent``'s answer missed its output schema (``problem`` says where and why) and it is
+    asked once more with the error shown (:mod:`squad.structured`); ``message`` says so for people."""
+
+    kind: ClassVar[str] = "output.retried"
+    problem: str
+    message: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

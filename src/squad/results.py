@@ -67,8 +67,11 @@ class AgentResult:
     """One agent conversation's outcome.
 
     ``output`` is the final answer (``""`` on failure, except the text of a truncated or
-    empty answer that ``fail_on`` made an :class:`~squad.errors.IncompleteAnswer`);
-    ``reasoning`` is kept apart from it.
+    empty answer that ``fail_on`` made an :class:`~squad.errors.IncompleteAnswer`, and the raw
+    answer of an :class:`~squad.errors.InvalidOutput`);
+    ``reasoning`` is kept apart from it. ``output_value``: with an output schema
+    (:mod:`squad.structured`), the answer validated into a value (an instance of the pydantic
+    model, or the parsed JSON), ``output`` being that value as JSON; else None.
     ``slot`` is the engine slot of the last call when the engine reported it.
     ``error`` is the failure (an :class:`AgentCancelled` when cancelled) and
     ``cancelled_reason`` says why it was cancelled (e.g. ``"cancelled because 'style' failed"``).
@@ -83,6 +86,7 @@ class AgentResult:
 
     agent: str
     output: str = ""
+    output_value: Any = None
     reasoning: str = ""
     usage: Usage = field(default_factory=Usage)
     timings: AgentTimings = field(default_factory=AgentTimings)
@@ -170,6 +174,11 @@ class RunResult:
     def ok(self) -> bool:
         """The main agent did not fail (see :attr:`outcome` for a whole answer)."""
         return self.main.ok
+
+    @property
+    def output_value(self) -> Any:
+        """The main agent's answer as its output type's value (:attr:`AgentResult.output_value`)."""
+        return self.main.output_value
 
     @property
     def outcome(self) -> Outcome:

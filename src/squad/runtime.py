@@ -45,7 +45,8 @@ from squad.blocks import Operations, Policy, run_block
 from squad.blocks import cancel_reason as operation_cancel_reason
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
-from squad.errors import AgentRunError, IncompleteAnswer, MentionError, UserError
+from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, UserError
+from squad.structured import OutputSchema
 from squad.events import (
     AgentCancelled as AgentCancelledEvent,
 )
@@ -244,6 +245,7 @@ class Squad:
         policy: Policy = "collect",
         variables: Mapping[str, Any] | None = None,
         fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
     ) -> RunResult:
         """One main-agent turn on ``text``.
 
@@ -261,6 +263,9 @@ class Squad:
         whole are handed back marked (``[truncated at max_tokens]``, ``[failed: why]``, ...).
         ``fail_on`` lists the outcomes (``truncated``, ``empty``) that count as a failure of
         the main agent here: it raises :class:`IncompleteAnswer` instead of returning.
+        ``output_type`` (a pydantic model class, another type, or a JSON schema) is what the
+        main agent's answer must be here, in place of its own ``output_type``; the value is
+        ``RunResult.output_value`` (:mod:`squad.structured`; :class:`InvalidOutput` on a miss).
 
         Raises :class:`MentionError` before any model call for an unknown @mention or one with
         nothing to do (``"@security"`` alone); the main agent's :class:`AgentRunError` if it
@@ -279,13 +284,14 @@ class Squad:
         bound = _BOUND.set(self._bound(main))  # the @mentioned sub-agents and the main turn are one run
         try:
             return await self._run(main, text, parsed.dispatches, origin, history=history, policy=policy,
-                                   variables=variables, fail_on=failing)
+                                   variables=variables, fail_on=failing, output=_schema(output_type))
         finally:
             _BOUND.reset(bound)
 
     async def _run(self, main: Agent, text: str, dispatches: Sequence[Dispatch], origin: Origin, *,
                    history: Sequence[Mapping[str, Any]], policy: Policy,
-                   variables: Mapping[str, Any] | None, fail_on: frozenset[Outcome]) -> RunResult:
+                   variables: Mapping[str, Any] | None, fail_on: frozenset[Outcome],
+                   output: OutputSchema | None = None) -> RunResult:
         """:meth:`run` after its mentions were parsed and checked."""
         async with self._operations.operation():
             subs: list[AgentResult] = []
@@ -303,7 +309,7 @@ class Squad:
                 message = await self.hand_back(main, message, subs, history=history, variables=variables,
                                                origin=origin)
             result = await self._recorded(main, message, history=history, priority=0, variables=variables,
-                                          origin=origin, fail_on=fail_on)
+                                          origin=origin, fail_on=fail_on, output=output)
         if result.error is not None:
             raise result.error
         return RunResult(output=result.output, main=result, subs=subs + result.subs, history=result.history)
@@ -317,10 +323,12 @@ class Squad:
         priority: int = 0,
         variables: Mapping[str, Any] | None = None,
         fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
     ) -> AgentResult:
         """One turn of agent ``name`` on ``prompt`` (after ``history``, OpenAI-style messages).
 
-        Runs the tool loop if it has tools or sub-agent tools. Raises its
+        Runs the tool loop if it has tools or sub-agent tools. ``output_type``: see :meth:`run`
+        (the value is ``AgentResult.output_value``). Raises its
         :class:`AgentRunError` on failure (:class:`IncompleteAnswer` for an outcome in
         ``fail_on``, see :meth:`run`), :class:`UserError` for an unknown agent.
         """
@@ -329,7 +337,7 @@ class Squad:
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
-                                          variables=variables, fail_on=failing)
+                                          variables=variables, fail_on=failing, output=_schema(output_type))
         if result.error is not None:
             raise result.error
         return result
@@ -344,6 +352,7 @@ class Squad:
         check: bool = False,
         variables: Mapping[str, Any] | None = None,
         fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
     ) -> list[AgentResult]:
         """Run ``(agent, prompt)`` pairs at once; results in the same order.
 
@@ -352,13 +361,14 @@ class Squad:
         ``max_concurrency`` bounds how many run at once in addition to the engine's slots.
         An outcome in ``fail_on`` (``truncated``, ``empty``) is a failure like any other: an
         :class:`IncompleteAnswer` error, and under ``fail-fast`` it cancels the siblings.
+        ``output_type`` applies to every answer (see :meth:`run`).
         """
         self._require_open()
         pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
         failing = _fail_on(fail_on)
         async with self._operations.operation():
-            results = await self._parallel(pairs, policy=policy, priority=priority,
-                                           max_concurrency=max_concurrency, variables=variables, fail_on=failing)
+            results = await self._parallel(pairs, policy=policy, priority=priority, max_concurrency=max_concurrency,
+                                           variables=variables, fail_on=failing, output=_schema(output_type))
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -373,16 +383,17 @@ class Squad:
         policy: Policy = "collect",
         check: bool = False,
         fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
         more than the engine's slots in flight); results in input order, each with its
-        ``item`` index (events and views name it ``name[i]``). See :meth:`parallel`."""
+        ``item`` index (events and views name it ``name[i]``). See :meth:`parallel` (``output_type`` too)."""
         self._require_open()
         pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
-                                           items=True, fail_on=failing)
+                                           items=True, fail_on=failing, output=_schema(output_type))
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -455,15 +466,17 @@ class Squad:
         parent: str | None = None,
         items: bool = False,
         fail_on: frozenset[Outcome] = frozenset(),
+        output: OutputSchema | None = None,
     ) -> list[AgentResult]:
-        """``items``: the pairs are map items; conversation ``i`` carries ``item=i``."""
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=i``; ``output``
+        replaces each agent's own output schema."""
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
             return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
                                         cancel_reason=reason, origin=self._origin(agent, parent, i if items else None),
-                                        record=record, fail_on=fail_on)
+                                        record=record, fail_on=fail_on, output=output)
 
         return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
 
@@ -480,6 +493,7 @@ class Squad:
         origin: Origin | None = None,
         record: Callable[[AgentResult], None] | None = None,
         fail_on: frozenset[Outcome] = frozenset(),
+        output: OutputSchema | None = None,
     ) -> AgentResult:
         """Run one conversation and always produce its AgentResult (given to ``record`` too,
         so a cancelled one is recorded before the cancellation propagates). An outcome in
@@ -493,7 +507,7 @@ class Squad:
         bound = _BOUND.set(_BOUND.get() or self._bound(agent))  # a conversation the caller started is a run
         try:
             async with limiter if limiter is not None else contextlib.nullcontext():
-                result = await self._converse(agent, origin, prompt, history, priority, variables)
+                result = await self._converse(agent, origin, prompt, history, priority, variables, output)
         except anyio.get_cancelled_exc_class():
             reason = cancel_reason() or operation_cancel_reason()
             result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
@@ -504,7 +518,8 @@ class Squad:
             raise
         except AgentRunError as exc:
             result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
-                                 conversation=origin.conversation, item=origin.item)
+                                 conversation=origin.conversation, item=origin.item,
+                                 output=exc.raw if isinstance(exc, InvalidOutput) else "")
             self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
         else:
             result.item = origin.item
@@ -519,8 +534,10 @@ class Squad:
         return result
 
     async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
-                        priority: int, variables: Mapping[str, Any] | None) -> AgentResult:
-        """One turn of ``agent`` with its tools (:func:`squad.turn.run_turn`); raises AgentRunError."""
+                        priority: int, variables: Mapping[str, Any] | None,
+                        output: OutputSchema | None = None) -> AgentResult:
+        """One turn of ``agent`` with its tools (:func:`squad.turn.run_turn`), its answer held
+        to ``output`` or its own ``output_type``; raises AgentRunError."""
         subs: list[AgentResult] = []
         notes: list[str] = []
         tools = self._tools_for(agent, priority, subs, variables, origin=origin, notes=notes)
@@ -529,7 +546,8 @@ class Squad:
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
         result = await run_turn(self.chat, self._resolved(agent), origin, system=self._system(agent, variables), prompt=prompt,
                                 history=history, tools=tools, priority=priority,
-                                max_tool_rounds=self.max_tool_rounds, on_event=self._emit)
+                                max_tool_rounds=self.max_tool_rounds, on_event=self._emit,
+                                output=output or agent.output_type)
         result.subs, result.notes = subs, notes
         return result
 
@@ -649,3 +667,8 @@ def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunRes
             return await sq.run(text)
 
     return anyio.run(main)
+
+
+def _schema(output_type: Any) -> OutputSchema | None:
+    """``output_type`` as an :class:`OutputSchema` (None stays None); a bad one is a UserError."""
+    return None if output_type is None else OutputSchema.of(output_type)

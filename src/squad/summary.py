@@ -30,6 +30,7 @@ from squad.events import (
     EngineLoaded,
     Event,
     StepWarning,
+    OutputRetried,
     ToolLimited,
     item_label,
 )
@@ -192,7 +193,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
-        elif isinstance(ev, ToolLimited):
+        elif isinstance(ev, (ToolLimited, OutputRetried)):
             agent(who(ev)).notes.append(ev.message)
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
             _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()

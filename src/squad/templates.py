@@ -38,7 +38,7 @@ from jinja2 import meta, nodes, pass_context
 from squad.errors import RecipeError
 from squad.sandbox import OUT, MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
-__all__ = ["render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
+__all__ = ["AnyValue", "render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
 
 _ENV = BoundedSandbox(
     undefined=jinja2.StrictUndefined,
@@ -48,6 +48,21 @@ _ENV = BoundedSandbox(
     comment_start_string="{#squad-comment",
     comment_end_string="squad-comment#}",
 )
+
+
+class AnyValue(dict):
+    """A stand-in for a value not known yet (a step's ``value`` when recipes are checked or
+    counted): every key or attribute of it is itself, and it prints as ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def __missing__(self, key: Any) -> "AnyValue":
+        return self
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def environment() -> BoundedSandbox:

@@ -22,8 +22,10 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.errors import UserError
-from squad.events import EventSink, Origin, ToolCalled
+from squad.errors import InvalidOutput
+from squad.events import EventSink, Origin, OutputRetried, ToolCalled
 from squad.results import AgentResult, slot_of, timings_of, usage_of
+from squad.structured import OutputInvalid, OutputSchema, retry_message
 from squad.tools import Tool, run_tool_calls
 
 __all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
@@ -158,30 +160,43 @@ async def run_turn(
     priority: int,
     max_tool_rounds: int,
     on_event: EventSink,
+    output: OutputSchema | None = None,
 ) -> AgentResult:
     """One turn of ``agent`` on ``prompt`` after ``history`` (OpenAI-style messages).
 
     ``system`` is its rendered system message ("" for none); ``tools`` the tools it may call
-    by name. Returns its :class:`AgentResult` with the conversation in ``history``; raises the
-    call's :class:`~squad.errors.AgentRunError`.
+    by name. ``output``: the schema its answer must match (:mod:`squad.structured`): sent as
+    ``response_format`` in rounds that offer no tools; the answer is validated into
+    ``AgentResult.output_value`` (its ``output`` is then that value as JSON). Returns its
+    :class:`AgentResult` with the conversation in ``history``; raises the call's
+    :class:`~squad.errors.AgentRunError`, and :class:`~squad.errors.InvalidOutput` when the
+    answer misses ``output`` also when asked once more.
     """
     start = time.monotonic()
     specs = [t.spec() for t in tools.values()] or None
     convo: list[dict[str, Any]] = [*map(dict, history), {"role": "user", "content": prompt}]
     calls: list[ChatResult] = []
     tool_log: list[tuple[str, str, str]] = []
+
+    async def send(messages: list[dict[str, Any]], offer: list[dict[str, Any]] | None = None,
+                   choice: str | None = None) -> ChatResult:
+        # b11434 lets a response_format grammar win over tools (squad.structured): never both
+        fmt = output.response_format() if output is not None and not offer else None
+        reply = await chat.complete(ChatRequest(
+            origin=origin, messages=([{"role": "system", "content": system}] if system else []) + messages,
+            max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer, tool_choice=choice,
+            parallel_tool_calls=None if agent.parallel_tool_calls or not offer else False, response_format=fmt,
+            sampling=agent.sampling.as_params() or None, priority=priority,
+        ))
+        calls.append(reply)
+        return reply
+
     for round_no in range(max_tool_rounds + 1):
         offer = specs if round_no < max_tool_rounds else None
         choice = None
         if offer and round_no == 0:
             offer, choice = forced_choice(agent, tools, offer)
-        messages = ([{"role": "system", "content": system}] if system else []) + convo
-        reply = await chat.complete(ChatRequest(
-            origin=origin, messages=messages, max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer,
-            tool_choice=choice, parallel_tool_calls=None if agent.parallel_tool_calls else False,
-            sampling=agent.sampling.as_params() or None, priority=priority,
-        ))
-        calls.append(reply)
+        reply = await send(convo, offer, choice)
         if offer and reply.tool_calls:
             # llama-server b11434 ignores parallel_tool_calls=false for per-call markers (its
             # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
@@ -197,12 +212,58 @@ async def run_turn(
                 on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
                                     call=reply.call, tool=call.name, ok=outcome.ok))
             continue
-        if reply.content:
-            convo.append({"role": "assistant", "content": reply.content})
         break
+    value, text = None, reply.content or ""
+    if output is not None:
+        reply, value = await _structured(output, reply, convo, send, agent=agent.name,
+                                         unconstrained=bool(offer), origin=origin, on_event=on_event)
+        text = output.dump(value)
+    if text:
+        convo.append({"role": "assistant", "content": text})
     return AgentResult(
-        agent=agent.name, output=reply.content or "", reasoning=reply.reasoning or "",
+        agent=agent.name, output=text, output_value=value, reasoning=reply.reasoning or "",
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason=reply.finish_reason, max_tokens=agent.max_tokens,
     )
+
+
+async def _structured(output: OutputSchema, reply: ChatResult, convo: list[dict[str, Any]],
+                      send: Callable[..., Awaitable[ChatResult]], *, agent: str, unconstrained: bool,
+                      origin: Origin, on_event: EventSink) -> tuple[ChatResult, Any]:
+    """The answer ``reply`` validated against ``output``: ``(reply used, value)``.
+
+    An answer from a round that offered tools was generated without the schema: if it does
+    not validate it is dropped and the answering round is asked again without tools, with the
+    schema. An answer generated with the schema that does not validate is asked once more, the
+    error shown to the model (an :class:`OutputRetried` event); neither exchange enters the
+    history. Raises :class:`InvalidOutput` (with the raw text) when that also fails."""
+    try:
+        return reply, output.parse(reply.content or "")
+    except OutputInvalid as exc:
+        problem = _with_cut(str(exc), reply)
+    if unconstrained:  # the tool round's free text: ask for the answer under the schema
+        reply = await send(convo)
+        try:
+            return reply, output.parse(reply.content or "")
+        except OutputInvalid as exc:
+            problem = _with_cut(str(exc), reply)
+    text = reply.content or ""
+    on_event(OutputRetried(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
+                           call=reply.call, problem=problem,
+                           message=f"{agent}: the answer missed its output schema ({problem}); asked once more"))
+    again = await send([*convo, {"role": "assistant", "content": text},
+                        {"role": "user", "content": retry_message(problem)}])
+    try:
+        return again, output.parse(again.content or "")
+    except OutputInvalid as exc:
+        last = _with_cut(str(exc), again)
+        fix = (f"raise its max_tokens (the answer was cut at {again.usage.completion_tokens if again.usage else '?'} "
+               "tokens)" if again.finish_reason == "length" else "simplify the schema, or use a larger model")
+        raise InvalidOutput(
+            f"agent {agent!r}: its answer does not match its output schema ({last}), also when asked again "
+            f"with the error; {fix}. The raw answer is kept", agent=agent, raw=again.content or "") from None
+
+
+def _with_cut(problem: str, reply: ChatResult) -> str:
+    return problem + (" (the answer was cut at max_tokens)" if reply.finish_reason == "length" else "")

@@ -47,6 +47,7 @@ from squad.events import (
     EngineWarning,
     Event,
     StepWarning,
+    OutputRetried,
     ToolLimited,
     item_label,
 )
@@ -371,9 +372,9 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, StepWarning)):  # warnings, both modes
-                found = (event.warnings if isinstance(event, EnginePlanned) else
-                         [event.message] if isinstance(event, ToolLimited) else [event.warning])
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, OutputRetried, StepWarning)):
+                found = (event.warnings if isinstance(event, EnginePlanned) else  # warnings, both modes
+                         [event.message] if isinstance(event, (ToolLimited, OutputRetried)) else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"

@@ -202,8 +202,8 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
     done = [(s.id, record.steps[s.id]) for s in loaded.flow
             if s.id in record.steps and not record.steps[s.id].get("error")]
     cut = _cut_answer(exc)
-    if cut:  # a non-answer the recipe made a failure (non_answers: fail): its text is kept too
-        done.append((f"{cut[0]} (cut, the failing step)", {"output": cut[1]}))
+    if cut and not (done and done[-1][1].get("output") == cut[1]):  # a non-answer the recipe made a
+        done.append((f"{cut[0]} ({cut[2]}, the failing step)", {"output": cut[1]}))  # failure, an invalid one
     if not done:
         return
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
@@ -225,16 +225,20 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
         err_console.print(f"[red]error:[/] {_esc(str(error))}", soft_wrap=True)
 
 
-def _cut_answer(exc: BaseException) -> tuple[str, str] | None:
-    """(agent, cut text) of the :class:`~squad.errors.IncompleteAnswer` that ended the run."""
-    from squad.errors import IncompleteAnswer, leaf_errors
+def _cut_answer(exc: BaseException) -> tuple[str, str, str] | None:
+    """(agent, text, what) of the answer that ended the run: the cut text of an
+    :class:`~squad.errors.IncompleteAnswer` (``"cut"``), the raw text of an
+    :class:`~squad.errors.InvalidOutput` (``"invalid"``)."""
+    from squad.errors import IncompleteAnswer, InvalidOutput, leaf_errors
 
     leaves = leaf_errors(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
     for leaf in leaves:
         seen: BaseException | None = leaf
         while seen is not None:  # the recipe runner may wrap it (raise ... from)
             if isinstance(seen, IncompleteAnswer) and seen.partial.strip():
-                return (seen.agent or "agent", seen.partial)
+                return (seen.agent or "agent", seen.partial, "cut")
+            if isinstance(seen, InvalidOutput) and seen.raw.strip():
+                return (seen.agent or "output", seen.raw, "invalid")
             seen = seen.__cause__
     return None
 

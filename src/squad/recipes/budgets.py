@@ -22,7 +22,9 @@ they are skipped and the planner and the client check again at run time.
   tokens (a parallel block's or a map's: the sum over its children or items). The agent's
   budget = max over its steps of (prompt + max_tokens + headroom), rounded up to 256 and
   capped by the training context, with headroom = :func:`headroom` (10 %, at least 64
-  tokens) for follow-up turns and tool rounds.
+  tokens) for follow-up turns and tool rounds. An answer held to a schema (a step's
+  ``schema``, an agent's ``output_type``) also keeps room to be asked once more: its
+  ``max_tokens`` again plus :data:`squad.structured.RETRY_TOKENS`.
 
 Early errors, before any engine starts: a rendered prompt longer than
 :data:`BYTES_PER_TOKEN` bytes per token of the training context is refused without
@@ -42,7 +44,8 @@ from squad.counting import MAX_BYTES_PER_TOKEN
 from squad.engine.llama import round_ctx
 from squad.errors import ModelError, RecipeError, SquadError
 from squad.recipes.model import Recipe, RecipeWarning, Step, StepBudget
-from squad.templates import template_paths
+from squad.structured import RETRY_TOKENS
+from squad.templates import AnyValue, template_paths
 
 if TYPE_CHECKING:
     from squad.engine.tokens import GGUFCounter
@@ -306,7 +309,9 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
             items, estimated = [outputs[step.over[1]]["output"]], True
     before = dict(outputs)  # the prompt sees only earlier steps
     sizes[step.id] = agent.max_tokens * max(1, count)
-    outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [_stand_in(agent.max_tokens)] * max(1, count)}
+    outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [_stand_in(agent.max_tokens)] * max(1, count),
+                        "value": AnyValue(_stand_in(agent.max_tokens)),
+                        "values": [AnyValue(_stand_in(agent.max_tokens))] * max(1, count)}
     if any(_unset(r, unset) for r in refs) or any(_unset(r, unset) for r in template_paths(agent.instructions)):
         return []
     worst: dict[str, int] = {}
@@ -322,6 +327,8 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
         who = recipe.agents[name]
         est = estimated and (name == agent.name or any(r[0] == "steps" for r in refs))
         need = prompt + who.max_tokens
+        if (step.schema is not None and name == agent.name) or who.output_type is not None:
+            need += who.max_tokens + RETRY_TOKENS  # room to ask once more: the missed answer + the error
         if trained is not None and need > trained and not est:
             raise _too_large(step, who, prompt, trained)
         budget = round_ctx(need + headroom(need))

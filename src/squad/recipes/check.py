@@ -48,11 +48,13 @@ from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_
 from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
-from squad.templates import check_template, mark_tags, render_template, template_paths
+from squad.templates import AnyValue, check_template, mark_tags, render_template, template_paths
+from squad.structured import OutputSchema
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]
 
 _STEP_FIELDS = ("output", "outputs")
+_VALUE_FIELDS = {"call": "value", "map": "values"}
 _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.outputs?)?)$")
 
 
@@ -132,10 +134,13 @@ class _Loader:
         self.agents = agents
         self.main = spec.main
         self.ids: set[str] = set()
+        self.with_schema: dict[str, str] = {}  # step id -> kind, for steps.ID.value(s)
         self.non_answers = _handling(dict(DEFAULT_HANDLING), spec.non_answers)
         flow = tuple(self._steps(spec.flow, ("flow",), set()))
         if spec.output is not None:
-            self._check_schema(spec.output.schema_)
+            final = self._check_schema(spec.output.schema_, ("output", "schema"))
+            if flow and flow[-1].kind == "call" and flow[-1].schema is None:  # sent with the last call
+                flow = (*flow[:-1], dataclasses.replace(flow[-1], schema=final))
         for name in spec.params:
             if name not in self.used_params:
                 line, column = located.where(("params", name), key=True)
@@ -349,8 +354,12 @@ class _Loader:
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             raise src.error(f"unknown step id '{sid}' in steps.{sid}{did}", path)
-        if len(ref) > 2 and ref[2] not in _STEP_FIELDS:
-            raise src.error(f"steps.{sid}.{ref[2]}: a step has output (text) and outputs (list)", path)
+        kind = self.with_schema.get(sid)
+        if len(ref) > 2 and ref[2] not in _STEP_FIELDS and (kind is None or ref[2] != _VALUE_FIELDS[kind]):
+            value = f", and {_VALUE_FIELDS[kind]} (its parsed JSON)" if kind else ""
+            hint = ("; give that step a schema: to use its parsed JSON as value" if ref[2] in ("value", "values")
+                    and not kind else "")
+            raise src.error(f"steps.{sid}.{ref[2]}: a step has output (text) and outputs (list){value}{hint}", path)
 
     # flow ---------------------------------------------------------------------------------
     def _steps(self, specs: list[StepSpec], path: Path_, done: set[str]) -> list[Step]:
@@ -400,10 +409,13 @@ class _Loader:
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
+        schema = None if spec.schema_ is None else self._check_schema(spec.schema_, (*path, "schema"))
+        if schema is not None:
+            self.with_schema[sid] = spec.kind
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
-                    concurrency=spec.concurrency, non_answers=non_answers, loc=loc)
+                    concurrency=spec.concurrency, non_answers=non_answers, schema=schema, loc=loc)
 
     def _map_param(self, name: str, split: str | None, path: Path_) -> None:
         """A map over a parameter needs items: a list parameter, or a text one with ``split``."""
@@ -480,13 +492,13 @@ class _Loader:
         for step in recipe.flow:
             _render_step(standing, step, outputs)
 
-    def _check_schema(self, schema: dict[str, Any]) -> None:
-        import jsonschema
-
+    def _check_schema(self, schema: dict[str, Any], path: Path_) -> OutputSchema:
+        """``schema`` (at ``path``) as an :class:`OutputSchema`; a :class:`RecipeError` there
+        when it is not a valid JSON schema."""
         try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise self.located.error(f"output schema is not a valid JSON schema: {exc.message}; fix the schema", ("output", "schema")) from None
+            return OutputSchema.of(schema)
+        except UserError as exc:
+            raise self.located.error(str(exc), path) from None
 
 
 def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], located: Located,
@@ -574,7 +586,8 @@ def _render_step(recipe: Recipe, step: Step, outputs: dict[str, dict[str, Any]])
                 extra["chunks"] = 1
         recipe.render_prompt(step, outputs, **extra)
     for sid in _ids_in(step):
-        outputs[sid] = {"output": _OUTPUT_STAND_IN, "outputs": [_OUTPUT_STAND_IN], "error": None}
+        outputs[sid] = {"output": _OUTPUT_STAND_IN, "outputs": [_OUTPUT_STAND_IN], "error": None,
+                        "value": AnyValue(_OUTPUT_STAND_IN), "values": [AnyValue(_OUTPUT_STAND_IN)]}
 
 
 _TEXT_TYPES = {"string", "enum", "file", "list"}

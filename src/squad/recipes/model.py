@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from squad.agent import MAX_SUB_DEPTH, Agent
-from squad.errors import RecipeError, UserError
+from squad.errors import InvalidOutput, RecipeError
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import ParamSpec
+from squad.structured import OutputInvalid, OutputSchema, strip_fence
 from squad.templates import render_template
 from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
 
@@ -64,6 +65,8 @@ class Step:
     - ``mentions``: sub-agents the prompt @mentions (as declared).
     - ``non_answers``: how each non-answer of this step flows on (:mod:`squad.outcome`),
       resolved from the step, its parallel block, the recipe and the defaults.
+    - ``schema``: what each answer must be (the step's ``schema``, or the recipe's
+      ``output.schema`` on a last call step), sent to the engine; None for free text.
     - ``loc``: ``file``/``line``/``column``/``field`` of the prompt, for errors at run time.
     """
 
@@ -81,6 +84,7 @@ class Step:
     overlap: int = 0
     concurrency: int | None = None
     non_answers: Mapping[Outcome, Handling] = field(default_factory=lambda: dict(DEFAULT_HANDLING))
+    schema: OutputSchema | None = None
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -259,7 +263,7 @@ class Recipe:
             text, what = str(out["output"]), f"step '{step.over[1]}' output"
         if step.split == "json":
             try:
-                value = json.loads(_strip_fence(text))
+                value = json.loads(strip_fence(text))
             except json.JSONDecodeError as exc:
                 raise RecipeError(f"{what} is not a JSON list ({exc.msg}): {text[:200]!r}",
                                   **_file_loc(step.loc), field=f"{step.loc.get('field')}") from None
@@ -270,19 +274,13 @@ class Recipe:
 
     def check_output(self, text: str) -> Any:
         """Parse ``text`` as JSON and validate it against ``output_schema``; returns the value.
-        Raises :class:`UserError` saying what does not match."""
-        import jsonschema
-
+        Raises :class:`~squad.errors.InvalidOutput` saying what does not match, with ``text``
+        as its raw answer (exit 1: the recipe and its input were fine)."""
         try:
-            value = json.loads(_strip_fence(text))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"the final output is not JSON ({exc.msg}), but the recipe declares an output schema: {text[:200]!r}") from None
-        try:
-            jsonschema.validate(value, self.output_schema or {})
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-            raise UserError(f"the final output does not match the recipe's output schema at {where}: {exc.message}") from None
-        return value
+            return OutputSchema.of(self.output_schema or {}).parse(text)
+        except OutputInvalid as exc:
+            raise InvalidOutput(f"the final output does not match the recipe's output schema ({exc}); "
+                                "the raw output is kept", raw=text) from None
 
     def steps_by_id(self) -> dict[str, Step]:
         """Every step, nested ones included, by id."""
@@ -308,8 +306,3 @@ def _lines(text: str) -> list[str]:
         if line:
             items.append(line)
     return items
-
-
-def _strip_fence(text: str) -> str:
-    m = re.search(r"```(?:json)?\s*\n(.*?)```", text, re.DOTALL)
-    return m.group(1) if m else text.strip()

@@ -12,6 +12,10 @@ templates:
   run) at the first failure; ``collect`` records the failure (``error`` set, ``output``
   ``""``) and goes on.
 - a map: ``outputs`` has one answer per item (in item order), ``output`` is them one per line.
+- a step with a ``schema`` (or the last call step, which gets the recipe's ``output.schema``):
+  the schema is sent with each call, each answer is validated (asked once more on a miss,
+  :mod:`squad.structured`), ``output`` is the answer as JSON and ``value`` its parsed JSON
+  (``values``, one per item, for a map), so later prompts can use ``steps.ID.value.KEY``.
 
 Non-answers (:mod:`squad.outcome`) never flow on silently: a truncated or empty answer is
 passed on as the step's ``non_answers`` setting says (``mark``: with ``[truncated at
@@ -21,7 +25,10 @@ accepted; a failed step fails whoever uses it directly, and appears as ``[failed
 a block's or map's ``outputs`` and ``output``.
 
 The final output is the last step's ``output``; with an output schema it must be JSON
-matching it (:meth:`Recipe.check_output`).
+matching it: already validated when the last step is a call (the schema was sent with it),
+else checked after the flow (:meth:`Recipe.check_output`). A miss is an
+:class:`~squad.errors.InvalidOutput` keeping the raw text (``squad run`` prints it, writes it
+to ``--out`` and exits 1).
 
 A recipe's MCP servers (``mcp:``) start before the engine (:func:`recipe_mcp`): the tools its
 agents name are checked against what the servers list, and their schemas are counted into the
@@ -111,7 +118,9 @@ async def run_recipe(
         run = await execute_flow(recipe, squad, record)
         run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
-        run.value = recipe.check_output(run.output)
+        last, sent = run.steps.get(recipe.flow[-1].id, {}), recipe.flow[-1].schema
+        validated = "value" in last and sent is not None and sent.schema == recipe.output_schema
+        run.value = last["value"] if validated else recipe.check_output(run.output)
     return run
 
 
@@ -167,7 +176,7 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
     else:
         prompt = recipe.render_prompt(step, run.steps, as_sent=True)
         result = await _call(recipe, squad, step, prompt, run)
-        run.steps[step.id] = _entry(_passed_on(squad, step, result, run), result.outcome)
+        run.steps[step.id] = _entry(_passed_on(squad, step, result, run), result.outcome, step, result)
 
 
 async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> AgentResult:
@@ -177,11 +186,11 @@ async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: Re
 
     try:
         if step.agent == recipe.main:
-            turn = await squad.run(prompt)
+            turn = await squad.run(prompt, output_type=step.schema)
             run.results.extend((step.id, r) for r in turn.subs)
             result = turn.main
         else:
-            result = await squad.run_agent(step.agent, prompt)
+            result = await squad.run_agent(step.agent, prompt, output_type=step.schema)
     except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
         raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
                                                          ("file", "line", "column", "field")}) from None
@@ -236,18 +245,18 @@ def _warn(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> No
 
 async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     simple = (all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
-              and len({_fail_on(s) for s in step.steps}) == 1)
+              and len({_fail_on(s) for s in step.steps}) == 1 and len({s.schema for s in step.steps}) == 1)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
         pairs = [(s.agent, recipe.render_prompt(s, run.steps, as_sent=True)) for s in step.steps]
         results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast",
-                                       fail_on=_fail_on(step.steps[0]))
+                                       fail_on=_fail_on(step.steps[0]), output_type=step.steps[0].schema)
         for child, result in zip(step.steps, results):
             run.results.append((child.id, result))
             if result.error is not None:
                 _warn(squad, child, result, run)
                 _record(run, child.id, "", result.error, result.outcome)
             else:
-                run.steps[child.id] = _entry(_passed_on(squad, child, result, run), result.outcome)
+                run.steps[child.id] = _entry(_passed_on(squad, child, result, run), result.outcome, child, result)
     else:
         async with anyio.create_task_group() as tg:
             for child in step.steps:
@@ -275,11 +284,14 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
                for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
     outcomes: list[Outcome] = [Outcome.OK] * len(prompts)
+    values: list[Any] = [None] * len(prompts)
     if step.agent != recipe.main:
-        results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency, fail_on=_fail_on(step))
+        results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency, fail_on=_fail_on(step),
+                                  output_type=step.schema)
         for i, result in enumerate(results):
             run.results.append((step.id, result))  # the result's label names the item
             outputs[i], outcomes[i] = _passed_on(squad, step, result, run), result.outcome
+            values[i] = result.output_value
             if result.error is not None:
                 run.errors.append((f"{step.id}[{i}]", str(result.error)))
     else:
@@ -296,6 +308,7 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
                     outputs[i], outcomes[i] = marked(Outcome.FAILED, "", str(exc)), _outcome_of_error(exc)
                     return
                 outputs[i], outcomes[i] = _passed_on(squad, step, result, run), result.outcome
+                values[i] = result.output_value
 
         async with anyio.create_task_group() as tg:
             for i, prompt in enumerate(prompts):
@@ -306,6 +319,8 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         error = f"all {len(prompts)} items failed ({failed[0][0]}: {failed[0][1]})"
     run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
                           "outcome": (Outcome.FAILED if error else worst(outcomes)).value}
+    if step.schema is not None:  # each item's answer as its value (None where it failed)
+        run.steps[step.id]["values"] = values
 
 
 def _check_inputs(step: Step, run: RecipeRun) -> None:
@@ -325,9 +340,19 @@ def _check_inputs(step: Step, run: RecipeRun) -> None:
             raise AgentRunError(f"step '{step.id}' uses the output of step '{sid}', which failed: {error}")
 
 
-def _entry(text: str, outcome: Outcome) -> dict[str, Any]:
-    """The record of a step that did not fail: ``text`` is what later steps see."""
-    return {"output": text, "outputs": [text], "error": None, "outcome": outcome.value}
+def _entry(text: str, outcome: Outcome, step: Step | None = None, result: AgentResult | None = None) -> dict[str, Any]:
+    """The record of a step that did not fail: ``text`` is what later steps see; a step with a
+    schema also keeps the answer's ``value`` (the parsed JSON, for ``steps.ID.value.KEY``)."""
+    entry = {"output": text, "outputs": [text], "error": None, "outcome": outcome.value}
+    if step is not None and step.schema is not None and result is not None:
+        entry["value"] = _plain(result.output_value)
+    return entry
+
+
+def _plain(value: Any) -> Any:
+    """A pydantic value as plain JSON data (dicts and lists), anything else as it is."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else value
 
 
 def _record(run: RecipeRun, sid: str, output: str, error: BaseException, outcome: Outcome) -> None:

@@ -101,7 +101,9 @@ class StepSpec(_Strict):
       from the previous piece (:mod:`squad.recipes.chunks`).
 
     Any step may say how its non-answers flow on (``non_answers:``, :class:`NonAnswersSpec`);
-    on a parallel block it applies to the steps inside.
+    on a parallel block it applies to the steps inside. A call or map step may give a JSON
+    ``schema`` its answers must match (each item's, for a map): it is sent to the engine and
+    the answers are validated (:mod:`squad.structured`).
     """
 
     id: str | None = Field(default=None, pattern=ID_PATTERN)
@@ -115,6 +117,7 @@ class StepSpec(_Strict):
     overlap: StrictInt | None = Field(default=None, ge=0)
     concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
     non_answers: NonAnswersSpec | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
     @property
     def kind(self) -> Literal["call", "parallel", "map"]:
@@ -125,8 +128,8 @@ class StepSpec(_Strict):
     @model_validator(mode="after")
     def _one_kind(self) -> "StepSpec":
         if self.parallel is not None:
-            extra = [k for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap", "concurrency")
-                     if getattr(self, k) is not None]
+            extra = [k.rstrip("_") for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap", "concurrency",
+                                              "schema_") if getattr(self, k) is not None]
             if extra:
                 raise ValueError(f"a parallel step holds only id, policy, non_answers and parallel; move {', '.join(extra)} "
                                  "into its steps")
