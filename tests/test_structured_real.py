@@ -108,6 +108,7 @@ def test_f12_the_recipe_schema_is_sent_and_the_output_is_its_json(tmp_path, llam
     assert json.loads(out.read_text()) == value
 
 
+@pytest.mark.timeout(900)
 def test_f12_a_miss_exits_1_keeping_the_raw_text_on_stdout_and_in_out(tmp_path, llama_server_path,
                                                                       default_model_path):
     proc, out = _run(tmp_path, llama_server_path, UNREACHABLE)
@@ -117,3 +118,14 @@ def test_f12_a_miss_exits_1_keeping_the_raw_text_on_stdout_and_in_out(tmp_path, 
     assert '"n"' in proc.stdout and '"n"' in out.read_text()  # the raw JSON the model gave, kept
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert "output.retried" in kinds
+
+
+@pytest.mark.timeout(900)  # ~5 s quiet; several tool rounds at 128 tokens when the cores are shared
+def test_the_structured_example_runs_on_the_built_in_model(tmp_path, llama_server_path, default_model_path):
+    env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT / "src"),
+           "SQUAD_LLAMA_SERVER": str(llama_server_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "structured.py")], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "geo: City -> City(" in proc.stdout and "planner: Trip -> Trip(" in proc.stdout
+    assert "tool capital(" in proc.stdout
