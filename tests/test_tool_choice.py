@@ -213,3 +213,27 @@ def test_the_template_file_ships_in_the_wheel() -> None:
     data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     patterns = data["tool"]["setuptools"]["package-data"]["squad.engine"]
     assert any(CHATML_TOOLS.path.match(p) for p in patterns)
+
+
+# --- a named choice of an MCP tool (SERVER.TOOL) -----------------------------------------------
+
+
+def test_an_mcp_tool_may_be_the_named_choice_when_the_agent_lists_it() -> None:
+    for tools in (["notes.add_note"], ["notes.*"]):
+        check_squad([Agent(name="a", tools=tools, tool_choice="notes.add_note")], mcp_servers=["notes"])
+    with pytest.raises(UserError, match=r"tool_choice 'web.search', which is not one of its tools"):
+        check_squad([Agent(name="a", tools=["notes.*"], tool_choice="web.search")], mcp_servers=["notes"])
+
+
+def test_the_named_mcp_choice_is_sent_as_the_tool_the_model_sees() -> None:
+    from squad.mcp import MCPTool
+    from squad.turn import forced_choice
+
+    add = MCPTool(name="add_note", description="add", args_model=None, fn=None, server="notes", remote="add_note",
+                  schema={"type": "object", "properties": {"text": {"type": "string"}}})
+    other = MCPTool(name="list_notes", description="list", args_model=None, fn=None, server="notes",
+                    remote="list_notes", schema={"type": "object"})
+    tools = {"add_note": add, "list_notes": other}
+    specs, choice = forced_choice(Agent(name="a", tools=["notes.*"], tool_choice="notes.add_note"), tools,
+                                  [t.spec() for t in tools.values()])
+    assert choice == "required" and [s["function"]["name"] for s in specs] == ["add_note"]
