@@ -78,8 +78,12 @@ def test_a_miss_says_where_and_why(spec, text, where) -> None:
 def test_a_bad_output_type_is_a_clear_user_error() -> None:
     with pytest.raises(UserError, match="not a valid JSON schema"):
         OutputSchema.of({"type": "nope"})
-    with pytest.raises(UserError, match="nor a type pydantic can validate"):
+    with pytest.raises(UserError, match="output_type must be a pydantic model class"):
         OutputSchema.of(object())
+    with pytest.raises(UserError, match="not str"):  # never evaluated as Python (pydantic would)
+        OutputSchema.of("__import__('os').getcwd() and int")
+    with pytest.raises(UserError, match="not a type pydantic can validate"):
+        OutputSchema.of(type("Opaque", (), {}))
     with pytest.raises(ValueError, match="output_type"):
         Agent(name="a", output_type={"type": 7})
 

@@ -142,7 +142,7 @@ def test_step_schemas_are_sent_per_call_and_values_reach_later_prompts(tmp_path,
 
     engine.responder = reply
     run = anyio.run(lambda: run_recipe(load_recipe(_write(tmp_path, STEPS)), engine=engine.info))
-    assert run.steps["where"]["values"] == [{"city": "Paris", "country": "France"}, {"city": "Rome", "country": "Italy"}]
+    assert run.steps["where"]["value"] == [{"city": "Paris", "country": "France"}, {"city": "Rome", "country": "Italy"}]
     assert run.steps["first"]["value"] == {"city": "London", "country": "UK"}
     note = next(b for b in engine.requests if "one line" in b["messages"][-1]["content"])
     assert "about London in UK." in note["messages"][-1]["content"]
@@ -189,3 +189,44 @@ def test_a_structured_step_keeps_room_to_be_asked_again_in_its_auto_budget(tmp_p
 def test_invalid_output_is_an_agent_run_error_with_exit_1_semantics():
     exc = InvalidOutput("x", agent="geo", raw="raw text")
     assert exc.raw == "raw text" and exc.agent == "geo"
+
+
+def _with_note(prompt: str) -> str:
+    return STEPS.replace('"Write one line about {{ steps.first.value.city }} in {{ steps.first.value.country }}."',
+                         json.dumps(prompt))
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ("{{ steps.first.value.cty }}", r"steps.first.value has no key 'cty': the step's schema declares city, country"),
+    ("{{ steps.where.value[0].town }}", r"steps.where.value has no key 'town'"),
+    ("{{ steps.where.values }}", r"steps.where.values: a step has output \(text\) and outputs \(list\), and value"),
+    ("{{ steps.first.value.city.x }}", None),  # below a string: the schema says nothing more
+])
+def test_value_keys_are_checked_against_the_schema_at_validate_time(tmp_path, prompt, message):
+    path = _write(tmp_path, _with_note(prompt))
+    if message is None:
+        validate_recipe(path)
+        return
+    with pytest.raises(RecipeError, match=message) as caught:
+        validate_recipe(path)
+    assert caught.value.line == 19
+
+
+def test_a_map_value_is_a_list_for_loops_and_indexes(tmp_path, engine):
+    text = _with_note("{% for v in steps.where.value %}{{ v.city }};{% endfor %} {{ steps.where.value[1].country }}")
+    engine.responder = lambda body: Reply(content='{"city": "Oslo", "country": "Norway"}' if "Where" in
+                                          body["messages"][-1]["content"] else "ok")
+    run = anyio.run(lambda: run_recipe(load_recipe(_write(tmp_path, text)), engine=engine.info))
+    note = engine.requests[-1]["messages"][-1]["content"]
+    assert "Oslo;Oslo; Norway" in note and run.steps["where"]["value"][0] == {"city": "Oslo", "country": "Norway"}
+
+
+@pytest.mark.parametrize("value", ['"__import__(\'os\').system(\'touch {marker}\') or int"', "City", "[1, 2]", "3"])
+def test_output_type_in_a_recipe_is_a_json_schema_never_code(tmp_path, value):
+    marker = tmp_path / "PWNED"
+    text = FINAL.replace('  geo: {instructions: "Answer with the city and its country.", max_tokens: 48}',
+                         f'  geo: {{instructions: "x", max_tokens: 48, output_type: {value.format(marker=marker)}}}')
+    assert "output_type" in text
+    with pytest.raises(RecipeError, match="output_type must be a pydantic model class, a type such as list"):
+        validate_recipe(_write(tmp_path, text))
+    assert not marker.exists()

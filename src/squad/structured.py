@@ -77,14 +77,17 @@ class OutputSchema:
             except jsonschema.SchemaError as exc:
                 raise UserError(f"the output schema is not a valid JSON schema: {exc.message}; fix the schema") from None
             return cls(schema=spec, name=_name(str(spec.get("title") or "answer")))
-        from pydantic import PydanticSchemaGenerationError, TypeAdapter
+        if not _is_type(spec):  # never a string: pydantic would evaluate it as Python code
+            raise UserError(f"output_type must be a pydantic model class, a type such as list[str], or a JSON schema "
+                            f"(a mapping, the only form a recipe can give), not {type(spec).__name__} {spec!r:.80}")
+        from pydantic import PydanticSchemaGenerationError, PydanticUserError, TypeAdapter
 
         try:
             adapter = TypeAdapter(spec)
             schema = adapter.json_schema()
-        except (PydanticSchemaGenerationError, TypeError) as exc:
-            raise UserError(f"output_type {spec!r} is neither a JSON schema (a dict) nor a type pydantic can "
-                            f"validate ({exc}); pass a pydantic model class or a JSON schema") from None
+        except (PydanticSchemaGenerationError, PydanticUserError, TypeError, NameError) as exc:
+            raise UserError(f"output_type {spec!r:.80} is not a type pydantic can validate ({str(exc).splitlines()[0]}); "
+                            "pass a pydantic model class or a JSON schema") from None
         return cls(schema=schema, name=_name(getattr(spec, "__name__", "") or "answer"), adapter=adapter)
 
     def response_format(self) -> dict[str, Any]:
@@ -110,7 +113,7 @@ class OutputSchema:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise OutputInvalid(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+            raise OutputInvalid(f"not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
         try:
             jsonschema.validate(value, self.schema)
         except jsonschema.ValidationError as exc:
@@ -139,6 +142,17 @@ def retry_message(problem: str) -> str:
     problem = problem if len(problem) <= 300 else problem[:297] + "..."
     return (f"Your answer did not match the required JSON schema: {problem}. "
             "Answer again with only the JSON, matching the schema.")
+
+
+def _is_type(spec: Any) -> bool:
+    """A class, or a parametrized or special form (``list[int]``, ``Annotated[...]``,
+    ``int | None``, ``Literal[...]``); never a string or a ``ForwardRef`` (pydantic evaluates
+    those as Python expressions)."""
+    import typing
+
+    if isinstance(spec, (str, bytes, typing.ForwardRef)):
+        return False
+    return isinstance(spec, type) or typing.get_origin(spec) is not None
 
 
 def strip_fence(text: str) -> str:

@@ -64,6 +64,18 @@ class AnyValue(dict):
     def __str__(self) -> str:
         return self.text
 
+    @classmethod
+    def many(cls, text: str) -> list["AnyValue"]:
+        """A stand-in list (a map's values): one item when iterated, any index readable."""
+        return _AnyList([cls(text)])
+
+
+class _AnyList(list):
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int):
+            return super().__getitem__(0)
+        return super().__getitem__(index)
+
 
 def environment() -> BoundedSandbox:
     """The shared sandboxed environment (StrictUndefined, autoescape off, bounded)."""

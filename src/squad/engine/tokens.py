@@ -152,6 +152,9 @@ class GGUFCounter:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(meta.template)
         self._src = meta.template
+        # a template squad ships renders tools and tool calls with expressions only and its own
+        # tojson, which this counter reproduces (measured equal to the engine's counts, below)
+        self._exact_tools = _shipped(meta.template)
         try:  # as llama.cpp's caps probe (common/jinja/caps.cpp): is a system message used?
             probe = self._render([{"role": "system", "content": "System message"},
                                   {"role": "user", "content": "User message"}], None)
@@ -188,7 +191,7 @@ class GGUFCounter:
         if tools:
             if self._meta.has_tool_use_template:
                 raise NotExact("the model has a separate tool_use chat template")
-            if "tools" in self._src:
+            if "tools" in self._src and not self._exact_tools:
                 raise NotExact("the chat template renders tools; the engine formats them in C++")
         if not messages:
             raise NotExact("no messages")
@@ -247,8 +250,10 @@ class GGUFCounter:
                 if isinstance(m.get(key), str) and m[key]:
                     msg[key] = m[key]
             for key in ("tool_calls", "reasoning_content"):
-                if m.get(key) and key in self._src:
+                if m.get(key) and key in self._src and not (key == "tool_calls" and self._exact_tools):
                     raise NotExact(f"the chat template renders {key}")
+            if m.get("tool_calls") and self._exact_tools:
+                msg["tool_calls"] = [_call_json(c) for c in m["tool_calls"]]
             out.append(msg)
         if not self.supports_system_role and out and out[0]["role"] == "system":
             first = out.pop(0)
@@ -407,6 +412,22 @@ def _load_entry(entry: Path, key: dict) -> dict | None:
     if not record.get("unsupported") and not {"tokenizer", "meta"} <= set(record):
         return None
     return record
+
+
+def _call_json(call: Any) -> dict[str, Any]:
+    """A tool call as the server passes it to the template: name and the arguments' text."""
+    fn = call.get("function", call) if isinstance(call, dict) else {}
+    args = fn.get("arguments", "")
+    if not isinstance(args, str):
+        raise NotExact("tool call arguments that are not a JSON string")
+    return {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}, "id": call.get("id", "")}
+
+
+def _shipped(template: str) -> bool:
+    """Whether ``template`` is one squad ships (:mod:`squad.engine.chat_templates`)."""
+    from squad.engine.chat_templates import known_template
+
+    return known_template(template) is not None
 
 
 def _raise_exception(message: str) -> None:

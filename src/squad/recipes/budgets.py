@@ -34,6 +34,8 @@ context) names the step, the counted tokens and the limit.
 
 from __future__ import annotations
 
+import json
+
 import math
 from collections.abc import Iterator, Mapping, Sequence, Set
 from pathlib import Path
@@ -310,8 +312,8 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
     before = dict(outputs)  # the prompt sees only earlier steps
     sizes[step.id] = agent.max_tokens * max(1, count)
     outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [_stand_in(agent.max_tokens)] * max(1, count),
-                        "value": AnyValue(_stand_in(agent.max_tokens)),
-                        "values": [AnyValue(_stand_in(agent.max_tokens))] * max(1, count)}
+                        "value": (AnyValue.many(_stand_in(agent.max_tokens)) if step.kind == "map"
+                                  else AnyValue(_stand_in(agent.max_tokens)))}
     if any(_unset(r, unset) for r in refs) or any(_unset(r, unset) for r in template_paths(agent.instructions)):
         return []
     worst: dict[str, int] = {}
@@ -375,12 +377,21 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
         try:
             try:
                 prompt = counter.count_chat(messages, tools)
-            except NotExact:  # the template reads tools: count without, the schemas' text on top
-                prompt = counter.count_chat(messages) + (counter.count_text(str(tools)) if tools else 0)
+            except NotExact:  # a template that formats tools in C++: count without, an estimate on top
+                prompt = counter.count_chat(messages) + (_tools_estimate(counter, tools) if tools else 0)
         except NotExact:
             continue
         out.append((who.name, prompt + allowance))
     return out
+
+
+TOOL_WORDS_TOKENS = 128
+"""Tokens a chat template adds around tool definitions (how to call them), on top of their JSON,
+when the counter cannot render that template's tools itself (squad's own templates are exact)."""
+
+
+def _tools_estimate(counter: "GGUFCounter", tools: list[dict[str, Any]]) -> int:
+    return counter.count_text(json.dumps(tools, ensure_ascii=False)) + TOOL_WORDS_TOKENS
 
 
 def _stand_in(tokens: int) -> str:

@@ -54,7 +54,6 @@ from squad.structured import OutputSchema
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]
 
 _STEP_FIELDS = ("output", "outputs")
-_VALUE_FIELDS = {"call": "value", "map": "values"}
 _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.outputs?)?)$")
 
 
@@ -134,7 +133,7 @@ class _Loader:
         self.agents = agents
         self.main = spec.main
         self.ids: set[str] = set()
-        self.with_schema: dict[str, str] = {}  # step id -> kind, for steps.ID.value(s)
+        self.with_schema: dict[str, tuple[str, OutputSchema]] = {}  # step id -> (kind, schema): steps.ID.value
         self.non_answers = _handling(dict(DEFAULT_HANDLING), spec.non_answers)
         flow = tuple(self._steps(spec.flow, ("flow",), set()))
         if spec.output is not None:
@@ -354,12 +353,38 @@ class _Loader:
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             raise src.error(f"unknown step id '{sid}' in steps.{sid}{did}", path)
-        kind = self.with_schema.get(sid)
-        if len(ref) > 2 and ref[2] not in _STEP_FIELDS and (kind is None or ref[2] != _VALUE_FIELDS[kind]):
-            value = f", and {_VALUE_FIELDS[kind]} (its parsed JSON)" if kind else ""
+        kind, schema = self.with_schema.get(sid, (None, None))
+        if len(ref) > 2 and ref[2] not in _STEP_FIELDS and (schema is None or ref[2] != "value"):
+            value = ", and value (its answer's parsed JSON)" if schema is not None else ""
             hint = ("; give that step a schema: to use its parsed JSON as value" if ref[2] in ("value", "values")
-                    and not kind else "")
+                    and schema is None else "")
             raise src.error(f"steps.{sid}.{ref[2]}: a step has output (text) and outputs (list){value}{hint}", path)
+        if len(ref) > 3 and ref[2] == "value" and schema is not None:
+            self._value_key(sid, kind, schema.schema, ref[3:], src, path)
+
+    def _value_key(self, sid: str, kind: str, schema: Mapping[str, Any], keys: tuple[str, ...], src: Located,
+                   path: Path_) -> None:
+        """``steps.SID.value.KEY...`` must name properties the step's schema declares (when it
+        lists ``properties`` and does not set ``additionalProperties``: a key it never names is a
+        typo); a map's value is a list, indexed first."""
+        for key in keys:
+            if kind == "map":  # the list of items' values: an index first
+                kind = "call"
+                if key.isdigit():
+                    continue
+                raise src.error(f"steps.{sid}.value is a list (one value per item of the map): index it first, "
+                                f"e.g. steps.{sid}.value[0].{key}", path)
+            if schema.get("type") == "array":
+                schema = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+                if key.isdigit():
+                    continue
+            props = schema.get("properties")
+            if not isinstance(props, Mapping) or schema.get("additionalProperties", False) not in (False, None):
+                return  # the schema does not say which keys there are
+            if key not in props:
+                have = ", ".join(props) or "none"
+                raise src.error(f"steps.{sid}.value has no key '{key}': the step's schema declares {have}", path)
+            schema = props[key] if isinstance(props[key], Mapping) else {}
 
     # flow ---------------------------------------------------------------------------------
     def _steps(self, specs: list[StepSpec], path: Path_, done: set[str]) -> list[Step]:
@@ -411,7 +436,7 @@ class _Loader:
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
         schema = None if spec.schema_ is None else self._check_schema(spec.schema_, (*path, "schema"))
         if schema is not None:
-            self.with_schema[sid] = spec.kind
+            self.with_schema[sid] = (spec.kind, schema)
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
@@ -587,7 +612,7 @@ def _render_step(recipe: Recipe, step: Step, outputs: dict[str, dict[str, Any]])
         recipe.render_prompt(step, outputs, **extra)
     for sid in _ids_in(step):
         outputs[sid] = {"output": _OUTPUT_STAND_IN, "outputs": [_OUTPUT_STAND_IN], "error": None,
-                        "value": AnyValue(_OUTPUT_STAND_IN), "values": [AnyValue(_OUTPUT_STAND_IN)]}
+                        "value": AnyValue.many(_OUTPUT_STAND_IN) if step.kind == "map" else AnyValue(_OUTPUT_STAND_IN)}
 
 
 _TEXT_TYPES = {"string", "enum", "file", "list"}

@@ -15,7 +15,8 @@ templates:
 - a step with a ``schema`` (or the last call step, which gets the recipe's ``output.schema``):
   the schema is sent with each call, each answer is validated (asked once more on a miss,
   :mod:`squad.structured`), ``output`` is the answer as JSON and ``value`` its parsed JSON
-  (``values``, one per item, for a map), so later prompts can use ``steps.ID.value.KEY``.
+  (for a map a list, one per item, None where an item failed), so later prompts can use
+  ``steps.ID.value.KEY`` (``steps.ID.value[0].KEY``).
 
 Non-answers (:mod:`squad.outcome`) never flow on silently: a truncated or empty answer is
 passed on as the step's ``non_answers`` setting says (``mark``: with ``[truncated at
@@ -320,7 +321,7 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
     run.steps[step.id] = {"output": "\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
                           "outcome": (Outcome.FAILED if error else worst(outcomes)).value}
     if step.schema is not None:  # each item's answer as its value (None where it failed)
-        run.steps[step.id]["values"] = values
+        run.steps[step.id]["value"] = [_plain(v) for v in values]
 
 
 def _check_inputs(step: Step, run: RecipeRun) -> None:
