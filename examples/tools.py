@@ -76,11 +76,9 @@ async def main(model: str | None) -> None:
                    await sq.run_agent("traveller", "Weather in Paris?")]
     for result in results:
         print(f"\n{result.agent}:")
-        for message in result.history:  # the calls exactly as the engine returned them
-            for call in message.get("tool_calls") or []:
-                print(f"  engine tool_call {call['id'][:8]}… {call['function']['name']}({call['function']['arguments']})")
-        for name, arguments, output in result.tool_calls:
-            print(f"  tool {name}({arguments}) -> {output.strip()}")
+        ids = [call["id"] for message in result.history for call in message.get("tool_calls") or []]
+        for call_id, (name, arguments, output) in zip(ids, result.tool_calls):  # as the engine returned them
+            print(f"  engine tool_call {call_id[:8]}… {name}({arguments}) -> {output.strip()[:200]}")
         for sub in result.subs:
             print(f"  sub-agent {sub.summary()}")
         print(f"  answer: {result.output.strip()}")

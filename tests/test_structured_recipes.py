@@ -102,7 +102,7 @@ def test_a_miss_is_asked_again_once_then_the_run_exits_1_keeping_the_raw_text(ca
     assert code == 1, err
     assert "Traceback" not in err and "does not match its output schema" in err and "not JSON" in err
     assert "It is Paris." in out and "It is Paris." in out_file.read_text()
-    assert "(invalid, the failing step)" in out
+    assert "## step ask (invalid, the failing step)" in out
     retry = engine.requests[1]["messages"]
     assert retry[-2] == {"role": "assistant", "content": "Paris, in France."}
     assert "did not match the required JSON schema" in retry[-1]["content"]

@@ -201,7 +201,7 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
         by_name[agent.name] = agent
     known_tools = set(tool_names)
     for agent in agents:
-        _check_tool_choice(agent, by_name)
+        check_tool_choice(agent, by_name)
         for sub in agent.agents:
             if sub not in by_name:
                 raise UserError(
@@ -225,7 +225,7 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
     return by_name
 
 
-def _check_tool_choice(agent: Agent, by_name: Mapping[str, Agent]) -> None:
+def check_tool_choice(agent: Agent, by_name: Mapping[str, Agent]) -> None:
     """A named choice must be one of the agent's tools or ``ask_<agent>`` of a squad member it may
     call (a main agent without ``agents`` may call every other one, so any member counts)."""
     choice = agent.tool_choice
@@ -243,9 +243,11 @@ def _check_tool_choice(agent: Agent, by_name: Mapping[str, Agent]) -> None:
         if choice in agent.tools or f"{server}.*" in agent.tools:
             return
     if choice not in offered:
-        have = ", ".join(offered) or "none"
+        if not offered:
+            raise UserError(f"agent {agent.name!r} has tool_choice {choice!r} but no tools: give it that tool, "
+                            "or use tool_choice auto")
         raise UserError(f"agent {agent.name!r} has tool_choice {choice!r}, which is not one of its tools "
-                        f"({have}): use auto, required or one of those names")
+                        f"({', '.join(offered)}): use auto, required or one of those names")
 
 
 def sub_agent_names(agent: Agent, squad: Mapping[str, Agent], main: str) -> list[str]:

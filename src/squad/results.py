@@ -81,7 +81,8 @@ class AgentResult:
     ``conversation`` is the id its events carry; ``item`` the index of the map item it
     worked on (``Squad.map``), else None; ``notes`` what the run should tell that is not a
     failure (a sub-agent tool call refused by the run's bound). ``finish_reason`` is its last
-    call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate).
+    call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate;
+    an answer validated against its output schema is whole: ``"stop"``).
     """
 
     agent: str

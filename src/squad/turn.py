@@ -224,7 +224,8 @@ async def run_turn(
         agent=agent.name, output=text, output_value=value, reasoning=reply.reasoning or "",
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
-        finish_reason=reply.finish_reason, max_tokens=agent.max_tokens,
+        finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
+        max_tokens=agent.max_tokens,
     )
 
 

@@ -110,7 +110,13 @@ def run_command(
     Every path the run writes (--out, --trace, squad's state directory) is checked before the
     engine starts. The output is printed before it is written to --out, and when a step fails
     the outputs of the steps that finished are printed (and written to --out) with the failure.
-    Every run writes a JSONL trace; see `squad trace show`."""
+    A step with a `schema` (and the last step, with the recipe's `output.schema`) asks the
+    engine for JSON of that schema; an answer that misses it twice is printed and kept as well.
+    Every run writes a JSONL trace; see `squad trace show`.
+
+    Exit codes: 0 done; 1 a step failed or an answer missed its schema (what finished is
+    kept); 2 bad input (recipe, parameters, options: nothing was run); 130 interrupted
+    (Ctrl-C); 143 terminated (SIGTERM)."""
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
     from squad.trace import JsonlTrace, default_trace_path
@@ -203,7 +209,8 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
             if s.id in record.steps and not record.steps[s.id].get("error")]
     cut = _cut_answer(exc)
     if cut and not (done and done[-1][1].get("output") == cut[1]):  # a non-answer the recipe made a
-        done.append((f"{cut[0]} ({cut[2]}, the failing step)", {"output": cut[1]}))  # failure, an invalid one
+        step = next((sid for sid, r in record.results if r.error is cut[3]), None)  # failure, an invalid one
+        done.append((f"{step or cut[0]} ({cut[2]}, the failing step)", {"output": cut[1]}))
     if not done:
         return
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
@@ -225,8 +232,8 @@ def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out:
         err_console.print(f"[red]error:[/] {_esc(str(error))}", soft_wrap=True)
 
 
-def _cut_answer(exc: BaseException) -> tuple[str, str, str] | None:
-    """(agent, text, what) of the answer that ended the run: the cut text of an
+def _cut_answer(exc: BaseException) -> tuple[str, str, str, BaseException] | None:
+    """(agent, text, what, error) of the answer that ended the run: the cut text of an
     :class:`~squad.errors.IncompleteAnswer` (``"cut"``), the raw text of an
     :class:`~squad.errors.InvalidOutput` (``"invalid"``)."""
     from squad.errors import IncompleteAnswer, InvalidOutput, leaf_errors
@@ -236,9 +243,9 @@ def _cut_answer(exc: BaseException) -> tuple[str, str, str] | None:
         seen: BaseException | None = leaf
         while seen is not None:  # the recipe runner may wrap it (raise ... from)
             if isinstance(seen, IncompleteAnswer) and seen.partial.strip():
-                return (seen.agent or "agent", seen.partial, "cut")
+                return (seen.agent or "agent", seen.partial, "cut", seen)
             if isinstance(seen, InvalidOutput) and seen.raw.strip():
-                return (seen.agent or "output", seen.raw, "invalid")
+                return (seen.agent or "output", seen.raw, "invalid", seen)
             seen = seen.__cause__
     return None
 

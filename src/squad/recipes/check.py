@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from squad.agent import NAME_PATTERN, Agent, check_squad, find_cycle, sub_agent_names
+from squad.agent import NAME_PATTERN, Agent, check_squad, check_tool_choice, find_cycle, sub_agent_names
 from squad.errors import ModelError, RecipeError, UserError
 from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_server
 from squad.mention import parse_mentions
@@ -241,6 +241,12 @@ class _Loader:
             raise src.error(
                 f"sub-agents form a cycle: {' -> '.join(cycle)}; an agent cannot (indirectly) call itself: "
                 f"remove '{closing}' from agents.{last}.agents", (*base, "agents", agents[last].agents.index(closing)))
+        for name, agent in agents.items():  # at the agent's tool_choice line
+            try:
+                check_tool_choice(agent, agents)
+            except UserError as exc:
+                _, src, base = raw[name]
+                raise src.error(str(exc), (*base, "tool_choice")) from None
         try:
             check_squad(list(agents.values()), tool_names=[t for a in agents.values() for t in a.tools],
                         mcp_servers=servers)
