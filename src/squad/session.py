@@ -153,6 +153,7 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
         n_ctx_train=facts.n_ctx_train,
         kv_bytes_per_token=facts.kv_bytes_per_token(ctk, ctv),
         kv_bytes_per_token_q8_0=facts.kv_bytes_per_token("q8_0", "q8_0"),
+        kv_bytes_at=(lambda n_ctx, slots: facts.kv_bytes(n_ctx, ctk, ctv, slots=slots)) if facts.sliding_window else None,
         memory_for_kv=memory_for_kv(model_path),
         backend=spec.backend,
         pin_slots=spec.slots,

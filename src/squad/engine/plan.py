@@ -40,7 +40,10 @@ class EnginePlan:
       the training context; an MLX batch's per-sequence share).
     - ``timeline``: the workload's concurrency stages (:func:`squad.workload.stages`), for display.
     - ``requested_ctx``: the context before rounding up to 256 (what was pinned or summed).
-    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
+    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None;
+      ``memory_source``: which memory that was ("system RAM", "GPU 0 (name)"), or None.
+    - ``kv_bytes_full``: what the KV cache would take if every layer held all ``n_ctx`` cells;
+      above ``kv_bytes`` for a sliding-window model (the window's saving), else equal.
     - ``n_ctx_train``: the model's training context in tokens, or None.
     - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
     - ``budgets``: each agent's budget in tokens as planned (auto ones resolved); the runtime
@@ -69,6 +72,8 @@ class EnginePlan:
     peak: int | None = field(default=None, compare=False)
     budgets: dict[str, int] = field(default_factory=dict, compare=False)
     template_name: str = field(default="the model's own", compare=False)
+    kv_bytes_full: int | None = field(default=None, compare=False)
+    memory_source: str | None = field(default=None, compare=False)
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).
