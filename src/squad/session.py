@@ -173,6 +173,11 @@ def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_
     if planned.backend != "llama-server":
         return planned
     chosen = tool_template_for(source, has_tool_use_template=has_tool_use_template)
+    if chosen is not None and source is None:
+        why = (f"chat template: {chosen.name}, because the model file has none: llama-server would fall back to "
+               "ChatML without a tools section (tool definitions dropped); squad's ChatML template carries them")
+        return dataclasses.replace(planned, chat_template=chosen.path, template_name=chosen.name,
+                                   reasons=(*planned.reasons, why))
     if chosen is None:
         return dataclasses.replace(planned, template_name=describe(source),
                                    reasons=(*planned.reasons, f"chat template: {describe(source)}"))

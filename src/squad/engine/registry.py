@@ -118,8 +118,8 @@ _REGISTRY: dict[str, KnownModel] = {
         ),
         KnownModel(
             name="gemma3-270m",
-            description="Gemma 3 270M Q4_K_M (gemma3 arch, sliding-window attention, 32K training context, "
-                        "Gemma terms)",
+            description="Gemma 3 270M base (not instruction-tuned) Q4_K_M (gemma3 arch, sliding-window attention, "
+                        "32K training context, Gemma terms)",
             filename="gemma-3-270m-q4_k_m.gguf",
             project=_GEMMA_PARTS[0].project,
             dist_filename=_GEMMA_PARTS[0].dist_filename,
