@@ -98,6 +98,7 @@ def run_command(
     url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
     api_key: Annotated[Optional[str], options.api_key()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
+    gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
     as_json: Annotated[bool, options.as_json("Print output, steps and per-agent stats as JSON.")] = False,
     out: Annotated[Optional[Path], options.out("Also write the final output to this file (checked before the engine starts).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
@@ -122,7 +123,7 @@ def run_command(
     loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
                        binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
-                       load_timeout=load_timeout)
+                       load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
     if request_timeout is not None:
         spec = spec.but(request_timeout=request_timeout)
     for warning in loaded.warnings:

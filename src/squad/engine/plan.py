@@ -51,6 +51,8 @@ class EnginePlan:
     - ``chat_template``: a chat template file squad ships, passed to the engine in place of the
       model's own (:func:`squad.engine.chat_templates.tool_template_for`), or None for the
       model's own; ``template_name`` names it for display.
+    - ``gpu_layers``: ``-ngl`` (a count or ``"all"``), or None to pass none (CPU);
+      :func:`squad.machine.kv_memory` chose it with the memory KV is planned against.
     """
 
     model: Path
@@ -61,6 +63,7 @@ class EnginePlan:
     cache_type_v: str = "f16"
     backend: Backend = "llama-server"
     chat_template: Path | None = None
+    gpu_layers: int | str | None = None
     kv_bytes: int | None = field(default=None, compare=False)
     per_slot_ctx: int | None = field(default=None, compare=False)
     reasons: tuple[str, ...] = field(default=(), compare=False)
@@ -82,7 +85,7 @@ class EnginePlan:
         """
         return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
                            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
-                           chat_template=self.chat_template)
+                           chat_template=self.chat_template, gpu_layers=self.gpu_layers)
 
     @classmethod
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":
