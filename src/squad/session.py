@@ -331,16 +331,19 @@ class EngineSession(AsyncResource):
         the bigger plan would not fit in memory."""
         if not self.reloadable:
             return False
-        from squad.engine.facts import read_model_facts
-        from squad.machine import kv_memory
+        from squad.machine import kv_memory, memory_for_kv
 
         async with self._reload_lock:
             assert self.plan is not None
             group = list(concurrent)
-            layers = read_model_facts(self.plan.model).n_layer
-            memory = kv_memory(self.plan.model, n_layer=layers, gpu_layers=self.plan.gpu_layers if self.plan.gpu_layers
-                               is not None else 0)
-            new = plan_for_replan(self.plan, group, memory_for_kv=memory.bytes)
+            if self.plan.gpu_layers in (None, 0):  # the engine runs on the CPU: RAM, as planned
+                room = memory_for_kv(self.plan.model)
+            else:
+                from squad.engine.facts import read_model_facts
+
+                layers = read_model_facts(self.plan.model).n_layer
+                room = kv_memory(self.plan.model, n_layer=layers, gpu_layers=self.plan.gpu_layers).bytes
+            new = plan_for_replan(self.plan, group, memory_for_kv=room)
             if new is None or new == self.plan:
                 return False
             self._emit(EngineReplanning(from_slots=self.info.slots, to_slots=new.slots, n_ctx=new.n_ctx,
