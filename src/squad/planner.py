@@ -18,8 +18,10 @@ Rules come from the product page (``docs/mission.md`` facts 3-10):
   (capped by the slots); a pinned context is shared the same way instead (never above the
   training context per agent), and what memory holds caps it; rounded down to 256, at least
   256 (:func:`auto_budget`).
-- KV memory = context × bytes per token; when it does not fit, the largest context that
-  fits is planned and slots follow the concurrency that context can really hold.
+- KV memory = context × bytes per token, or for a sliding-window model what
+  ``kv_bytes_at(context, slots)`` says (its window layers hold only about ``window × slots +
+  ubatch`` cells); when it does not fit, the largest context that fits is planned and slots
+  follow the concurrency that context can really hold.
 - MLX (mlxcel-server) divides the context by slots: 1 slot, unless a max batch is set.
 """
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from squad.engine.llama import (
     CTX_ROUND,
@@ -54,7 +56,13 @@ __all__ = [
     "check_attached",
     "plan_for_replan",
     "auto_budget",
+    "KvBytesAt",
 ]
+
+KvBytesAt = Callable[[int, int], int]
+"""``kv_bytes_at(n_ctx, slots)`` → KV cache bytes of a unified pool of ``n_ctx`` cells shared by
+``slots`` (:meth:`squad.engine.facts.ModelFacts.kv_bytes` at the plan's cache types). Must grow
+(weakly) with ``n_ctx``."""
 
 DEFAULT_CTX = 8192
 """Context in tokens when nothing is planned: 4,096 per default slot. 4K holds a typical
@@ -80,6 +88,8 @@ def plan(
     cache_type_v: str = "f16",
     mlx_max_batch: int | None = None,
     kv_bytes_per_token_q8_0: int | None = None,
+    kv_bytes_at: KvBytesAt | None = None,
+    memory_source: str | None = None,
 ) -> EnginePlan:
     """Size the engine for ``workload``.
 
@@ -95,19 +105,33 @@ def plan(
     - ``mlx_max_batch``: MLX only: the max batch size the user set for mlxcel-server.
     - ``kv_bytes_per_token_q8_0``: KV bytes per cell at ``q8_0``/``q8_0``, to quote the exact
       saving of a quantized cache; estimated from element sizes when None.
+    - ``kv_bytes_at``: the KV size of a pool for a model whose layers do not all hold every
+      cell (sliding-window attention, :data:`KvBytesAt`); None = ``n_ctx × kv_bytes_per_token``.
+      The plan then sizes, checks and cuts memory by it and says what the window saves.
+    - ``memory_source``: which memory ``memory_for_kv`` is ("system RAM", "GPU 0 ..."), shown
+      with the plan (:func:`squad.machine.kv_memory`).
 
     Raises :class:`PlanError` when an agent's budget is above the training context, a pin
     is out of range (slots 1..8, context >= 1), or the memory cannot hold one agent's budget.
     """
     check_cache_type(cache_type_k), check_cache_type(cache_type_v)  # validate early
     _check_pins(pin_slots, pin_ctx, mlx_max_batch)
+
+    def kv_at(n_ctx: int, slots: int) -> int:
+        if kv_bytes_at is not None:
+            return kv_bytes_at(n_ctx, slots)
+        return n_ctx * (kv_bytes_per_token or 0)
+
     notes = _Notes()
     timeline = stages(workload) if workload is not None else ()
     timeline = tuple(s for s in timeline if s.calls or s.unbounded)
     if workload is not None and any(c.budget is None for s in timeline for c in s.calls + s.unbounded):
-        fit = memory_for_kv // kv_bytes_per_token if kv_bytes_per_token and memory_for_kv is not None else None
         peak = max((s.size for s in timeline), default=1)
         at_once = 1 if backend == "mlx" and not mlx_max_batch else min(peak, pin_slots or MAX_SLOTS)
+        fit = None
+        if kv_bytes_per_token and memory_for_kv is not None:
+            fit = _tokens_that_fit(memory_for_kv, kv_at, int(at_once),
+                                   (n_ctx_train or DEFAULT_CTX) * int(at_once) + CTX_ROUND)
         auto = auto_budget(n_ctx_train, int(at_once), pin_ctx=pin_ctx, memory_fit=fit)
         names = sorted({c.agent for s in timeline for c in s.calls + s.unbounded if c.budget is None})
         notes.reason(f"budget auto = {auto:,} tokens for {', '.join(names)}: "
@@ -130,19 +154,26 @@ def plan(
     if n_ctx != requested:
         notes.reason(f"context {requested:,} → {n_ctx:,} applied (llama.cpp rounds up to a multiple of 256)")
 
-    kv_bytes = n_ctx * kv_bytes_per_token if kv_bytes_per_token else None
-    if (kv_bytes_per_token and memory_for_kv is not None and n_ctx * kv_bytes_per_token > memory_for_kv
+    kv_bytes = kv_at(n_ctx, slots) if kv_bytes_per_token else None
+    where = f" ({memory_source})" if memory_source else ""
+    if (kv_bytes and memory_for_kv is not None and kv_bytes > memory_for_kv
             and backend != "attached"):
         q8 = _q8_bytes(kv_bytes_per_token, cache_type_k, cache_type_v, kv_bytes_per_token_q8_0)
-        memory = _Memory(memory_for_kv, kv_bytes_per_token, q8, cache_type_k, cache_type_v)
+        memory = _Memory(memory_for_kv, kv_bytes_per_token, q8, cache_type_k, cache_type_v, kv_at, where)
         if pin_ctx is not None:
-            notes.warn(f"KV cache for the pinned {n_ctx:,} tokens needs {_mib(n_ctx * kv_bytes_per_token)} but "
-                       f"only {_mib(memory_for_kv)} is available: the engine may fail to load or swap; "
-                       + memory.advice(n_ctx))
+            notes.warn(f"KV cache for the pinned {n_ctx:,} tokens needs {_mib(kv_bytes)} but "
+                       f"only {_mib(memory_for_kv)}{where} is available: the engine may fail to load or swap; "
+                       + memory.advice(n_ctx, slots))
         else:
             keep_slots = pin_slots is not None or (backend == "mlx" and not mlx_max_batch)
             n_ctx, slots = _fit_memory(timeline, n_ctx, slots, memory, keep_slots, notes)
-        kv_bytes = n_ctx * kv_bytes_per_token
+        kv_bytes = kv_at(n_ctx, slots)
+    kv_full = n_ctx * kv_bytes_per_token if kv_bytes_per_token else None
+    if kv_bytes and kv_full and kv_bytes < kv_full:
+        notes.reason(f"KV cache {_mib(kv_bytes)}, not {_mib(kv_full)}: the model's sliding-window layers hold only "
+                     f"their window of cells per slot, not all {n_ctx:,} (saves {_mib(kv_full - kv_bytes)})")
+    if memory_source and memory_for_kv is not None:
+        notes.reason(f"KV memory planned against {memory_source}: {_mib(memory_for_kv)} for the KV cache")
 
     kv_unified = backend != "mlx" and slots >= 2
     per_slot = _per_slot(backend, slots, n_ctx, kv_unified, n_ctx_train, mlx_max_batch, notes)
@@ -151,7 +182,8 @@ def plan(
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, backend=backend,
         kv_bytes=kv_bytes, per_slot_ctx=per_slot, reasons=tuple(notes.reasons),
         warnings=tuple(notes.warnings), timeline=timeline, requested_ctx=requested,
-        memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train,
+        memory_for_kv=memory_for_kv, n_ctx_train=n_ctx_train, kv_bytes_full=kv_full,
+        memory_source=memory_source,
         peak=None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls)),
         budgets=budgets,
     )
@@ -290,12 +322,19 @@ class _Memory:
     q8_per_token: int
     ctk: str
     ctv: str
+    kv_at: KvBytesAt
+    where: str = ""
 
-    def advice(self, n_ctx: int) -> str:
+    def fit(self, slots: int, most: int) -> int:
+        """The largest multiple of 256 tokens (at most ``most``) whose KV fits."""
+        return _tokens_that_fit(self.available, self.kv_at, slots, most)
+
+    def advice(self, n_ctx: int, slots: int) -> str:
         """What the user can do when ``n_ctx`` tokens of KV do not fit."""
         tips = ["give the agents smaller budgets", "run fewer agents at once"]
         if self.ctk != "q8_0" and self.q8_per_token < self.per_token:
-            now, q8 = n_ctx * self.per_token, n_ctx * self.q8_per_token
+            now = self.kv_at(n_ctx, slots)
+            q8 = now * self.q8_per_token // self.per_token
             tips.insert(1, f"use -ctk q8_0 -ctv q8_0 (KV for {n_ctx:,} tokens {_mib(now)} → {_mib(q8)}, "
                            f"saves {_mib(now - q8)})")
         return "; ".join(tips)
@@ -361,23 +400,23 @@ def _fit_memory(timeline: tuple[Stage, ...], n_ctx: int, slots: int, memory: _Me
 
     Raises :class:`PlanError` when it cannot hold the largest single budget (or 256 tokens).
     """
-    fit = (memory.available // memory.per_token) // CTX_ROUND * CTX_ROUND
+    fit = memory.fit(slots, n_ctx)
     biggest = max((_budget(c) for s in timeline for c in s.calls + s.unbounded), default=0)
     if fit < max(CTX_ROUND, biggest):
         raise PlanError(
-            f"not enough memory for the KV cache: {_mib(memory.available)} available holds {fit:,} "
+            f"not enough memory for the KV cache: {_mib(memory.available)}{memory.where} available holds {fit:,} "
             f"tokens at {memory.ctk}/{memory.ctv}, but "
             + (f"the largest agent budget is {biggest:,} tokens; " if biggest else f"at least {CTX_ROUND} are needed; ")
-            + memory.advice(n_ctx) + ", or free memory (override with SQUAD_KV_MEMORY)")
+            + memory.advice(n_ctx, slots) + ", or free memory (override with SQUAD_KV_MEMORY)")
     new_slots = slots
     if not keep_slots and timeline:
         new_slots = max(1, min(slots, max(_fits(s, fit) for s in timeline)))
     cut = f"context {n_ctx:,} → {fit:,}"
     if new_slots != slots:
         cut += f", slots {slots} → {new_slots} (what that context holds at once; the runtime queues the rest)"
-    notes.warn(f"KV cache for {n_ctx:,} tokens would need {_mib(n_ctx * memory.per_token)} but only "
-               f"{_mib(memory.available)} is available for it: cut {cut}. To keep the full plan: "
-               + memory.advice(n_ctx))
+    notes.warn(f"KV cache for {n_ctx:,} tokens would need {_mib(memory.kv_at(n_ctx, slots))} but only "
+               f"{_mib(memory.available)}{memory.where} is available for it: cut {cut}. To keep the full plan: "
+               + memory.advice(n_ctx, slots))
     notes.reason(f"context {fit:,} = the largest multiple of 256 whose KV cache fits {_mib(memory.available)}")
     if new_slots != slots:
         notes.reason(f"slots {new_slots} = the most agents running together whose budgets fit {fit:,} tokens")
@@ -416,6 +455,19 @@ def _context_need(timeline: tuple[Stage, ...], at_once: int) -> tuple[Stage | No
         if best is None or total > need:
             best, need = stage, total
     return best, need
+
+
+def _tokens_that_fit(available: int, kv_at: KvBytesAt, slots: int, most: int) -> int:
+    """The largest multiple of 256 tokens, at most ``most``, whose KV (``kv_at(tokens, slots)``)
+    fits in ``available`` bytes; 0 when not even 256 do. A bisection: ``kv_at`` grows with tokens."""
+    lo, hi = 0, max(0, most) // CTX_ROUND  # in units of 256 tokens
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv_at(mid * CTX_ROUND, slots) <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_ROUND
 
 
 def _fits(stage: Stage, n_ctx: int) -> int:

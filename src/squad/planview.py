@@ -54,7 +54,9 @@ def plan_json(plan: EnginePlan, binary: str = "llama-server") -> dict[str, Any]:
         "chat_template": plan.template_name,
         "chat_template_file": str(plan.chat_template) if plan.chat_template else None,
         "kv_bytes": plan.kv_bytes,
+        "kv_bytes_full": plan.kv_bytes_full,
         "memory_for_kv": plan.memory_for_kv,
+        "memory_source": plan.memory_source,
         "peak": plan.peak,
         "timeline": [
             {
@@ -132,6 +134,11 @@ def _memory(plan: EnginePlan) -> str:
     if plan.memory_for_kv is not None:
         share = plan.kv_bytes / plan.memory_for_kv if plan.memory_for_kv else float("inf")
         text += f" of {_mib(plan.memory_for_kv)} available ({share:.0%})"
+        if plan.memory_source:
+            text += f" in {plan.memory_source}"
+    if plan.kv_bytes_full and plan.kv_bytes_full > plan.kv_bytes:
+        text += (f"; sliding window saves {_mib(plan.kv_bytes_full - plan.kv_bytes)} "
+                 f"(every layer holding all cells: {_mib(plan.kv_bytes_full)})")
     return text
 
 

@@ -59,6 +59,8 @@ class EngineSpec:
     - ``cache_type_k``/``cache_type_v``: KV cache types (``-ctk``/``-ctv``; ``cache_type_v``
       None = same as K), one of :data:`squad.engine.llama.CACHE_TYPES`;
     - ``binary``: the ``llama-server`` to run (None: found or built by squad); ``threads``: ``-t``;
+    - ``gpu_layers``: ``-ngl``, model layers in GPU memory (a count or ``"all"``; None: all when
+      NVML finds a GPU, else none); KV is then planned against GPU memory (:func:`squad.machine.kv_memory`);
     - ``backend``/``mlx_max_batch``: for ``squad plan`` of other backends.
 
     Or attach: ``url`` (+ ``api_key``) of a running engine; pins are then an error. ``admits``:
@@ -85,12 +87,16 @@ class EngineSpec:
     load_timeout: float | None = None
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
+    gpu_layers: int | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("slots", "ctx", "threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if self.gpu_layers is not None and self.gpu_layers != "all" and (
+                isinstance(self.gpu_layers, bool) or not isinstance(self.gpu_layers, int) or self.gpu_layers < 0):
+            raise UserError(f"gpu_layers must be a number of layers (0 = none) or 'all', got {self.gpu_layers!r}")
         if not isinstance(self.request_timeout, (int, float)) or self.request_timeout <= 0:
             raise UserError(f"request_timeout must be a positive number of seconds, got {self.request_timeout!r}")
         if self.load_timeout is not None and (isinstance(self.load_timeout, bool) or not isinstance(
@@ -114,6 +120,7 @@ class EngineSpec:
                             f"e.g. http://{str(self.url).removeprefix('//')}")
         launch_only = {"model": self.model, "slots": self.slots, "ctx": self.ctx, "binary": self.binary,
                        "threads": self.threads, "load_timeout": self.load_timeout, "mlx_max_batch": self.mlx_max_batch,
+                       "gpu_layers": self.gpu_layers,
                        "cache_type_k": None if self.cache_type_k == "f16" else self.cache_type_k,
                        "cache_type_v": self.cache_type_v}
         given = [k for k, v in launch_only.items() if v is not None]
@@ -142,18 +149,21 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
     """
     from squad.engine.facts import read_model_facts
     from squad.engine.registry import resolve_model
-    from squad.machine import memory_for_kv
+    from squad.machine import kv_memory
 
     model_path = resolve_model(spec.model, pull=pull)
     facts = read_model_facts(model_path)
     ctk, ctv = spec.kv_types
+    memory = kv_memory(model_path, n_layer=facts.n_layer, gpu_layers=spec.gpu_layers)
     planned = plan(
         workload,
         model=model_path,
         n_ctx_train=facts.n_ctx_train,
         kv_bytes_per_token=facts.kv_bytes_per_token(ctk, ctv),
         kv_bytes_per_token_q8_0=facts.kv_bytes_per_token("q8_0", "q8_0"),
-        memory_for_kv=memory_for_kv(model_path),
+        kv_bytes_at=(lambda n_ctx, slots: facts.kv_bytes(n_ctx, ctk, ctv, slots=slots)) if facts.sliding_window else None,
+        memory_for_kv=memory.bytes,
+        memory_source=memory.source,
         backend=spec.backend,
         pin_slots=spec.slots,
         pin_ctx=spec.ctx,
@@ -161,6 +171,8 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
         cache_type_v=ctv,
         mlx_max_batch=spec.mlx_max_batch,
     )
+    if spec.backend == "llama-server" and memory.gpu_layers is not None:
+        planned = dataclasses.replace(planned, gpu_layers=memory.gpu_layers)
     return with_chat_template(planned, facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
 
 
@@ -172,6 +184,11 @@ def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_
     if planned.backend != "llama-server":
         return planned
     chosen = tool_template_for(source, has_tool_use_template=has_tool_use_template)
+    if chosen is not None and source is None:
+        why = (f"chat template: {chosen.name}, because the model file has none: llama-server would fall back to "
+               "ChatML without a tools section (tool definitions dropped); squad's ChatML template carries them")
+        return dataclasses.replace(planned, chat_template=chosen.path, template_name=chosen.name,
+                                   reasons=(*planned.reasons, why))
     if chosen is None:
         return dataclasses.replace(planned, template_name=describe(source),
                                    reasons=(*planned.reasons, f"chat template: {describe(source)}"))
@@ -314,12 +331,19 @@ class EngineSession(AsyncResource):
         the bigger plan would not fit in memory."""
         if not self.reloadable:
             return False
-        from squad.machine import memory_for_kv
+        from squad.machine import kv_memory, memory_for_kv
 
         async with self._reload_lock:
             assert self.plan is not None
             group = list(concurrent)
-            new = plan_for_replan(self.plan, group, memory_for_kv=memory_for_kv(self.plan.model))
+            if self.plan.gpu_layers in (None, 0):  # the engine runs on the CPU: RAM, as planned
+                room = memory_for_kv(self.plan.model)
+            else:
+                from squad.engine.facts import read_model_facts
+
+                layers = read_model_facts(self.plan.model).n_layer
+                room = kv_memory(self.plan.model, n_layer=layers, gpu_layers=self.plan.gpu_layers).bytes
+            new = plan_for_replan(self.plan, group, memory_for_kv=room)
             if new is None or new == self.plan:
                 return False
             self._emit(EngineReplanning(from_slots=self.info.slots, to_slots=new.slots, n_ctx=new.n_ctx,

@@ -177,8 +177,10 @@ def models_info(
     from squad.engine.chat_templates import describe, tool_template_for
 
     facts = read_model_facts(resolve_model(model, pull=True))
+    license_note = _license(model, facts.path)
     chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
-    template = describe(facts.chat_template) + (f"; squad starts the engine with {chosen.name}" if chosen else "")
+    own = describe(facts.chat_template) if facts.chat_template else "none in the file (llama-server falls back to ChatML)"
+    template = own + (f"; squad starts the engine with {chosen.name}" if chosen else "")
     per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}
     contexts = (4096, 8192, 16384)
     mib = {f"{n}": round(facts.kv_bytes(n) / _MiB, 1) for n in contexts}
@@ -191,6 +193,7 @@ def models_info(
             "sliding_window": facts.sliding_window,
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
             "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
+            "license": license_note,
         }
         console.print_json(json.dumps(out))
         return
@@ -206,8 +209,20 @@ def models_info(
         n_swa = sum(facts.sliding_window_pattern or ())
         console.print(f"sliding window  {facts.sliding_window} tokens on {n_swa} of {facts.n_layer} layers")
     console.print(f"chat template   {template}", highlight=False, markup=False)
+    if license_note:
+        console.print(f"license         {license_note}", highlight=False, markup=False)
     console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")
     console.print(
         "KV at f16       " + ", ".join(f"{n // 1024}K: {mib[str(n)]} MiB" for n in contexts)
         + ("  (SWA estimate)" if facts.sliding_window else "")
     )
+
+
+def _license(model: str | None, path) -> str | None:
+    """The license terms squad's registry records for a known model (by name, or its cached file)."""
+    from squad.engine.registry import DEFAULT_MODEL, known_models, model_path
+
+    for name, known in known_models().items():
+        if known.license and (name == (model or DEFAULT_MODEL) or model_path(name) == path):
+            return known.license
+    return None

@@ -16,16 +16,17 @@ import typer
 from squad.engine.llama import MAX_SLOTS
 
 __all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
-           "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp"]
+           "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp", "gpu_layers",
+           "parse_gpu_layers"]
 
 OPTION_NAMES: dict[str, str | None] = {
     # the engine: the same names as far as possible as llama-server's own short flags
     "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
     "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
-    "--request-timeout": None,
+    "--request-timeout": None, "--gpu-layers": "-ngl",
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
-    "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None,
+    "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None, "--otel": None,
     # plan
     "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
     # verify, engine install, models, trace
@@ -82,6 +83,24 @@ def threads() -> Any:
     """``--threads/-t``: llama-server's CPU threads."""
     return typer.Option("--threads", "-t", min=1, show_default=False,
                         help="CPU threads of llama-server, its -t (default: llama-server's choice).")
+
+
+def gpu_layers() -> Any:
+    """``--gpu-layers/-ngl``: model layers in GPU memory (llama-server's -ngl), a number or ``all``."""
+    return typer.Option("--gpu-layers", "-ngl", show_default=False,
+                        help="Model layers in GPU memory, llama-server's -ngl: a number or all (default: all when "
+                             "a GPU is found through NVML, else none). KV is then planned against GPU memory.")
+
+
+def parse_gpu_layers(value: str | None) -> int | str | None:
+    """``--gpu-layers`` text → a count, ``"all"`` or None. Raises :class:`UserError` otherwise."""
+    from squad.errors import UserError
+
+    if value is None or value == "all":
+        return value
+    if value.isdigit():
+        return int(value)
+    raise UserError(f"--gpu-layers {value!r}: give a number of layers (0 = none) or all")
 
 
 def load_timeout() -> Any:

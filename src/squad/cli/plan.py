@@ -29,6 +29,7 @@ def plan_command(
     ctx: Annotated[Optional[int], options.ctx("planned from the budgets")] = None,
     ctk: Annotated[Optional[str], options.ctk()] = None,
     ctv: Annotated[Optional[str], options.ctv()] = None,
+    gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
     backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
     mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", show_default=False, help="MLX max batch size (MLX only).")] = None,
     url: Annotated[Optional[str], options.url("With --backend attached: the running engine to check the plan against.")] = None,
@@ -60,7 +61,8 @@ def plan_command(
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
     spec = engine_spec(base, model=model, slots=slots, ctx=ctx, cache_type_k=ctk,
-                       cache_type_v=ctv or ctk, backend=backend, mlx_max_batch=mlx_batch)
+                       cache_type_v=ctv or ctk, backend=backend, mlx_max_batch=mlx_batch,
+                       gpu_layers=options.parse_gpu_layers(gpu_layers))
     the_plan = plan_engine(spec, workload, pull=False)
     if url is not None:
         if backend != "attached":

@@ -98,12 +98,14 @@ def run_command(
     url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
     api_key: Annotated[Optional[str], options.api_key()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
+    gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
     as_json: Annotated[bool, options.as_json("Print output, steps and per-agent stats as JSON.")] = False,
     out: Annotated[Optional[Path], options.out("Also write the final output to this file (checked before the engine starts).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
+    otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -127,7 +129,7 @@ def run_command(
     loaded = load_recipe(recipe, collect_params(param), model=model)
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
                        binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
-                       load_timeout=load_timeout)
+                       load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
     if request_timeout is not None:
         spec = spec.but(request_timeout=request_timeout)
     for warning in loaded.warnings:
@@ -136,9 +138,13 @@ def run_command(
     trace_path = trace or default_trace_path()
     record = RecipeRun(output="")  # filled as steps finish: kept when a later step fails
 
+    exporting = _otel_export(otel, loaded.name, spec)
+
     async def main() -> Any:
-        with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink:
-            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink], record=record)
+        with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink, \
+                exporting as spans:
+            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink, *([spans] if spans else [])],
+                                    record=record)
 
     try:
         result = anyio.run(main)
@@ -167,6 +173,19 @@ def run_command(
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
                           + _esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))
         raise typer.Exit(1)
+
+
+def _otel_export(on: bool, name: str, spec: Any) -> Any:
+    """``--otel``: :func:`squad.otel.export_run` (its exporter is set up now, so a missing extra
+    fails before the engine starts); otherwise a context that yields None."""
+    from contextlib import nullcontext
+
+    if not on:
+        return nullcontext(None)
+    from squad.otel import configured_provider, export_run, model_label
+
+    configured_provider().shutdown()  # fails early (UserError) when the SDK or the exporter is missing
+    return export_run(name, model=model_label(spec.model) if spec.url is None else None)
 
 
 def _check_outputs(recipe: Path, out: Path | None, trace: Path | None) -> None:

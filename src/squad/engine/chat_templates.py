@@ -27,6 +27,11 @@ so a forced turn starts inside a call. A named ``tool_choice`` object is not rea
 (``tools/server/server-common.cpp`` reads ``tool_choice`` as a string; an object silently
 becomes ``auto``), so squad sends a named choice as ``required`` with only that tool offered.
 
+A model file without a ``tokenizer.chat_template`` (the Gemma 3 270M base model squad ships as
+``gemma3-270m``) gets llama-server's ChatML fallback (:data:`ENGINE_FALLBACK`, read back from
+``/props`` on b11434), which has no tools section either: :func:`tool_template_for` treats it as
+the ChatML template it is, so such a model also runs with squad's ChatML tool template.
+
 A template "handles tools" (:func:`handles_tools`, shown in plans) when rendering it with a tool definition shows the tool's name and
 rendering an assistant tool call shows the call (the same probe llama.cpp's
 ``common/jinja/caps.cpp`` makes, here by rendering with jinja2's sandbox).
@@ -41,7 +46,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTemplate", "CHATML_TOOLS", "chat_format", "handles_tools", "tool_template_for", "known_template",
+__all__ = ["ChatTemplate", "CHATML_TOOLS", "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
            "describe"]
 
 
@@ -77,6 +82,17 @@ CHATML_TOOLS = ChatTemplate(name="squad:chatml-tools", chat_format="chatml",
 """ChatML with Hermes-style ``<tool_call>`` JSON calls and ``<tool_response>`` results."""
 
 _SHIPPED = {CHATML_TOOLS.chat_format: CHATML_TOOLS}
+
+ENGINE_FALLBACK = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}"
+)
+"""The template llama-server b11434 applies to a model file that has none (ChatML without tools;
+``/props`` ``chat_template`` for the Gemma 3 270M base model)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -136,7 +152,9 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
     model's own template is used). Never one for a model with a ``tool_use`` template, or whose
     template mentions tools at all (it may handle them in a way the render probe does not see:
     SmolLM3 and LFM2 pass tools through their own variables), and never when the chat format
-    is not one squad ships."""
+    is not one squad ships. ``source`` None (the file has no template) is the engine's
+    :data:`ENGINE_FALLBACK`."""
+    source = source or ENGINE_FALLBACK
     if has_tool_use_template or not source or "tool" in source.lower() or handles_tools(source) is not False:
         return None
     return _SHIPPED.get(chat_format(source) or "")

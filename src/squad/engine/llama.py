@@ -134,7 +134,7 @@ def kv_row_bytes(n_elements: int, cache_type: str) -> int:
 
 def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
                 cache_type_k: str = "f16", cache_type_v: str = "f16",
-                chat_template: Path | str | None = None) -> list[str]:
+                chat_template: Path | str | None = None, gpu_layers: int | str | None = None) -> list[str]:
     """The arguments that size the engine: ``-m``, ``-c``, ``-np``, KV layout and types, and the
     chat template when it is not the model's own.
 
@@ -144,7 +144,9 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
     than f16 (llama-server's default) add ``-ctk``/``-ctv``. ``chat_template`` (a jinja file)
     adds ``--jinja --chat-template-file FILE``: ``--jinja`` first, because b11434 accepts only
     its built-in template names otherwise (``common/arg.cpp``; jinja is on by default for the
-    server, the flag makes it explicit).
+    server, the flag makes it explicit). ``gpu_layers`` (a count or ``"all"``) adds ``-ngl``
+    (b11434's default is ``auto``, which sizes itself from free GPU memory; squad passes what it
+    planned KV memory for, :func:`squad.machine.kv_memory`).
     """
     args = ["-m", str(model), "-c", str(n_ctx), "-np", str(slots)]
     args.append("--kv-unified" if kv_unified else "--no-kv-unified")
@@ -154,6 +156,8 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
         args += ["-ctv", cache_type_v]
     if chat_template is not None:
         args += ["--jinja", "--chat-template-file", str(chat_template)]
+    if gpu_layers is not None:
+        args += ["-ngl", str(gpu_layers)]
     return args
 
 

@@ -40,7 +40,10 @@ class EnginePlan:
       the training context; an MLX batch's per-sequence share).
     - ``timeline``: the workload's concurrency stages (:func:`squad.workload.stages`), for display.
     - ``requested_ctx``: the context before rounding up to 256 (what was pinned or summed).
-    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None.
+    - ``memory_for_kv``: bytes the machine had for the KV cache when planned, or None;
+      ``memory_source``: which memory that was ("system RAM", "GPU 0 (name)"), or None.
+    - ``kv_bytes_full``: what the KV cache would take if every layer held all ``n_ctx`` cells;
+      above ``kv_bytes`` for a sliding-window model (the window's saving), else equal.
     - ``n_ctx_train``: the model's training context in tokens, or None.
     - ``peak``: agents the workload runs at once (None: nothing planned; -1: unbounded).
     - ``budgets``: each agent's budget in tokens as planned (auto ones resolved); the runtime
@@ -48,6 +51,8 @@ class EnginePlan:
     - ``chat_template``: a chat template file squad ships, passed to the engine in place of the
       model's own (:func:`squad.engine.chat_templates.tool_template_for`), or None for the
       model's own; ``template_name`` names it for display.
+    - ``gpu_layers``: ``-ngl`` (a count or ``"all"``), or None to pass none (CPU);
+      :func:`squad.machine.kv_memory` chose it with the memory KV is planned against.
     """
 
     model: Path
@@ -58,6 +63,7 @@ class EnginePlan:
     cache_type_v: str = "f16"
     backend: Backend = "llama-server"
     chat_template: Path | None = None
+    gpu_layers: int | str | None = None
     kv_bytes: int | None = field(default=None, compare=False)
     per_slot_ctx: int | None = field(default=None, compare=False)
     reasons: tuple[str, ...] = field(default=(), compare=False)
@@ -69,6 +75,8 @@ class EnginePlan:
     peak: int | None = field(default=None, compare=False)
     budgets: dict[str, int] = field(default_factory=dict, compare=False)
     template_name: str = field(default="the model's own", compare=False)
+    kv_bytes_full: int | None = field(default=None, compare=False)
+    memory_source: str | None = field(default=None, compare=False)
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).
@@ -77,7 +85,7 @@ class EnginePlan:
         """
         return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
                            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
-                           chat_template=self.chat_template)
+                           chat_template=self.chat_template, gpu_layers=self.gpu_layers)
 
     @classmethod
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":

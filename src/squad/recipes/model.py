@@ -51,6 +51,7 @@ class EngineSettings:
     slots: int | None = None
     ctx: int | None = None
     cache_type: str | None = None
+    gpu_layers: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ class Recipe:
         from squad.session import EngineSpec
 
         e = self.engine
-        return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16")
+        return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
+                          gpu_layers=e.gpu_layers)
 
     def workload(self) -> Node:
         """The flow as a :mod:`squad.workload` tree for the planner.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator,
                       model_validator)
@@ -35,6 +35,8 @@ class EngineSection(_Strict):
     slots: Literal["auto"] | StrictInt = "auto"
     ctx: Literal["auto"] | StrictInt = "auto"
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
+    gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
+    """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
 
     @field_validator("slots", "ctx", mode="before")
     @classmethod
