@@ -423,6 +423,8 @@ class EngineClient:
             kwargs["tool_choice"] = req.tool_choice
         if req.tools and req.parallel_tool_calls is not None:
             kwargs["parallel_tool_calls"] = req.parallel_tool_calls
+        if self.admission is None:  # the endpoint admits (squad serve): say who asks, and how urgently
+            kwargs["extra_headers"] = {"X-Squad-Client": agent, "X-Squad-Priority": str(req.priority)}
         sent = time.monotonic()
         got = StreamAssembly()
         try:
