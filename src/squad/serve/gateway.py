@@ -190,10 +190,7 @@ class Gateway:
     # -- ASGI ------------------------------------------------------------------------------------
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # no lifespan: the server closes the gateway itself
             return
         version = self._version
 
@@ -218,16 +215,6 @@ class Gateway:
             await self._pass(scope, receive, tagged)
         else:
             await _json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         for name, value in scope["headers"]:
@@ -364,7 +351,12 @@ class _Relay:
                                          params=self.scope.get("query_string", b"").decode() or None)
         sent = time.monotonic()
         try:
-            response = await upstream.send(request, stream=True)
+            try:
+                response = await upstream.send(request, stream=True)
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                # a pooled connection the engine had just closed (keep-alive end, its per-connection
+                # request cap): the request got no answer, so it is resent once on a new connection (F22)
+                response = await upstream.send(request, stream=True)
         except httpx.TransportError as exc:
             self._emit(CallFailed, error="EngineGone", message=repr(exc), attempts=1)
             await _json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",

@@ -9,9 +9,9 @@ streams get ``SHUTDOWN_GRACE`` seconds) and a launched engine is stopped.
 from __future__ import annotations
 
 import socket
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
 
 import anyio
 
@@ -83,15 +83,16 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
     """
     import uvicorn
 
+    _Server = _server_class()
     sock = sock or bind(host, port)
     host, port = sock.getsockname()[:2]
     async with _session(engine, on_event) as session:
         spec = session.spec
         gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
                           request_timeout=spec.request_timeout if spec else 600.0, on_event=on_event)
-        config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="on", http="h11",
+        config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
-        server = uvicorn.Server(config)
+        server = _Server(config)
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         replanner = None
         if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots, spec.ctx):
@@ -99,7 +100,11 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
 
             replanner = Replanner(gateway, interval=replan_interval, log=log)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: server.serve(sockets=[sock]))
+            async def run_server() -> None:
+                await server.serve(sockets=[sock])
+                tg.cancel_scope.cancel()  # uvicorn stopped by itself (SIGINT/SIGTERM): end the block too
+
+            tg.start_soon(run_server)
             if replanner is not None:
                 tg.start_soon(replanner.run)
             while not server.started:
@@ -113,7 +118,21 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
                 server.should_exit = True
                 if replanner is not None:
                     replanner.stop()
-        await gateway.aclose()
+                await gateway.aclose()  # shielded
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handling: Ctrl-C and SIGTERM reach squad's (the CLI's
+        error boundary), which cancels the event loop's main task, so the engine is stopped too."""
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
 
 
 @asynccontextmanager
