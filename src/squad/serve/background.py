@@ -23,9 +23,9 @@ import anyio
 
 from squad import children
 from squad.dirs import state_dir
-from squad.engine.control import control_client, wait_healthy
+from squad.engine.control import control_client, squad_serve_status, wait_healthy
 from squad.engine.launcher import default_load_timeout
-from squad.engine.process import free_port, log_tail
+from squad.engine.process import free_port, listens, log_tail, port_in_use
 from squad.errors import EngineError, EngineStartError, UserError
 
 __all__ = ["Background", "start_background"]
@@ -55,6 +55,9 @@ async def start_background(model: Path, *, slots: int, ctx: int, port: int | Non
     :class:`~squad.errors.EngineLoadTimeout`.
     """
     port = port or free_port()
+    if port_in_use(port):  # never report another program's server as ours (F15)
+        raise UserError(f"port {port} on 127.0.0.1 is in use by another program: pass another --port, or none so "
+                        "squad picks a free one")
     key = secrets.token_urlsafe(24)
     argv = [sys.executable, "-m", "squad", "serve", "--port", str(port), "-m", str(model), "-np", str(slots),
             "-c", str(ctx)]
@@ -83,6 +86,10 @@ async def start_background(model: Path, *, slots: int, ctx: int, port: int | Non
         async with control_client(url, key) as client:
             await wait_healthy(client, timeout=limit, check_alive=check_alive,
                                progress=(lambda elapsed: progress(elapsed, limit)) if progress else None)
+            if listens(proc.pid, port) is False or await squad_serve_status(client) is None:
+                raise EngineStartError(f"port {port} on 127.0.0.1 is in use by another program: a server answered "
+                                       f"there, but not the squad serve started (pid {proc.pid}); pass another "
+                                       "--port, or none so squad picks a free one")
     except BaseException:
         with anyio.CancelScope(shield=True):
             await children.stop(proc, children.GRACE)  # serve stops the engine it started

@@ -8,6 +8,7 @@ streams get ``SHUTDOWN_GRACE`` seconds) and a launched engine is stopped.
 
 from __future__ import annotations
 
+import errno
 import socket
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -61,8 +62,11 @@ def bind(host: str = HOST, port: int = PORT) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise UserError(f"squad serve cannot listen on {host}:{port}: {exc.strerror or exc}; "
-                        "pass another --port (or --port 0 for a free one)") from None
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"squad serve cannot listen on {host}:{port}: port {port} on {host} is in use by another "
+                            "program; pass another --port") from None
+        raise UserError(f"squad serve cannot listen on {host}:{port}: {exc.strerror or exc}; pass another --host "
+                        "or --port") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
