@@ -316,3 +316,24 @@ def test_error_bodies_are_openai_shaped():
     refused = Refused(400, "no", param="n")
     assert json.loads(json.dumps(refused.body)) == {"error": {"message": "no", "type": "invalid_request_error",
                                                               "param": None, "code": 400} | {"param": "n"}}
+
+
+def test_replan_sizes_grow_to_the_peaks_keep_pins_and_never_shrink():
+    from squad.serve.replan import next_size
+    from squad.serve.status import Peaks
+
+    assert next_size(2, 4096, Peaks(requests=5, tokens=6000), pin_slots=None, pin_ctx=None) == (5, 6144)
+    assert next_size(2, 4096, Peaks(requests=20, tokens=100), pin_slots=None, pin_ctx=None) == (8, 4096)
+    assert next_size(2, 4096, Peaks(requests=5, tokens=6000), pin_slots=2, pin_ctx=None) == (2, 6144)
+    assert next_size(2, 4096, Peaks(requests=5, tokens=6000), pin_slots=None, pin_ctx=4096) == (5, 4096)
+    assert next_size(4, 8192, Peaks(requests=1, tokens=10), pin_slots=None, pin_ctx=None) == (4, 8192)
+
+
+async def test_a_replan_on_an_attached_engine_does_nothing():
+    from squad.serve.replan import Replanner
+    from squad.serve.status import Peaks
+
+    async with FakeEngine(slots=1) as fe:
+        async with serving(spec(fe), port=0, replan_interval=1.0) as served:
+            assert served.replanner is None  # an engine at a URL runs as it was started
+            assert await Replanner(served.gateway).replan(Peaks(requests=9, tokens=99999)) is False

@@ -91,7 +91,7 @@ def test_no_key_no_answer_and_it_listens_on_loopback_only(served):
 
 @pytest.mark.timeout(900)  # ~8k prompt tokens in all: minutes on a busy 2-core machine
 def test_eight_naive_clients_all_finish_through_serve_where_they_fail_directly(served):
-    """Each asks ~490 prompt tokens + 48 generated (ignore_eos): four at once need more than the
+    """Each asks ~650 prompt tokens + 48 generated (ignore_eos): four at once need more than the
     2,048-token pool. Directly the engine fails them; through serve each gets all 48 tokens."""
     url, pid = served
     engine = status(url)["engine"]["url"]
@@ -103,7 +103,7 @@ def test_eight_naive_clients_all_finish_through_serve_where_they_fail_directly(s
             got: list = [None] * 8
 
             async def one(i: int) -> None:
-                words = " ".join(f"w{i}x{k}" for k in range(90))
+                words = " ".join(f"w{i}x{k}" for k in range(120))
                 try:
                     stream = await client.chat.completions.create(
                         model="any", messages=[{"role": "user", "content": f"Repeat: {words}"}], max_tokens=48,

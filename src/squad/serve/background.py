@@ -59,8 +59,8 @@ async def start_background(model: Path, *, slots: int, ctx: int, port: int | Non
         raise UserError(f"port {port} on 127.0.0.1 is in use by another program: pass another --port, or none so "
                         "squad picks a free one")
     key = secrets.token_urlsafe(24)
-    argv = [sys.executable, "-m", "squad", "serve", "--port", str(port), "-m", str(model), "-np", str(slots),
-            "-c", str(ctx)]
+    argv = [sys.executable, "-m", "squad", "serve", "--port", str(port), "--model", str(model), "--slots", str(slots),
+            "--ctx", str(ctx)]
     if binary is not None:
         argv += ["--llama-server", str(binary)]
     if threads is not None:
