@@ -283,7 +283,8 @@ def test_engine_start_on_a_port_another_server_answers_is_refused(impostor, tmp_
     started = _squad("engine", "start", "--port", str(impostor), "--llama-server", str(binary), "-m", str(model_file),
                      "-t", str(THREADS), state=state_tmp)
     said = " ".join(started.stderr.split())
-    assert started.returncode == 1 and f"port {impostor} on 127.0.0.1 is in use by another program" in said
+    # engine start runs squad serve on --port (F20), which refuses a taken port as a usage error
+    assert started.returncode == 2 and f"port {impostor} on 127.0.0.1 is in use by another program" in said
     assert "engine up" not in started.stdout and "GGUF" not in said and "Traceback" not in said
     assert not (state_tmp / "engine.json").exists()
     status = _squad("engine", "status", state=state_tmp)

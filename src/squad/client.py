@@ -425,6 +425,8 @@ class EngineClient:
             kwargs["parallel_tool_calls"] = req.parallel_tool_calls
         if req.response_format is not None:
             kwargs["response_format"] = req.response_format
+        if self.admission is None:  # the endpoint admits (squad serve): say who asks, and how urgently
+            kwargs["extra_headers"] = {"X-Squad-Client": agent, "X-Squad-Priority": str(req.priority)}
         sent = time.monotonic()
         got = StreamAssembly()
         try:

@@ -285,7 +285,8 @@ class EngineSession(AsyncResource):
 
         restart = self._restart if self.launcher is not None else None
         sink = self._emit if self._sinks else None  # nobody listens: events are not even built
-        admission = None if spec.admits else Admission.for_engine(info, on_event=sink)
+        # an engine that admits on its own (a squad serve endpoint says so, F20) gets no second admission
+        admission = None if spec.admits or info.admits else Admission.for_engine(info, on_event=sink)
         client = EngineClient(info, admission=admission, request_timeout=spec.request_timeout, on_event=sink,
                               restart=restart, gone_reason=self._exited if self.launcher is not None else None)
         self._chat, self._owns_chat = client, True

@@ -5,6 +5,7 @@
 - ``plan.py``: ``squad plan``
 - ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``
 - ``trace.py``: ``squad trace show|plot``
+- ``serve.py``: ``squad serve``
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from squad.cli import engine as _engine  # noqa: F401  (registers commands)
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
+from squad.cli import serve as _serve  # noqa: F401
 from squad.cli import trace as _trace  # noqa: F401
 from squad.cli._app import app, main, unwrap_help
 

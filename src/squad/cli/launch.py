@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -88,15 +87,20 @@ def engine_start(
     model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
     slots: Annotated[int, options.slots()] = DEFAULT_SLOTS,
     ctx: Annotated[int, options.ctx()] = 8192,
-    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, show_default=False, help="Port on 127.0.0.1 (default: a free one).")] = None,
+    port: Annotated[Optional[int], options.port("Port on 127.0.0.1 (default: a free one).")] = None,
     llama_server: Annotated[Optional[Path], options.llama_server()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
 ) -> None:
-    """Start a llama-server that keeps running after this command (stop it with `squad engine stop`)."""
+    """Start an engine that keeps running after this command (stop it with `squad engine stop`).
+
+    It runs behind `squad serve` in the background, so every client of it (several `squad run --url`,
+    any OpenAI-compatible tool) shares one admission: requests running together never exceed its
+    slots or its pool.
+    """
     from squad.dirs import ENGINE_STATE, check_state_dirs
-    from squad.engine.launcher import Launcher
     from squad.engine.registry import resolve_model
+    from squad.serve.background import start_background
 
     check_state_dirs(*ENGINE_STATE)
 
@@ -112,25 +116,19 @@ def engine_start(
                               has_tool_use_template=facts.has_tool_use_template)
 
     loading = f"loading {plan.model.name} ({plan.slots} slots, {plan.n_ctx} tokens)"
-
-    async def start(progress: Callable[[float, float], None]) -> Launcher:
-        launcher = Launcher(plan, binary=llama_server, threads=threads, port=port, detached=True,
-                            load_timeout=load_timeout, on_progress=progress)
-        await launcher.start()
-        return launcher
-
     started = time.monotonic()
     with progress_status(loading) as say:
-        launcher = anyio.run(start, lambda elapsed, limit: say(f"{loading}: {elapsed:.0f} s of at most {limit:.0f} s"))
-    info, pid = launcher.info, launcher.pid
-    assert info is not None and pid is not None and launcher.log_path is not None
-    launcher.detach()
+        served = anyio.run(lambda: start_background(
+            plan.model, slots=plan.slots, ctx=plan.n_ctx, port=port, binary=llama_server, threads=threads,
+            load_timeout=load_timeout, progress=lambda elapsed, limit: say(f"{loading}: {elapsed:.0f} s of at most "
+                                                                           f"{limit:.0f} s")))
+        info = anyio.run(attach, served.url, served.api_key)
     record = SavedEngine(
-        url=info.base_url,
-        api_key=info.api_key,
-        pid=pid,
-        create_time=psutil.Process(pid).create_time(),
-        log_path=str(launcher.log_path),
+        url=served.url,
+        api_key=served.api_key,
+        pid=served.pid,
+        create_time=psutil.Process(served.pid).create_time(),
+        log_path=str(served.log_path),
         plan=SavedPlan(
             model=str(plan.model),
             slots=plan.slots,
@@ -142,11 +140,12 @@ def engine_start(
     )
     path = save_engine(record)
     console.print(
-        f"engine up at [bold]{info.base_url}[/] in {time.monotonic() - started:.1f} s: {info.slots} slots, "
-        f"n_ctx {info.n_ctx} per request, pool {info.pool} tokens, pid {pid}"
+        f"engine up at [bold]{served.url}[/] in {time.monotonic() - started:.1f} s: {info.slots} slots, "
+        f"n_ctx {info.n_ctx} per request, pool {info.pool} tokens, squad serve pid {served.pid}"
     )
     console.print(f"chat template {info.template_name}", highlight=False, markup=False)
-    console.print(f"API key and pid in {path}; log {launcher.log_path}")
+    console.print(f"every client shares its admission: OpenAI base URL {served.url}/v1 with the key in {path}; "
+                  f"log {served.log_path}", highlight=False)
     console.print("check it with `squad engine status`; stop it with `squad engine stop`")
 
 
@@ -188,6 +187,8 @@ def engine_status(
     console.print(f"slots        {info.slots} ({'?' if busy is None else busy} busy)")
     console.print(f"n_ctx        {info.n_ctx} tokens per request (n_ctx_train {info.n_ctx_train})")
     console.print(f"unified KV   {unified}; pool {info.pool} tokens")
+    if info.admits:
+        console.print("admission    squad serve: shared by every client of this URL")
     console.print(f"template     {info.template_name}")
     if warning:
         err_console.print(f"[yellow]warning:[/] {warning}")

@@ -15,7 +15,7 @@ import typer
 
 from squad.engine.llama import MAX_SLOTS
 
-__all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "url",
+__all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "port", "url",
            "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp", "gpu_layers",
            "parse_gpu_layers"]
 
@@ -24,6 +24,9 @@ OPTION_NAMES: dict[str, str | None] = {
     "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
     "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
     "--request-timeout": None, "--gpu-layers": "-ngl",
+    # serve
+    "--host": None, "--engine-api-key": None, "--default-max-tokens": None, "--replan-interval": None,
+    "--watch": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None, "--otel": None,
@@ -115,6 +118,11 @@ def request_timeout() -> Any:
     return typer.Option("--request-timeout", min=1, show_default=False,
                         help="Seconds one model call may take end to end, queueing excluded (default: 600 s); "
                              "raise it for long prompts on a slow or busy CPU.")
+
+
+def port(help: str) -> Any:
+    """``--port``: a TCP port on this machine, 1..65535."""
+    return typer.Option("--port", min=1, max=65535, show_default=False, help=help)
 
 
 def url(help: str) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -47,6 +47,7 @@ __all__ = [
     "read_engine",
     "EngineState",
     "control_client",
+    "squad_serve_status",
 ]
 
 POLL_INTERVAL = 0.1
@@ -257,7 +258,8 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     An engine still loading (503) is waited out for up to ``load_timeout`` seconds.
     ``kv_unified`` is False for one slot and None (unknown) for two or more: see the module
     docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``. For the engine
-    ``squad engine start`` recorded, its saved plan tells.
+    ``squad engine start`` recorded, its saved plan tells. A ``squad serve`` endpoint (it
+    answers ``/squad/status``) gives ``admits=True`` and its own pool.
 
     Raises :class:`EngineGone` (nothing answers), :class:`EngineLoadTimeout`,
     :class:`UserError` (HTTP 401: wrong or missing key), :class:`EngineError`.
@@ -269,11 +271,32 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     async with control_client(base_url, api_key) as client:
         await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
         state = await read_engine(client)
+        served = await squad_serve_status(client)
     slots = state.total_slots
+    if served is not None:  # squad serve knows its engine's pool: no guessing, and it admits
+        admission = served.get("admission", {})
+        return replace(state.info(base_url, api_key, kv_unified=True, launched=False), admits=True,
+                       pool=int(admission.get("pool", state.n_ctx)))
     plan = saved.plan if saved is not None and saved.plan.slots == slots else None  # what `engine start` recorded
     unified = plan.kv_unified if plan is not None else None
     return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
                       requested_ctx=plan.n_ctx if plan is not None else None)
+
+
+async def squad_serve_status(client: httpx.AsyncClient) -> dict[str, Any] | None:
+    """``/squad/status`` when the server at ``client`` is ``squad serve`` (it admits every request
+    itself, field case F20), else None (a llama-server answers 404)."""
+    try:
+        response = await client.get("/squad/status")
+    except httpx.TransportError:
+        return None
+    if response.status_code != 200 or not response.headers.get("x-squad-serve"):
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and "squad_serve" in body else None
 
 
 def pool_warning(info: EngineInfo) -> str | None:

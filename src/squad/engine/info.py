@@ -31,6 +31,9 @@ class EngineInfo:
       ``tools`` into the prompt only through the chat template, so a template without them
       silently drops the tool definitions (measured on b11434 with SmolLM2's own template: the
       same prompt token count with and without tools).
+    - ``admits``: the URL is a ``squad serve`` endpoint in front of the engine (it answers
+      ``/squad/status``): it admits every request itself, so a client must not reserve again
+      (field case F20).
     """
 
     base_url: str
@@ -46,6 +49,7 @@ class EngineInfo:
     launched: bool = True
     template_has_tools: bool | None = None
     chat_template: str | None = field(default=None, repr=False)
+    admits: bool = False
 
     @property
     def template_name(self) -> str:

@@ -1,0 +1,96 @@
+"""``squad serve``: squad's admission as an OpenAI-compatible endpoint (:mod:`squad.serve`)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Annotated, Optional
+
+import anyio
+import typer
+
+from squad.cli import options
+from squad.cli._app import app, console, engine_spec, err_console
+
+__all__ = ["serve_command"]
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@app.command("serve")
+def serve_command(
+    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
+    slots: Annotated[Optional[int], options.slots("auto: planned, then re-planned from what clients ask")] = None,
+    ctx: Annotated[Optional[int], options.ctx("auto: planned, then re-planned from what clients ask")] = None,
+    ctk: Annotated[Optional[str], options.ctk("f16")] = None,
+    ctv: Annotated[Optional[str], options.ctv()] = None,
+    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    threads: Annotated[Optional[int], options.threads()] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; 127.0.0.1 keeps it to this machine.")]
+    = "127.0.0.1",
+    port: Annotated[int, options.port("Port to listen on (default: 8090).")] = 8090,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="SQUAD_SERVE_API_KEY", show_default=False,
+        help="The key clients must send (Authorization: Bearer KEY); default: a random one, printed.")] = None,
+    url: Annotated[Optional[str], options.url("Serve an engine already running at this URL instead of starting "
+                                              "one (no re-planning then).")] = None,
+    engine_api_key: Annotated[Optional[str], typer.Option(
+        "--engine-api-key", envvar="LLAMA_API_KEY", show_default=False,
+        help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for it).")] = None,
+    default_max_tokens: Annotated[int, typer.Option(
+        "--default-max-tokens", min=1,
+        help="Tokens reserved for, and generated at most by, a request that sets no max_tokens.")] = 1024,
+    replan_interval: Annotated[float, typer.Option(
+        "--replan-interval", min=1,
+        help="Seconds between two reloads of the engine for a bigger plan (with --slots or --ctx left auto).")]
+    = 300.0,
+    watch: Annotated[bool, typer.Option("--watch", help="Show the live view: slots, pool, queue, one row per client.")]
+    = False,
+    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
+    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) in front of
+    llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
+    queued by priority (header X-Squad-Priority, lower first), released when it ends or the client
+    leaves. Requests running together never exceed the engine's slots or its KV pool, whichever
+    tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
+
+    Point any OpenAI-compatible client at http://127.0.0.1:8090/v1 with the printed key.
+    """
+    from squad.dirs import ENGINE_STATE, check_state_dirs
+    from squad.serve.server import bind, serving
+    from squad.view import LiveView
+
+    if url is None:
+        check_state_dirs(*ENGINE_STATE)
+    spec = engine_spec(url=url, api_key=engine_api_key, model=model, slots=slots, ctx=ctx, cache_type_k=ctk,
+                       cache_type_v=ctv, binary=llama_server, threads=threads, load_timeout=load_timeout)
+    if request_timeout is not None:
+        spec = spec.but(request_timeout=request_timeout)
+    key = api_key or secrets.token_urlsafe(24)
+    if host not in LOOPBACK:
+        err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
+                          "(they still need the key)")
+
+    def say(line: str) -> None:
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    async def run() -> None:
+        sock = bind(host, port)
+        where = f"engine at {url}" if url else "loading the engine"
+        say(f"squad serve: {where} ...")
+        with LiveView(on=watch, console=err_console) as view:
+            async with serving(spec, sock=sock, api_key=key, default_max_tokens=default_max_tokens,
+                               replan_interval=replan_interval, on_event=view if watch else None, log=say) as served:
+                info = served.session.info
+                auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
+                console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{served.api_key}[/]",
+                              soft_wrap=True, highlight=False)
+                say(f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at most "
+                    f"{served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
+                    f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
+                                                  f"{replan_interval:.0f} s)" if auto else ""))
+                say("status: GET /squad/status; stop with Ctrl-C")
+                await anyio.sleep_forever()
+
+    anyio.run(run)

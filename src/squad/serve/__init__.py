@@ -1,0 +1,22 @@
+"""``squad serve``: squad's planning and KV-aware admission as an OpenAI-compatible endpoint.
+
+Any OpenAI-compatible client (coding agents, editors, scripts, several ``squad run --url``)
+points at ``http://127.0.0.1:8090/v1`` with the key squad serve printed; every generation
+request is counted, reserved and queued by squad's :class:`~squad.admission.Admission` before
+it reaches llama-server, so requests running together never exceed its slots or its KV pool.
+
+- :mod:`squad.serve.gateway`: the ASGI app (routes, key, relay, ``/squad/status``);
+- :mod:`squad.serve.demand`: one request's reservation (prompt + max_tokens) or its 400;
+- :mod:`squad.serve.status`: live requests and per-client counts;
+- :mod:`squad.serve.replan`: ``--slots auto`` re-planning at quiet moments;
+- :mod:`squad.serve.server`: engine session + uvicorn (:func:`serving`).
+"""
+
+from __future__ import annotations
+
+from squad.serve.demand import Demand, Refused
+from squad.serve.gateway import CLIENT_HEADER, DEFAULT_MAX_TOKENS, PRIORITY_HEADER, SERVE_HEADER, STATUS_PATH, Gateway
+from squad.serve.server import HOST, PORT, Served, serving
+
+__all__ = ["Gateway", "Served", "serving", "Demand", "Refused", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER",
+           "STATUS_PATH", "DEFAULT_MAX_TOKENS", "HOST", "PORT"]

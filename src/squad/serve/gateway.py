@@ -1,0 +1,452 @@
+"""The ASGI app of ``squad serve``: an OpenAI-compatible endpoint in front of one llama-server
+that admits every generation request through squad's :class:`~squad.admission.Admission`.
+
+Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
+
+- generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
+  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``);
+- passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
+  ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
+  ``/v1/chat/completions/input_tokens``;
+- ``GET /squad/status``: slots, pool reservations, queue, per-client counts (JSON).
+
+One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
+``prompt + max_tokens`` (FIFO within priority: header ``X-Squad-Priority``, lower first, default
+0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
+when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
+once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
+connection is closed so llama-server frees the slot, and its reservation is released. Every
+response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import anyio
+import httpx
+
+from squad.admission import Admission
+from squad.errors import AdmissionError, EngineError, EngineGone
+from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
+from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.status import Ledger, Live
+
+if TYPE_CHECKING:
+    from squad.counting import PromptCounter
+    from squad.engine.info import EngineInfo
+    from squad.session import EngineSession
+
+__all__ = ["Gateway", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER", "DEFAULT_MAX_TOKENS", "STATUS_PATH"]
+
+SERVE_HEADER = "x-squad-serve"
+"""Response header naming squad serve (its version): the endpoint admits on its own."""
+PRIORITY_HEADER = "x-squad-priority"
+"""Request header: a whole number, lower is admitted first (default 0); FIFO among equals."""
+CLIENT_HEADER = "x-squad-client"
+"""Request header naming the client for per-client counts (else the ``user`` field, else the peer address)."""
+STATUS_PATH = "/squad/status"
+DEFAULT_MAX_TOKENS = 1024
+"""Tokens reserved for (and generated at most by) a request that gives no max_tokens."""
+
+GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
+                               "/v1/completions": "completion", "/completions": "completion",
+                               "/completion": "completion"}
+PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
+PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens")
+_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"}
+_UPSTREAM_KEEPALIVE_S = 2.0  # below cpp-httplib's 5 s keep-alive (as squad.client)
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Gateway:
+    """The ASGI app (``await gateway(scope, receive, send)``) for one engine session.
+
+    - ``session``: an open :class:`~squad.session.EngineSession` whose admission admits here;
+    - ``api_key``: the key clients must send (``secrets.token_urlsafe(24)`` when None: read it
+      back from :attr:`api_key`);
+    - ``default_max_tokens``: what a request without max_tokens reserves and may generate;
+    - ``request_timeout``: seconds one upstream request may take;
+    - ``on_event``: receives ``call.first_token``/``call.finished``/``call.failed`` (admission's
+      own events reach the session's sinks).
+
+    Raises :class:`~squad.errors.UserError` for a session without admission (its engine admits
+    on its own: another squad serve).
+    """
+
+    def __init__(self, session: "EngineSession", *, api_key: str | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
+                 on_event: EventSink | None = None, version: str = "") -> None:
+        from squad import __version__
+        from squad.errors import UserError
+
+        if session.admission is None:
+            raise UserError(f"the engine at {session.info.base_url} admits on its own (it is a squad serve "
+                            "endpoint already): point clients at it directly")
+        self.session = session
+        self.api_key = api_key or secrets.token_urlsafe(24)
+        self.default_max_tokens = default_max_tokens
+        self.request_timeout = request_timeout
+        self.ledger = Ledger()
+        self.replans: list[dict[str, Any]] = []
+        """Each reload :mod:`squad.serve.replan` made: when, from/to slots and context, the reason."""
+        self.reloading = False
+        self._sinks = [on_event] if on_event is not None else []
+        self._ids = itertools.count(1)
+        self._version = (version or __version__).encode()
+        self._upstream: httpx.AsyncClient | None = None
+        self._upstream_for: tuple[str, str | None] | None = None
+        self._retired: list[httpx.AsyncClient] = []
+        self._key = self.api_key.encode()
+
+    # -- the engine ---------------------------------------------------------------------------
+
+    @property
+    def admission(self) -> Admission:
+        admission = self.session.admission
+        assert admission is not None
+        return admission
+
+    @property
+    def engine(self) -> "EngineInfo":
+        return self.session.info
+
+    @property
+    def counter(self) -> "PromptCounter":
+        return self.session.chat.counter  # type: ignore[attr-defined]  (an EngineClient)
+
+    @property
+    def upstream(self) -> httpx.AsyncClient:
+        """The HTTP client to the engine (a new one after a reload moved it to a new URL or key)."""
+        info = self.engine
+        if self._upstream is None or self._upstream_for != (info.base_url, info.api_key):
+            if self._upstream is not None:
+                self._retired.append(self._upstream)
+            headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                  keepalive_expiry=_UPSTREAM_KEEPALIVE_S)
+            self._upstream = httpx.AsyncClient(base_url=info.base_url, headers=headers, limits=limits,
+                                               timeout=httpx.Timeout(self.request_timeout, connect=10.0))
+            self._upstream_for = (info.base_url, info.api_key)
+        return self._upstream
+
+    async def aclose(self) -> None:
+        """Close the connections to the engine."""
+        with anyio.CancelScope(shield=True):
+            for client in [*self._retired, *([self._upstream] if self._upstream else [])]:
+                await client.aclose()
+        self._upstream, self._retired = None, []
+
+    async def count(self, body: dict[str, Any], kind: Kind) -> int:
+        """Prompt tokens of a request as the engine counts them (:mod:`squad.counting` for chat;
+        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt).
+        Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
+        502 when the engine does not answer."""
+        from squad.stream import Loading
+
+        try:
+            if kind == "chat":
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages:
+                    raise Refused(400, "messages must be a non-empty list of chat messages", param="messages")
+                return (await self.counter(messages, body.get("tools") or None))[0]
+            return await self._count_text(body.get("prompt"))
+        except Loading as exc:
+            raise Refused(503, str(exc) or "Loading model", "unavailable_error") from exc
+        except (EngineGone, EngineError) as exc:
+            raise Refused(502, f"squad serve could not count the prompt: {exc}", "server_error") from exc
+
+    async def _count_text(self, prompt: Any) -> int:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return len(prompt)
+        if not isinstance(prompt, str):
+            raise Refused(400, "prompt must be one text (or one list of token ids): squad serve admits one "
+                               "prompt per request; send several requests instead", param="prompt")
+        await self.counter.prepare()
+        local = self.counter.local
+        if local is not None:
+            return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
+        try:
+            r = await self.upstream.post("/tokenize", json={"content": prompt, "add_special": True})
+        except httpx.TransportError as exc:
+            raise EngineGone(f"engine at {self.engine.base_url} is not answering ({exc!r})") from exc
+        if r.status_code == 503:
+            raise Refused(503, "Loading model", "unavailable_error")
+        if r.status_code != 200:
+            raise EngineError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
+        return len(r.json()["tokens"])
+
+    def emit(self, event: Event) -> None:
+        emit_to(self._sinks, event)
+
+    # -- ASGI ------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # no lifespan: the server closes the gateway itself
+            return
+        version = self._version
+
+        async def tagged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version)]
+            await send(message)
+
+        path, method = scope["path"], scope["method"]
+        if path == "/health" and method == "GET":
+            await self._pass(scope, receive, tagged)
+            return
+        if not self._authorized(scope):
+            await _json(tagged, 401, error_body(401, "Invalid API Key: send the key squad serve printed, as "
+                                                     "'Authorization: Bearer KEY'", "authentication_error"))
+            return
+        if path in GENERATION and method == "POST":
+            await self._generate(scope, receive, tagged, GENERATION[path])
+        elif path == STATUS_PATH and method == "GET":
+            await _json(tagged, 200, self.status())
+        elif (path in PASS_GET and method == "GET") or (path in PASS_POST and method == "POST"):
+            await self._pass(scope, receive, tagged)
+        else:
+            await _json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                return secrets.compare_digest(value[7:].strip(), self._key)
+            if name == b"x-api-key":
+                return secrets.compare_digest(value.strip(), self._key)
+        return False
+
+    # -- /squad/status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``/squad/status``: the engine, admission's slots/pool/queue, the ledger (running and
+        queued requests, per-client counts, peaks) and re-plans. Tokens are KV cells."""
+        from pathlib import Path
+
+        info, admission = self.engine, self.admission
+        plan = self.session.plan
+        return {
+            "squad_serve": self._version.decode(),
+            "engine": {"url": info.base_url, "model": Path(info.model_path).name if info.model_path else None,
+                       "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
+                       "launched": self.session.launcher is not None,
+                       "reasons": list(plan.reasons) if plan is not None else []},
+            "admission": {"slots": admission.slots, "busy": admission.in_flight, "pool": admission.pool,
+                          "reserved": admission.reserved, "limit": admission.limit, "queued": len(admission.queued)},
+            "default_max_tokens": self.default_max_tokens,
+            "reloading": self.reloading,
+            **self.ledger.view(),
+            "replans": self.replans,
+        }
+
+    # -- passthrough ------------------------------------------------------------------------------
+
+    async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = await _read_body(receive) if scope["method"] == "POST" else b""
+        headers = {"content-type": "application/json"} if body else {}
+        try:
+            r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
+                                            params=scope.get("query_string", b"").decode() or None)
+        except httpx.TransportError:
+            if self.reloading or self.session.launcher is not None and self.session.launcher.running is False:
+                await _json(send, 503, error_body(503, "Loading model", "unavailable_error"))
+            else:
+                await _json(send, 502, error_body(502, f"the engine at {self.engine.base_url} is not answering",
+                                                  "server_error"))
+            return
+        await send({"type": "http.response.start", "status": r.status_code, "headers": _relayed(r.headers.raw)})
+        await send({"type": "http.response.body", "body": r.content})
+
+    # -- generation --------------------------------------------------------------------------------
+
+    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, kind: Kind) -> None:
+        raw = await _read_body(receive)
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+            priority = _priority(scope)
+        except (ValueError, UnicodeDecodeError) as exc:
+            await _json(send, 400, error_body(400, f"squad serve could not read the request: {exc}",
+                                              "invalid_request_error"))
+            return
+        except Refused as exc:
+            await _json(send, exc.status, exc.body)
+            return
+        live = Live(id=f"r{next(self._ids)}", client=_client_name(scope, body), priority=priority,
+                    stream=bool(body.get("stream")))
+        self.ledger.open(live)
+        relay = _Relay(self, live, scope, body, raw, kind)
+        outcome = "failed"
+
+        async def ending(message: dict[str, Any]) -> None:  # a disconnect after the last byte is no disconnect
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                relay.finished = True
+            await send(message)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(relay.watch, receive, tg.cancel_scope)
+                outcome = await relay.run(ending)
+                tg.cancel_scope.cancel()
+        finally:
+            self.ledger.close(live, "disconnected" if relay.disconnected else outcome)  # type: ignore[arg-type]
+
+
+class _Relay:
+    """One admitted generation request (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway, live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
+                 kind: Kind) -> None:
+        self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
+        self.finished = self.disconnected = False
+
+    async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        """Cancel the request when the client disconnects (queued, waiting or streaming)."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished:
+                    self.disconnected = True
+                    scope.cancel()
+                return
+
+    async def run(self, send: Send) -> str:
+        """Admit, forward and relay; return the outcome for the ledger."""
+        g, live = self.g, self.live
+        admission = g.admission
+        try:
+            demand = await demand_for(self.body, self.kind, g.count, limit=admission.limit,
+                                      default_max_tokens=g.default_max_tokens)
+        except Refused as exc:
+            await _json(send, exc.status, exc.body)
+            return "refused" if exc.status == 400 else "failed"
+        content = self.raw
+        if demand.defaulted:
+            self.body["max_tokens"] = demand.max_tokens
+            content = json.dumps(self.body).encode()
+        g.ledger.move(live, "queued", tokens=demand.tokens)
+        origin = Origin(live.client, conversation=live.id)
+        try:
+            async with admission.reserve(demand.tokens, agent=origin, priority=live.priority, call=live.id) as held:
+                g.ledger.move(live, "running", slot=held.slot)
+                return await self._forward(send, content, held.queued_s)
+        except AdmissionError as exc:  # the engine was reloaded smaller while it waited
+            await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
+            return "refused"
+
+    async def _forward(self, send: Send, content: bytes, queued_s: float) -> str:
+        g, live = self.g, self.live
+        upstream = g.upstream
+        request = upstream.build_request("POST", self.scope["path"], content=content,
+                                         headers={"content-type": "application/json"},
+                                         params=self.scope.get("query_string", b"").decode() or None)
+        sent = time.monotonic()
+        try:
+            try:
+                response = await upstream.send(request, stream=True)
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                # a pooled connection the engine had just closed (keep-alive end, its per-connection
+                # request cap): the request got no answer, so it is resent once on a new connection (F22)
+                response = await upstream.send(request, stream=True)
+        except httpx.TransportError as exc:
+            self._emit(CallFailed, error="EngineGone", message=repr(exc), attempts=1)
+            await _json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
+                                              "server_error"))
+            return "failed"
+        first, started = True, False
+        try:
+            headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            started = True
+            async for chunk in response.aiter_raw():
+                if first:
+                    first = False
+                    self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
+            self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+            if not started:
+                await _json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+            else:
+                frame = json.dumps(error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                await send({"type": "http.response.body",
+                            "body": f"data: {frame}\n\n".encode() if live.stream else b""})
+            return "failed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # on a disconnect too: the engine frees the slot at once
+        if response.status_code >= 400:
+            self._emit(CallFailed, error=f"HTTP {response.status_code}", message="", attempts=1)
+            return "failed"
+        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
+        return "completed"
+
+    def _emit(self, kind: type[Event], **data: Any) -> None:
+        if self.g._sinks:
+            self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
+                             engine=self.g.engine.base_url, **data))
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _json(send: Send, status: int, body: Any) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if k.lower() not in _HOP]
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _priority(scope: dict[str, Any]) -> int:
+    value = _header(scope, PRIORITY_HEADER.encode())
+    if value is None:
+        return 0
+    try:
+        priority = int(value)
+    except ValueError:
+        priority = None
+    if priority is None or not -1000 <= priority <= 1000:
+        raise Refused(400, f"{PRIORITY_HEADER}: write a whole number from -1000 to 1000 (lower is admitted first), "
+                           f"got {value!r}")
+    return priority
+
+
+def _client_name(scope: dict[str, Any], body: dict[str, Any]) -> str:
+    named = _header(scope, CLIENT_HEADER.encode())
+    if named:
+        return named[:64]
+    if isinstance(body.get("user"), str) and body["user"]:
+        return body["user"][:64]
+    peer = scope.get("client")
+    return str(peer[0]) if peer else "?"

@@ -1,0 +1,150 @@
+"""Run the gateway: an engine session (launched or attached) and uvicorn on one event loop.
+
+``async with serving(spec, port=8090) as served:`` starts or attaches the engine
+(:class:`~squad.session.EngineSession`), binds ``host:port`` (127.0.0.1 by default), and serves
+the :class:`~squad.serve.gateway.Gateway` until the block ends; then uvicorn stops (open
+streams get ``SHUTDOWN_GRACE`` seconds) and a launched engine is stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
+
+import anyio
+
+from squad.errors import UserError
+from squad.events import EventSink
+from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
+
+if TYPE_CHECKING:
+    from squad.serve.replan import Replanner
+    from squad.session import EngineSession, EngineSpec
+
+__all__ = ["Served", "serving", "bind", "HOST", "PORT", "SHUTDOWN_GRACE"]
+
+HOST = "127.0.0.1"
+"""squad serve binds here unless told otherwise: only this machine can reach it."""
+PORT = 8090
+"""The default port (llama-server's own default is 8080)."""
+SHUTDOWN_GRACE = 2.0
+"""Seconds open requests get when squad serve stops."""
+
+
+@dataclass
+class Served:
+    """A running squad serve: ``url`` (``http://HOST:PORT``, clients add ``/v1``), ``api_key``,
+    ``gateway``, ``session``, and ``replanner`` when it re-plans (``--slots auto``)."""
+
+    url: str
+    api_key: str
+    gateway: Gateway
+    session: "EngineSession"
+    replanner: "Replanner | None" = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL: ``url + "/v1"``."""
+        return self.url + "/v1"
+
+
+def bind(host: str = HOST, port: int = PORT) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one). Raises :class:`UserError`
+    when the port is taken or the address is not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # streamed chunks leave at once
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"squad serve cannot listen on {host}:{port}: port {port} on {host} is in use by another "
+                            "program; pass another --port") from None
+        raise UserError(f"squad serve cannot listen on {host}:{port}: {exc.strerror or exc}; pass another --host "
+                        "or --port") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+@asynccontextmanager
+async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, port: int = PORT,
+                  api_key: str | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                  replan_interval: float | None = None, on_event: EventSink | None = None,
+                  log: "Callable[[str], None] | None" = None, sock: socket.socket | None = None,
+                  ) -> AsyncIterator[Served]:
+    """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
+
+    ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
+    squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound socket
+    (:func:`bind`) instead of ``host:port``. Raises :class:`UserError` (port taken, or the
+    engine at the URL admits on its own) and the session's errors.
+    """
+    import uvicorn
+
+    _Server = _server_class()
+    sock = sock or bind(host, port)
+    host, port = sock.getsockname()[:2]
+    async with _session(engine, on_event) as session:
+        spec = session.spec
+        gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
+                          request_timeout=spec.request_timeout if spec else 600.0, on_event=on_event)
+        config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
+        server = _Server(config)
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        replanner = None
+        if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots, spec.ctx):
+            from squad.serve.replan import Replanner
+
+            replanner = Replanner(gateway, interval=replan_interval, log=log)
+        async with anyio.create_task_group() as tg:
+            async def run_server() -> None:
+                await server.serve(sockets=[sock])
+                tg.cancel_scope.cancel()  # uvicorn stopped by itself (SIGINT/SIGTERM): end the block too
+
+            tg.start_soon(run_server)
+            if replanner is not None:
+                tg.start_soon(replanner.run)
+            while not server.started:
+                if server.should_exit:
+                    raise UserError(f"squad serve could not start on {url}")
+                await anyio.sleep(0.01)
+            try:
+                yield Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session,
+                             replanner=replanner)
+            finally:
+                server.should_exit = True
+                if replanner is not None:
+                    replanner.stop()
+                await gateway.aclose()  # shielded
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handling: Ctrl-C and SIGTERM reach squad's (the CLI's
+        error boundary), which cancels the event loop's main task, so the engine is stopped too."""
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
+
+
+@asynccontextmanager
+async def _session(engine: "EngineSpec | EngineSession", on_event: EventSink | None) -> AsyncIterator["EngineSession"]:
+    from squad.session import EngineSession
+
+    if isinstance(engine, EngineSession):
+        yield engine
+        return
+    async with EngineSession(engine, None, on_event=on_event) as session:
+        yield session
