@@ -1,6 +1,7 @@
 """The ``squad`` command line. Each area registers its commands on the shared app:
 
 - ``engine.py``: ``squad engine install|info``, ``squad models pull|list|info``
+- ``config.py``: ``squad config show|path``
 - ``launch.py``: ``squad engine start|stop|status``, ``squad verify``
 - ``plan.py``: ``squad plan``
 - ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``

