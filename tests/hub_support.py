@@ -10,7 +10,9 @@ It answers the requests ``huggingface_hub`` 2.x makes for ``list_repo_files`` an
   ``Range: bytes=N-`` with a 206.
 
 ``stall_after[path] = n``: the next GET of ``path`` sends ``n`` bytes and then hangs (until the
-hub stops), as a connection that dies mid-transfer; ``requests`` records every request.
+hub stops), as a connection that dies mid-transfer (``stalled`` is set then); ``requests``
+records every request. ``drop_after[path] = n``: the next GET sends ``n`` bytes, then the
+connection is closed before the body is complete.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Request:
 class StandInHub:
     repos: dict[str, dict[str, Path | bytes]]  # repo id -> {path in repo: file on disk or bytes}
     stall_after: dict[str, int] = field(default_factory=dict)
+    drop_after: dict[str, int] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     port: int = 0
 
@@ -52,7 +55,8 @@ class StandInHub:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self._stop = threading.Event()
-        config = uvicorn.Config(self._app(), log_level="error", lifespan="off", access_log=False,
+        self.stalled = threading.Event()
+        config = uvicorn.Config(self._app(), log_level="critical", lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=0.2)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -124,6 +128,7 @@ class StandInHub:
             if request.headers.get("range", "").startswith("bytes="):
                 start = int(request.headers["range"][6:].split("-")[0])
             stall = hub.stall_after.pop(name, None)
+            drop = hub.drop_after.pop(name, None)
 
             async def body():  # noqa: ANN202
                 sent = start
@@ -132,9 +137,13 @@ class StandInHub:
                     while chunk := f.read(1 << 16):
                         if stall is not None and sent + len(chunk) > stall:
                             yield chunk[: max(0, stall - sent)]
+                            hub.stalled.set()
                             while not hub._stop.is_set():  # a transfer that stops moving
                                 await anyio.sleep(0.05)
                             return
+                        if drop is not None and sent + len(chunk) > drop:
+                            yield chunk[: max(0, drop - sent)]
+                            raise ConnectionAbortedError("the stand-in hub drops the connection")
                         sent += len(chunk)
                         yield chunk
 

@@ -95,6 +95,7 @@ def hf_cache(cache: Path, repo_id: str, files: dict[str, Path | str]) -> Path:
 def split_gguf(src: Path, dest: Path, parts: int = 2) -> list[Path]:
     """Write ``src`` as a split model ``dest.stem-0000i-of-0000N.gguf`` (``gguf.GGUFWriter`` with
     ``split_max_tensors``: llama.cpp's split naming and ``split.*`` keys); returns the parts."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
     reader = gguf.GGUFReader(src)
     per_part = -(-len(reader.tensors) // parts)
     writer = gguf.GGUFWriter(dest, str(reader.fields["general.architecture"].contents()),

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from squad.cli import options
-from squad.cli._app import app, console
+from squad.cli._app import app, console, err_console
 
 if TYPE_CHECKING:
     from squad.engine.stores import StoredModel
@@ -47,14 +47,16 @@ _MiB = 1024 * 1024
 
 
 @contextmanager
-def progress_status(start: str) -> Iterator[Callable[[str], None]]:
+def progress_status(start: str, *, stderr: bool = False) -> Iterator[Callable[[str], None]]:
     """Yields the ``progress(message)`` callback squad's engine API takes.
 
     On a terminal: one live status line. Otherwise (CI logs, pipes): a printed line whenever
-    the step changes, and at most every 10 s within a step.
+    the step changes, and at most every 10 s within a step. ``stderr``: report there (keeps
+    ``--json`` output on stdout clean).
     """
-    if console.is_terminal:
-        with console.status(start) as status:
+    out = err_console if stderr else console
+    if out.is_terminal:
+        with out.status(start) as status:
             yield lambda message: status.update(message)
         return
     last = {"step": "", "at": 0.0}
@@ -63,7 +65,7 @@ def progress_status(start: str) -> Iterator[Callable[[str], None]]:
         step = re.sub(r"[\d.,/%]+", "#", message)
         now = time.monotonic()
         if step != last["step"] or now - last["at"] >= 10:
-            console.print(message, highlight=False)
+            out.print(message, highlight=False)
             last.update(step=step, at=now)
 
     yield report
@@ -223,7 +225,7 @@ def models_info(
 
     from squad.engine.chat_templates import describe, tool_template_for
 
-    with progress_status(f"looking up {model or 'the default model'}") as progress:
+    with progress_status(f"looking up {model or 'the default model'}", stderr=True) as progress:
         found = find_model(model, pull=True, progress=progress)
     facts = read_model_facts(found.path)
     license_ = found.license or facts.license

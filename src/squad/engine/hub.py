@@ -15,8 +15,11 @@ layout is the hub's documented one (huggingface.co/docs/hub/local-cache):
 
 Resolution is cache first: a reference whose file is in the cache resolves with no network
 call at all (a model pulled yesterday runs on a train). Only a file missing from the cache is
-downloaded (``hf_hub_download``: a ``.incomplete`` file in the cache resumes where an
-interrupted download stopped, progress reported through the caller's callback).
+downloaded (``hf_hub_download``), its progress reported through the caller's callback. A
+transfer cut off mid-way (connection dropped, read timeout) resumes where it stopped with an
+HTTP ``Range`` request (huggingface_hub 2.x ``http_get``: up to 5 tries in a row without new
+bytes). huggingface_hub 2.x downloads into a temporary file private to the process and deletes
+it on failure, so a download whose process was stopped starts that file over next time.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def resolve_hf(spec: str, *, pull: bool = True, progress: Progress | None = None
         raise ModelError(f"{ref} is not in {where}; download it with `squad models pull {ref}`")
     from huggingface_hub import constants
 
-    if constants.is_offline_mode():
+    if constants.HF_HUB_OFFLINE:
         raise ModelError(f"{ref} is not in {where} and HF_HUB_OFFLINE is set, so squad may not download it; "
                          "unset HF_HUB_OFFLINE (or download it where there is a network)")
     return _download(ref, progress or (lambda _msg: None))
