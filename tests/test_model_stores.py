@@ -245,3 +245,21 @@ def test_store_directories_come_from_their_variables(tmp_path, monkeypatch):
     home = Path(os.environ["HOME"])
     assert stores.ollama_dirs()[0] == home / ".ollama" / "models"
     assert stores.lmstudio_dirs() == [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+
+
+def test_a_recipe_names_a_model_by_reference(tmp_path, default_model_path, capsys):
+    ollama_store(tmp_path / "ollama", default_model_path, "smollm2", "135m")
+    body = "agents:\n  a:\n    instructions: Hi.\nmain: a\nflow:\n  - agent: a\n    prompt: Say hi.\n"
+    good = tmp_path / "good.yaml"
+    good.write_text("name: good\nmodel: ollama:smollm2:135m\n" + body)
+    code, out, err = run_cli(capsys, "plan", good, "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"].startswith(str(tmp_path / "ollama" / "blobs"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmodel: ollama:nothing:7b\n" + body)
+    code, out, err = run_cli(capsys, "plan", bad, "--json")
+    assert code == 2 and f"{bad}:2" in err and "no Ollama model 'nothing:7b'" in err, err
+    later = tmp_path / "later.yaml"  # an hf: file not cached yet: the recipe loads, `squad run` downloads it
+    later.write_text("name: later\nmodel: hf:org/not-cached-GGUF:Q4_K_M\n" + body)
+    code, out, err = run_cli(capsys, "recipes", "validate", later)
+    assert code == 0, err
