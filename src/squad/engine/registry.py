@@ -273,7 +273,7 @@ def _known(name: str) -> KnownModel:
             raise UnknownModel(f"{name} is a file you already have: it needs no pull; pass it as --model {name} "
                                f"(`squad models pull` fetches only the known models: {known})") from None
         raise UnknownModel(f"no known model {name!r}; `squad models pull` fetches one of: {known} "
-                           "(`squad models list` shows them)") from None
+                           "(`squad models list` shows them), or a Hugging Face model: hf:ORG/REPO[:QUANT]") from None
 
 
 def _verified(path: Path, known: KnownModel) -> bool:
