@@ -24,7 +24,7 @@ from typing import Literal, Union
 
 import psutil
 
-from squad.errors import UserError
+from squad.errors import ModelError, UserError
 
 __all__ = ["memory_for_kv", "parse_bytes", "SAFETY_MIN", "SAFETY_FRACTION", "ENV_VAR", "GpuDevice", "gpu_devices",
            "KvMemory", "kv_memory", "GPU_MARGIN", "GpuLayers"]
@@ -61,9 +61,11 @@ def memory_for_kv(model: Path | str | None = None) -> int:
     vm = psutil.virtual_memory()
     model_size = 0
     if model is not None:
+        from squad.engine.stores import model_bytes  # all parts of a split model
+
         try:
-            model_size = Path(model).stat().st_size
-        except OSError:
+            model_size = model_bytes(model)
+        except (OSError, ModelError):
             model_size = 0
     margin = max(SAFETY_MIN, int(vm.total * SAFETY_FRACTION))
     return max(0, int(vm.available) - model_size - margin)

@@ -1,6 +1,7 @@
 """The ``squad`` command line. Each area registers its commands on the shared app:
 
 - ``engine.py``: ``squad engine install|info``, ``squad models pull|list|info``
+- ``config.py``: ``squad config show|path``
 - ``launch.py``: ``squad engine start|stop|status``, ``squad verify``
 - ``plan.py``: ``squad plan``
 - ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``
@@ -10,7 +11,8 @@
 
 from __future__ import annotations
 
-from squad.cli import engine as _engine  # noqa: F401  (registers commands)
+from squad.cli import config as _config  # noqa: F401  (registers commands)
+from squad.cli import engine as _engine  # noqa: F401
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401

@@ -174,8 +174,10 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
                 **overrides: Any) -> "EngineSpec":
     """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's
     :meth:`~squad.recipes.Recipe.engine_spec`, or the default) with the command-line
-    ``overrides`` that were given (model, slots, ctx, cache types, binary, threads); with
-    ``url`` an engine to attach to instead (pins on the command line are then an error)."""
+    ``overrides`` that were given (model, slots, ctx, cache types, binary, threads), then the
+    config file's defaults for what neither set (:mod:`squad.config`); with ``url`` an engine to
+    attach to instead (pins on the command line are then an error)."""
+    from squad.config import api_key_for, with_config
     from squad.session import EngineSpec
 
     if url is not None:
@@ -185,6 +187,6 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
             options = ", ".join(flag.get(k, "--" + k.replace("_", "-")) for k in given)
             raise UserError(f"{options} size or start an engine squad launches; drop them with --url "
                             "(the engine at the URL runs as it was started)")
-        return EngineSpec(url=url, api_key=api_key)
+        return EngineSpec(url=url, api_key=api_key_for(url, api_key))
     given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
-    return (base or EngineSpec()).but(**given)
+    return with_config((base or EngineSpec()).but(**given))

