@@ -87,19 +87,12 @@ def test_command_line_then_recipe_then_config(config):
     assert attached.model is None and attached.threads is None  # an engine at a URL takes no launch settings
 
 
-def test_gpu_layers_reach_a_spec_that_has_them(config):
-    import dataclasses
-
-    @dataclasses.dataclass(frozen=True)
-    class WithGpu:
-        model: str | None = None
-        url: str | None = None
-        gpu_layers: int | None = None
-
+def test_gpu_layers_reach_the_engine_spec(config):
     cfg = Config(gpu_layers=20)
-    assert with_config(WithGpu(), cfg).gpu_layers == 20  # type: ignore[arg-type]
-    assert with_config(WithGpu(gpu_layers=0), cfg).gpu_layers == 0  # type: ignore[arg-type]
-    assert with_config(EngineSpec(), cfg) == EngineSpec()  # a spec without GPU layers is left alone
+    assert with_config(EngineSpec(), cfg).gpu_layers == 20
+    assert with_config(EngineSpec(gpu_layers=0), cfg).gpu_layers == 0  # the command line or recipe wins
+    assert with_config(EngineSpec(gpu_layers="all"), cfg).gpu_layers == "all"
+    assert with_config(EngineSpec(url="http://127.0.0.1:1"), cfg).gpu_layers is None  # attached: none of it
 
 
 def test_the_api_key_goes_to_engines_squad_did_not_start(config, monkeypatch):

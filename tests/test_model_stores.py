@@ -189,7 +189,7 @@ def test_an_unknown_model_names_every_store_searched(tmp_path, default_model_pat
     with pytest.raises(UnknownModel) as caught:
         resolve_model("smollm")
     message = str(caught.value)
-    for where in ("squad's registry (smollm2-135m)", f"Hugging Face cache ({tmp_path / 'hf'})",
+    for where in ("squad's registry (smollm2-135m, gemma3-270m)", f"Hugging Face cache ({tmp_path / 'hf'})",
                   f"Ollama ({tmp_path / 'ollama'})", f"LM Studio ({tmp_path / 'lmstudio'})",
                   "did you mean ollama:smollm2:135m?", "hf:ORG/REPO[:QUANT]", "ollama:NAME[:TAG]",
                   "lmstudio:PUBLISHER/MODEL"):
