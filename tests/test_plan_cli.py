@@ -108,7 +108,7 @@ def test_recipe_plan_json_and_engine_pins(capsys, model, tmp_path):
     ([], "give a recipe file"),
     (["--agents", "a:lots"], "NAME:BUDGET"),
     (["--agents", "a:40000"], "above the model's training context"),
-    (["--agents", "a:100", "--slots", "9"], "less than or equal to 8"),
+    (["--agents", "a:100", "--slots", "9"], "9 is not in 1..8 (or auto)"),
     (["--agents", "a:100", "--ctk", "q9"], "q9"),
     (["--agents", "a:100", "--backend", "gpu"], "--backend"),
     (["RECIPE", "-p", "novalue"], "NAME=VALUE"),

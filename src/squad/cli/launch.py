@@ -35,8 +35,8 @@ __all__ = ["verify", "engine_start", "engine_stop", "engine_status"]
 @app.command("verify")
 def verify(
     model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
-    slots: Annotated[int, options.slots()] = 4,
-    ctx: Annotated[int, options.ctx()] = 8192,
+    slots: Annotated[Optional[int], options.slots()] = 4,
+    ctx: Annotated[Optional[int], options.ctx()] = 8192,
     llama_server: Annotated[Optional[Path], options.llama_server()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
@@ -54,6 +54,7 @@ def verify(
     from squad.verify import run_verify
 
     check_state_dirs(*ENGINE_STATE)
+    slots, ctx = slots or 4, ctx or 8192  # auto: the product page's test
     config = load_config()  # defaults for what the command line leaves out
     model, threads = model or config.model, threads or config.threads
     llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)
@@ -89,8 +90,8 @@ def verify(
 @engine_app.command("start")
 def engine_start(
     model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
-    slots: Annotated[int, options.slots()] = DEFAULT_SLOTS,
-    ctx: Annotated[int, options.ctx()] = 8192,
+    slots: Annotated[Optional[int], options.slots()] = DEFAULT_SLOTS,
+    ctx: Annotated[Optional[int], options.ctx()] = 8192,
     port: Annotated[Optional[int], options.port("Port on 127.0.0.1 (default: a free one).")] = None,
     llama_server: Annotated[Optional[Path], options.llama_server()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
@@ -108,6 +109,7 @@ def engine_start(
     from squad.serve.background import start_background
 
     check_state_dirs(*ENGINE_STATE)
+    slots, ctx = slots or DEFAULT_SLOTS, ctx or 8192  # auto: the defaults
     config = load_config()  # defaults for what the command line leaves out
     model, threads = model or config.model, threads or config.threads
     llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)

@@ -54,18 +54,42 @@ def param(what: str = "Recipe parameter") -> Any:
                              "@@ escapes a literal @.")
 
 
+def number_or_auto(low: int, high: int | None = None) -> Any:
+    """A parser for a whole number in ``[low, high]`` or ``auto`` (returned as None: the command
+    plans it, or uses its default); a bad value is a usage error (exit 2)."""
+
+    def parse(value: Any) -> int | None:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            number = value
+        elif str(value).strip().lower() == "auto":
+            return None
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                raise typer.BadParameter(f"{value!r} is neither a whole number nor auto") from None
+        if number is not None and (number < low or (high is not None and number > high)):
+            top = f"..{high}" if high is not None else " or more"
+            raise typer.BadParameter(f"{number} is not in {low}{top} (or auto)")
+        return number
+
+    return parse
+
+
 def slots(default: str | None = None) -> Any:
-    """``--slots/-np``: parallel slots, 1..MAX_SLOTS. ``default``: what happens without it, in
-    words (None: the command's own default value is shown)."""
-    return typer.Option("--slots", "-np", min=1, max=MAX_SLOTS, show_default=default is None,
-                        help="Parallel slots" + _default(default))
+    """``--slots/-np``: parallel slots, 1..MAX_SLOTS, or ``auto`` (None: planned). ``default``:
+    what happens without it, in words (None: the command's own default value is shown)."""
+    return typer.Option("--slots", "-np", parser=number_or_auto(1, MAX_SLOTS), metavar=f"1..{MAX_SLOTS}|auto",
+                        show_default=default is None,
+                        help="Parallel slots, or auto" + _default(default))
 
 
 def ctx(default: str | None = None) -> Any:
-    """``--ctx/-c``: the context in tokens (the slots' shared pool); ``default`` as for :func:`slots`."""
-    return typer.Option("--ctx", "-c", min=256, show_default=default is None,
+    """``--ctx/-c``: the context in tokens (the slots' shared pool), or ``auto`` (None: planned);
+    ``default`` as for :func:`slots`."""
+    return typer.Option("--ctx", "-c", parser=number_or_auto(256), metavar="TOKENS|auto", show_default=default is None,
                         help="Context in tokens, shared by the slots as one pool; rounded up to a multiple "
-                             "of 256" + _default(default))
+                             "of 256; or auto" + _default(default))
 
 
 def ctk(default: str = "the recipe's cache_type, else f16") -> Any:
