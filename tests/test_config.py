@@ -138,3 +138,16 @@ def test_config_show_and_path(config, capsys):
     assert code == 0 and "hf:org/repo:Q4_K_M" in out and "(config file)" in out and "secret" not in out
     code, out, err = squad(capsys, "config", "path")
     assert code == 0 and out.strip() == str(path)
+
+
+def test_gpu_layers_may_be_all_and_numbers_are_strict(tmp_path, monkeypatch):
+    from squad.config import load_config
+
+    path = tmp_path / "c.toml"
+    monkeypatch.setenv("SQUAD_CONFIG", str(path))
+    path.write_text('gpu_layers = "all"\nthreads = 2\n')
+    assert load_config().gpu_layers == "all"
+    for bad in ("threads = true", "gpu_layers = -1", 'gpu_layers = "most"'):
+        path.write_text(bad + "\n")
+        with pytest.raises(UserError, match=r"c\.toml:1"):
+            load_config()

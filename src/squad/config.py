@@ -28,10 +28,10 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from squad.errors import UserError
 
@@ -50,8 +50,9 @@ class Config(BaseModel):
 
     model: str | None = Field(None, min_length=1, description="model reference used when none is given")
     llama_server: str | None = Field(None, min_length=1, description="path of the llama-server binary")
-    threads: int | None = Field(None, ge=1, description="llama-server CPU threads (-t)")
-    gpu_layers: int | None = Field(None, ge=0, description="model layers offloaded to the GPU (-ngl)")
+    threads: StrictInt | None = Field(None, ge=1, description="llama-server CPU threads (-t)")
+    gpu_layers: Annotated[StrictInt, Field(ge=0)] | Literal["all"] | None = Field(None, description="model layers offloaded to the GPU "
+                                                             "(-ngl): a number (0 = none) or all")
     api_key: str | None = Field(None, min_length=1, description="bearer key for engines at --url")
 
 

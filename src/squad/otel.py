@@ -287,11 +287,11 @@ def configured_provider(*, exporter: str | None = None, service_name: str = "squ
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
         raise UserError(f"OpenTelemetry export needs the OpenTelemetry SDK; {INSTALL_HINT}") from None
-    name = (exporter or os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    names = [n.strip().lower() for n in (exporter or os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")]
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", "") else {SERVICE_NAME: service_name}
     provider = TracerProvider(resource=Resource.create(attributes))
-    if name != "none":
+    for name in dict.fromkeys(n for n in names if n and n != "none"):  # each one named, in order
         provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
     return provider
 
@@ -299,6 +299,12 @@ def configured_provider(*, exporter: str | None = None, service_name: str = "squ
 def _exporter(name: str) -> Any:
     from importlib.metadata import entry_points
 
+    if name == "console":  # to stderr: stdout carries the run's output (and --json)
+        import sys
+
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(out=sys.stderr)
     if name == "otlp":
         protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
             "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")

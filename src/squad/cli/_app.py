@@ -31,6 +31,21 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from squad import __version__
+
+        typer.echo(f"squad {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print squad's version and exit.")) -> None:
+    """Run agents that share one local llama-server: squad plans slots and context for the work,
+    launches the engine, and never sends it more than it can hold."""
+
+
 def unwrap_help(typer_app: typer.Typer) -> None:
     """Give every command and group of ``typer_app`` its help as prose: paragraphs kept, the
     line breaks inside a paragraph (docstring wrapping) dropped, so the terminal rewraps the

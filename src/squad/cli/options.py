@@ -34,7 +34,7 @@ OPTION_NAMES: dict[str, str | None] = {
     "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
     # verify, engine install, models, trace
     "--max-tokens": None, "--force": None, "--jobs": "-j", "--calls": None,
-    "--help": None,
+    "--help": None, "--version": None,
 }
 """Every long option name the CLI may use -> its one short form (None: no short form)."""
 

@@ -105,7 +105,7 @@ def run_command(
     trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
-    otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
+    otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
