@@ -64,7 +64,7 @@ def test_command_line_overrides_keep_the_rest_of_the_recipe(tmp_path, default_mo
     base = load_recipe(write_recipe(tmp_path, default_model_path)).engine_spec()
     spec = engine_spec(base, slots=3, threads=2, model=None, ctx=None)
     assert (spec.slots, spec.threads, spec.kv_types) == (3, 2, ("q8_0", "q8_0"))
-    with pytest.raises(UserError, match="--slots size or start an engine"):
+    with pytest.raises(UserError, match="--slots sizes or starts an engine squad launches, but --url attaches to a running one: drop --slots"):
         engine_spec(base, url="http://127.0.0.1:1", slots=3)
     assert engine_spec(base, url="http://127.0.0.1:1").url == "http://127.0.0.1:1"
 

@@ -200,8 +200,9 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
         if given:
             flag = {"binary": "--llama-server", "cache_type_k": "--ctk", "cache_type_v": "--ctv"}
             options = ", ".join(flag.get(k, "--" + k.replace("_", "-")) for k in given)
-            raise UserError(f"{options} size or start an engine squad launches; drop them with --url "
-                            "(the engine at the URL runs as it was started)")
+            what = "sizes or starts" if len(given) == 1 else "size or start"
+            raise UserError(f"{options} {what} an engine squad launches, but --url attaches to a running one: "
+                            f"drop {options} (the engine at the URL runs as it was started)")
         return EngineSpec(url=url, api_key=api_key_for(url, api_key))
     given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
     return with_config((base or EngineSpec()).but(**given))

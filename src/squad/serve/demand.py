@@ -100,14 +100,16 @@ async def demand_for(body: dict[str, Any], kind: Kind, count: Count, *, limit: i
 
 def _never_fits(prompt: int, max_tokens: int | None, limit: int) -> Refused:
     need = prompt + (max_tokens or 1)
+    restart = (f"restart squad serve with --ctx {round_ctx(need):,} (a request too big for the engine is refused, "
+               "never re-planned for: re-planning follows requests that wait)")
     if max_tokens is None:
-        message = (f"this request's prompt is {prompt} tokens, but one request may hold at most {limit} tokens "
-                   f"(prompt + max_tokens) on this engine: shorten the prompt by {prompt - limit + 1} tokens, "
-                   f"or restart squad serve with --ctx {round_ctx(need)}")
+        message = (f"this request's prompt is {prompt:,} tokens, but one request may hold at most {limit:,} tokens "
+                   f"(prompt + max_tokens) on this engine: shorten the prompt by {prompt - limit + 1:,} tokens, "
+                   f"or {restart}")
     else:
-        fixes = [f"lower max_tokens to {limit - prompt}"] if prompt < limit else []
-        fixes += [f"shorten the prompt by {need - limit} tokens", f"restart squad serve with --ctx {round_ctx(need)}"]
-        message = (f"this request needs {need} tokens (prompt {prompt} + max_tokens {max_tokens}), but one request "
-                   f"may hold at most {limit} tokens on this engine: " + ", or ".join(fixes))
+        fixes = [f"lower max_tokens to {limit - prompt:,}"] if prompt < limit else []
+        fixes += [f"shorten the prompt by {need - limit:,} tokens", restart]
+        message = (f"this request needs {need:,} tokens (prompt {prompt:,} + max_tokens {max_tokens:,}), but one "
+                   f"request may hold at most {limit:,} tokens on this engine: " + ", or ".join(fixes))
     return Refused(400, message, "exceed_context_size_error", n_prompt_tokens=prompt, max_tokens=max_tokens,
                    n_ctx=limit)

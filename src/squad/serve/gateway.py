@@ -252,9 +252,14 @@ class Gateway:
     async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = await _read_body(receive) if scope["method"] == "POST" else b""
         headers = {"content-type": "application/json"} if body else {}
+        params = scope.get("query_string", b"").decode() or None
         try:
-            r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
-                                            params=scope.get("query_string", b"").decode() or None)
+            try:
+                r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
+                                                params=params)
+            except httpx.TransportError:  # once more: a pooled connection the engine had just closed
+                r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
+                                                params=params)
         except httpx.TransportError:
             if self.reloading or self.session.launcher is not None and self.session.launcher.running is False:
                 await _json(send, 503, error_body(503, "Loading model", "unavailable_error"))
@@ -424,7 +429,7 @@ def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return value.decode("utf-8", "replace")  # HTTP carries bytes; clients send UTF-8 names
     return None
 
 
