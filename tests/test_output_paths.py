@@ -16,13 +16,12 @@ import shutil
 import textwrap
 from pathlib import Path
 
-import anyio
 import pytest
 
-from cli_support import squad
+from cli_support import engine, squad, state  # noqa: F401 - fixtures
 from squad.dirs import check_output_file, check_state_dirs
 from squad.errors import UserError
-from squad.testing import FakeEngine, Reply
+from squad.testing import Reply
 
 TWO_STEPS = textwrap.dedent("""\
     name: two-steps
@@ -43,21 +42,6 @@ TWO_STEPS = textwrap.dedent("""\
         agent: editor
         prompt: "Edit: {{ steps.draft.output }}"
     """)
-
-
-@pytest.fixture
-def state(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "state"
-    monkeypatch.setenv("SQUAD_STATE_DIR", str(path))
-    return path
-
-
-@pytest.fixture
-def engine():
-    fe = FakeEngine(slots=2, n_ctx=4096)
-    anyio.run(fe.start)
-    yield fe
-    anyio.run(fe.stop)
 
 
 @pytest.fixture

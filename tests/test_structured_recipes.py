@@ -12,11 +12,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_support import squad
+from cli_support import engine, squad, state  # noqa: F401 - fixtures
 
 from squad.errors import InvalidOutput, RecipeError
 from squad.recipes import load_recipe, run_recipe, validate_recipe
-from squad.testing import FakeEngine, Reply
+from squad.testing import Reply
 
 CITY = "{type: object, properties: {city: {type: string}, country: {type: string}}, required: [city, country]}"
 
@@ -53,21 +53,6 @@ STEPS = textwrap.dedent(f"""\
       - id: note
         prompt: "Write one line about {{{{ steps.first.value.city }}}} in {{{{ steps.first.value.country }}}}."
     """)
-
-
-@pytest.fixture
-def state(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "state"
-    monkeypatch.setenv("SQUAD_STATE_DIR", str(path))
-    return path
-
-
-@pytest.fixture
-def engine():
-    fe = FakeEngine(slots=2, n_ctx=4096)
-    anyio.run(fe.start)
-    yield fe
-    anyio.run(fe.stop)
 
 
 def _write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
