@@ -21,8 +21,10 @@ slots, pool, per-request limit); what differs is what the numbers mean and why t
   "maximum concurrency" at full length, at least 1). Sources: vllm-project/vllm
   ``docs/design/metrics.md`` (commit 0328b59, the "Cache Config Info" section) and
   ``vllm/v1/metrics/loggers.py`` (``_log_info_cache_config``); ``/version`` and ``/tokenize``
-  from ``vllm/entrypoints/openai/api_server.py``. Counting: ``POST /tokenize`` with the chat
-  ``messages`` answers ``{"count", "max_model_len", "tokens"}``.
+  are routes of ``vllm/entrypoints/openai/api_server.py``. Counting: ``POST /tokenize`` with
+  ``model`` and the chat ``messages`` (``TokenizeChatRequest``, ``add_generation_prompt`` true by
+  default) answers ``TokenizeResponse`` ``{"count", "max_model_len", "tokens", "token_strs"}``
+  (``vllm/entrypoints/openai/protocol.py``).
 - ``sglang``: retracts (preempts) running requests when its token pool runs out, like vLLM.
   Read: ``GET /server_info`` (newer) or ``GET /get_server_info``: the server arguments at top
   level (``context_length``, ``max_running_requests``, either may be null), the scheduler's
