@@ -64,8 +64,10 @@ def test_command_line_overrides_keep_the_rest_of_the_recipe(tmp_path, default_mo
     base = load_recipe(write_recipe(tmp_path, default_model_path)).engine_spec()
     spec = engine_spec(base, slots=3, threads=2, model=None, ctx=None)
     assert (spec.slots, spec.threads, spec.kv_types) == (3, 2, ("q8_0", "q8_0"))
-    with pytest.raises(UserError, match="--slots sizes or starts an engine squad launches, but --url attaches to a running one: drop --slots"):
-        engine_spec(base, url="http://127.0.0.1:1", slots=3)
+    # with --url, --slots is a capacity pin for the attached server (issue 14), --threads still sizes a launch
+    assert engine_spec(base, url="http://127.0.0.1:1", slots=3).slots == 3
+    with pytest.raises(UserError, match="--threads sizes or starts an engine squad launches, but --url attaches"):
+        engine_spec(base, url="http://127.0.0.1:1", threads=2)
     assert engine_spec(base, url="http://127.0.0.1:1").url == "http://127.0.0.1:1"
 
 

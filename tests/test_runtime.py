@@ -253,8 +253,8 @@ async def test_map_keeps_input_order_and_respects_max_concurrency() -> None:
 async def test_bad_squads_are_user_errors() -> None:
     with pytest.raises(UserError, match="main agent 'boss'"):
         Squad(team(), main="boss")
-    with pytest.raises(UserError, match="slots size or start an engine squad launches"):
-        Squad(team(), url="http://127.0.0.1:1", slots=2)
+    with pytest.raises(UserError, match="threads size or start an engine squad launches"):
+        Squad(team(), url="http://127.0.0.1:1", threads=2)
     with pytest.raises(UserError, match="not open"):
         await Squad(team()).run("hi")
 

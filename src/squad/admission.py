@@ -67,6 +67,13 @@ class _Waiter:
         return (self.reservation.priority, self.seq)
 
 
+def _limit_note(info: "EngineInfo") -> str:
+    if info.truncates:
+        return (f" ({info.kind} would silently truncate a longer prompt, so squad refuses it before sending: "
+                "it was not sent)")
+    return ""
+
+
 class Admission:
     """Slot- and KV-aware admission for one engine.
 
@@ -76,11 +83,14 @@ class Admission:
       (e.g. ``n_ctx`` per slot when KV is not unified).
     - ``on_event``: receives ``call.queued`` / ``call.admitted`` / ``call.released``.
     - ``engine``: the engine id its events carry (its base URL).
+    - ``limit_note``: why the per-request limit matters for this engine, added to the error for
+      a request above it (e.g. Ollama truncates such a prompt silently).
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
-                 on_event: EventSink | None = None, engine: str | None = None) -> None:
+                 on_event: EventSink | None = None, engine: str | None = None, limit_note: str = "") -> None:
         self._check_shape(slots, pool)
+        self.limit_note = limit_note
         self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
         self._on_event = on_event
         self.engine = engine
@@ -97,11 +107,12 @@ class Admission:
         """Admission for an engine as it reported itself: its slots, its pool, and each
         request kept under the per-slot context ``info.n_ctx`` (which is below the pool when
         KV is not unified, or when one slot is capped at the training context)."""
-        return cls(info.slots, info.pool, per_request_limit=info.n_ctx, on_event=on_event, engine=info.base_url)
+        return cls(info.slots, info.pool, per_request_limit=info.n_ctx, on_event=on_event, engine=info.base_url,
+                   limit_note=_limit_note(info))
 
     def adopt(self, info: "EngineInfo") -> None:
         """Take a reloaded engine's slots and pool (see :meth:`resize`)."""
-        self.engine = info.base_url
+        self.engine, self.limit_note = info.base_url, _limit_note(info)
         self.resize(info.slots, info.pool, per_request_limit=info.n_ctx)
 
     # -- views for the live display ------------------------------------------------------
@@ -136,8 +147,8 @@ class Admission:
             agent = agent.agent if isinstance(agent, Origin) else agent
             raise AdmissionError(
                 f"agent '{agent}' needs {tokens} tokens (prompt + max_tokens) but one request may use at most "
-                f"{self.limit} tokens of this engine's context: raise the context to {round_ctx(tokens)} "
-                f"or lower max_tokens / shorten the prompt by {tokens - self.limit} tokens",
+                f"{self.limit} tokens of this engine's context{self.limit_note}: raise the context to "
+                f"{round_ctx(tokens)} or lower max_tokens / shorten the prompt by {tokens - self.limit} tokens",
                 agent=agent,
             )
 

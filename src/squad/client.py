@@ -234,15 +234,25 @@ class EngineClient:
     async def _count_remote(self, messages: list[dict], tools: list[dict] | None) -> int:
         """The engine's count. Idempotent, so a dropped connection is retried (field case F22):
         up to :data:`COUNT_ATTEMPTS` attempts with jittered backoff before :class:`EngineGone`."""
+        how = self._engine.count_with
+        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang, unknown): a high estimate
+            from squad.counting import estimate_chat_tokens
+
+            return estimate_chat_tokens(messages, tools)
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
-        r = await self._post_idempotent("/v1/chat/completions/input_tokens", body)
+        if how == "tokenize":  # vLLM: POST /tokenize with the chat messages -> {"count", "max_model_len", "tokens"}
+            body["model"] = self._engine.model_alias
+            r = await self._post_idempotent("/tokenize", body)
+        else:
+            r = await self._post_idempotent("/v1/chat/completions/input_tokens", body)
         if r.status_code == 503:
             raise Loading(error_message(r.json() if r.content else {}, "Loading model"))
         if r.status_code != 200:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
-        return int(r.json()["input_tokens"])
+        answer = r.json()
+        return int(answer["count"] if how == "tokenize" else answer["input_tokens"])
 
     async def _post_idempotent(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -334,7 +344,7 @@ class EngineClient:
                                                sleep=anyio.sleep, reraise=True):
                 with attempt:
                     r = await self._http.get("/health", timeout=2.0)
-                    if r.status_code not in (200, 503):
+                    if r.status_code not in (200, 503, 401, 404, 405):  # 404: a kind without /health (Ollama)
                         raise EngineGone(f"/health answered HTTP {r.status_code}")
         except (httpx.TransportError, EngineGone):
             return False

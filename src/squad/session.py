@@ -63,7 +63,9 @@ class EngineSpec:
       NVML finds a GPU, else none); KV is then planned against GPU memory (:func:`squad.machine.kv_memory`);
     - ``backend``/``mlx_max_batch``: for ``squad plan`` of other backends.
 
-    Or attach: ``url`` (+ ``api_key``) of a running engine; pins are then an error. ``admits``:
+    Or attach: ``url`` (+ ``api_key``) of a running server of any kind (:mod:`squad.engine.kinds`);
+    ``slots``/``ctx`` are then capacity pins: used where the server reports nothing, and they may
+    lower (never raise) what it reports; the other launch settings are an error. ``admits``:
     the engine at ``url`` admits on its own (a proxy in front of llama-server that queues by
     slots and KV pool itself), so squad sends without reserving.
 
@@ -118,7 +120,7 @@ class EngineSpec:
         if not str(self.url).startswith(("http://", "https://")):
             raise UserError(f"url {self.url!r}: write the engine's address with its scheme, "
                             f"e.g. http://{str(self.url).removeprefix('//')}")
-        launch_only = {"model": self.model, "slots": self.slots, "ctx": self.ctx, "binary": self.binary,
+        launch_only = {"model": self.model, "binary": self.binary,
                        "threads": self.threads, "load_timeout": self.load_timeout, "mlx_max_batch": self.mlx_max_batch,
                        "gpu_layers": self.gpu_layers,
                        "cache_type_k": None if self.cache_type_k == "f16" else self.cache_type_k,
@@ -271,7 +273,7 @@ class EngineSession(AsyncResource):
         elif spec.url is not None:
             from squad.engine.control import attach
 
-            info, reason = await attach(spec.url, spec.api_key), "attached"
+            info, reason = await attach(spec.url, spec.api_key, slots=spec.slots, ctx=spec.ctx), "attached"
         else:
             self.plan = await anyio.to_thread.run_sync(plan_engine, spec, self.workload)
             self._emit(EnginePlanned(slots=self.plan.slots, n_ctx=self.plan.n_ctx, reasons=list(self.plan.reasons),

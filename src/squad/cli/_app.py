@@ -190,12 +190,15 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
     """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's
     :meth:`~squad.recipes.Recipe.engine_spec`, or the default) with the command-line
     ``overrides`` that were given (model, slots, ctx, cache types, binary, threads), then the
-    config file's defaults for what neither set (:mod:`squad.config`); with ``url`` an engine to
-    attach to instead (pins on the command line are then an error)."""
+    config file's defaults for what neither set (:mod:`squad.config`); with ``url`` a server to
+    attach to instead: ``--slots``/``--ctx`` are then capacity pins for it (used where it reports
+    nothing, never above what it reports, :mod:`squad.engine.kinds`); other launch options are
+    an error."""
     from squad.config import api_key_for, with_config
     from squad.session import EngineSpec
 
     if url is not None:
+        pins = {k: overrides.pop(k, None) for k in ("slots", "ctx")}
         given = [k for k, v in overrides.items() if v is not None]
         if given:
             flag = {"binary": "--llama-server", "cache_type_k": "--ctk", "cache_type_v": "--ctv"}
@@ -203,6 +206,6 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
             what = "sizes or starts" if len(given) == 1 else "size or start"
             raise UserError(f"{options} {what} an engine squad launches, but --url attaches to a running one: "
                             f"drop {options} (the engine at the URL runs as it was started)")
-        return EngineSpec(url=url, api_key=api_key_for(url, api_key))
+        return EngineSpec(url=url, api_key=api_key_for(url, api_key), **pins)
     given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
     return with_config((base or EngineSpec()).but(**given))

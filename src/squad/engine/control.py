@@ -81,8 +81,12 @@ async def wait_healthy(
     check_alive: Callable[[], None] | None = None,
     connect_grace: float | None = None,
     progress: Callable[[float], None] | None = None,
+    missing_ok: bool = False,
 ) -> int:
     """Poll ``GET /health`` until it answers 200; return how many 503 answers were seen.
+
+    ``missing_ok`` (attach, any kind of server): an answer of 401, 404 or 405 also counts as up:
+    the server has no public ``/health`` (Ollama, LM Studio), yet it answers.
 
     503 ``Loading model`` and refused connections (not bound yet) are waited out until
     ``timeout`` seconds have passed. ``check_alive`` runs before each poll and raises if the
@@ -117,6 +121,8 @@ async def wait_healthy(
         if response.status_code == 503:
             seen_503 += 1
             raise _NotReady
+        if missing_ok and response.status_code in (401, 404, 405):
+            return
         if response.status_code != 200:
             raise EngineError(
                 f"engine at {client.base_url} answered /health with HTTP {response.status_code}: "
@@ -249,17 +255,25 @@ async def read_engine(client: httpx.AsyncClient, *, with_slots: bool = True) -> 
     return state
 
 
-async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 120.0) -> EngineInfo:
-    """Read an engine squad did not launch; returns :class:`EngineInfo` with ``launched=False``.
+async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 120.0,
+                 slots: int | None = None, ctx: int | None = None) -> EngineInfo:
+    """Read a server squad did not launch; returns :class:`EngineInfo` with ``launched=False``.
 
     ``url`` is the server root (``http://127.0.0.1:8080``; a trailing ``/v1`` is dropped).
     The key is ``api_key``, else ``LLAMA_API_KEY`` from the environment, else the key
     recorded by ``squad engine start`` when ``url`` is that engine (``engine.json``).
-    An engine still loading (503) is waited out for up to ``load_timeout`` seconds.
-    ``kv_unified`` is False for one slot and None (unknown) for two or more: see the module
-    docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``. For the engine
-    ``squad engine start`` recorded, its saved plan tells. A ``squad serve`` endpoint (it
-    answers ``/squad/status``) gives ``admits=True`` and its own pool.
+    A server still loading (503 on ``/health``) is waited out for up to ``load_timeout`` seconds.
+
+    The kind is detected from what the server answers: ``/props`` in llama-server's shape is
+    ``llama.cpp`` (``/squad/status`` too: ``squad-serve``); anything else is probed by
+    :func:`squad.engine.kinds.probe` (vLLM, SGLang, Ollama, LM Studio, else openai-compatible).
+    ``slots``/``ctx`` are the user's pins: used where the server reports nothing, and they may
+    lower (never raise) what it reports. ``info.sources`` says where each number came from.
+
+    llama.cpp: ``kv_unified`` is False for one slot and None (unknown) for two or more: see the
+    module docstring and :func:`pool_warning`; ``pool`` is then ``n_ctx``. For the engine
+    ``squad engine start`` recorded, its saved plan tells. A ``squad serve`` endpoint gives
+    ``admits=True`` and its own pool.
 
     Raises :class:`EngineGone` (nothing answers), :class:`EngineLoadTimeout`,
     :class:`UserError` (HTTP 401: wrong or missing key), :class:`EngineError`.
@@ -269,18 +283,88 @@ async def attach(url: str, api_key: str | None = None, *, load_timeout: float = 
     if api_key is None:
         api_key = os.environ.get("LLAMA_API_KEY") or (saved.api_key if saved else None)
     async with control_client(base_url, api_key) as client:
-        await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE)
+        await wait_healthy(client, timeout=load_timeout, connect_grace=CONNECT_GRACE, missing_ok=True)
+        if not await _answers_props(client):
+            return await _attach_other(client, base_url, api_key, slots=slots, ctx=ctx)
         state = await read_engine(client)
         served = await squad_serve_status(client)
+    info = _llama_info(state, base_url, api_key, saved, served)
+    return _pinned(info, slots, ctx)
+
+
+async def _answers_props(client: httpx.AsyncClient) -> bool:
+    """True when ``GET /props`` answers in llama-server's shape (HTTP 401 too: a llama-server
+    with a key; :func:`read_engine` then says so)."""
+    try:
+        response = await client.get("/props")
+    except httpx.TransportError:
+        return False
+    if response.status_code == 401:
+        return True
+    try:
+        body = response.json() if response.status_code == 200 else None
+    except ValueError:
+        return False
+    return isinstance(body, dict) and "total_slots" in body and "default_generation_settings" in body
+
+
+def _llama_info(state: EngineState, base_url: str, api_key: str | None, saved: Any,
+                served: dict[str, Any] | None) -> EngineInfo:
     slots = state.total_slots
+    where = {"slots": "/props total_slots", "ctx": "/props default_generation_settings.n_ctx (per slot)"}
     if served is not None:  # squad serve knows its engine's pool: no guessing, and it admits
         admission = served.get("admission", {})
         return replace(state.info(base_url, api_key, kv_unified=True, launched=False), admits=True,
-                       pool=int(admission.get("pool", state.n_ctx)))
+                       pool=int(admission.get("pool", state.n_ctx)), kind="squad-serve",
+                       sources={**where, "pool": "/squad/status admission.pool"})
     plan = saved.plan if saved is not None and saved.plan.slots == slots else None  # what `engine start` recorded
     unified = plan.kv_unified if plan is not None else None
-    return state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
+    info = state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
                       requested_ctx=plan.n_ctx if plan is not None else None)
+    pool = ("the plan `squad engine start` recorded" if plan is not None else
+            "one slot's context: whether the slots share one KV pool is not reported" if slots > 1 else "n_ctx (one slot)")
+    return replace(info, sources={**where, "pool": pool})
+
+
+def _pinned(info: EngineInfo, slots: int | None, ctx: int | None) -> EngineInfo:
+    """``info`` with the user's pins applied: a pin may lower what the engine reported, never raise it."""
+    sources, warnings = dict(info.sources), list(info.warnings)
+    if slots is not None and slots < info.slots:
+        sources["slots"] = f"pin slots={slots} (the engine has {info.slots})"
+        info = replace(info, slots=slots)
+    elif slots is not None and slots > info.slots:
+        warnings.append(f"slots={slots} is above the engine's {info.slots} ({sources.get('slots')}): squad uses {info.slots}")
+    if ctx is not None and ctx < info.pool:
+        sources["pool"] = f"pin ctx={ctx} (the engine has {info.pool})"
+        info = replace(info, pool=ctx, n_ctx=min(info.n_ctx, ctx))
+    elif ctx is not None and ctx > info.pool:
+        warnings.append(f"ctx={ctx} is above the engine's pool of {info.pool} tokens: squad uses {info.pool}")
+    return replace(info, sources=sources, warnings=tuple(warnings))
+
+
+async def _attach_other(client: httpx.AsyncClient, base_url: str, api_key: str | None, *,
+                        slots: int | None, ctx: int | None) -> EngineInfo:
+    """Attach to a server that is not a llama-server (:func:`squad.engine.kinds.probe`)."""
+    from squad.engine.kinds import probe
+
+    capacity = await probe(client, slots=slots, ctx=ctx)
+    model = capacity.model or await _served_model(client)
+    return EngineInfo(
+        base_url=base_url, api_key=api_key, slots=capacity.slots, n_ctx=capacity.n_ctx, kv_unified=None,
+        pool=capacity.pool, model_alias=model, build_info=capacity.version, launched=False, kind=capacity.kind,
+        sources=capacity.sources, count_with="tokenize" if capacity.tokenize == "vllm" else "estimate",
+        version=capacity.version, warnings=capacity.warnings,
+    )
+
+
+async def _served_model(client: httpx.AsyncClient) -> str:
+    """``/v1/models`` ``data[0].id``, the model name requests must carry, or ""."""
+    try:
+        response = await client.get("/v1/models")
+        data = response.json().get("data") if response.status_code == 200 else None
+    except (httpx.TransportError, ValueError, AttributeError):
+        return ""
+    return str(data[0].get("id", "")) if isinstance(data, list) and data and isinstance(data[0], dict) else ""
 
 
 async def squad_serve_status(client: httpx.AsyncClient) -> dict[str, Any] | None:
@@ -301,7 +385,7 @@ async def squad_serve_status(client: httpx.AsyncClient) -> dict[str, Any] | None
 
 def pool_warning(info: EngineInfo) -> str | None:
     """The warning to show for an engine whose KV layout is unknown, else None."""
-    if info.kv_unified is not None or info.slots < 2:
+    if info.kind != "llama.cpp" or info.kv_unified is not None or info.slots < 2:
         return None
     return (
         f"engine at {info.base_url} does not say whether its {info.slots} slots share one KV pool; "

@@ -34,6 +34,17 @@ class EngineInfo:
     - ``admits``: the URL is a ``squad serve`` endpoint in front of the engine (it answers
       ``/squad/status``): it admits every request itself, so a client must not reserve again
       (field case F20).
+    - ``kind``: what answers at ``base_url`` (:data:`squad.engine.kinds.KINDS`): ``llama.cpp``,
+      ``vllm``, ``sglang``, ``ollama``, ``lmstudio``, ``openai-compatible``, ``squad-serve``.
+      For kinds other than llama.cpp, ``slots``/``n_ctx``/``pool`` are what that server reports
+      (:mod:`squad.engine.kinds`) and ``model_alias`` is the model name requests carry.
+    - ``sources``: where each of ``slots``, ``ctx``, ``pool`` came from, in words.
+    - ``count_with``: how prompts are counted when the model file is not on this machine:
+      ``"input_tokens"`` (llama-server ``POST /v1/chat/completions/input_tokens``), ``"tokenize"``
+      (vLLM ``POST /tokenize`` with the chat messages), ``"estimate"`` (no endpoint: squad's
+      estimate, :func:`squad.counting.estimate_chat_tokens`, which counts high on purpose).
+    - ``version``: the server's version when it reports one; ``warnings``: what the probe found
+      worth telling (a default used, a pin above a reported limit).
     """
 
     base_url: str
@@ -50,6 +61,26 @@ class EngineInfo:
     template_has_tools: bool | None = None
     chat_template: str | None = field(default=None, repr=False)
     admits: bool = False
+    kind: str = "llama.cpp"
+    sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    count_with: str = "input_tokens"
+    version: str = ""
+    warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def policy(self) -> str:
+        """How squad admits calls to this kind of server, in words (:data:`squad.engine.kinds.POLICIES`)."""
+        from squad.engine.kinds import POLICIES
+
+        return POLICIES.get(self.kind, POLICIES["openai-compatible"])
+
+    @property
+    def truncates(self) -> bool:
+        """True for a server that silently cuts a prompt longer than its context (Ollama, LM Studio):
+        squad must refuse such a request itself."""
+        from squad.engine.kinds import TRUNCATING
+
+        return self.kind in TRUNCATING
 
     @property
     def template_name(self) -> str:

@@ -7,6 +7,9 @@ squad's own tests also run against the real llama-server).
 - :class:`FakeEngine` (:mod:`squad.testing.fake_engine`): a fake llama-server over real HTTP
   on 127.0.0.1 with llama-server's API shapes (slots, one shared pool, error frames), for wire
   behaviour. Needs the ``testing`` extra (starlette, uvicorn); imported on first use.
+- :class:`FakeVLLM`, :class:`FakeSGLang`, :class:`FakeOllama`, :class:`FakeLMStudio`
+  (:mod:`squad.testing.fake_kinds`): the other servers squad attaches to, answering their
+  documented capacity endpoints and behaving as each does past its capacity (preempt, truncate).
 - :func:`count_tokens`: the fakes' token count (words + overheads), to compute by hand.
 """
 
@@ -21,8 +24,11 @@ from squad.testing.scripted import ScriptedEngine
 
 if TYPE_CHECKING:
     from squad.testing.fake_engine import FakeEngine
+    from squad.testing.fake_kinds import FakeLMStudio, FakeOllama, FakeSGLang, FakeVLLM
 
-__all__ = ["ScriptedEngine", "FakeEngine", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD",
+_KINDS = ("FakeVLLM", "FakeSGLang", "FakeOllama", "FakeLMStudio")
+
+__all__ = ["ScriptedEngine", "FakeEngine", "FakeVLLM", "FakeSGLang", "FakeOllama", "FakeLMStudio", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD",
            "CONTEXT_EXCEEDED"]
 
 
@@ -31,4 +37,8 @@ def __getattr__(name: str) -> Any:
         from squad.testing import fake_engine
 
         return getattr(fake_engine, name)
+    if name in _KINDS:
+        from squad.testing import fake_kinds
+
+        return getattr(fake_kinds, name)
     raise AttributeError(f"module 'squad.testing' has no attribute {name!r}")

@@ -198,7 +198,11 @@ class FakeEngine:
             self._free = anyio.Semaphore(self.slots)
             yield
 
-        routes = [
+        return Starlette(routes=self._routes(), lifespan=lifespan)
+
+    def _routes(self) -> list[Route]:
+        """The HTTP routes of this kind of server (a subclass answers another kind's)."""
+        return [
             Route("/health", self._health),
             Route("/props", self._props),
             Route("/slots", self._slots_view),
@@ -207,7 +211,6 @@ class FakeEngine:
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/chat/completions", self._chat, methods=["POST"]),
         ]
-        return Starlette(routes=routes, lifespan=lifespan)
 
     def _gate(self, request: Request, *, auth: bool = True) -> Response | None:
         if time.monotonic() < self._ready_at:
@@ -257,12 +260,31 @@ class FakeEngine:
                 return self._script.popleft()
         return self.responder(body) if self.responder else Reply()
 
+    @property
+    def pool(self) -> int:
+        """KV cells the running requests share (llama-server with unified KV: ``n_ctx``)."""
+        return self.n_ctx
+
+    def _overflowed(self) -> bool:
+        """The running requests need more than the pool: llama.cpp fails them all (True); a kind
+        that preempts or truncates records it and returns False."""
+        return True
+
+    def _too_long(self, n_prompt: int) -> tuple[int, Response | None]:
+        """A prompt that alone does not fit one request's context: ``(tokens to run, error or None)``.
+        llama-server answers 400 ``exceed_context_size_error``."""
+        return n_prompt, _error(400, f"request ({n_prompt} tokens) exceeds the available context size "
+                                     f"({self.n_ctx} tokens), try increasing it", "exceed_context_size_error",
+                                n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
+
     def _charge(self, slot: _Slot, tokens: int) -> None:
         """Add cells to a slot; on pool overflow fail every processing slot (llama.cpp's rule)."""
         slot.held += tokens
         self.max_held = max(self.max_held, self.held)
-        if self.held > self.n_ctx:
+        if self.held > self.pool:
             self.overflows += 1
+            if not self._overflowed():
+                return
             for s in self._slots:
                 if s.busy and s.failed is None:
                     s.failed, s.held = CONTEXT_EXCEEDED, 0
@@ -277,9 +299,9 @@ class FakeEngine:
         messages = body.get("messages") or []
         n_prompt = count_tokens(messages, body.get("tools"))
         if n_prompt >= self.n_ctx:
-            return _error(400, f"request ({n_prompt} tokens) exceeds the available context size "
-                               f"({self.n_ctx} tokens), try increasing it", "exceed_context_size_error",
-                          n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
+            n_prompt, refused = self._too_long(n_prompt)
+            if refused is not None:
+                return refused
         reply = self._next_reply(body)
         if reply.status is not None:
             message = "Loading model" if reply.status == 503 else reply.error_message

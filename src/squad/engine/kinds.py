@@ -1,0 +1,337 @@
+"""Which kind of OpenAI-compatible server answers at a URL, and what it reports about its capacity.
+
+:func:`probe` asks the server the questions each kind answers and returns a :class:`Capacity`:
+the kind, how many requests it runs at once (``slots``), the most tokens one request may use
+(``n_ctx``), the tokens the running requests may hold together (``pool``), and, for each number,
+where it came from. llama-server and ``squad serve`` are read by
+:func:`squad.engine.control.attach` itself (``/props``, ``/squad/status``); this module covers
+the others. Admission is the same machinery for every kind (:class:`squad.admission.Admission`:
+slots, pool, per-request limit); what differs is what the numbers mean and why they must hold:
+
+- ``llama.cpp`` (llama-server): fails **every** running request when the pool overflows, so
+  squad reserves prompt + max_tokens against the pool (``docs/llama-server.md``).
+- ``vllm``: preempts and recomputes a running request when its KV blocks run out (vLLM
+  ``docs/design/metrics.md``: "PREEMPTED ... re-start its prefill phase"), so overflow is not an
+  error but thrash; squad keeps the running requests within the reported KV capacity and the
+  running-request cap. Read: ``GET /version`` ``{"version"}``; ``GET /v1/models``
+  ``data[0].max_model_len`` (one request's limit); ``GET /metrics``
+  ``vllm:cache_config_info{block_size="16",num_gpu_blocks="N",...} 1.0`` (KV capacity =
+  ``num_gpu_blocks × block_size`` tokens). vLLM's ``--max-num-seqs`` is not reported on these
+  endpoints: without a pin, squad uses the capacity divided by ``max_model_len`` (vLLM's own
+  "maximum concurrency" at full length, at least 1). Sources: vllm-project/vllm
+  ``docs/design/metrics.md`` (commit 0328b59, the "Cache Config Info" section) and
+  ``vllm/v1/metrics/loggers.py`` (``_log_info_cache_config``); ``/version`` and ``/tokenize``
+  are routes of ``vllm/entrypoints/openai/api_server.py``. Counting: ``POST /tokenize`` with
+  ``model`` and the chat ``messages`` (``TokenizeChatRequest``, ``add_generation_prompt`` true by
+  default) answers ``TokenizeResponse`` ``{"count", "max_model_len", "tokens", "token_strs"}``
+  (``vllm/entrypoints/openai/protocol.py``).
+- ``sglang``: retracts (preempts) running requests when its token pool runs out, like vLLM.
+  Read: ``GET /server_info`` (newer) or ``GET /get_server_info``: the server arguments at top
+  level (``context_length``, ``max_running_requests``, either may be null), the scheduler's
+  ``max_total_num_tokens`` (KV capacity) and ``max_req_input_len``, ``internal_states[0]
+  .effective_max_running_requests_per_dp``, ``version``. Source: sgl-project/sglang
+  ``python/sglang/srt/entrypoints/http_server.py`` (commit 0025436, ``get_server_info``) and
+  its docs' ``native_api`` page (example output with ``effective_max_running_requests_per_dp``).
+  SGLang's ``/tokenize`` takes a plain prompt, not chat messages, so squad uses its estimate.
+- ``ollama``: **silently truncates** a prompt longer than the loaded context (ollama/ollama
+  v0.33.0-rc2 ``server/prompt.go`` ``chatPrompt`` drops old messages to fit), so squad refuses
+  a request that does not fit instead of letting Ollama cut it. Read: ``GET /api/version``
+  ``{"version"}``; ``GET /api/ps`` ``models[].context_length`` (per request: Ollama starts its
+  runner with ``-c num_ctx × parallel``, ``llm/llama_server.go``). ``OLLAMA_NUM_PARALLEL``
+  (``envconfig/config.go``, default 1) is not reported: without a pin squad uses 1. No model
+  loaded: ``ctx`` pin or the default below. No chat tokenize endpoint: squad's estimate.
+- ``lmstudio``: its context-overflow policies (``truncateMiddle``, ``rollingWindow``) cut a
+  long prompt, so squad keeps every request under the loaded context. Read: ``GET
+  /api/v1/models`` (LM Studio 0.4.0+) ``models[].loaded_instances[].config.context_length`` and
+  ``.parallel``, else ``GET /api/v0/models`` (0.3.6+) ``data[]`` with ``state: "loaded"`` and
+  ``max_context_length``. Whether the ``parallel`` predictions share one context is not
+  documented, so the pool is one context (conservative). Source: lmstudio-ai/docs (commit
+  c6854fb) ``1_developer/2_rest/list.md`` and ``endpoints.mdx``. Counting: squad's estimate.
+- ``openai-compatible``: any other server. ``/v1/models`` ``data[0].max_model_len`` (or
+  ``context_length``) when present; else the pins or the defaults below, stated.
+
+What no endpoint tells is taken from the user's pins (``slots=``, ``ctx=``), else
+:data:`DEFAULT_SLOTS` / :data:`DEFAULT_CTX`, and :attr:`Capacity.sources` says which. A pin never
+raises a reported limit: it can only lower it. The 8-slot cap of the planner applies to engines
+squad launches, never to an attached server's own limits.
+
+mlxcel-server (lablup/mlxcel, the product page's MLX engine) documents its flags and its
+OpenAI-compatible ``/v1`` subset but not the shape of a capacity endpoint, so it is not a kind of
+its own: see the README.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = ["Capacity", "probe", "KINDS", "DEFAULT_SLOTS", "DEFAULT_CTX", "parse_cache_config", "POLICIES"]
+
+KINDS = ("llama.cpp", "vllm", "sglang", "ollama", "lmstudio", "openai-compatible", "squad-serve")
+"""Every kind :func:`squad.engine.control.attach` can report."""
+
+DEFAULT_SLOTS = 1
+"""Requests at once for a server that reports no concurrency and was given no ``slots=`` pin."""
+
+DEFAULT_CTX = 2048
+"""Tokens per request for a server that reports no context and was given no ``ctx=`` pin:
+small enough that any model served today holds it."""
+
+POLICIES = {
+    "llama.cpp": "reserve by pool: llama-server fails every running request when its KV pool overflows",
+    "squad-serve": "the squad serve endpoint admits every request itself; squad sends without reserving",
+    "vllm": "keep running requests within the reported KV capacity and running-request cap: vLLM preempts "
+            "and recomputes past them (thrash)",
+    "sglang": "keep running requests within the reported KV capacity and running-request cap: SGLang retracts "
+              "and recomputes past them (thrash)",
+    "ollama": "keep every request under the loaded context: Ollama silently truncates a longer prompt, so squad "
+              "refuses it",
+    "lmstudio": "keep every request under the loaded context: LM Studio's overflow policy cuts a longer prompt, "
+                "so squad refuses it",
+    "openai-compatible": "nothing reported: squad keeps to the pins or its conservative defaults",
+}
+"""Admission per kind, in words (shown by ``squad engine info --url``)."""
+
+TRUNCATING = {"ollama", "lmstudio"}
+"""Kinds that cut a too-long prompt silently instead of failing it."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a server reported (or what squad assumed, said in ``sources``).
+
+    - ``kind``: one of :data:`KINDS`.
+    - ``slots``: requests run at once; ``n_ctx``: most tokens (prompt + output) one request may
+      use; ``pool``: tokens the running requests may hold together (KV capacity).
+    - ``sources``: for ``"slots"``, ``"n_ctx"``, ``"pool"``: where the number came from.
+    - ``model``: the served model's name; ``version``: the server's version, if reported.
+    - ``tokenize``: how prompts are counted: ``"vllm"`` (``POST /tokenize``), or None (squad's
+      estimate, :func:`squad.counting.estimate_chat_tokens`).
+    - ``warnings``: things to tell the user (a pin above a reported limit, a default used).
+    """
+
+    kind: str
+    slots: int
+    n_ctx: int
+    pool: int
+    sources: dict[str, str] = field(default_factory=dict)
+    model: str = ""
+    version: str = ""
+    tokenize: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+async def _json(client: httpx.AsyncClient, path: str) -> Any:
+    """The JSON answer of ``GET path``, or None (not 200, not JSON, nothing answered)."""
+    try:
+        response = await client.get(path)
+    except httpx.TransportError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+async def _text(client: httpx.AsyncClient, path: str) -> str | None:
+    try:
+        response = await client.get(path)
+    except httpx.TransportError:
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_cache_config(metrics: str) -> dict[str, str] | None:
+    """The labels of vLLM's ``vllm:cache_config_info`` line in Prometheus text, or None."""
+    for line in metrics.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            return dict(_LABEL.findall(line[line.index("{") + 1:line.rindex("}")]))
+    return None
+
+
+class _Pins:
+    """The user's ``slots=``/``ctx=`` applied to what a server reported, with the reasons."""
+
+    def __init__(self, slots: int | None, ctx: int | None) -> None:
+        self.slots, self.ctx = slots, ctx
+        self.sources: dict[str, str] = {}
+        self.warnings: list[str] = []
+
+    def take(self, name: str, reported: int | None, where: str, *, default: int, default_why: str) -> int:
+        pin = self.slots if name == "slots" else self.ctx
+        if reported is None:
+            if pin is not None:
+                self.sources[name] = f"pin {name}={pin} (the server does not report it)"
+                return pin
+            self.sources[name] = f"default {default}: {default_why}; pin {name}= to change it"
+            self.warnings.append(f"the server does not report its {'concurrency' if name == 'slots' else 'context'}: "
+                                 f"squad assumes {name}={default}; pass {name}= if it serves more")
+            return default
+        if pin is not None and pin < reported:
+            self.sources[name] = f"pin {name}={pin} (the server reports {reported}, {where})"
+            return pin
+        if pin is not None and pin > reported:
+            self.warnings.append(f"{name}={pin} is above what the server reports ({reported}, {where}): squad uses {reported}")
+        self.sources[name] = where
+        return reported
+
+
+async def probe(client: httpx.AsyncClient, *, slots: int | None = None, ctx: int | None = None) -> Capacity:
+    """Detect the kind of server at ``client`` (not a llama-server: see the module docstring)
+    and read its capacity; ``slots``/``ctx`` are the user's pins. Never raises for a server that
+    answers oddly: an unknown server is ``openai-compatible`` with the pins or the defaults."""
+    pins = _Pins(slots, ctx)
+    for reader in (_sglang, _vllm, _ollama, _lmstudio):
+        capacity = await reader(client, pins)
+        if capacity is not None:
+            return capacity
+    return await _generic(client, pins)
+
+
+def _done(kind: str, pins: _Pins, slots: int, n_ctx: int, pool: int, **extra: Any) -> Capacity:
+    return Capacity(kind=kind, slots=slots, n_ctx=n_ctx, pool=pool, sources=dict(pins.sources),
+                    warnings=tuple(pins.warnings), **extra)
+
+
+async def _sglang(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
+    info, path = await _json(client, "/server_info"), "/server_info"
+    if not (isinstance(info, dict) and "max_total_num_tokens" in info):
+        info, path = await _json(client, "/get_server_info"), "/get_server_info"
+    if not (isinstance(info, dict) and "max_total_num_tokens" in info):
+        return None
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    running = _int(state.get("effective_max_running_requests_per_dp"))
+    running_where = f"{path} internal_states[0].effective_max_running_requests_per_dp"
+    if running is None:
+        running, running_where = _int(info.get("max_running_requests")), f"{path} max_running_requests"
+    context, context_where = _int(info.get("context_length")), f"{path} context_length"
+    if context is None and _int(info.get("max_req_input_len")) is not None:
+        context, context_where = int(info["max_req_input_len"]) + 1, f"{path} max_req_input_len + 1"
+    capacity = _int(info.get("max_total_num_tokens"))
+    n_ctx = pins.take("ctx", context, context_where, default=DEFAULT_CTX, default_why="SGLang reported no context length")
+    pool = capacity or n_ctx
+    pins.sources["pool"] = f"{path} max_total_num_tokens" if capacity else "one context (no KV capacity reported)"
+    n_slots = _derived_slots(pins, running, running_where, pool, n_ctx, "SGLang reported no max_running_requests")
+    return _done("sglang", pins, n_slots, min(n_ctx, pool), pool, model=str(info.get("model_path") or ""),
+                 version=str(info.get("version") or ""))
+
+
+async def _vllm(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
+    metrics = await _text(client, "/metrics")
+    cache = parse_cache_config(metrics) if metrics else None
+    version = await _json(client, "/version")
+    models = await _json(client, "/v1/models")
+    card = _first(models)
+    owned = str(card.get("owned_by", "")) if card else ""
+    if cache is None and not (isinstance(version, dict) and "version" in version and owned == "vllm"):
+        return None
+    context = _int(card.get("max_model_len")) if card else None
+    n_ctx = pins.take("ctx", context, "/v1/models data[0].max_model_len", default=DEFAULT_CTX,
+                      default_why="vLLM reported no max_model_len")
+    blocks, size = (_int(cache.get("num_gpu_blocks")), _int(cache.get("block_size"))) if cache else (None, None)
+    if blocks and size:
+        pool = blocks * size
+        pins.sources["pool"] = f"/metrics vllm:cache_config_info num_gpu_blocks {blocks} × block_size {size}"
+    else:
+        pool = n_ctx
+        pins.sources["pool"] = "one context: /metrics has no vllm:cache_config_info (started without metrics?)"
+    n_slots = _derived_slots(pins, None, "", pool, n_ctx, "vLLM does not report --max-num-seqs")
+    return _done("vllm", pins, n_slots, min(n_ctx, pool), pool, model=str(card.get("id", "")) if card else "",
+                 version=str(version.get("version", "")) if isinstance(version, dict) else "", tokenize="vllm")
+
+
+def _derived_slots(pins: _Pins, reported: int | None, where: str, pool: int, n_ctx: int, why: str) -> int:
+    """Running requests for an engine that reports its KV capacity: what it reports, else the pin,
+    else capacity / context (every request could use a full context and still fit)."""
+    if reported is not None or pins.slots is not None:
+        return pins.take("slots", reported, where, default=1, default_why=why)
+    pins.sources["slots"] = (f"KV capacity {pool} / context {n_ctx} ({why}; pin slots= to run more requests at once)")
+    return max(1, pool // n_ctx)
+
+
+def _first(models: Any) -> dict[str, Any] | None:
+    data = models.get("data") if isinstance(models, dict) else None
+    return data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else None
+
+
+async def _ollama(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
+    version = await _json(client, "/api/version")
+    if not (isinstance(version, dict) and "version" in version):
+        return None
+    ps = await _json(client, "/api/ps")
+    loaded = [m for m in (ps.get("models") or []) if isinstance(m, dict)] if isinstance(ps, dict) else []
+    context = _int(loaded[0].get("context_length")) if loaded else None
+    n_ctx = pins.take("ctx", context, f"/api/ps models[0].context_length ({loaded[0].get('name')})" if loaded else "",
+                      default=DEFAULT_CTX, default_why="no model is loaded, so /api/ps reports no context_length")
+    n_slots = pins.take("slots", None, "", default=1,
+                        default_why="Ollama does not report OLLAMA_NUM_PARALLEL; its own default is 1")
+    pins.warnings[:] = [w for w in pins.warnings if "concurrency" not in w]  # 1 is Ollama's own default, not a guess
+    pins.sources["pool"] = f"slots × context ({n_slots} × {n_ctx}): Ollama gives each parallel request its own num_ctx"
+    return _done("ollama", pins, n_slots, n_ctx, n_slots * n_ctx, model=str(loaded[0].get("name", "")) if loaded else "",
+                 version=str(version["version"]))
+
+
+async def _lmstudio(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
+    v1 = await _json(client, "/api/v1/models")
+    if isinstance(v1, dict) and isinstance(v1.get("models"), list):
+        for model in v1["models"]:
+            instances = model.get("loaded_instances") if isinstance(model, dict) else None
+            if model.get("type") == "llm" and instances:
+                config = instances[0].get("config") or {}
+                key = model.get("key", "")
+                n_ctx = pins.take("ctx", _int(config.get("context_length")),
+                                  f"/api/v1/models {key} loaded_instances[0].config.context_length",
+                                  default=DEFAULT_CTX, default_why="not reported")
+                n_slots = pins.take("slots", _int(config.get("parallel")),
+                                    f"/api/v1/models {key} loaded_instances[0].config.parallel",
+                                    default=1, default_why="LM Studio reports no parallel for this model")
+                return _lmstudio_capacity(pins, n_slots, n_ctx, str(key))
+        return _lmstudio_capacity(pins, pins.take("slots", None, "", default=1, default_why="no model is loaded"),
+                                  pins.take("ctx", None, "", default=DEFAULT_CTX, default_why="no model is loaded"), "")
+    v0 = await _json(client, "/api/v0/models")
+    data = v0.get("data") if isinstance(v0, dict) else None
+    if not (isinstance(data, list) and any(isinstance(m, dict) and "state" in m for m in data)):
+        return None
+    loaded = [m for m in data if isinstance(m, dict) and m.get("state") == "loaded" and m.get("type") in ("llm", "vlm")]
+    model = loaded[0] if loaded else {}
+    context = _int(model.get("loaded_context_length")) or _int(model.get("max_context_length"))
+    n_ctx = pins.take("ctx", context, f"/api/v0/models {model.get('id')} max_context_length" if loaded else "",
+                      default=DEFAULT_CTX, default_why="no model is loaded")
+    n_slots = pins.take("slots", None, "", default=1, default_why="/api/v0 does not report parallel predictions")
+    return _lmstudio_capacity(pins, n_slots, n_ctx, str(model.get("id", "")))
+
+
+def _lmstudio_capacity(pins: _Pins, n_slots: int, n_ctx: int, model: str) -> Capacity:
+    pins.sources["pool"] = "one context (LM Studio does not say whether parallel predictions share it)"
+    return _done("lmstudio", pins, n_slots, n_ctx, n_ctx, model=model)
+
+
+async def _generic(client: httpx.AsyncClient, pins: _Pins) -> Capacity:
+    card = _first(await _json(client, "/v1/models"))
+    context, where = None, ""
+    for key in ("max_model_len", "context_length", "context_window"):
+        if card and _int(card.get(key)) is not None:
+            context, where = _int(card.get(key)), f"/v1/models data[0].{key}"
+            break
+    n_ctx = pins.take("ctx", context, where, default=DEFAULT_CTX, default_why="the server reports no context")
+    n_slots = pins.take("slots", None, "", default=DEFAULT_SLOTS, default_why="the server reports no concurrency")
+    pins.sources["pool"] = "slots × context: nothing reported, each request is kept under its own context"
+    return _done("openai-compatible", pins, n_slots, n_ctx, n_slots * n_ctx,
+                 model=str(card.get("id", "")) if card else "")
