@@ -337,3 +337,12 @@ async def test_a_replan_on_an_attached_engine_does_nothing():
         async with serving(spec(fe), port=0, replan_interval=1.0) as served:
             assert served.replanner is None  # an engine at a URL runs as it was started
             assert await Replanner(served.gateway).replan(Peaks(requests=9, tokens=99999)) is False
+
+
+def test_client_names_are_bounded_in_the_status_table():
+    from squad.serve.status import MAX_CLIENTS, OTHER_CLIENTS, Ledger
+
+    ledger = Ledger()
+    for i in range(MAX_CLIENTS + 10):
+        ledger.counts(f"client-{i}").requests += 1
+    assert len(ledger.clients) == MAX_CLIENTS + 1 and ledger.clients[OTHER_CLIENTS].requests == 10

@@ -85,7 +85,7 @@ def part_paths(path: Path) -> tuple[Path, ...]:
     no, count = int(match["no"]), int(match["count"])
     parts = tuple(path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
     if no != 1:
-        raise ModelError(f"{path} is part {no} of a split model; pass its first part, {parts[0]}")
+        raise UnknownModel(f"{path} is part {no} of a split model; pass its first part, {parts[0]}")
     return parts
 
 
@@ -138,19 +138,19 @@ def pick_gguf(names: list[str], quant: str | None, *, ref: str) -> str:
     Raises :class:`ModelError` naming the quantizations there are."""
     ggufs = sorted(n for n in names if is_model_file(n))
     if not ggufs:
-        raise ModelError(f"{ref}: no .gguf model file there ({len(names)} other files); squad runs GGUF "
+        raise UnknownModel(f"{ref}: no .gguf model file there ({len(names)} other files); squad runs GGUF "
                          "models only: look for a repository with GGUF in its name")
     wanted = quant or (None if len(ggufs) == 1 else DEFAULT_QUANT)
     matches = ggufs if wanted is None else [n for n in ggufs if quant_of(n) == wanted.upper()]
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise ModelError(f"{ref}: {len(matches)} files are {wanted}: {', '.join(matches[:6])}; "
+        raise UnknownModel(f"{ref}: {len(matches)} files are {wanted}: {', '.join(matches[:6])}; "
                          f"name the file, e.g. {ref}/{matches[0]}")
     quants = sorted({q for n in ggufs if (q := quant_of(n))})
     what = f"has no {wanted.upper()} file" if quant else f"has {len(ggufs)} GGUF files and none is {DEFAULT_QUANT}"
     example = f"{ref}:{quants[0]}" if quants else f"{ref}/{ggufs[0]}"
-    raise ModelError(f"{ref} {what}; pick a quantization it has ({', '.join(quants) or 'none named'}) or a file "
+    raise UnknownModel(f"{ref} {what}; pick a quantization it has ({', '.join(quants) or 'none named'}) or a file "
                      f"({', '.join(ggufs[:6])}), e.g. {example}")
 
 

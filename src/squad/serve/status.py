@@ -15,6 +15,10 @@ __all__ = ["Live", "ClientCounts", "Ledger", "Peaks"]
 
 State = Literal["counting", "queued", "running"]
 
+MAX_CLIENTS = 256
+"""Client names /squad/status keeps counts for; later names count together."""
+OTHER_CLIENTS = "(other)"
+
 
 @dataclass
 class Live:
@@ -69,6 +73,10 @@ class Ledger:
         self.started = time.monotonic()
 
     def counts(self, client: str) -> ClientCounts:
+        """``client``'s counts; past :data:`MAX_CLIENTS` names, new ones count under ``(other)``
+        (a client picks its own name: the table must not grow without bound)."""
+        if client not in self.clients and len(self.clients) >= MAX_CLIENTS:
+            client = OTHER_CLIENTS
         return self.clients.setdefault(client, ClientCounts())
 
     def open(self, live: Live) -> None:
