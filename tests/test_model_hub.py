@@ -117,7 +117,7 @@ def test_hub_errors_name_the_hub_and_the_cache(env, repos, tmp_path):
         assert done.returncode == 2, done.stderr
         assert f"no repository test/no-such-repo on {hub.url}" in done.stderr and str(tmp_path / "hf") in done.stderr
         done = squad(env, "models", "pull", f"hf:{REPO}:Q2_K")
-        assert done.returncode == 1 and "has no Q2_K file" in done.stderr and "(Q4_1, Q8_0)" in done.stderr
+        assert done.returncode == 2 and "has no Q2_K file" in done.stderr and "(Q4_1, Q8_0)" in done.stderr
         done = squad(env, "models", "pull", f"hf:{REPO}/missing-Q4_K_M.gguf")
         assert done.returncode == 2 and "has no such file" in done.stderr, done.stderr
     done = squad({**env, "HF_HUB_OFFLINE": "1"}, "models", "pull", f"hf:{REPO}:Q4_1")
