@@ -48,7 +48,8 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
                       field_validator, model_validator)
 
 from squad.errors import UserError
-from squad.structured import OutputSchema
+from squad.mcp import is_mcp_ref, split_ref, unknown_server
+from squad.structured import OutputSchema, output_schema
 
 __all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
            "MAX_SUB_DEPTH",
@@ -113,7 +114,7 @@ class Agent(BaseModel):
     @field_validator("output_type", mode="before")
     @classmethod
     def _output_schema(cls, value: Any) -> Any:
-        return None if value is None else OutputSchema.of(value)
+        return output_schema(value)
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -209,10 +210,8 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
                     f"(agents: {', '.join(sorted(by_name))})"
                 )
         for tool in agent.tools:
-            if "." in tool:  # an MCP tool: server.tool or server.*
-                from squad.mcp import unknown_server
-
-                if tool.partition(".")[0] not in mcp_servers:
+            if is_mcp_ref(tool):  # server.tool or server.*
+                if split_ref(tool)[0] not in mcp_servers:
                     raise UserError(unknown_server(agent.name, tool, mcp_servers))
                 continue
             if tool not in known_tools:
@@ -238,8 +237,8 @@ def check_tool_choice(agent: Agent, by_name: Mapping[str, Agent]) -> None:
             raise UserError(f"agent {agent.name!r} has tool_choice required but no tools to call: give it tools "
                             "(or sub-agents), or use tool_choice auto")
         return
-    if "." in choice:  # an MCP tool, SERVER.TOOL: listed itself or through SERVER.*
-        server = choice.partition(".")[0]
+    if is_mcp_ref(choice):  # SERVER.TOOL: listed itself or through SERVER.*
+        server = split_ref(choice)[0]
         if choice in agent.tools or f"{server}.*" in agent.tools:
             return
     if choice not in offered:

@@ -46,7 +46,7 @@ from squad.blocks import cancel_reason as operation_cancel_reason
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
 from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, UserError
-from squad.structured import OutputSchema
+from squad.structured import OutputSchema, output_schema
 from squad.events import (
     AgentCancelled as AgentCancelledEvent,
 )
@@ -64,7 +64,7 @@ from squad.events import (
     emit_to,
 )
 from squad.handback import TextCounter, hand_back
-from squad.mcp import MCPServer, MCPServers, MCPTool
+from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
 from squad.mention import Dispatch, parse_mentions, unmark
 from squad.outcome import Outcome, fix_for
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
@@ -221,7 +221,7 @@ class Squad:
     def _other_tool_names(self, agent: Agent) -> list[str]:
         """Names of ``agent``'s function and ``ask_<name>`` tools (an MCP tool may not reuse one)."""
         subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
-        return [t for t in agent.tools if "." not in t] + subs
+        return [t for t in agent.tools if not is_mcp_ref(t)] + subs
 
     def _emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
@@ -284,7 +284,7 @@ class Squad:
         bound = _BOUND.set(self._bound(main))  # the @mentioned sub-agents and the main turn are one run
         try:
             return await self._run(main, text, parsed.dispatches, origin, history=history, policy=policy,
-                                   variables=variables, fail_on=failing, output=_schema(output_type))
+                                   variables=variables, fail_on=failing, output=output_schema(output_type))
         finally:
             _BOUND.reset(bound)
 
@@ -337,7 +337,7 @@ class Squad:
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
-                                          variables=variables, fail_on=failing, output=_schema(output_type))
+                                          variables=variables, fail_on=failing, output=output_schema(output_type))
         if result.error is not None:
             raise result.error
         return result
@@ -368,7 +368,7 @@ class Squad:
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority, max_concurrency=max_concurrency,
-                                           variables=variables, fail_on=failing, output=_schema(output_type))
+                                           variables=variables, fail_on=failing, output=output_schema(output_type))
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -393,7 +393,7 @@ class Squad:
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
-                                           items=True, fail_on=failing, output=_schema(output_type))
+                                           items=True, fail_on=failing, output=output_schema(output_type))
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -667,8 +667,3 @@ def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunRes
             return await sq.run(text)
 
     return anyio.run(main)
-
-
-def _schema(output_type: Any) -> OutputSchema | None:
-    """``output_type`` as an :class:`OutputSchema` (None stays None); a bad one is a UserError."""
-    return None if output_type is None else OutputSchema.of(output_type)

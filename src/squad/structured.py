@@ -36,7 +36,7 @@ from typing import Any
 
 from squad.errors import UserError
 
-__all__ = ["OutputSchema", "OutputInvalid", "retry_message", "strip_fence", "RETRY_TOKENS"]
+__all__ = ["OutputSchema", "OutputInvalid", "output_schema", "retry_message", "strip_fence", "RETRY_TOKENS"]
 
 RETRY_TOKENS = 128
 """Tokens an auto budget keeps for the message that asks once more (its fixed words and the
@@ -135,6 +135,12 @@ class OutputSchema:
 
     def __hash__(self) -> int:
         return hash((self.name, self._key()))
+
+
+def output_schema(output_type: Any) -> OutputSchema | None:
+    """``output_type`` (``Agent.output_type``, ``Squad.run(output_type=...)``) as an
+    :class:`OutputSchema`, None staying None (:meth:`OutputSchema.of` for the rest)."""
+    return None if output_type is None else OutputSchema.of(output_type)
 
 
 def retry_message(problem: str) -> str:

@@ -21,9 +21,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
-from squad.errors import UserError
-from squad.errors import InvalidOutput
+from squad.errors import InvalidOutput, UserError
 from squad.events import EventSink, Origin, OutputRetried, ToolCalled
+from squad.mcp import is_mcp_ref, split_ref
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.structured import OutputInvalid, OutputSchema, retry_message
 from squad.tools import Tool, run_tool_calls
@@ -86,7 +86,7 @@ def agent_tools(agent: Agent, registry: Mapping[str, Tool], sub_agents: Sequence
     marked when it is not a whole answer (:func:`squad.outcome.marked`: truncated, empty);
     its error, if it fails, goes back to the model as the tool result; and ``mcp``, its MCP
     tools by the names the model sees (:meth:`squad.mcp.MCPServers.tools_for`)."""
-    tools = {name: registry[name] for name in agent.tools if "." not in name}  # server.tool: in mcp
+    tools = {name: registry[name] for name in agent.tools if not is_mcp_ref(name)}  # those are in mcp
     for sub in sub_agents:
         tools[f"ask_{sub.name}"] = _ask_tool(sub, ask)
     tools.update(mcp or {})
@@ -138,8 +138,8 @@ def forced_choice(agent: Agent, tools: Mapping[str, Tool],
         return specs, None
     if choice == "required":
         return specs, "required"
-    if "." in choice:  # SERVER.TOOL: the MCP tool by the name the model sees
-        server, _, remote = choice.partition(".")
+    if is_mcp_ref(choice):  # SERVER.TOOL: the MCP tool by the name the model sees
+        server, remote = split_ref(choice)
         choice = next((name for name, t in tools.items()
                        if getattr(t, "server", None) == server and getattr(t, "remote", None) == remote), choice)
     if choice not in tools:
