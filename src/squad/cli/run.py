@@ -76,8 +76,8 @@ def _check_mcp(loaded: Any) -> list[str]:
         lines = []
         async with recipe_mcp(loaded) as servers:
             for name, tools in servers.tools.items():
-                users = [f"{a.name}: {', '.join(servers.tools_for(a, server=name))}" for a in loaded.agents.values()
-                         if servers.tools_for(a, server=name)]
+                used = {a.name: servers.tools_for(a, server=name) for a in loaded.agents.values()}
+                users = [f"{agent}: {', '.join(names)}" for agent, names in used.items() if names]
                 lines.append(f"mcp {name}: {len(tools)} tool(s) ({', '.join(tools) or 'none'}); "
                              f"used by {'; '.join(users) or 'no agent'}")
         return lines
