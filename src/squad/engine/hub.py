@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from squad.engine.stores import StoredModel, is_model_file, model_bytes, part_paths, pick_gguf, split_parts
+from squad.engine.stores import StoredModel, is_model_file, model_bytes, part_paths, pick_gguf
 from squad.errors import ModelError, UnknownModel
 
 __all__ = ["HfRef", "parse_hf", "resolve_hf", "list_hf", "hf_cache_dir"]
@@ -101,10 +101,11 @@ def list_hf() -> list[StoredModel]:
     """Every GGUF model in the Hugging Face cache (one row per file, first parts of split models)."""
     found: list[StoredModel] = []
     for repo_id, files in sorted(_cached_repos().items()):
+        license_ = _card_license(repo_id)  # one model card per repository, not per file
         for name in sorted(files):
             if is_model_file(name):
                 try:
-                    found.append(_stored(HfRef(repo_id, name), Path(files[name])))
+                    found.append(_stored(HfRef(repo_id, name), Path(files[name]), license_))
                 except ModelError:
                     continue  # a split model with a part not downloaded
     return found
@@ -150,14 +151,15 @@ def _cached(ref: HfRef) -> StoredModel | None:
     if not isinstance(found, str):
         return None
     try:
-        return _stored(HfRef(ref.repo_id, name), Path(found))
+        return _stored(HfRef(ref.repo_id, name), Path(found), _card_license(ref.repo_id))
     except ModelError:
         return None  # a part of a split model is not cached yet
 
 
-def _stored(ref: HfRef, path: Path) -> StoredModel:
-    split_parts(path)  # raises when a part is missing
-    return StoredModel(str(ref), "hf", path, model_bytes(path), _card_license(ref.repo_id))
+def _stored(ref: HfRef, path: Path, license_: str | None) -> StoredModel:
+    """The model at ``path`` under ``license_`` (its size over all parts:
+    :func:`~squad.engine.stores.model_bytes` raises for a missing part)."""
+    return StoredModel(str(ref), "hf", path, model_bytes(path), license_)
 
 
 def _card_license(repo_id: str) -> str | None:
@@ -201,7 +203,7 @@ def _download(ref: HfRef, say: Progress) -> StoredModel:
         raise _hub_error(ref, exc) from exc
     assert first is not None
     say(f"downloaded {first}")
-    return _stored(HfRef(ref.repo_id, name), first)
+    return _stored(HfRef(ref.repo_id, name), first, _card_license(ref.repo_id))
 
 
 def _fetch_card(repo_id: str) -> None:

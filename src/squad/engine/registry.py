@@ -33,7 +33,7 @@ import httpx
 from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.engine.facts import is_gguf
-from squad.engine.stores import StoredModel, split_parts
+from squad.engine.stores import StoredModel, model_bytes
 from squad.errors import ModelError, UnknownModel
 
 __all__ = [
@@ -258,10 +258,9 @@ def find_model(
                 raise ModelError(f"model {name!r} is not pulled yet; run `squad models pull {name}`")
             dest = pull_model(name, progress=progress)
         return StoredModel(name, "squad", dest, known.size)
-    if isinstance(name, str):
-        prefix, sep, rest = name.partition(":")
-        if sep and prefix in STORES:
-            return _from_store(prefix, rest, pull=pull, progress=progress)
+    if is_reference(name):
+        prefix, _, rest = name.partition(":")
+        return _from_store(prefix, rest, pull=pull, progress=progress)
     path = Path(name).expanduser()
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.gguf"))[:5]
@@ -271,8 +270,7 @@ def find_model(
     if path.is_file():
         if not is_gguf(path):
             raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
-        parts = split_parts(path)
-        return StoredModel(str(path), "file", path, sum(p.stat().st_size for p in parts))
+        return StoredModel(str(path), "file", path, model_bytes(path))
     raise UnknownModel(_unknown(str(model)))
 
 
