@@ -31,6 +31,7 @@ import anyio
 import httpx
 
 from squad.admission import Admission
+from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve.demand import Kind, Refused, demand_for, error_body
@@ -59,7 +60,6 @@ GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completion
 PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
 PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens")
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"}
-_UPSTREAM_KEEPALIVE_S = 2.0  # below cpp-httplib's 5 s keep-alive (as squad.client)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -130,7 +130,7 @@ class Gateway:
                 self._retired.append(self._upstream)
             headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                  keepalive_expiry=_UPSTREAM_KEEPALIVE_S)
+                                  keepalive_expiry=KEEPALIVE_S)
             self._upstream = httpx.AsyncClient(base_url=info.base_url, headers=headers, limits=limits,
                                                timeout=httpx.Timeout(self.request_timeout, connect=10.0))
             self._upstream_for = (info.base_url, info.api_key)

@@ -117,13 +117,12 @@ class Replanner:
         return True
 
     async def _plan(self, slots: int, n_ctx: int) -> "EnginePlan | None":
-        from squad.machine import memory_for_kv
         from squad.session import plan_engine
 
         spec = self.gateway.session.spec
         assert spec is not None
         plan = await anyio.to_thread.run_sync(plan_engine, spec.but(slots=slots, ctx=n_ctx), None)
-        memory = await anyio.to_thread.run_sync(memory_for_kv, plan.model)
+        memory = plan.memory_for_kv  # what the planner measured (RAM, or GPU memory when offloaded)
         if plan.kv_bytes and memory is not None and plan.kv_bytes > memory:
             return None
         return plan
