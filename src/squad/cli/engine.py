@@ -110,11 +110,11 @@ def engine_info(
     if url is not None:
         _server_info(url, api_key, as_json)
         return
-    from squad.config import load_config
+    from squad.config import with_config
     from squad.engine.binary import llama_cpp_build, read_build_info, resolve_llama_server
+    from squad.session import EngineSpec
 
-    configured = load_config().llama_server
-    binary = resolve_llama_server(llama_server or (Path(configured) if configured else None))
+    binary = resolve_llama_server(with_config(EngineSpec(binary=llama_server)).binary)
     build = read_build_info(binary.path)
     llama_cpp = llama_cpp_build(binary)
     from squad.engine.chat_templates import CHATML_TOOLS

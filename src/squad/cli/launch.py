@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import anyio
 import psutil
@@ -49,15 +49,12 @@ def verify(
     streaming request per slot at once while polling /slots, and requires all slots busy at
     once and every first token before any request finishes. Exits 1 if a check fails.
     """
-    from squad.config import load_config
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.verify import run_verify
 
     check_state_dirs(*ENGINE_STATE)
     slots, ctx = slots or 4, ctx or 8192  # auto: the product page's test
-    config = load_config()  # defaults for what the command line leaves out
-    model, threads = model or config.model, threads or config.threads
-    llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)
+    model, threads, llama_server = _with_config(model, threads, llama_server)
     report = anyio.run(
         lambda: run_verify(
             model=model, ctx=ctx, parallel=slots, binary=llama_server, threads=threads, max_tokens=max_tokens,
@@ -103,16 +100,13 @@ def engine_start(
     any OpenAI-compatible tool) shares one admission: requests running together never exceed its
     slots or its pool.
     """
-    from squad.config import load_config
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.engine.registry import resolve_model
     from squad.serve.background import start_background
 
     check_state_dirs(*ENGINE_STATE)
     slots, ctx = slots or DEFAULT_SLOTS, ctx or 8192  # auto: the defaults
-    config = load_config()  # defaults for what the command line leaves out
-    model, threads = model or config.model, threads or config.threads
-    llama_server = llama_server or (Path(config.llama_server) if config.llama_server else None)
+    model, threads, llama_server = _with_config(model, threads, llama_server)
 
     saved = load_saved_engine()
     if saved is not None and alive(saved.pid, saved.create_time):
@@ -213,3 +207,13 @@ async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None
     async with control_client(info.base_url, info.api_key) as client:
         state = await read_engine(client)
     return info, state.busy_slots()
+
+
+def _with_config(model: str | None, threads: int | None, llama_server: Path | None) -> tuple[Any, Any, Any]:
+    """``(model, threads, binary)``: the command line's, else the config file's
+    (:func:`squad.config.with_config`, the rule every command that starts an engine follows)."""
+    from squad.config import with_config
+    from squad.session import EngineSpec
+
+    spec = with_config(EngineSpec(model=model, threads=threads, binary=llama_server))
+    return spec.model, spec.threads, spec.binary
