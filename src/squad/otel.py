@@ -34,9 +34,10 @@ variables (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_
 
 from __future__ import annotations
 
+
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -327,18 +328,22 @@ def model_label(model: str | Path | None) -> str:
     return Path(model).name if isinstance(model, Path) or "/" in str(model) else str(model)
 
 
-@contextmanager
-def export_run(name: str, *, model: str | None = None) -> Iterator[OtelSink]:
+def export_run(name: str, *, model: str | None = None) -> AbstractContextManager[OtelSink]:
     """What ``squad run --otel`` does: a :func:`configured_provider`, one ``invoke_workflow {name}``
     span (``gen_ai.operation.name`` = ``invoke_workflow``) holding the whole run, and an
     :class:`OtelSink` (``model``: its ``gen_ai.request.model``) whose top-level conversations nest in it. On exit the workflow span ends
     (status ERROR if the run raised) and the provider is flushed and shut down.
 
-    Raises :class:`UserError` (SDK or exporter missing) before anything runs.
+    Raises :class:`UserError` (SDK or exporter missing) when called, before anything runs: the
+    provider and its exporter are set up here, once.
     """
     trace = _api()
     provider = configured_provider()
-    tracer = trace.get_tracer("squad", tracer_provider=provider)
+    return _exporting(trace.get_tracer("squad", tracer_provider=provider), provider, name, model)
+
+
+@contextmanager
+def _exporting(tracer: Any, provider: Any, name: str, model: str | None) -> Iterator[OtelSink]:
     try:
         with tracer.start_as_current_span(f"invoke_workflow {name}", attributes={
                 "gen_ai.operation.name": "invoke_workflow", "gen_ai.provider.name": PROVIDER_NAME,

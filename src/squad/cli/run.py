@@ -176,15 +176,14 @@ def run_command(
 
 
 def _otel_export(on: bool, name: str, spec: Any) -> Any:
-    """``--otel``: :func:`squad.otel.export_run` (its exporter is set up now, so a missing extra
-    fails before the engine starts); otherwise a context that yields None."""
+    """``--otel``: :func:`squad.otel.export_run` (it sets its exporter up when called, so a
+    missing extra fails before the engine starts); otherwise a context that yields None."""
     from contextlib import nullcontext
 
     if not on:
         return nullcontext(None)
-    from squad.otel import configured_provider, export_run, model_label
+    from squad.otel import export_run, model_label
 
-    configured_provider().shutdown()  # fails early (UserError) when the SDK or the exporter is missing
     return export_run(name, model=model_label(spec.model) if spec.url is None else None)
 
 
