@@ -155,7 +155,7 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
     is not one squad ships. ``source`` None (the file has no template) is the engine's
     :data:`ENGINE_FALLBACK`."""
     source = source or ENGINE_FALLBACK
-    if has_tool_use_template or not source or "tool" in source.lower() or handles_tools(source) is not False:
+    if has_tool_use_template or "tool" in source.lower() or handles_tools(source) is not False:
         return None
     return _SHIPPED.get(chat_format(source) or "")
 

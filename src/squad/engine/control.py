@@ -345,26 +345,16 @@ def _pinned(info: EngineInfo, slots: int | None, ctx: int | None) -> EngineInfo:
 async def _attach_other(client: httpx.AsyncClient, base_url: str, api_key: str | None, *,
                         slots: int | None, ctx: int | None) -> EngineInfo:
     """Attach to a server that is not a llama-server (:func:`squad.engine.kinds.probe`)."""
-    from squad.engine.kinds import probe
+    from squad.engine.kinds import probe, served_model
 
     capacity = await probe(client, slots=slots, ctx=ctx)
-    model = capacity.model or await _served_model(client)
+    model = capacity.model or await served_model(client)
     return EngineInfo(
         base_url=base_url, api_key=api_key, slots=capacity.slots, n_ctx=capacity.n_ctx, kv_unified=None,
         pool=capacity.pool, model_alias=model, build_info=capacity.version, launched=False, kind=capacity.kind,
         sources=capacity.sources, count_with="tokenize" if capacity.tokenize == "vllm" else "estimate",
         version=capacity.version, warnings=capacity.warnings,
     )
-
-
-async def _served_model(client: httpx.AsyncClient) -> str:
-    """``/v1/models`` ``data[0].id``, the model name requests must carry, or ""."""
-    try:
-        response = await client.get("/v1/models")
-        data = response.json().get("data") if response.status_code == 200 else None
-    except (httpx.TransportError, ValueError, AttributeError):
-        return ""
-    return str(data[0].get("id", "")) if isinstance(data, list) and data and isinstance(data[0], dict) else ""
 
 
 async def squad_serve_status(client: httpx.AsyncClient) -> dict[str, Any] | None:

@@ -173,15 +173,19 @@ class _Pins:
         self.sources: dict[str, str] = {}
         self.warnings: list[str] = []
 
-    def take(self, name: str, reported: int | None, where: str, *, default: int, default_why: str) -> int:
+    def take(self, name: str, reported: int | None, where: str, *, default: int, default_why: str,
+             warn: bool = True) -> int:
+        """``reported`` lowered by the pin, or the pin, or ``default`` (with a warning unless
+        ``warn`` is False: a default that is the server's own, not a guess)."""
         pin = self.slots if name == "slots" else self.ctx
         if reported is None:
             if pin is not None:
                 self.sources[name] = f"pin {name}={pin} (the server does not report it)"
                 return pin
             self.sources[name] = f"default {default}: {default_why}; pin {name}= to change it"
-            self.warnings.append(f"the server does not report its {'concurrency' if name == 'slots' else 'context'}: "
-                                 f"squad assumes {name}={default}; pass {name}= if it serves more")
+            if warn:
+                self.warnings.append(f"the server does not report its {'concurrency' if name == 'slots' else 'context'}: "
+                                     f"squad assumes {name}={default}; pass {name}= if it serves more")
             return default
         if pin is not None and pin < reported:
             self.sources[name] = f"pin {name}={pin} (the server reports {reported}, {where})"
@@ -266,6 +270,12 @@ def _derived_slots(pins: _Pins, reported: int | None, where: str, pool: int, n_c
     return max(1, pool // n_ctx)
 
 
+async def served_model(client: httpx.AsyncClient) -> str:
+    """``/v1/models`` ``data[0].id``, the model name requests must carry, or ""."""
+    card = _first(await _json(client, "/v1/models"))
+    return str(card.get("id", "")) if card else ""
+
+
 def _first(models: Any) -> dict[str, Any] | None:
     data = models.get("data") if isinstance(models, dict) else None
     return data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else None
@@ -281,8 +291,8 @@ async def _ollama(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
     n_ctx = pins.take("ctx", context, f"/api/ps models[0].context_length ({loaded[0].get('name')})" if loaded else "",
                       default=DEFAULT_CTX, default_why="no model is loaded, so /api/ps reports no context_length")
     n_slots = pins.take("slots", None, "", default=1,
-                        default_why="Ollama does not report OLLAMA_NUM_PARALLEL; its own default is 1")
-    pins.warnings[:] = [w for w in pins.warnings if "concurrency" not in w]  # 1 is Ollama's own default, not a guess
+                        default_why="Ollama does not report OLLAMA_NUM_PARALLEL; its own default is 1",
+                        warn=False)  # 1 is Ollama's own default, not a guess
     pins.sources["pool"] = f"slots × context ({n_slots} × {n_ctx}): Ollama gives each parallel request its own num_ctx"
     return _done("ollama", pins, n_slots, n_ctx, n_slots * n_ctx, model=str(loaded[0].get("name", "")) if loaded else "",
                  version=str(version["version"]))
