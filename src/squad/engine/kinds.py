@@ -303,7 +303,7 @@ async def _lmstudio(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
     if isinstance(v1, dict) and isinstance(v1.get("models"), list):
         for model in v1["models"]:
             instances = model.get("loaded_instances") if isinstance(model, dict) else None
-            if model.get("type") == "llm" and instances:
+            if instances and model.get("type") == "llm":
                 config = instances[0].get("config") or {}
                 key = model.get("key", "")
                 n_ctx = pins.take("ctx", _int(config.get("context_length")),
