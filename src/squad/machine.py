@@ -59,14 +59,7 @@ def memory_for_kv(model: Path | str | None = None) -> int:
     if override:
         return parse_bytes(override)
     vm = psutil.virtual_memory()
-    model_size = 0
-    if model is not None:
-        from squad.engine.stores import model_bytes  # all parts of a split model
-
-        try:
-            model_size = model_bytes(model)
-        except (OSError, ModelError):
-            model_size = 0
+    model_size = _size(model)
     margin = max(SAFETY_MIN, int(vm.total * SAFETY_FRACTION))
     return max(0, int(vm.available) - model_size - margin)
 
@@ -149,7 +142,8 @@ def kv_memory(model: Path | str | None, *, n_layer: int, gpu_layers: GpuLayers |
     if gpu_layers is not None and gpu_layers != "all" and (
             isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < 0):
         raise UserError(f"gpu_layers {gpu_layers!r}: give a number of layers (0 = none) or 'all'")
-    devices = gpu_devices() if devices is None else devices
+    if devices is None:
+        devices = [] if gpu_layers == 0 else gpu_devices()  # no layers offloaded: no need to ask NVML
     if gpu_layers is None:
         gpu_layers = "all" if devices else None
     override = os.environ.get(ENV_VAR)
@@ -171,7 +165,13 @@ def kv_memory(model: Path | str | None, *, n_layer: int, gpu_layers: GpuLayers |
 
 
 def _size(model: Path | str | None) -> int:
+    """Bytes of the model's weights: every part of a split model
+    (:func:`squad.engine.stores.model_bytes`); 0 for None or a file that cannot be read."""
+    if model is None:
+        return 0
+    from squad.engine.stores import model_bytes
+
     try:
-        return Path(model).stat().st_size if model is not None else 0
-    except OSError:
+        return model_bytes(model)
+    except (OSError, ModelError):
         return 0
