@@ -237,10 +237,15 @@ def _check_str_method(name: str, text: str, args: tuple[Any, ...], kwargs: Mappi
         size = _as_int(args[0] if args else kwargs.get("tabsize", 8)) or 8
         meter.check(len(text) + text.count("\t") * size, f"{what} with tab size {size:,}")
     elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
-        hits = text.count(args[0]) if args[0] else len(text) + 1
-        meter.check(len(text) + hits * max(0, len(args[1]) - len(args[0])), what)
+        meter.check(_replace_size(text, args[0], args[1]), what)
     elif name in ("format", "format_map"):
         meter.check(_format_size(text, (args, dict(kwargs)), meter), what)
+
+
+def _replace_size(text: str, old: str, new: str) -> int:
+    """Characters ``text.replace(old, new)`` gives (an empty ``old`` matches between every two)."""
+    hits = text.count(old) if old else len(text) + 1
+    return len(text) + hits * max(0, len(new) - len(old))
 
 
 def _checked_join(sep: str, items: Any, meter: Meter) -> list[Any]:
@@ -298,8 +303,7 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             meter.check(_format_size(text, (args, kwargs), meter), "the 'format' filter")
         elif name == "replace":
             old, new = str(arg(0, "old", "")), str(arg(1, "new", ""))
-            hits = text.count(old) if old else len(text) + 1
-            meter.check(len(text) + hits * max(0, len(new) - len(old)), "the 'replace' filter")
+            meter.check(_replace_size(text, old, new), "the 'replace' filter")
         elif name == "wordwrap":
             width = max(1, _as_int(arg(0, "width", 79)) or 1)
             wrap = arg(3, "wrapstring") or "\n"
