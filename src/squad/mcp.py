@@ -29,6 +29,7 @@ the SDK has stopped the server (stdin closed, then SIGTERM/SIGKILL of its group)
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import sys
@@ -166,7 +167,11 @@ class MCPTool(Tool):
         return schema
 
     def schema_problem(self) -> str | None:
-        """Why the input schema is not a valid JSON schema, or None."""
+        """Why the input schema is not a valid JSON schema, or None (checked once per tool)."""
+        return self._problem
+
+    @functools.cached_property
+    def _problem(self) -> str | None:
         import jsonschema
 
         try:
@@ -174,6 +179,12 @@ class MCPTool(Tool):
         except jsonschema.SchemaError as exc:
             return exc.message
         return None
+
+    @functools.cached_property
+    def _validator(self) -> Any:
+        import jsonschema
+
+        return jsonschema.validators.validator_for(self.schema)(self.schema)
 
     async def call(self, arguments: str) -> ToolOutcome:
         """Check ``arguments`` (JSON text) and call the tool; every failure is the result text."""
@@ -190,12 +201,9 @@ class MCPTool(Tool):
         return await self.connection.call(self, args)
 
     def _invalid(self, args: dict[str, Any]) -> str | None:
-        import jsonschema
-
         if self.schema_problem() is not None:
             return None  # the server checks its own arguments
-        errors = sorted(jsonschema.validators.validator_for(self.schema)(self.schema).iter_errors(args),
-                        key=lambda e: list(e.path))
+        errors = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
         if not errors:
             return None
         return "; ".join(f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in errors[:5])
