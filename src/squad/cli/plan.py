@@ -68,7 +68,7 @@ def plan_command(
         if backend != "attached":
             raise UserError("--url is for an attached engine: add --backend attached")
         the_plan = _check_engine(the_plan, url, api_key)
-    binary = _binary()
+    binary = _binary(spec.binary)
     if as_json:
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
                                **plan_json(the_plan, binary)}, indent=2))
@@ -162,10 +162,11 @@ def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "Eng
     return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,), warnings=the_plan.warnings + tuple(found))
 
 
-def _binary() -> str:
+def _binary(given: str | Path | None) -> str:
+    """The llama-server a run would use: ``given`` (the spec's, from the config file), else the search."""
     try:
         from squad.engine.binary import resolve_llama_server
 
-        return str(resolve_llama_server().path)
+        return str(resolve_llama_server(given).path)
     except Exception:  # noqa: BLE001 - only for display; any failure shows the plain name
         return "llama-server"
