@@ -352,7 +352,7 @@ async def _attach_other(client: httpx.AsyncClient, base_url: str, api_key: str |
     return EngineInfo(
         base_url=base_url, api_key=api_key, slots=capacity.slots, n_ctx=capacity.n_ctx, kv_unified=None,
         pool=capacity.pool, model_alias=model, build_info=capacity.version, launched=False, kind=capacity.kind,
-        sources=capacity.sources, count_with="tokenize" if capacity.tokenize == "vllm" else "estimate",
+        sources=capacity.sources,
         version=capacity.version, warnings=capacity.warnings,
     )
 

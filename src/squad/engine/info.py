@@ -63,7 +63,6 @@ class EngineInfo:
     admits: bool = False
     kind: str = "llama.cpp"
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    count_with: str = "input_tokens"
     version: str = ""
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
@@ -73,6 +72,14 @@ class EngineInfo:
         from squad.engine.kinds import POLICIES
 
         return POLICIES.get(self.kind, POLICIES["openai-compatible"])
+
+    @property
+    def count_with(self) -> str:
+        """How prompts are counted when the model file is not here (class docstring), by kind
+        (:data:`squad.engine.kinds.COUNT_WITH`)."""
+        from squad.engine.kinds import COUNT_WITH
+
+        return COUNT_WITH.get(self.kind, "estimate")
 
     @property
     def truncates(self) -> bool:

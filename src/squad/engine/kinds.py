@@ -98,6 +98,10 @@ POLICIES = {
 TRUNCATING = {"ollama", "lmstudio"}
 """Kinds that cut a too-long prompt silently instead of failing it."""
 
+COUNT_WITH = {"llama.cpp": "input_tokens", "squad-serve": "input_tokens", "vllm": "tokenize"}
+"""How each kind's prompts are counted without the model file (other kinds: ``"estimate"``;
+:attr:`squad.engine.info.EngineInfo.count_with`)."""
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -108,8 +112,6 @@ class Capacity:
       use; ``pool``: tokens the running requests may hold together (KV capacity).
     - ``sources``: for ``"slots"``, ``"n_ctx"``, ``"pool"``: where the number came from.
     - ``model``: the served model's name; ``version``: the server's version, if reported.
-    - ``tokenize``: how prompts are counted: ``"vllm"`` (``POST /tokenize``), or None (squad's
-      estimate, :func:`squad.counting.estimate_chat_tokens`).
     - ``warnings``: things to tell the user (a pin above a reported limit, a default used).
     """
 
@@ -120,7 +122,6 @@ class Capacity:
     sources: dict[str, str] = field(default_factory=dict)
     model: str = ""
     version: str = ""
-    tokenize: str | None = None
     warnings: tuple[str, ...] = ()
 
 
@@ -258,7 +259,7 @@ async def _vllm(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
         pins.sources["pool"] = "one context: /metrics has no vllm:cache_config_info (started without metrics?)"
     n_slots = _derived_slots(pins, None, "", pool, n_ctx, "vLLM does not report --max-num-seqs")
     return _done("vllm", pins, n_slots, min(n_ctx, pool), pool, model=str(card.get("id", "")) if card else "",
-                 version=str(version.get("version", "")) if isinstance(version, dict) else "", tokenize="vllm")
+                 version=str(version.get("version", "")) if isinstance(version, dict) else "")
 
 
 def _derived_slots(pins: _Pins, reported: int | None, where: str, pool: int, n_ctx: int, why: str) -> int:
