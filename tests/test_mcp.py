@@ -12,13 +12,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import anyio
 import psutil
 import pytest
 from launch_support import gone, wait_gone
+from mcp_support import http_server  # noqa: F401 - a fixture
 from pydantic import ValidationError
 
 from squad import children
@@ -45,23 +45,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def http_server():
-    """The test server on streamable HTTP, 127.0.0.1 only; its URL."""
-    port = free_port()
-    proc = children.start([sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    children.stop_pid(proc.pid)
-    proc.wait()
 
 
 # --- a tool call through squad, stdio and HTTP -------------------------------------------------

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,8 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 from launch_support import gone, wait_gone
+from mcp_support import http_server  # noqa: F401 - a fixture
 
-from squad import children
 from squad.agent import Agent
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.mcp import MCPServer
@@ -64,30 +63,12 @@ class FirstRoundCalls:
         pass
 
 
-@pytest.fixture
-def http_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = children.start([sys.executable, str(SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    children.stop_pid(proc.pid)
-    proc.wait()
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["stdio", "http"])
 async def test_an_mcp_result_goes_to_the_real_engine_as_a_tool_message(kind, request, llama_server_path,
                                                                        default_model_path):
     server = (MCPServer(name="t", command="python", args=(str(SERVER),)) if kind == "stdio"
-              else MCPServer(name="t", url=request.getfixturevalue("http_url")))
+              else MCPServer(name="t", url=request.getfixturevalue("http_server")))
     agent = Agent(name="calc", instructions="You answer with the number you are given.", tools=["t.add"], **TINY)
     spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=1024)
     async with EngineSession(spec) as session:
@@ -108,7 +89,7 @@ async def test_an_mcp_result_goes_to_the_real_engine_as_a_tool_message(kind, req
 async def test_the_models_own_mcp_call_where_the_engine_renders_tools(kind, request, llama_server_path,
                                                                       default_model_path):
     server = (MCPServer(name="t", command="python", args=(str(SERVER),)) if kind == "stdio"
-              else MCPServer(name="t", url=request.getfixturevalue("http_url")))
+              else MCPServer(name="t", url=request.getfixturevalue("http_server")))
     agent = Agent(name="calc", instructions="Use the add tool, then give the sum.", tools=["t.add"],
                   tool_choice="required", **TINY)
     spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=1024)
