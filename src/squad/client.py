@@ -53,6 +53,7 @@ from tenacity.wait import wait_base
 from squad.admission import Admission, Reservation
 from squad.chat import ChatRequest, ChatResult
 from squad.counting import PromptCounter
+from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
 from squad.engine.llama import CONTEXT_EXCEEDED, round_ctx
 from squad.errors import (
@@ -344,7 +345,7 @@ class EngineClient:
                                                sleep=anyio.sleep, reraise=True):
                 with attempt:
                     r = await self._http.get("/health", timeout=2.0)
-                    if r.status_code not in (200, 503, 401, 404, 405):  # 404: a kind without /health (Ollama)
+                    if r.status_code not in (200, 503, *NO_PUBLIC_HEALTH):
                         raise EngineGone(f"/health answered HTTP {r.status_code}")
         except (httpx.TransportError, EngineGone):
             return False

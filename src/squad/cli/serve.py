@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -67,7 +66,6 @@ def serve_command(
                        cache_type_v=ctv, binary=llama_server, threads=threads, load_timeout=load_timeout)
     if request_timeout is not None:
         spec = spec.but(request_timeout=request_timeout)
-    key = api_key or secrets.token_urlsafe(24)
     if host not in LOOPBACK:
         err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
                           "(they still need the key)")
@@ -80,7 +78,7 @@ def serve_command(
         where = f"engine at {url}" if url else "loading the engine"
         say(f"squad serve: {where} ...")
         with LiveView(on=watch, console=err_console) as view:
-            async with serving(spec, sock=sock, api_key=key, default_max_tokens=default_max_tokens,
+            async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                replan_interval=replan_interval, on_event=view if watch else None, log=say) as served:
                 info = served.session.info
                 auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []

@@ -50,6 +50,10 @@ __all__ = [
     "squad_serve_status",
 ]
 
+NO_PUBLIC_HEALTH = (401, 404, 405)
+"""``/health`` answers that still mean a server is up: it has no public /health (a kind without
+one, e.g. Ollama, or one behind a key)."""
+
 POLL_INTERVAL = 0.1
 """Seconds between ``/health`` polls while an engine loads, on average (each wait is drawn
 from half to one and a half times it: jitter)."""
@@ -121,7 +125,7 @@ async def wait_healthy(
         if response.status_code == 503:
             seen_503 += 1
             raise _NotReady
-        if missing_ok and response.status_code in (401, 404, 405):
+        if missing_ok and response.status_code in NO_PUBLIC_HEALTH:
             return
         if response.status_code != 200:
             raise EngineError(
