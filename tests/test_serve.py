@@ -192,13 +192,18 @@ async def test_fifo_within_priority_and_lower_first():
                                       json={"messages": [{"role": "user", "content": tag}], "max_tokens": 5})
                 assert r.status_code == 200
 
+            # "first" holds the one slot until every other request is queued: a stream the test
+            # keeps open (a short request could end, and let the queue move, while others queue)
+            body = {"messages": [{"role": "user", "content": "first"}], "max_tokens": 2000, "stream": True}
             async with anyio.create_task_group() as tg:
-                tg.start_soon(send, "first")  # holds the one slot
-                await wait_for(lambda: served.gateway.admission.in_flight == 1)
-                for tag, priority in (("low-a", 5), ("high-a", 1), ("low-b", 5), ("high-b", 1), ("plain", None)):
-                    tg.start_soon(send, tag, priority)
-                    await wait_for(lambda n=len(served.gateway.admission.queued) + 1:
-                                   len(served.gateway.admission.queued) == n)
+                async with client.stream("POST", "/v1/chat/completions", json=body) as held:
+                    lines = held.aiter_lines()  # kept: a dropped line iterator closes the stream
+                    while not (await lines.__anext__()).startswith("data: "):
+                        pass
+                    for tag, priority in (("low-a", 5), ("high-a", 1), ("low-b", 5), ("high-b", 1), ("plain", None)):
+                        tg.start_soon(send, tag, priority)
+                        await wait_for(lambda n=len(served.gateway.admission.queued) + 1:
+                                       len(served.gateway.admission.queued) == n)
             order = [r["messages"][0]["content"] for r in fe.requests]
     assert order == ["first", "plain", "high-a", "high-b", "low-a", "low-b"]
     bad = None
