@@ -217,6 +217,65 @@ async def test_engine_info_url_prints_kind_capacity_and_sources(fake, kind, caps
         assert "does not know" in err and "conservative defaults" in err
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("fake, kind", [(FakeVLLM, "vllm"), (FakeSGLang, "sglang"), (FakeOllama, "ollama"),
+                                        (FakeLMStudio, "lmstudio"), (PlainServer, "openai-compatible"),
+                                        (FakeEngine, "llama.cpp")])
+async def test_engine_status_url_works_for_every_kind_and_names_it(fake, kind, capsys):
+    async with fake() as fe:
+        code, out, err = await anyio.to_thread.run_sync(
+            lambda: squad(capsys, "engine", "status", "--url", fe.base_url, "--api-key", fe.api_key or "k"))
+        code_j, out_j, _ = await anyio.to_thread.run_sync(
+            lambda: squad(capsys, "engine", "status", "--url", fe.base_url, "--api-key", fe.api_key or "k", "--json"))
+    assert code == 0 and code_j == 0, err
+    assert f"kind         {kind}" in out and "slots" in out and "pool" in out
+    busy = json.loads(out_j)["busy_slots"]
+    assert busy == 0 if kind == "llama.cpp" else busy is None  # only llama-server reports busy slots
+
+
+# -- squad serve in front of each kind --------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fake, kind", [(FakeVLLM, "vllm"), (FakeSGLang, "sglang"), (FakeOllama, "ollama"),
+                                        (FakeLMStudio, "lmstudio"), (PlainServer, "openai-compatible")])
+async def test_squad_serve_fronts_every_kind(fake, kind):
+    """Chat through the endpoint is admitted within the kind's capacity; a text prompt is counted
+    the kind's way (vLLM's /tokenize with a prompt, else squad's estimate), never with llama-server's
+    /tokenize shape; /health answers even where the engine has none; /squad/status names the kind."""
+    from squad.serve.server import serving
+    from squad.session import EngineSpec
+
+    async with fake() as fe:
+        async with serving(EngineSpec(url=fe.base_url, api_key=fe.api_key), port=0) as served:
+            async with httpx.AsyncClient(base_url=served.url, timeout=30,
+                                         headers={"Authorization": f"Bearer {served.api_key}"}) as client:
+                async def ask(i: int) -> int:
+                    r = await client.post("/v1/chat/completions", json={
+                        "messages": [{"role": "user", "content": f"item {i}"}], "max_tokens": 50})
+                    return r.status_code
+
+                codes = [0] * 6
+                async with anyio.create_task_group() as tg:
+                    for i in range(6):
+                        async def one(i: int = i) -> None:
+                            codes[i] = await ask(i)
+                        tg.start_soon(one)
+                before = fe.count_requests
+                counted = await served.gateway.count({"prompt": "one two three four"}, "text")
+                health = await client.get("/health")
+                status = (await client.get("/squad/status")).json()
+    assert codes == [200] * 6
+    assert fe.max_processing <= status["engine"]["slots"] and fe.overflows == 0
+    assert getattr(fe, "preemptions", 0) == 0 and getattr(fe, "truncations", 0) == 0
+    assert status["engine"]["kind"] == kind and status["engine"]["model"]
+    assert health.status_code == 200
+    if kind == "vllm":
+        assert counted == 5 and fe.count_requests == before + 1  # its /tokenize, the completion shape
+    else:
+        assert counted >= 4 and fe.count_requests == before  # the estimate: no endpoint asked
+
+
 # -- the real llama-server --------------------------------------------------------------------
 
 

@@ -190,11 +190,18 @@ def engine_status(
         return
     unified = {True: "yes (one shared pool)", False: "no", None: "unknown"}[info.kv_unified]
     console.print(f"url          {info.base_url}" + (f" (pid {saved.pid})" if saved else ""))
-    console.print(f"model        {info.model_path}")
-    console.print(f"build        {info.build_info}")
+    console.print(f"kind         {info.kind}" + (f" {info.version}" if info.version else ""))
+    console.print(f"model        {info.model_path or info.model_alias or '(not reported)'}")
+    if info.build_info and info.build_info != info.version:
+        console.print(f"build        {info.build_info}")
     console.print(f"slots        {info.slots} ({'?' if busy is None else busy} busy)")
-    console.print(f"n_ctx        {info.n_ctx} tokens per request (n_ctx_train {info.n_ctx_train})")
-    console.print(f"unified KV   {unified}; pool {info.pool} tokens")
+    trained = f" (n_ctx_train {info.n_ctx_train})" if info.n_ctx_train else ""
+    console.print(f"n_ctx        {info.n_ctx} tokens per request{trained}")
+    if info.kind == "llama.cpp":
+        console.print(f"unified KV   {unified}; pool {info.pool} tokens")
+    else:  # what the kind reported, and from where (`squad engine info --url` shows every source)
+        source = info.sources.get("pool") if info.sources else None
+        console.print(f"pool         {info.pool} tokens held together" + (f"  <- {source}" if source else ""))
     if info.admits:
         console.print("admission    squad serve: shared by every client of this URL")
     console.print(f"template     {info.template_name}")
@@ -203,7 +210,11 @@ def engine_status(
 
 
 async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None]:
+    """``(info, busy slots)``; busy is read from llama-server's ``/slots`` (also through squad
+    serve), None for the other kinds, which do not report it per slot."""
     info = await attach(url, api_key)
+    if info.kind not in ("llama.cpp", "squad-serve"):
+        return info, None
     async with control_client(info.base_url, info.api_key) as client:
         state = await read_engine(client)
     return info, state.busy_slots()

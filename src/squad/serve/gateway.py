@@ -174,8 +174,18 @@ class Gateway:
         local = self.counter.local
         if local is not None:
             return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
+        how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
+        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
+            from squad.counting import ESTIMATE_OVERHEAD
+            from squad.recipes.chunks import estimate_tokens
+
+            return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
+        # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
+        # {"model", "prompt", "add_special_tokens"} -> {"count", "tokens", ...}
+        body = ({"model": self.engine.model_alias, "prompt": prompt, "add_special_tokens": True} if how == "tokenize"
+                else {"content": prompt, "add_special": True})
         try:
-            r = await self.upstream.post("/tokenize", json={"content": prompt, "add_special": True})
+            r = await self.upstream.post("/tokenize", json=body)
         except httpx.TransportError as exc:
             raise EngineGone(f"engine at {self.engine.base_url} is not answering ({exc!r})") from exc
         if r.status_code == 503:
@@ -235,7 +245,8 @@ class Gateway:
         plan = self.session.plan
         return {
             "squad_serve": self._version.decode(),
-            "engine": {"url": info.base_url, "model": Path(info.model_path).name if info.model_path else None,
+            "engine": {"url": info.base_url, "kind": info.kind,
+                       "model": Path(info.model_path).name if info.model_path else info.model_alias or None,
                        "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
                        "launched": self.session.launcher is not None,
                        "reasons": list(plan.reasons) if plan is not None else []},
@@ -266,6 +277,10 @@ class Gateway:
             else:
                 await _json(send, 502, error_body(502, f"the engine at {self.engine.base_url} is not answering",
                                                   "server_error"))
+            return
+        if r.status_code == 404 and scope["path"] == "/health":  # a kind with no /health (Ollama, LM Studio)
+            await _json(send, 200, {"status": "ok", "engine": self.engine.kind,
+                                    "note": "the engine has no /health: squad serve answers for it"})
             return
         await send({"type": "http.response.start", "status": r.status_code, "headers": _relayed(r.headers.raw)})
         await send({"type": "http.response.body", "body": r.content})

@@ -105,7 +105,10 @@ class FakeVLLM(_Recomputing):
             return gated
         body = await request.json()
         self.count_requests += 1
-        n = count_tokens(body.get("messages", []), body.get("tools"))
+        if "prompt" in body:  # TokenizeCompletionRequest: {model, prompt, add_special_tokens}
+            n = len(str(body["prompt"]).split()) + 1
+        else:  # TokenizeChatRequest: {model, messages, tools, add_generation_prompt}
+            n = count_tokens(body.get("messages", []), body.get("tools"))
         return JSONResponse({"count": n, "max_model_len": self.n_ctx, "tokens": list(range(n)), "token_strs": None})
 
     def _too_long(self, n_prompt: int) -> tuple[int, Response | None]:
