@@ -5,6 +5,7 @@ recognising the endpoint (field case F20). The real engine: tests/test_serve_rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -33,6 +34,19 @@ def http(served, key: str | None = "served") -> httpx.AsyncClient:
     key = served.api_key if key == "served" else key
     return httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {key}"} if key else {},
                              timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def holding(client: httpx.AsyncClient, content: str = "first", headers: dict | None = None):
+    """A streamed request that holds its engine slot until the block ends (the client then
+    disconnects): a short request could end, and let the queue move, while a test queues others.
+    The line iterator is kept: a dropped one closes the stream."""
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2000, "stream": True}
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers or {}) as held:
+        lines = held.aiter_lines()
+        while not (await lines.__anext__()).startswith("data: "):
+            pass
+        yield held
 
 
 def ask(words: int, tag: str = "w") -> list[dict]:
@@ -192,14 +206,8 @@ async def test_fifo_within_priority_and_lower_first():
                                       json={"messages": [{"role": "user", "content": tag}], "max_tokens": 5})
                 assert r.status_code == 200
 
-            # "first" holds the one slot until every other request is queued: a stream the test
-            # keeps open (a short request could end, and let the queue move, while others queue)
-            body = {"messages": [{"role": "user", "content": "first"}], "max_tokens": 2000, "stream": True}
             async with anyio.create_task_group() as tg:
-                async with client.stream("POST", "/v1/chat/completions", json=body) as held:
-                    lines = held.aiter_lines()  # kept: a dropped line iterator closes the stream
-                    while not (await lines.__anext__()).startswith("data: "):
-                        pass
+                async with holding(client, "first"):  # the one slot, until every other request is queued
                     for tag, priority in (("low-a", 5), ("high-a", 1), ("low-b", 5), ("high-b", 1), ("plain", None)):
                         tg.start_soon(send, tag, priority)
                         await wait_for(lambda n=len(served.gateway.admission.queued) + 1:
@@ -233,12 +241,7 @@ async def test_a_disconnect_mid_stream_frees_the_reservation_and_the_engine_slot
 async def test_a_client_that_leaves_while_queued_leaves_the_queue():
     async with FakeEngine(slots=1, token_delay=0.02) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:
-            async with anyio.create_task_group() as tg:
-                async def long() -> None:
-                    await client.post("/v1/chat/completions", json={"messages": ask(2, "a"), "max_tokens": 40})
-
-                tg.start_soon(long)
-                await wait_for(lambda: served.gateway.admission.in_flight == 1)
+            async with holding(client, "a0 a1"):
                 with anyio.move_on_after(0.3):  # gives up while queued: the connection closes
                     async with httpx.AsyncClient(base_url=served.url, timeout=30,
                                                  headers={"Authorization": f"Bearer {served.api_key}"}) as impatient:
@@ -252,18 +255,19 @@ async def test_status_shows_slots_pool_queue_and_per_client_counts():
     async with FakeEngine(slots=1, n_ctx=2048, token_delay=0.02) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:
             async with anyio.create_task_group() as tg:
-                for who in ("alice", "bob", "bob"):
-                    tg.start_soon(lambda who=who: client.post("/v1/chat/completions", headers={"X-Squad-Client": who},
-                                                             json={"messages": ask(2), "max_tokens": 10}))
-                await wait_for(lambda: len(served.gateway.admission.queued) == 2)
-                status = (await client.get("/squad/status")).json()
+                async with holding(client, "w0 w1", {"X-Squad-Client": "alice"}):  # leaves before it ends
+                    for who in ("bob", "bob"):
+                        tg.start_soon(lambda who=who: client.post("/v1/chat/completions", headers={"X-Squad-Client": who},
+                                                                 json={"messages": ask(2), "max_tokens": 10}))
+                    await wait_for(lambda: len(served.gateway.admission.queued) == 2)
+                    status = (await client.get("/squad/status")).json()
             await wait_for(lambda: served.gateway.ledger.live == {})
             final = (await client.get("/squad/status")).json()
     assert status["admission"]["slots"] == 1 and status["admission"]["pool"] == 2048
     assert status["admission"]["busy"] == 1 and status["admission"]["queued"] == 2
     assert len(status["running"]) == 1 and len(status["queued"]) == 2
-    assert status["admission"]["reserved"] == status["running"][0]["tokens"] == count_tokens(ask(2)) + 10
-    assert final["clients"]["alice"]["completed"] == 1 and final["clients"]["bob"]["completed"] == 2
+    assert status["admission"]["reserved"] == status["running"][0]["tokens"] == count_tokens(ask(2)) + 2000
+    assert final["clients"]["alice"]["disconnected"] == 1 and final["clients"]["bob"]["completed"] == 2
     assert final["squad_serve"] and final["engine"]["pool"] == 2048
 
 
