@@ -30,7 +30,8 @@ from squad.errors import SquadError
 if TYPE_CHECKING:
     from squad.engine.tokens import TokenCounter
 
-__all__ = ["PromptCounter", "COUNT_CACHE", "MAX_BYTES_PER_TOKEN", "estimate_chat_tokens", "ESTIMATE_OVERHEAD"]
+__all__ = ["PromptCounter", "COUNT_CACHE", "MAX_BYTES_PER_TOKEN", "estimate_tokens", "estimate_chat_tokens",
+           "ESTIMATE_OVERHEAD"]
 
 COUNT_CACHE = 4096
 """Prompt counts remembered (least recently used dropped first)."""
@@ -45,16 +46,19 @@ ESTIMATE_OVERHEAD = 8
 assistant opener of a chat template; real templates spend 3-6)."""
 
 
+def estimate_tokens(text: str) -> int:
+    """Tokens of ``text`` estimated without a tokenizer: UTF-8 bytes / 2, rounded up (a lone
+    surrogate counts as its 3 bytes instead of failing)."""
+    return (len(text.encode("utf-8", "surrogatepass")) + 1) // 2
+
+
 def estimate_chat_tokens(messages: list[dict], tools: list[dict] | None = None) -> int:
     """Prompt tokens of a chat request estimated without a tokenizer, for a server that has no
     tokenize endpoint for chat (Ollama, LM Studio, SGLang, an unknown server): the messages' and
-    tools' UTF-8 bytes / 2 (as :func:`squad.recipes.chunks.estimate_tokens`; tokenizers spend 3-4
+    tools' UTF-8 bytes / 2 (:func:`estimate_tokens`; tokenizers spend 3-4
     bytes per token of ordinary text, so this counts high) plus :data:`ESTIMATE_OVERHEAD` per
     message and per prompt. High on purpose: admission must not reserve less than the server
     uses. It is not a bound for unusual text (a tokenizer may spend one token per byte)."""
-    def estimate_tokens(text: str) -> int:
-        return (len(text.encode("utf-8", "surrogatepass")) + 1) // 2
-
     n = ESTIMATE_OVERHEAD
     for message in messages:
         n += ESTIMATE_OVERHEAD + estimate_tokens(json.dumps(message.get("content") or "", ensure_ascii=False))

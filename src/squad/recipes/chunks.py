@@ -17,14 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from squad.counting import estimate_tokens
+
 __all__ = ["split_chunks", "estimate_tokens", "text_counter"]
 
 Count = Callable[[str], int]
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens of ``text`` estimated without a tokenizer: UTF-8 bytes / 2, rounded up."""
-    return (len(text.encode("utf-8")) + 1) // 2
 
 
 def text_counter(model: str | None) -> tuple[Count, bool]:

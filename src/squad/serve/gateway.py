@@ -176,8 +176,7 @@ class Gateway:
             return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
         how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
         if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-            from squad.counting import ESTIMATE_OVERHEAD
-            from squad.recipes.chunks import estimate_tokens
+            from squad.counting import ESTIMATE_OVERHEAD, estimate_tokens
 
             return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
         # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
