@@ -124,6 +124,17 @@ def test_plan_uses_the_configured_model_unless_told_otherwise(config, tmp_path, 
     code, out, err = squad(capsys, "plan", str(recipe), "--json")
     assert code == 0, err
     assert json.loads(out)["model"] == str(default_model_path)
+    # a recipe that names no model is counted with (not only run on) the configured one
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: r\nagents:\n  a:\n    instructions: Hi.\n    budget: auto\n"
+                    "main: a\nflow:\n  - agent: a\n    prompt: Say hi.\n")
+    from squad.recipes import load_recipe
+
+    assert load_recipe(bare, default_model="ollama:smollm2:135m").model == "ollama:smollm2:135m"
+    assert load_recipe(bare, model="smollm2-135m", default_model="ollama:smollm2:135m").model == "smollm2-135m"
+    code, out, err = squad(capsys, "plan", str(bare), "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"].startswith(str(tmp_path / "ollama" / "blobs"))
 
 
 def test_config_show_and_path(config, capsys):

@@ -185,6 +185,14 @@ def _at_file(name: str, value: str) -> str:
         raise UserError(f"-p {name}=@{value[1:]}: the file is not UTF-8 text") from None
 
 
+def config_model() -> str | None:
+    """The config file's model (:mod:`squad.config`): a recipe that names no model, run without
+    ``--model``, is counted with and run on it."""
+    from squad.config import load_config
+
+    return load_config().model
+
+
 def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,
                 **overrides: Any) -> "EngineSpec":
     """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's

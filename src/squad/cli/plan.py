@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from squad.cli import options
-from squad.cli._app import app, collect_params, console, engine_spec
+from squad.cli._app import app, collect_params, config_model, console, engine_spec
 from squad.errors import UserError
 from squad.workload import Call, Node, Parallel, Sequence
 
@@ -53,7 +53,7 @@ def plan_command(
     if recipe is not None:
         from squad.recipes import load_recipe
 
-        loaded = load_recipe(recipe, collect_params(param), model=model)
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
         if loaded.mcp_servers:
             _mcp(loaded, check_mcp)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads

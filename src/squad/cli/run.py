@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from squad.cli import options
-from squad.cli._app import app, collect_params, console, engine_spec, err_console
+from squad.cli._app import app, collect_params, config_model, console, engine_spec, err_console
 from squad.errors import RecipeError, SquadError, UserError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def validate_command(
     failed, broken = 0, 0
     for path in files:
         try:
-            loaded = load_recipe(path, require_params=False)
+            loaded = load_recipe(path, require_params=False, default_model=config_model())
             servers = _check_mcp(loaded) if check_mcp else []
         except (RecipeError, MCPServerError) as exc:
             failed += 1
@@ -126,7 +126,7 @@ def run_command(
 
     _check_outputs(recipe, out, trace)
     check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
-    loaded = load_recipe(recipe, collect_params(param), model=model)
+    loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
                        binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
                        load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
@@ -384,7 +384,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
     base, servers = None, ()
     if recipe is not None:
-        loaded = load_recipe(recipe, collect_params(param), model=model)
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}

@@ -58,7 +58,7 @@ _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.output
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
-                require_params: bool = True, model: str | None = None) -> Recipe:
+                require_params: bool = True, model: str | None = None, default_model: str | None = None) -> Recipe:
     """Load and check the recipe at ``path`` with parameter values ``params`` (strings as
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
@@ -68,9 +68,11 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
     (:func:`squad.recipes.budgets.check_prompts`). ``model`` (a known name or a ``.gguf`` path
     relative to the working directory, as ``--model`` gives it) replaces the recipe's model
     before anything is counted, so ``auto`` budgets follow the model that will really run.
-    Raises :class:`RecipeError`.
+    ``default_model`` is used when neither ``model`` nor the recipe names one (the command line
+    passes the config file's model, :mod:`squad.config`). Raises :class:`RecipeError`.
     """
-    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model)
+    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model,
+                                    default_model=default_model)
 
 
 def _override(model: str) -> str | None:
@@ -114,7 +116,8 @@ class _Loader:
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
 
-    def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None) -> Recipe:
+    def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None,
+             default_model: str | None = None) -> Recipe:
         located = read_yaml(self.path)
         self.located = located
         _params_as_text(located)
@@ -128,7 +131,12 @@ class _Loader:
         self.tool_locs = _tool_locs(raw_agents)
         if spec.main not in agents:
             raise self._unknown_agent(spec.main, agents, ("main",))
-        model = self._model(spec.model) if model is None else _override(model)
+        if model is not None:
+            model = _override(model)
+        elif spec.model is not None or default_model is None:
+            model = self._model(spec.model)
+        else:  # the config file's model: counted with, and run
+            model = _override(default_model)
         self.specs = spec.params
         values = resolve_params(spec.params, given, located, self.path.parent, require=require_params,
                                 reads=self.reads)
