@@ -244,6 +244,28 @@ async def test_engine_gone_restarts_once_and_retries():
         await fe.stop()
 
 
+async def test_a_live_engine_is_never_restarted_for_connections_that_failed():
+    """Two connections fail before the first token but /health answers: the call is resent,
+    the engine (alive, maybe only busy) is not restarted under the other calls' feet."""
+    restarts: list[int] = []
+
+    async def restart():
+        restarts.append(1)
+        return fe.info
+
+    async with FakeEngine() as fe, EngineClient(fe.info, restart=restart) as client:
+        real, fails = client._attempt, iter([True, True])
+
+        async def flaky(call):
+            if next(fails, False):
+                raise EngineGone("connection reset before the first token")
+            return await real(call)
+
+        client._attempt = flaky
+        r = await complete(client, agent="a", messages=_user(3), max_tokens=5)
+    assert r.content and restarts == []
+
+
 async def test_engine_gone_without_restart_fails_at_once():
     fe = FakeEngine()
     await fe.start()

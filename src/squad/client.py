@@ -383,6 +383,8 @@ class EngineClient:
                 call.first_loading = time.monotonic()
             if isinstance(exc, EngineGone) and call.gone > 1 and self._restart is not None and not call.restarted:
                 call.restarted = True
+                if await self._engine_up():  # the connection failed, not the engine: resend, never restart a live one
+                    return
                 self.engine = await self._restart()
                 if self.admission is not None:
                     self.admission.adopt(self.engine)
