@@ -79,7 +79,7 @@ def test_items_of_a_lost_worker_finish_on_another_once() -> None:
     assert all(s.worker == "b" for s in served if s.retried)
     retried = [s for s in served if s.retried]
     assert retried and len(retried) <= a.capacity  # it held at most its capacity when it died
-    assert all(s.attempts == 2 and s.lost == [f"worker a lost: a died"] for s in retried)
+    assert all(s.attempts == 2 and s.lost == ["worker a lost: a died"] for s in retried)
     # none twice: every item has one result, and b started each item at most once
     assert sorted(b.started) == sorted(set(b.started))
     assert [s.result["output"] for s in served] == [f"{s.worker}:{i}" for s, i in zip(served, items)]
@@ -132,3 +132,27 @@ def test_no_workers_or_zero_capacity_is_an_error() -> None:
 
 def test_no_items() -> None:
     assert run([], [FakeWorker("a")]) == []
+
+
+def test_limit_bounds_items_in_flight_over_all_workers() -> None:
+    in_flight = peak = 0
+
+    class Counting(FakeWorker):
+        async def run(self, index: int, item: str) -> dict:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                return await super().run(index, item)
+            finally:
+                in_flight -= 1
+
+    workers = [Counting("a", capacity=3), Counting("b", capacity=3)]
+    served = run([f"i{n}" for n in range(20)], workers, limit=2)
+    assert all(s.result is not None for s in served) and peak <= 2
+
+
+def test_first_items_spread_over_the_workers() -> None:
+    workers = [FakeWorker("a", capacity=4), FakeWorker("b", capacity=4)]
+    run([f"i{n}" for n in range(4)], workers)
+    assert sorted(workers[0].started) == [0, 2] and sorted(workers[1].started) == [1, 3]

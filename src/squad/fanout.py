@@ -6,6 +6,8 @@ tests). The rule:
 - **back-pressure**: a worker holds at most ``worker.capacity`` items at once (its engine's
   slots); every other item waits here, in input order, until a worker has room. Nothing is
   sent ahead, so a worker that dies holds at most ``capacity`` items.
+- **spread**: the first items go round the workers one slot at a time; after that each item
+  goes to the first worker with a free slot.
 - **results in input order**, whatever order they finish in, each saying which worker served it.
 - **a worker that is lost** (its :meth:`Worker.run` raises :class:`WorkerLost`: the process,
   its node or its engine died) is taken out for the rest of the run. The item it was running,
@@ -22,6 +24,7 @@ Any other exception from a worker (a bug, not a death) ends the dispatch and pro
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, Sequence, TypeVar
@@ -82,8 +85,9 @@ class Served(Generic[R]):
 
 
 async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
-                   retries: int = RETRIES) -> list[Served[R]]:
-    """Run every item of ``items`` on ``workers`` by the rule in the module docstring.
+                   retries: int = RETRIES, limit: int | None = None) -> list[Served[R]]:
+    """Run every item of ``items`` on ``workers`` by the rule in the module docstring;
+    ``limit``: at most this many items in flight over all workers (None: their capacities).
 
     Returns one :class:`Served` per item, in input order. Raises ``ValueError`` for no
     workers or a capacity below 1; a worker's exception other than :class:`WorkerLost`
@@ -99,6 +103,7 @@ async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
     alive = {w.id for w in workers}
     left = len(items)
     changed = anyio.Condition()
+    limiter = anyio.CapacityLimiter(limit) if limit else None
 
     def finish(i: int, **what: object) -> None:
         nonlocal left
@@ -113,31 +118,41 @@ async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
             return heapq.heappop(waiting) if waiting and worker.id in alive else None
 
     async def lane(worker: Worker[T, R]) -> None:
-        while (i := await take(worker)) is not None:
-            try:
-                result = await worker.run(i, items[i])
-            except WorkerLost as exc:
-                async with changed:
-                    alive.discard(worker.id)
-                    served[i].lost.append(f"worker {worker.id} lost: {exc}")
-                    if len(served[i].lost) > retries:
-                        finish(i, error=f"not run: its worker was lost {len(served[i].lost)} times "
-                                        f"({'; '.join(served[i].lost)})")
-                    else:
-                        heapq.heappush(waiting, i)
-                    if not alive:
-                        while waiting:
-                            j = heapq.heappop(waiting)
-                            finish(j, error="not run: no worker left" + (
-                                f" ({'; '.join(served[j].lost)})" if served[j].lost else ""))
-                    changed.notify_all()
-                return
-            async with changed:
-                finish(i, result=result, worker=worker.id)
-                changed.notify_all()
+        while True:
+            async with limiter if limiter is not None else contextlib.nullcontext():
+                if not await one(worker):
+                    return
 
-    async with anyio.create_task_group() as tg:
-        for worker in workers:
-            for _ in range(worker.capacity):
-                tg.start_soon(lane, worker)
+    async def one(worker: Worker[T, R]) -> bool:
+        """Take and run one item on ``worker``; False when there is none for it (any more)."""
+        if (i := await take(worker)) is None:
+            return False
+        try:
+            result = await worker.run(i, items[i])
+        except WorkerLost as exc:
+            async with changed:
+                alive.discard(worker.id)
+                served[i].lost.append(f"worker {worker.id} lost: {exc}")
+                if len(served[i].lost) > retries:
+                    finish(i, error=f"not run: its worker was lost {len(served[i].lost)} times "
+                                    f"({'; '.join(served[i].lost)})")
+                else:
+                    heapq.heappush(waiting, i)
+                if not alive:
+                    while waiting:
+                        j = heapq.heappop(waiting)
+                        finish(j, error="not run: no worker left" + (
+                            f" ({'; '.join(served[j].lost)})" if served[j].lost else ""))
+                changed.notify_all()
+            return False
+        async with changed:
+            finish(i, result=result, worker=worker.id)
+            changed.notify_all()
+        return True
+
+    async with anyio.create_task_group() as tg:  # lanes interleaved: the first items spread over the workers
+        for k in range(max(w.capacity for w in workers)):
+            for worker in workers:
+                if k < worker.capacity:
+                    tg.start_soon(lane, worker)
     return served
