@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, Sequence, TypeVar
+from typing import Callable, Generic, Protocol, Sequence, TypeVar
 
 import anyio
 
@@ -85,9 +85,11 @@ class Served(Generic[R]):
 
 
 async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
-                   retries: int = RETRIES, limit: int | None = None) -> list[Served[R]]:
+                   retries: int = RETRIES, limit: int | None = None,
+                   on_done: Callable[[Served[R]], None] | None = None) -> list[Served[R]]:
     """Run every item of ``items`` on ``workers`` by the rule in the module docstring;
-    ``limit``: at most this many items in flight over all workers (None: their capacities).
+    ``limit``: at most this many items in flight over all workers (None: their capacities);
+    ``on_done``: called with each item's :class:`Served` as it ends (served or not run).
 
     Returns one :class:`Served` per item, in input order. Raises ``ValueError`` for no
     workers or a capacity below 1; a worker's exception other than :class:`WorkerLost`
@@ -110,6 +112,8 @@ async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
         for key, value in what.items():
             setattr(served[i], key, value)
         left -= 1
+        if on_done is not None:
+            on_done(served[i])
 
     async def take(worker: Worker[T, R]) -> int | None:
         async with changed:

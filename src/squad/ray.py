@@ -41,12 +41,12 @@ import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iterable, Sequence
 
 import anyio
 
 from squad.errors import AgentRunError, EngineError, SquadError, UserError
-from squad.fanout import RETRIES, WorkerLost, dispatch
+from squad.fanout import RETRIES, Served, WorkerLost, dispatch
 from squad.results import AgentResult
 
 if TYPE_CHECKING:
@@ -77,11 +77,12 @@ def require_ray() -> None:
 class WorkerInfo:
     """One worker as it started: ``id`` (``w<k>@<node ip>``), ``node`` (its node's IP),
     ``engine`` (its llama-server's base URL on that node), ``engine_pid``, ``slots`` and
-    ``n_ctx`` (read back from the engine), ``memory`` (bytes it planned the KV cache against)
-    and ``share`` (its fraction of the node's memory)."""
+    ``n_ctx`` (read back from the engine), ``memory`` (bytes it planned the KV cache against),
+    ``share`` (its fraction of the node's memory) and ``pid`` (the worker's process on its node)."""
 
     id: str
     node: str
+    pid: int
     engine: str
     engine_pid: int | None
     slots: int
@@ -103,7 +104,9 @@ class RayFanout:
     - ``workers_per_node``: workers (each with its engine) per node, at least 1;
     - ``memory_share``: the fraction of a node's KV memory each worker plans for, in (0, 1]
       (None: ``1 / workers_per_node``);
-    - ``retries``: how often an item whose worker was lost is sent elsewhere (default 1).
+    - ``retries``: how often an item whose worker was lost is sent elsewhere (default 1);
+    - ``on_item``: called in the driver with each map item's
+      :class:`~squad.results.AgentResult` as it ends (progress; any order).
 
     After a run, ``workers`` lists the :class:`WorkerInfo` of each worker that started and
     ``notes`` what went wrong on the way (a worker that did not start). Raises
@@ -116,6 +119,7 @@ class RayFanout:
     num_cpus: int | None = None
     temp_dir: str | Path | None = None
     retries: int = RETRIES
+    on_item: Callable[[AgentResult], None] | None = None
     workers: list[WorkerInfo] = field(default_factory=list, init=False)
     notes: list[str] = field(default_factory=list, init=False)
     _started: bool = field(default=False, init=False, repr=False)  # this run started the local cluster
@@ -146,7 +150,7 @@ class RayFanout:
         ray = await anyio.to_thread.run_sync(self._connect)
         started_here = self._started
         try:
-            pool = _Pool(ray, self.retries)
+            pool = _Pool(ray, self.retries, self.on_item)
             try:
                 await pool.start(recipe, spec, self)
                 self.workers = [w.info for w in pool.workers]
@@ -190,9 +194,10 @@ class RayFanout:
 class _Pool:
     """The workers of one run, as :class:`squad.fanout.Worker` s the dispatcher calls."""
 
-    def __init__(self, ray: Any, retries: int) -> None:
+    def __init__(self, ray: Any, retries: int, on_item: Callable[[AgentResult], None] | None) -> None:
         self.ray = ray
         self.retries = retries
+        self.on_item = on_item
         self.workers: list[_Handle] = []
         self.actors: list[Any] = []
 
@@ -226,16 +231,18 @@ class _Pool:
                   fail_on: Collection[Any], output_type: Any) -> list[AgentResult]:
         call = dict(fail_on=frozenset(fail_on), output_type=output_type)
         items = [(name, prompt, call) for prompt in prompts]
-        served = await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency)
-        results = []
-        for s in served:
-            if s.result is None:
-                result = AgentResult(agent=name, error=AgentRunError(s.error or "not run", agent=name), item=s.index)
-            else:
-                result = s.result
+        results: dict[int, AgentResult] = {}
+
+        def done(s: Served[AgentResult]) -> None:
+            result = s.result if s.result is not None else AgentResult(
+                agent=name, error=AgentRunError(s.error or "not run", agent=name), item=s.index)
             result.retried = "; ".join(s.lost) or None
-            results.append(result)
-        return results
+            results[s.index] = result
+            if self.on_item is not None:
+                self.on_item(result)
+
+        await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency, on_done=done)
+        return [results[i] for i in range(len(items))]
 
     async def close(self) -> None:
         """Ask every worker to stop its engine (up to :data:`CLOSE_TIMEOUT` seconds), then
@@ -329,7 +336,7 @@ class _Worker:
         info = self.squad.info
         launcher = self.squad.session.launcher
         node = self.id.partition("@")[2]
-        return WorkerInfo(id=self.id, node=node, engine=info.base_url, engine_pid=launcher.pid if launcher else None,
+        return WorkerInfo(id=self.id, node=node, pid=os.getpid(), engine=info.base_url, engine_pid=launcher.pid if launcher else None,
                           slots=info.slots, n_ctx=info.n_ctx, memory=memory, share=self.share)
 
     def _share_memory(self) -> int:
