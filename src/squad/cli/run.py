@@ -118,6 +118,11 @@ def run_command(
     engine for JSON of that schema; an answer that misses it twice is printed and kept as well.
     Every run writes a JSONL trace; see `squad trace show`.
 
+    With --ray ADDRESS (or --ray local), each map step of a sub-agent runs over Ray workers,
+    each with its own engine on its node; every other step runs here, on a local engine
+    launched only when the recipe has such a step. The summary and --json name the worker and
+    engine that served each item, and the items retried after their worker was lost.
+
     Exit codes: 0 done; 1 a step failed or an answer missed its schema (what finished is
     kept); 2 bad input (recipe, parameters, options: nothing was run); 130 interrupted
     (Ctrl-C); 143 terminated (SIGTERM)."""
