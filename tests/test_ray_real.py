@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -89,6 +90,7 @@ def ray_dir():
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (leftover := _ray_processes()):
         time.sleep(0.3)
+    shutil.rmtree(path, ignore_errors=True)
     assert not leftover, f"Ray processes left after the test: {leftover}"
 
 

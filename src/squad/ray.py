@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -100,7 +101,8 @@ class RayFanout:
 
     - ``address``: an existing cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
       None starts a local one-node cluster on 127.0.0.1 for the run (``num_cpus``, default
-      ``workers_per_node``; logs and sockets under ``temp_dir``, default a new temp dir);
+      ``workers_per_node``; Ray's logs and sockets under ``temp_dir``, kept; default a new
+      temp dir, removed after the run);
     - ``workers_per_node``: workers (each with its engine) per node, at least 1;
     - ``memory_share``: the fraction of a node's KV memory each worker plans for, in (0, 1]
       (None: ``1 / workers_per_node``);
@@ -123,6 +125,7 @@ class RayFanout:
     workers: list[WorkerInfo] = field(default_factory=list, init=False)
     notes: list[str] = field(default_factory=list, init=False)
     _started: bool = field(default=False, init=False, repr=False)  # this run started the local cluster
+    _temp: str | None = field(default=None, init=False, repr=False)  # ... with its files here
 
     def __post_init__(self) -> None:
         if isinstance(self.workers_per_node, bool) or not isinstance(self.workers_per_node, int) \
@@ -161,6 +164,8 @@ class RayFanout:
         finally:
             if started_here:
                 await anyio.to_thread.run_sync(ray.shutdown)
+                if self.temp_dir is None and self._temp is not None:  # Ray's logs and sockets of this run
+                    shutil.rmtree(self._temp, ignore_errors=True)
 
     def _connect(self) -> Any:
         """``ray`` connected to the cluster (blocking). A local cluster gets the loopback
@@ -180,7 +185,7 @@ class RayFanout:
         if self.address is not None:
             ray.init(address=self.address, **quiet)
             return ray
-        temp = str(self.temp_dir) if self.temp_dir is not None else tempfile.mkdtemp(prefix="squad-ray-")
+        temp = self._temp = str(self.temp_dir) if self.temp_dir is not None else tempfile.mkdtemp(prefix="squad-ray-")
         ray.init(_node_ip_address="127.0.0.1", _temp_dir=temp, num_cpus=self.num_cpus or self.workers_per_node,
                  **quiet)
         self._started = True
