@@ -79,7 +79,7 @@ async def run_ray(recipe, spec, workers: int) -> dict:
     done_at: list[float] = []
     sray._Pool.start, sray._Handle.run = start, run
     try:
-        fanout = sray.RayFanout(workers_per_node=workers, temp_dir=tempfile.mkdtemp(prefix="sqray-"),
+        fanout = sray.RayFanout(workers_per_node=workers,
                                 on_item=lambda r: done_at.append(time.monotonic()))
         run_ = await run_recipe(recipe, engine=spec, ray=fanout)
     finally:
