@@ -160,6 +160,8 @@ def run_command(
         _keep_finished(loaded, record, exc, out=out, as_json=as_json)
         raise
     rows = step_table(result)
+    for note in fanout.notes if fanout is not None else ():  # a Ray worker that did not start
+        err_console.print(f"[yellow]warning[/] {_esc(note)}", soft_wrap=True)
     if as_json:
         text = json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
