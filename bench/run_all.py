@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import machine_info  # noqa: E402
 
-BENCHES = ["fanout", "oversubscribe", "overhead", "reload"]
+BENCHES = ["fanout", "oversubscribe", "overhead", "reload", "ray_fanout"]
 
 
 def main(argv: list[str] | None = None) -> int:

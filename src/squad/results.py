@@ -83,6 +83,9 @@ class AgentResult:
     failure (a sub-agent tool call refused by the run's bound). ``finish_reason`` is its last
     call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate;
     an answer validated against its output schema is whole: ``"stop"``).
+    A map item served by a Ray worker (:mod:`squad.ray`) names it: ``worker`` (its id),
+    ``engine`` (that worker's engine URL, on its node) and ``retried`` (why an earlier attempt
+    was lost with its worker, when it was sent a second time); None otherwise.
     """
 
     agent: str
@@ -102,6 +105,9 @@ class AgentResult:
     finish_reason: str | None = None
     max_tokens: int | None = None
     notes: list[str] = field(default_factory=list)
+    worker: str | None = None
+    engine: str | None = None
+    retried: str | None = None
 
     @property
     def ok(self) -> bool:

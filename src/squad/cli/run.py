@@ -106,6 +106,8 @@ def run_command(
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
     otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", show_default=False, help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster on 127.0.0.1. Each node runs --ray-workers workers, each with its own llama-server planned for its share of the node's memory; items go to workers as their engine slots free up, results come back in input order, an item whose worker dies is run once more on another. Other steps (calls, parallel blocks, maps of the main agent) run here on a local engine, launched only if the recipe has one.")] = None,
+    ray_workers: Annotated[Optional[int], typer.Option("--ray-workers", min=1, show_default=False, help="With --ray: workers per node (default 1), each planning for 1/N of the node's memory.")] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -116,6 +118,11 @@ def run_command(
     engine for JSON of that schema; an answer that misses it twice is printed and kept as well.
     Every run writes a JSONL trace; see `squad trace show`.
 
+    With --ray ADDRESS (or --ray local), each map step of a sub-agent runs over Ray workers,
+    each with its own engine on its node; every other step runs here, on a local engine
+    launched only when the recipe has such a step. The summary and --json name the worker and
+    engine that served each item, and the items retried after their worker was lost.
+
     Exit codes: 0 done; 1 a step failed or an answer missed its schema (what finished is
     kept); 2 bad input (recipe, parameters, options: nothing was run); 130 interrupted
     (Ctrl-C); 143 terminated (SIGTERM)."""
@@ -125,6 +132,7 @@ def run_command(
     from squad.view import live_view
 
     _check_outputs(recipe, out, trace)
+    fanout = _ray_fanout(ray, ray_workers, url)
     check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
     spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
@@ -144,7 +152,7 @@ def run_command(
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink, \
                 exporting as spans:
             return await run_recipe(loaded, engine=spec, on_event=[tracer, sink, *([spans] if spans else [])],
-                                    record=record)
+                                    record=record, ray=fanout)
 
     try:
         result = anyio.run(main)
@@ -152,12 +160,15 @@ def run_command(
         _keep_finished(loaded, record, exc, out=out, as_json=as_json)
         raise
     rows = step_table(result)
+    for note in fanout.notes if fanout is not None else ():  # a Ray worker that did not start
+        err_console.print(f"[yellow]warning[/] {_esc(note)}", soft_wrap=True)
     if as_json:
         text = json.dumps({
             "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info),
+            **({"workers": result.workers} if fanout is not None else {}),
         }, indent=2, default=str)
         typer.echo(text)
         _write_out(out, result.output)
@@ -173,6 +184,22 @@ def run_command(
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
                           + _esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))
         raise typer.Exit(1)
+
+
+def _ray_fanout(address: str | None, workers: int | None, url: str | None) -> Any:
+    """``--ray ADDRESS`` / ``--ray-workers N`` as a :class:`squad.ray.RayFanout` (None without
+    --ray), checked before anything starts. Raises :class:`UserError`: Ray not installed,
+    --ray-workers without --ray, --ray with --url."""
+    if address is None:
+        if workers is not None:
+            raise UserError("--ray-workers sets the workers per node of a --ray run: add --ray ADDRESS (or 'local')")
+        return None
+    if url is not None:
+        raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
+    from squad.ray import RayFanout, require_ray
+
+    require_ray()
+    return RayFanout(address=None if address == "local" else address, workers_per_node=workers or 1)
 
 
 def _otel_export(on: bool, name: str, spec: Any) -> Any:
@@ -285,8 +312,10 @@ def _engine_json(info: "EngineInfo | None") -> dict[str, Any] | None:
 
 def _summary(rows: list[Any], result: "RecipeRun") -> None:
     table = Table(title="agents", title_justify="left", show_edge=False)
-    for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot"):
-        table.add_column(col, justify="right" if col not in ("step", "agent", "state") else "left")
+    on_ray = bool(result.workers)
+    for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot",
+                *(("worker",) if on_ray else ())):
+        table.add_column(col, justify="right" if col not in ("step", "agent", "state", "worker") else "left")
     style = {"ok": "green", "truncated": "yellow", "empty": "yellow"}
     for r in rows:
         color = style.get(r["outcome"], "red") if r["state"] == r["outcome"] else "red"
@@ -296,8 +325,17 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
             f"{r['prompt_tokens']}+{r['completion_tokens']}",
             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",
             "-" if r["slot"] is None else str(r["slot"]),
+            *((_esc(str(r.get("worker") or "-")) + (" (retried)" if r.get("retried") else ""),) if on_ray else ()),
         )
     err_console.print(table)
+    for w in result.workers:
+        err_console.print(f"worker {_esc(w['id'])}: {w['items']} item(s), engine {_esc(w['engine'])} on its node "
+                          f"({w['slots']} slots, {w['n_ctx']:,} tokens per request; planned for "
+                          f"{w['share']:.2g} of the node's KV memory, {w['memory'] / 2**30:.2f} GiB)")
+    for r in rows:
+        if r.get("retried"):
+            err_console.print(f"[yellow]{_esc(r['agent'])} retried on {_esc(str(r.get('worker')))}:[/] "
+                              f"{_esc(r['retried'])}")
     if result.info is not None:
         err_console.print(f"engine: {result.info.slots} slots sharing a pool of {result.info.pool:,} tokens, "
                           f"{result.info.n_ctx:,} per request (read back from /props)")

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
     from squad.engine.plan import EnginePlan
     from squad.events import EventSink
+    from squad.ray import RayFanout
     from squad.runtime import Squad
     from squad.session import EngineSpec
 
@@ -74,7 +75,9 @@ class RecipeRun:
     ``warnings``: ``(step id, message)`` of non-answers passed on marked or made failures;
     ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
     call refused by the run's bound, :attr:`AgentResult.notes`);
-    ``plan``/``info``: the engine plan (None when attached) and what the engine reported.
+    ``plan``/``info``: the engine plan (None when attached) and what the engine reported;
+    ``workers``: on Ray (:mod:`squad.ray`), each worker that served map items
+    (:meth:`~squad.ray.WorkerInfo.as_dict` and ``items``, how many it served), else empty.
     """
 
     output: str
@@ -85,6 +88,7 @@ class RecipeRun:
     warnings: list[tuple[str, str]] = field(default_factory=list)
     plan: "EnginePlan | None" = None
     info: "EngineInfo | None" = None
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def notes(self) -> list[tuple[str, str]]:
@@ -100,24 +104,31 @@ async def run_recipe(
     engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
     record: RecipeRun | None = None,
+    ray: "RayFanout | None" = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
     ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
     ``recipe.engine_spec().but(...)`` to override some. ``record``: a :class:`RecipeRun` to
     fill as steps finish (and return); when the run fails it still holds the steps that
-    finished. Raises the failing agent's
+    finished. ``ray``: run the maps over a Ray cluster, each worker with its own engine
+    launched from ``engine`` (:mod:`squad.ray`: which steps run where). Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
     from squad.runtime import Squad
 
-    async with recipe_mcp(recipe) as servers, Squad(
-        list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
-        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
-    ) as squad:
-        run = await execute_flow(recipe, squad, record)
-        run.plan, run.info = squad.session.plan, squad.info
+    if ray is not None:
+        from squad.ray import run_on_ray
+
+        run = await run_on_ray(recipe, ray, engine=engine or recipe.engine_spec(), on_event=on_event, record=record)
+    else:
+        async with recipe_mcp(recipe) as servers, Squad(
+            list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
+            workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
+        ) as squad:
+            run = await execute_flow(recipe, squad, record)
+            run.plan, run.info = squad.session.plan, squad.info
     if recipe.output_schema is not None:
         last, sent = run.steps.get(recipe.flow[-1].id, {}), recipe.flow[-1].schema
         validated = "value" in last and sent is not None and sent.schema == recipe.output_schema
@@ -380,7 +391,8 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
     """One row per agent conversation: step, agent (``name[i]`` for a map item), state (its
     outcome: ``ok``, ``truncated``, ``empty``, ``failed: why``, the cancel reason; a non-answer
     a ``fail`` setting made a failure is ``truncated (failed)``), outcome, queued s, first
-    token s, tokens, tok/s, slot (for ``squad run``'s summary)."""
+    token s, tokens, tok/s, slot (for ``squad run``'s summary); a map item a Ray worker served
+    also has ``worker``, ``engine`` and ``retried`` (:class:`~squad.results.AgentResult`)."""
     rows = []
     for sid, r in run.results:
         t = r.timings
@@ -390,6 +402,7 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
             "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
             "tokens_per_s": None if t.tokens_per_s is None else round(t.tokens_per_s, 1),
             "slot": r.slot, "total_s": round(t.total_s, 3),
+            **({"worker": r.worker, "engine": r.engine, "retried": r.retried} if r.worker or r.retried else {}),
         })
     return rows
 

@@ -1,0 +1,463 @@
+"""Cluster fan-out on Ray: a recipe's ``map`` steps over llama-servers on many machines.
+
+``squad run RECIPE --ray [ADDRESS]``, or ``run_recipe(recipe, ray=RayFanout(...))``. Needs the
+optional extra ``squad[ray]``; squad must be importable on every node (installed there, or
+shipped with Ray's ``runtime_env``).
+
+Where things run:
+
+- **workers**: ``workers_per_node`` Ray actors on each alive node, pinned to it (Ray's node
+  affinity, not soft). Each launches its own llama-server, planned on its node by the same
+  planner as a local run (:func:`squad.session.plan_engine`: the recipe's model, pins and
+  workload) against its **memory share**: ``memory_share`` × what that node gives the KV
+  cache (:func:`squad.machine.kv_memory`, ``SQUAD_KV_MEMORY`` included); the share defaults
+  to ``1 / workers_per_node``, so workers on one machine never each plan for all of it. The
+  engine binds 127.0.0.1 on its node and only its worker talks to it.
+- **map steps** whose agent is not the main agent: each item is one ``Squad.map`` call on a
+  worker, dispatched by :func:`squad.fanout.dispatch`: at most the worker's engine slots in
+  flight per worker (and the step's ``concurrency`` in all), results in input order; the items
+  a lost worker held (its actor, node or engine died) run once more elsewhere, and that is
+  stated in their results; an item that fails for its own reason is reported, not retried.
+  Each item's :class:`~squad.results.AgentResult` says which ``worker`` and ``engine`` served
+  it (and ``retried``: why, when it was).
+- **every other step** (calls, parallel blocks, a map over the main agent, whose @mentions
+  are handed back within one squad) runs in the driver, on a local engine as without Ray,
+  launched before the flow when the recipe has such a step (:func:`needs_local`): a recipe
+  made only of maps of sub-agents launches no local engine.
+
+No engine is left behind: a worker stops its engine when it is closed, and the engine is a
+child of the worker's process (:mod:`squad.engine.process`), so it also dies with an actor
+that is killed or crashes. :class:`RayFanout` closes every worker at the end of the run (also
+when the driver is interrupted: close, then ``ray.kill``), and shuts down a local cluster it
+started. A local cluster (no ``address``) runs on 127.0.0.1 only, its logs and sockets in
+``temp_dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iterable, Sequence
+
+import anyio
+
+from squad.errors import AgentRunError, EngineError, SquadError, UserError
+from squad.fanout import RETRIES, Served, WorkerLost, dispatch
+from squad.results import AgentResult
+
+if TYPE_CHECKING:
+    from squad.events import EventSink
+    from squad.recipes.model import Recipe
+    from squad.recipes.run import RecipeRun
+    from squad.runtime import Squad
+    from squad.session import EngineSpec
+
+__all__ = ["RayFanout", "WorkerInfo", "run_on_ray", "needs_local", "require_ray", "INSTALL_HINT"]
+
+INSTALL_HINT = "pip install 'squad[ray]'"
+CLOSE_TIMEOUT = 60.0
+"""Seconds a worker gets to stop its engine before its actor is killed (which kills the engine too)."""
+
+
+def require_ray() -> None:
+    """Check that Ray is installed, without importing it (a local cluster must set its
+    environment first, :meth:`RayFanout._connect`). Raises :class:`UserError` saying how to
+    install it."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UserError(f"--ray needs Ray, which is not installed: {INSTALL_HINT}")
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker as it started: ``id`` (``w<k>@<node ip>``), ``node`` (its node's IP),
+    ``engine`` (its llama-server's base URL on that node), ``engine_pid``, ``slots`` and
+    ``n_ctx`` (read back from the engine), ``memory`` (bytes it planned the KV cache against),
+    ``share`` (its fraction of the node's memory) and ``pid`` (the worker's process on its node)."""
+
+    id: str
+    node: str
+    pid: int
+    engine: str
+    engine_pid: int | None
+    slots: int
+    n_ctx: int
+    memory: int
+    share: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class RayFanout:
+    """How to fan a recipe's maps out over Ray (see the module docstring for the rules).
+
+    - ``address``: an existing cluster (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
+      None starts a local one-node cluster on 127.0.0.1 for the run (``num_cpus``, default
+      ``workers_per_node``; Ray's logs and sockets under ``temp_dir``, kept; default a new
+      temp dir, removed after the run);
+    - ``workers_per_node``: workers (each with its engine) per node, at least 1;
+    - ``memory_share``: the fraction of a node's KV memory each worker plans for, in (0, 1]
+      (None: ``1 / workers_per_node``);
+    - ``retries``: how often an item whose worker was lost is sent elsewhere (default 1);
+    - ``on_item``: called in the driver with each map item's
+      :class:`~squad.results.AgentResult` as it ends (progress; any order).
+
+    After a run, ``workers`` lists the :class:`WorkerInfo` of each worker that started and
+    ``notes`` what went wrong on the way (a worker that did not start). Raises
+    :class:`UserError` for a bad value.
+    """
+
+    address: str | None = None
+    workers_per_node: int = 1
+    memory_share: float | None = None
+    num_cpus: int | None = None
+    temp_dir: str | Path | None = None
+    retries: int = RETRIES
+    on_item: Callable[[AgentResult], None] | None = None
+    workers: list[WorkerInfo] = field(default_factory=list, init=False)
+    notes: list[str] = field(default_factory=list, init=False)
+    _started: bool = field(default=False, init=False, repr=False)  # this run started the local cluster
+    _temp: str | None = field(default=None, init=False, repr=False)  # ... with its files here
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers_per_node, bool) or not isinstance(self.workers_per_node, int) \
+                or self.workers_per_node < 1:
+            raise UserError(f"workers_per_node must be a whole number of at least 1, got {self.workers_per_node!r}")
+        share = self.memory_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise UserError(f"memory_share must be a fraction in (0, 1], got {share!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise UserError(f"retries must be a whole number of at least 0, got {self.retries!r}")
+
+    @property
+    def share(self) -> float:
+        """Each worker's fraction of its node's KV memory."""
+        return self.memory_share if self.memory_share is not None else 1 / self.workers_per_node
+
+    @asynccontextmanager
+    async def pool(self, recipe: "Recipe", spec: "EngineSpec") -> AsyncIterator["_Pool"]:
+        """Connect (or start a local cluster), start the workers for ``recipe`` with ``spec``
+        (a launched engine: a ``url`` is an error), yield them; on exit stop every worker and
+        its engine, and a local cluster this started. Raises :class:`UserError` (no Ray, a
+        ``url``), :class:`SquadError` when no worker starts (with the first one's reason)."""
+        if spec.url is not None:
+            raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
+        ray = await anyio.to_thread.run_sync(self._connect)
+        started_here = self._started
+        try:
+            pool = _Pool(ray, self.retries, self.on_item)
+            try:
+                await pool.start(recipe, spec, self)
+                self.workers = [w.info for w in pool.workers]
+                yield pool
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await pool.close()
+        finally:
+            if started_here:
+                await anyio.to_thread.run_sync(ray.shutdown)
+                if self.temp_dir is None and self._temp is not None:  # Ray's logs and sockets of this run
+                    shutil.rmtree(self._temp, ignore_errors=True)
+
+    def _connect(self) -> Any:
+        """``ray`` connected to the cluster (blocking). A local cluster gets the loopback
+        address only: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ray is imported) makes
+        Ray take 127.0.0.1 as the node's address and bind its servers there."""
+        if self.address is None:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Ray's own SIGTERM handler prints a stack dump before squad's (stop the engines, exit 143)
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+        require_ray()
+        import ray
+
+        self._started = False
+        if ray.is_initialized():
+            return ray
+        quiet = dict(logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+        if self.address is not None:
+            ray.init(address=self.address, **quiet)
+            return ray
+        temp = self._temp = str(self.temp_dir) if self.temp_dir is not None else tempfile.mkdtemp(prefix="squad-ray-")
+        ray.init(_node_ip_address="127.0.0.1", _temp_dir=temp, num_cpus=self.num_cpus or self.workers_per_node,
+                 **quiet)
+        self._started = True
+        node = ray.util.get_node_ip_address()
+        if node != "127.0.0.1":
+            ray.shutdown()
+            self._started = False
+            raise UserError(f"the local Ray cluster took the address {node}, not 127.0.0.1 (ray was imported before "
+                            "squad could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): set it in the environment")
+        return ray
+
+
+class _Pool:
+    """The workers of one run, as :class:`squad.fanout.Worker` s the dispatcher calls."""
+
+    def __init__(self, ray: Any, retries: int, on_item: Callable[[AgentResult], None] | None) -> None:
+        self.ray = ray
+        self.retries = retries
+        self.on_item = on_item
+        self.workers: list[_Handle] = []
+        self.actors: list[Any] = []
+
+    async def start(self, recipe: "Recipe", spec: "EngineSpec", fanout: RayFanout) -> None:
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        remote = ray.remote(_Worker)
+        pending = []
+        for node in nodes:
+            for _ in range(fanout.workers_per_node):
+                wid = f"w{len(pending)}@{node['NodeManagerAddress']}"
+                actor = remote.options(
+                    num_cpus=0, max_concurrency=64, max_restarts=0, name=None,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                ).remote(recipe, spec, wid, fanout.share)
+                self.actors.append(actor)
+                pending.append((wid, actor))
+        for wid, actor in pending:
+            try:
+                info = await actor.start.remote()
+            except Exception as exc:  # noqa: BLE001 - one worker that cannot start does not end the run
+                fanout.notes.append(f"worker {wid} did not start: {_reason(exc)}")
+                continue
+            self.workers.append(_Handle(actor, info))
+        if not self.workers:
+            raise SquadError("no Ray worker started: " + "; ".join(fanout.notes))
+
+    async def map(self, name: str, prompts: Sequence[str], *, max_concurrency: int | None,
+                  fail_on: Collection[Any], output_type: Any) -> list[AgentResult]:
+        call = dict(fail_on=frozenset(fail_on), output_type=output_type)
+        items = [(name, prompt, call) for prompt in prompts]
+        results: dict[int, AgentResult] = {}
+
+        def done(s: Served[AgentResult]) -> None:
+            result = s.result if s.result is not None else AgentResult(
+                agent=name, error=AgentRunError(s.error or "not run", agent=name), item=s.index)
+            result.retried = "; ".join(s.lost) or None
+            results[s.index] = result
+            if self.on_item is not None:
+                self.on_item(result)
+
+        await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency, on_done=done)
+        return [results[i] for i in range(len(items))]
+
+    async def close(self) -> None:
+        """Ask every worker to stop its engine (up to :data:`CLOSE_TIMEOUT` seconds), then
+        kill every actor: an engine whose worker is killed dies with it."""
+        ray = self.ray
+        refs = []
+        for actor in self.actors:
+            try:
+                refs.append(actor.close.remote())
+            except Exception:  # noqa: BLE001 - a dead actor: nothing to close
+                pass
+        if refs:
+            await anyio.to_thread.run_sync(lambda: ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT))
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+@dataclass
+class _Handle:
+    """A started worker as the dispatcher sees it (:class:`squad.fanout.Worker`)."""
+
+    actor: Any
+    info: WorkerInfo
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def capacity(self) -> int:
+        return self.info.slots
+
+    async def run(self, index: int, item: tuple[str, str, dict[str, Any]]) -> AgentResult:
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        name, prompt, call = item
+        try:
+            return await self.actor.run.remote(index, name, prompt, **call)
+        except RayTaskError as exc:  # the worker raised: its engine is gone for good, or a bug
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, EngineError):
+                raise WorkerLost(f"its engine failed: {cause}") from None
+            raise cause if isinstance(cause, BaseException) else exc
+        except RayActorError as exc:  # the actor died (killed, crashed, its node is gone)
+            raise WorkerLost(_reason(exc)) from None
+        except RayError as exc:  # the node or the object store failed under the call
+            raise WorkerLost(_reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of a Ray error (they run to pages), or its type."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
+        exc = cause
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+class _Worker:
+    """The Ray actor (``ray.remote(_Worker)``): one :class:`~squad.runtime.Squad` with the
+    recipe's agents and its own launched engine, on an event loop of its own (an anyio
+    blocking portal: the engine is spawned from that loop's thread, which lives as long as the
+    actor). Ray calls its methods from up to 64 threads at once; the dispatcher sends at most
+    the engine's slots."""
+
+    def __init__(self, recipe: "Recipe", spec: "EngineSpec", worker_id: str, share: float) -> None:
+        self.id, self.recipe, self.spec, self.share = worker_id, recipe, spec, share
+        self._portal_cm: Any = None
+        self._portal: Any = None
+        self._squad_cm: Any = None
+        self.squad: "Squad | None" = None
+
+    def start(self) -> WorkerInfo:
+        """Plan for this node's share, launch the engine, return what it reported. Raises the
+        planner's and launcher's errors."""
+        from anyio.from_thread import start_blocking_portal
+
+        from squad.runtime import Squad
+
+        memory = self._share_memory()
+        self._portal_cm = start_blocking_portal()
+        portal = self._portal = self._portal_cm.__enter__()
+        recipe = self.recipe
+        squad = Squad(list(recipe.agents.values()), main=recipe.main, engine=self.spec, workload=recipe.workload(),
+                      variables={"params": recipe.params}, mcp_servers=recipe.mcp_servers)
+        self._squad_cm = portal.wrap_async_context_manager(squad)
+        self.squad = self._squad_cm.__enter__()
+        info = self.squad.info
+        launcher = self.squad.session.launcher
+        node = self.id.partition("@")[2]
+        return WorkerInfo(id=self.id, node=node, pid=os.getpid(), engine=info.base_url, engine_pid=launcher.pid if launcher else None,
+                          slots=info.slots, n_ctx=info.n_ctx, memory=memory, share=self.share)
+
+    def _share_memory(self) -> int:
+        """Set ``SQUAD_KV_MEMORY`` in this actor's process to its share of the node's KV memory
+        (the planner and a replan read it); returns it in bytes."""
+        from squad.engine.facts import read_model_facts
+        from squad.engine.registry import resolve_model
+        from squad.machine import ENV_VAR, kv_memory
+
+        model = resolve_model(self.spec.model)
+        whole = kv_memory(model, n_layer=read_model_facts(model).n_layer, gpu_layers=self.spec.gpu_layers)
+        os.environ[ENV_VAR] = str(int(whole.bytes * self.share))
+        return int(whole.bytes * self.share)
+
+    def run(self, index: int, name: str, prompt: str, *, fail_on: frozenset[Any], output_type: Any) -> AgentResult:
+        """Item ``index``: ``name`` on ``prompt`` (one ``Squad.map`` call). The agent's own
+        failure is in the result; an :class:`EngineError` (the engine is gone and could not be
+        restarted) raises."""
+        assert self.squad is not None and self._portal is not None
+        squad = self.squad
+
+        async def one() -> AgentResult:
+            [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type)
+            return result
+
+        result = self._portal.call(one)
+        value = getattr(result.output_value, "model_dump", None)
+        return replace(result, item=index, worker=self.id, engine=squad.info.base_url,
+                       output_value=value(mode="json") if callable(value) else result.output_value)
+
+    def close(self) -> None:
+        """Stop the engine (and the squad's MCP servers), then the event loop."""
+        try:
+            if self._squad_cm is not None:
+                self._squad_cm.__exit__(None, None, None)
+        finally:
+            self._squad_cm = None
+            if self._portal_cm is not None:
+                self._portal_cm.__exit__(None, None, None)
+                self._portal_cm = self._portal = None
+
+
+class _ClusterSquad:
+    """What :func:`squad.recipes.run.execute_flow` runs a flow on under Ray: ``map`` of a
+    sub-agent goes to the workers; ``run``, ``run_agent``, ``parallel`` to the ``local`` squad
+    (None when the recipe has no step for it, :func:`needs_local`)."""
+
+    def __init__(self, pool: _Pool, local: "Squad | None", sinks: list["EventSink"]) -> None:
+        self._pool, self._local, self._sinks = pool, local, sinks
+
+    @property
+    def local(self) -> "Squad":
+        assert self._local is not None, "a step that runs in the driver, in a recipe needs_local() said has none"
+        return self._local
+
+    async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
+                  fail_on: Collection[Any] = (), output_type: Any = None) -> list[AgentResult]:
+        return await self._pool.map(name, list(inputs), max_concurrency=max_concurrency, fail_on=fail_on,
+                                    output_type=output_type)
+
+    async def run(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.local.run(*args, **kwargs)
+
+    async def run_agent(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.local.run_agent(*args, **kwargs)
+
+    async def parallel(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.local.parallel(*args, **kwargs)
+
+    def emit(self, event: Any) -> None:
+        from squad.events import emit_to
+
+        emit_to(self._sinks, event)
+
+
+def needs_local(recipe: "Recipe") -> bool:
+    """True when some step of ``recipe`` runs in the driver under Ray: a call, or a map whose
+    agent is the main agent (anything but a map of a sub-agent, inside blocks too)."""
+    def local(steps: Iterable[Any]) -> bool:
+        return any(local(s.steps) if s.kind == "parallel" else not (s.kind == "map" and s.agent != recipe.main)
+                   for s in steps)
+
+    return local(recipe.flow)
+
+
+async def run_on_ray(recipe: "Recipe", fanout: RayFanout, *, engine: "EngineSpec",
+                     on_event: "EventSink | list[EventSink] | None" = None,
+                     record: "RecipeRun | None" = None) -> "RecipeRun":
+    """Run ``recipe``'s flow with its maps on Ray workers (rules in the module docstring);
+    ``engine`` is the spec each worker launches (and the local engine, if a step needs one).
+    Returns the :class:`~squad.recipes.run.RecipeRun` (``workers``: each worker's
+    :meth:`WorkerInfo.as_dict` and ``items``, the number of items it served). Raises as
+    :func:`squad.recipes.run.run_recipe`, and :class:`UserError` without Ray."""
+    from squad.recipes.run import execute_flow, recipe_mcp
+    from squad.runtime import Squad
+
+    from squad.session import EngineSpec
+
+    require_ray()
+    if not isinstance(engine, EngineSpec):
+        raise UserError("a Ray run launches an engine on each worker: give engine as an EngineSpec (a model and pins)")
+    sinks = [] if on_event is None else list(on_event) if isinstance(on_event, list) else [on_event]
+    async with recipe_mcp(recipe) as servers, fanout.pool(recipe, engine) as pool, AsyncExitStack() as stack:
+        local = None
+        if needs_local(recipe):
+            local = await stack.enter_async_context(Squad(
+                list(recipe.agents.values()), main=recipe.main, engine=engine, workload=recipe.workload(),
+                on_event=sinks or None, variables={"params": recipe.params}, mcp_servers=servers))
+        run = await execute_flow(recipe, _ClusterSquad(pool, local, sinks), record)  # type: ignore[arg-type]
+        if local is not None:
+            run.plan, run.info = local.session.plan, local.info
+    served: dict[str, int] = {}
+    for _, result in run.results:
+        if result.worker is not None:
+            served[result.worker] = served.get(result.worker, 0) + 1
+    run.workers = [{**w.as_dict(), "items": served.get(w.id, 0)} for w in fanout.workers]
+    return run

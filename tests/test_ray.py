@@ -1,0 +1,165 @@
+"""squad.ray without Ray: options, which steps run where, how map items come back (fake
+workers behind the real dispatcher), and the CLI's --ray errors. The real cluster is in
+test_ray_real.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+
+from cli_support import squad, state  # noqa: F401
+from squad.errors import UserError
+from squad.fanout import WorkerLost
+from squad.mention import unmark
+from squad.ray import INSTALL_HINT, RayFanout, _ClusterSquad, _Pool, needs_local
+from squad.recipes import load_recipe, run_recipe, step_table
+from squad.recipes.run import execute_flow
+from squad.results import AgentResult
+from squad.runtime import Squad
+from squad.testing import ScriptedEngine
+
+RECIPE = """\
+name: mixed
+params:
+  items: {{type: list, default: [a, b, c, d, e]}}
+agents:
+  echo: {{instructions: Repeat., max_tokens: 8}}
+  boss: {{instructions: Be brief., max_tokens: 8}}
+main: boss
+flow:
+{flow}
+"""
+MAP = """  - id: words
+    map: params.items
+    agent: echo
+    prompt: "Say {{ item }}"
+"""
+CALL = """  - id: last
+    agent: boss
+    prompt: "Sum up {{ steps.words.output }}"
+"""
+
+
+def _recipe(tmp_path: Path, *steps: str):
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE.format(flow="".join(steps)))
+    return load_recipe(path, {})
+
+
+@dataclass
+class FakeWorker:
+    """A worker as the pool sees it: answers ``<id>:<prompt>``; dies at item ``die_at``;
+    ``bad`` prompts fail for their own reason."""
+
+    id: str
+    capacity: int = 2
+    die_at: int | None = None
+    bad: str = "Say c"
+
+    async def run(self, index: int, item: tuple) -> AgentResult:
+        name, prompt, call = item
+        prompt = unmark(prompt)  # as Squad.map on a worker takes it
+        await anyio.sleep(0.001 * index)
+        if index == self.die_at:
+            raise WorkerLost("the actor died")
+        if prompt == self.bad:
+            from squad.errors import InvalidOutput
+
+            return AgentResult(agent=name, error=InvalidOutput("not JSON", agent=name), item=index,
+                               worker=self.id, engine=f"http://127.0.0.1/{self.id}")
+        return AgentResult(agent=name, output=f"{self.id}:{prompt}", item=index, finish_reason="stop",
+                           worker=self.id, engine=f"http://127.0.0.1/{self.id}")
+
+
+def _pool(*workers: FakeWorker, on_item=None) -> _Pool:
+    pool = _Pool(ray=None, retries=1, on_item=on_item)
+    pool.workers = list(workers)  # type: ignore[list-item]
+    return pool
+
+
+def test_options_are_checked() -> None:
+    assert RayFanout(workers_per_node=4).share == 0.25
+    assert RayFanout(workers_per_node=4, memory_share=0.5).share == 0.5
+    for bad in (dict(workers_per_node=0), dict(memory_share=0), dict(memory_share=1.5), dict(retries=-1)):
+        with pytest.raises(UserError):
+            RayFanout(**bad)
+
+
+def test_which_steps_need_a_local_engine(tmp_path: Path) -> None:
+    assert not needs_local(_recipe(tmp_path, MAP))
+    assert needs_local(_recipe(tmp_path, MAP, CALL))
+    main_map = MAP.replace("agent: echo", "agent: boss")
+    assert needs_local(_recipe(tmp_path, main_map))
+
+
+def test_maps_go_to_the_workers_and_calls_to_the_local_squad(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, MAP, CALL)
+    seen: list[AgentResult] = []
+    pool = _pool(FakeWorker("w0"), FakeWorker("w1", die_at=1), on_item=seen.append)
+    local = ScriptedEngine(responder=lambda request: "summed")
+
+    async def main():
+        async with Squad(list(recipe.agents.values()), main=recipe.main, engine=local) as sq:
+            return await execute_flow(recipe, _ClusterSquad(pool, sq, []), None)
+
+    run = anyio.run(main)
+    words = [r for sid, r in run.results if sid == "words"]
+    assert [r.item for r in words] == [0, 1, 2, 3, 4] and len(seen) == 5
+    assert words[1].worker == "w0" and "worker w1 lost: the actor died" in words[1].retried
+    assert words[1].output == "w0:Say b"
+    # an item that failed for its own reason: reported, not retried
+    assert words[2].error is not None and words[2].retried is None and "not JSON" in str(words[2].error)
+    assert run.steps["words"]["outputs"][0].endswith(":Say a") and "[failed" in run.steps["words"]["outputs"][2]
+    assert [sid for sid, _ in run.errors] == ["words[2]"]
+    assert run.steps["last"]["output"] == "summed" and len(local.requests) == 1  # only the call ran locally
+    rows = step_table(run)
+    assert rows[1]["worker"] == "w0" and rows[1]["engine"] == "http://127.0.0.1/w0" and rows[1]["retried"]
+    assert "worker" not in rows[-1]  # the local call
+
+
+def test_items_no_worker_could_run_are_failures_saying_why(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, MAP)
+    pool = _pool(FakeWorker("w0", capacity=1, die_at=0))
+
+    async def main():
+        return await execute_flow(recipe, _ClusterSquad(pool, None, []), None)
+
+    run = anyio.run(main)
+    assert run.steps["words"]["error"].startswith("all 5 items failed")
+    assert all("no worker left" in message for _, message in run.errors)
+
+
+def test_a_ray_run_needs_a_spec_to_launch(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, MAP)
+    with pytest.raises(UserError, match="EngineSpec"):
+        anyio.run(lambda: run_recipe(recipe, engine=ScriptedEngine(), ray=RayFanout()))
+
+
+def test_cli_without_ray_says_how_to_install(tmp_path: Path, capsys, state, monkeypatch) -> None:  # noqa: F811
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(flow=MAP))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    code, out, err = squad(capsys, "run", recipe, "--ray", "local")
+    assert code == 2 and INSTALL_HINT in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--ray-workers", "2"], "--ray-workers sets the workers per node"),
+    (["--ray", "local", "--url", "http://127.0.0.1:9"], "drop --url"),
+])
+def test_cli_ray_option_errors(tmp_path: Path, capsys, state, argv, says) -> None:  # noqa: F811
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(flow=MAP))
+    code, out, err = squad(capsys, "run", recipe, *argv)
+    assert code == 2 and says in " ".join(err.split()), err
+
+
+def test_cli_help_states_where_steps_run(capsys) -> None:
+    code, out, err = squad(capsys, "run", "--help")
+    text = " ".join(out.replace("│", " ").split())
+    assert "--ray" in text and "--ray-workers" in text and "local engine" in text

@@ -1,0 +1,154 @@
+"""Cluster fan-out on Ray (squad.ray) with the real engine: a local Ray cluster on 127.0.0.1
+started by the test, two workers on this machine (1 thread each, 2 slots, small context), a
+32-item map; and the same with one worker's process killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import importlib.util
+
+import anyio
+import psutil
+import pytest
+
+from squad.ray import RayFanout
+from squad.recipes import load_recipe, run_recipe
+
+# not imported here: a local cluster sets its environment before Ray is imported (squad.ray)
+pytestmark = [pytest.mark.engine, pytest.mark.ray,
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs squad[ray]")]
+
+WORDS = [f"w{n:02d}" for n in range(32)]
+RECIPE = f"""\
+name: ray-fanout
+model: default
+params:
+  items:
+    type: list
+    default: {json.dumps(WORDS)}
+agents:
+  echo:
+    instructions: Repeat the word.
+    max_tokens: 8
+  boss:
+    instructions: Be brief.
+    max_tokens: 8
+main: boss
+flow:
+  - id: words
+    map: params.items
+    agent: echo
+    prompt: "Say {{{{ item }}}}"
+"""
+
+
+def _recipe(tmp_path: Path):
+    path = tmp_path / "fanout.yaml"
+    path.write_text(RECIPE)
+    return load_recipe(path, {})
+
+
+def _spec(recipe):
+    return recipe.engine_spec().but(threads=1, slots=2, ctx=512)
+
+
+def _ray_processes() -> list[str]:
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if p.info["name"] in ("raylet", "gcs_server") or cmd.startswith("ray::") or "ray/_private/workers" in cmd:
+            found.append(f"{p.pid} {cmd[:100]}")
+    return found
+
+
+def _gone(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """The pids still alive after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def ray_dir():
+    """A short temp dir for Ray's sockets and logs (unix socket paths are limited to 107 bytes)."""
+    path = tempfile.mkdtemp(prefix="sqray-")
+    yield path
+    leftover = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (leftover := _ray_processes()):
+        time.sleep(0.3)
+    shutil.rmtree(path, ignore_errors=True)
+    assert not leftover, f"Ray processes left after the test: {leftover}"
+
+
+def _check_items(run, fanout) -> list:
+    results = [r for sid, r in run.results if sid == "words"]
+    assert [r.item for r in results] == list(range(32))  # input order, each item once
+    for r, word in zip(results, WORDS):
+        assert r.error is None, r.error
+        assert r.history and word in r.history[0]["content"]  # the answer is to this item's prompt
+        assert r.worker is not None and r.engine is not None
+    engines = {w.id: w.engine for w in fanout.workers}
+    assert all(engines[r.worker] == r.engine for r in results)  # each served by its worker's own engine
+    assert len(run.steps["words"]["outputs"]) == 32
+    return results
+
+
+def test_32_items_over_two_workers_in_input_order(tmp_path: Path, ray_dir: str) -> None:
+    recipe = _recipe(tmp_path)
+    fanout = RayFanout(workers_per_node=2, temp_dir=ray_dir)
+    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout))
+    results = _check_items(run, fanout)
+    assert len(fanout.workers) == 2 and fanout.notes == []
+    assert {r.worker for r in results} == {w.id for w in fanout.workers}  # both used
+    assert all(r.retried is None for r in results)
+    assert all(w.share == 0.5 and w.slots == 2 and w.node == "127.0.0.1" for w in fanout.workers)
+    assert {w.engine for w in fanout.workers} and len({w.engine for w in fanout.workers}) == 2
+    assert sorted(w["items"] for w in run.workers) and sum(w["items"] for w in run.workers) == 32
+    assert run.info is None  # a map-only recipe launches no local engine
+    assert _gone([w.engine_pid for w in fanout.workers if w.engine_pid]) == []
+
+
+def test_a_killed_worker_s_items_finish_on_the_other(tmp_path: Path, ray_dir: str) -> None:
+    recipe = _recipe(tmp_path)
+    killed: list[str] = []
+
+    def on_item(result) -> None:  # kill w1's process once it has served 3 items (2 more are in flight)
+        served = [r for r in done if r.worker == victim.id] if (victim := _victim()) else []
+        done.append(result)
+        if victim is not None and len(served) >= 3 and not killed:
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(victim.id)
+
+    def _victim():
+        return fanout.workers[1] if len(fanout.workers) == 2 else None
+
+    done: list = []
+    fanout = RayFanout(workers_per_node=2, temp_dir=ray_dir, on_item=on_item)
+    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout))
+    assert killed == [fanout.workers[1].id]
+    results = _check_items(run, fanout)
+    survivor, victim = fanout.workers
+    retried = [r for r in results if r.retried]
+    assert retried, "the killed worker held items in flight; they must be retried"
+    assert len(retried) <= victim.slots
+    for r in retried:
+        assert r.worker == survivor.id and f"worker {victim.id} lost" in r.retried
+    by_victim = [r for r in results if r.worker == victim.id]
+    assert len(by_victim) >= 3
+    assert len(by_victim) + len([r for r in results if r.worker == survivor.id]) == 32  # none twice
+    assert _gone([victim.engine_pid]) == []  # its engine died with it
+    assert _gone([w.engine_pid for w in fanout.workers if w.engine_pid]) == []
