@@ -163,3 +163,27 @@ def test_cli_help_states_where_steps_run(capsys) -> None:
     code, out, err = squad(capsys, "run", "--help")
     text = " ".join(out.replace("│", " ").split())
     assert "--ray" in text and "--ray-workers" in text and "local engine" in text
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["run", "r.yaml", "--ray"], ["run", "r.yaml", "--ray", "default"]),
+    (["run", "r.yaml", "--ray", "--quiet"], ["run", "r.yaml", "--ray", "default", "--quiet"]),
+    (["run", "--ray", "r.yaml"], ["run", "--ray", "default", "r.yaml"]),
+    (["run", "r.yaml", "--ray", "auto"], ["run", "r.yaml", "--ray", "auto"]),
+    (["run", "r.yaml", "--ray", "ray://h:10001"], ["run", "r.yaml", "--ray", "ray://h:10001"]),
+])
+def test_ray_address_may_be_left_out(argv, expect) -> None:
+    from squad.cli._app import _optional_values
+
+    assert _optional_values(argv) == expect
+
+
+@pytest.mark.parametrize("env, address", [(None, None), ("10.0.0.9:6379", "10.0.0.9:6379")])
+def test_a_bare_ray_uses_ray_address_else_a_local_cluster(monkeypatch, env, address) -> None:
+    from squad.cli.run import _ray_fanout
+
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    assert _ray_fanout("default", None, None).address == address

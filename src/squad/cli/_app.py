@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread (an embedding caller): signals stay theirs
         previous = on_sigterm
     try:
-        app(args=argv)  # standalone: typer handles usage errors and exits
+        app(args=_optional_values(sys.argv[1:] if argv is None else list(argv)))  # typer exits on usage errors
     except KeyboardInterrupt:
         sys.exit(_interrupted(terminated, ""))
     except SystemExit as exc:  # typer turns Ctrl-C into exit 130 after the engine was stopped
@@ -107,6 +107,24 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if previous is not on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+OPTIONAL_VALUES = {"--ray": "default"}
+"""Options whose value may be left out (``squad run RECIPE --ray``), and the word that stands for
+it: typer has no option with an optional value, so :func:`_optional_values` fills it in."""
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """``argv`` with the stand-in word after an option of :data:`OPTIONAL_VALUES` given without
+    its value: last, before another option, or before a recipe file (``--ray recipe.yaml``)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in OPTIONAL_VALUES:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or following.startswith("-") or following.endswith((".yaml", ".yml")):
+                out.append(OPTIONAL_VALUES[arg])
+    return out
 
 
 def _interrupted(terminated: list[int], done: str) -> int:

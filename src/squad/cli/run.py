@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -106,7 +107,7 @@ def run_command(
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
     otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
-    ray: Annotated[Optional[str], typer.Option("--ray", metavar="ADDRESS", show_default=False, help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster on 127.0.0.1. Each node runs --ray-workers workers, each with its own llama-server planned for its share of the node's memory; items go to workers as their engine slots free up, results come back in input order, an item whose worker dies is run once more on another. Other steps (calls, parallel blocks, maps of the main agent) run here on a local engine, launched only if the recipe has one.")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="[ADDRESS]", show_default=False, help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster on 127.0.0.1; a bare --ray uses $RAY_ADDRESS if set, else 'local'. Each node runs --ray-workers workers, each with its own llama-server planned for its share of the node's memory; items go to workers as their engine slots free up, results come back in input order, an item whose worker dies is run once more on another. Other steps (calls, parallel blocks, maps of the main agent) run here on a local engine, launched only if the recipe has one.")] = None,
     ray_workers: Annotated[Optional[int], typer.Option("--ray-workers", min=1, show_default=False, help="With --ray: workers per node (default 1), each planning for 1/N of the node's memory.")] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
@@ -199,6 +200,8 @@ def _ray_fanout(address: str | None, workers: int | None, url: str | None) -> An
     from squad.ray import RayFanout, require_ray
 
     require_ray()
+    if address == "default":  # a bare --ray: Ray's own rule, $RAY_ADDRESS if set, else a cluster on this machine
+        address = os.environ.get("RAY_ADDRESS") or "local"
     return RayFanout(address=None if address == "local" else address, workers_per_node=workers or 1)
 
 
