@@ -387,8 +387,8 @@ class CallReleased(_Admission):
 class CallMoved(Event):
     """Call ``call`` could not finish on ``engine`` because that engine was lost; the same
     request goes to ``to_engine`` as a new call. ``rerun``: it had been streaming, so it runs
-    again from its start (its cut text never reaches the conversation); False: it had not
-    started (it waited in the lost engine's queue, or its connection was refused)."""
+    again from its start (its cut text never reaches the conversation); False: no token of it had
+    arrived (it waited in the lost engine's queue, or the engine died before its first token)."""
 
     kind: ClassVar[str] = "call.moved"
     to_engine: str
