@@ -16,6 +16,7 @@ from squad.errors import EngineGone, PromptTooLong, TruncatedStream, UserError
 from squad.events import Event, Origin
 from squad.runtime import Squad
 from squad.session import EngineSpec
+from squad.summary import summarize
 from squad.testing import FakeEngine, Reply
 
 pytestmark = pytest.mark.anyio
@@ -104,6 +105,36 @@ async def test_a_stopped_engine_is_taken_out_its_queue_moves_and_its_stream_is_r
     noted = [n for r in results for n in r.notes]
     assert len(noted) == 1 and "re-run from its start" in noted[0] and a.base_url in noted[0]
     assert b.max_processing <= 1 and a.max_processing <= 1
+    summary = summarize(events)  # the trace: every item done, the moved calls marked, the loss listed
+    assert all(agent.status != "failed" and not agent.errors for agent in summary.agents.values())
+    assert [loss.engine for loss in summary.lost] == [a.base_url]
+    assert sum(span.rerun for span in summary.calls) == 1 and summary.engines == [a.base_url, b.base_url]
+
+
+async def test_closing_an_admission_fails_its_queued_calls_with_engine_lost_and_keeps_running_ones() -> None:
+    from squad.admission import Admission
+    from squad.errors import EngineLost
+
+    admission = Admission(1, 1000)
+    outcomes: list[str] = []
+
+    async def queued() -> None:
+        try:
+            async with admission.reserve(10, agent="q"):
+                outcomes.append("admitted")
+        except EngineLost:
+            outcomes.append("lost")
+
+    async with admission.reserve(10, agent="running"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(queued)
+            await anyio.sleep(0.05)
+            assert admission.queued == ["q"]
+            admission.close(EngineLost("gone", engine="http://x", reason="gone"))
+        assert outcomes == ["lost"] and admission.in_flight == 1 and admission.queued == []
+    with pytest.raises(EngineLost):
+        async with admission.reserve(10, agent="later"):
+            pass
 
 
 async def test_when_every_engine_is_lost_the_error_says_so() -> None:
