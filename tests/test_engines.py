@@ -193,6 +193,21 @@ def test_combined_info_is_the_most_restrictive_per_request_and_the_sum_of_slots(
     assert combined([one]) is one
 
 
+async def test_an_engine_that_does_not_open_closes_the_others_and_raises_its_own_error() -> None:
+    from squad.engine.process import free_port
+    from squad.errors import EngineError
+
+    events: list[Event] = []
+    async with FakeEngine(slots=1) as a:
+        group = EngineGroup([a.info, EngineSpec(url=f"http://127.0.0.1:{free_port()}")], on_event=events.append)
+        with pytest.raises(EngineError):
+            async with group:
+                pass
+        assert group._router is None
+        with pytest.raises(UserError, match="not open"):
+            group.chat
+
+
 async def test_router_needs_an_engine() -> None:
     with pytest.raises(UserError):
         Router([])
