@@ -97,12 +97,15 @@ def test_short_forms_are_unique_in_the_table():
 
 
 def test_an_option_name_has_one_type_and_range_everywhere():
+    """A repeatable option (``squad run --url A --url B``) counts as its item's type."""
     seen: dict[str, tuple[str, str]] = {}
     bad = []
     for name, cmd in commands():
         for opt in options(cmd):
             long = next(o for o in opt.opts if o.startswith("--"))
-            kind = (f"{opt.type_descriptor.annotation} min={opt.min} max={opt.max}", str(opt.is_flag))
+            annotation = opt.type_descriptor.annotation
+            item = str if annotation == list[str] else annotation
+            kind = (f"{item} min={opt.min} max={opt.max}", str(opt.is_flag))
             if long in seen and seen[long][0] != kind:
                 bad.append(f"{long}: {kind} in squad {name}, {seen[long][0]} in squad {seen[long][1]}")
             seen.setdefault(long, (kind, name))  # type: ignore[arg-type]

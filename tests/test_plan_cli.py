@@ -170,3 +170,18 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         log.close()
     assert (data["slots"], data["n_ctx"], data["command"]) == (3, 1024, None)
     assert any("2 slot(s)" in w for w in data["warnings"])
+
+
+def test_plan_of_a_recipe_with_several_engines_shows_each_with_its_memory_share(capsys, tmp_path, model):
+    """squad.engines' rule: each launched engine planned for the whole workload with 1/N of the KV memory."""
+    path = tmp_path / "two.yaml"
+    path.write_text(RECIPE.replace("main: lead\n", f"main: lead\nmodel: {model}\nengines:\n"
+                                   "  - http://127.0.0.1:9\n  - {threads: 1}\n  - {threads: 1, slots: 2}\n"))
+    code, out, err = squad(capsys, "plan", path, "-p", "diff=x", "--json")
+    assert code == 0, err
+    engines = json.loads(out)["engines"]
+    assert [e.get("url") for e in engines] == ["http://127.0.0.1:9", None, None]
+    assert [e.get("share") for e in engines[1:]] == [0.5, 0.5] and engines[2]["slots"] == 2
+    code, out, err = squad(capsys, "plan", path, "-p", "diff=x")
+    assert code == 0, err
+    assert "engine 2 of 3: launched" in out and "50% of" in out

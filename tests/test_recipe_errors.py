@@ -27,6 +27,9 @@ CASES = [
     ("alias_bomb.yaml", 6, 4, "e", "the YAML expands to more than 20000 nodes (an alias bomb?)"),
     ("python_tag.yaml", 6, 13, "flow[0].prompt", "YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed"),
     ("yaml11.yaml", 1, 1, None, "recipes are read as YAML 1.2; remove the '%YAML 1.1' directive"),
+    ("engine_and_engines.yaml", 4, 1, "engines",
+     "give either engine: (one engine) or engines: (several), not both; move its settings into each item of engines:"),
+    ("engines_url_with_model.yaml", 3, 5, "engines[0]", "model sizes or starts an engine squad launches"),
 ]
 
 
@@ -92,3 +95,15 @@ def test_not_utf8(tmp_path):
     with pytest.raises(RecipeError, match="not UTF-8") as info:
         validate_recipe(path)
     assert info.value.line == 2
+
+
+def test_engines_items_are_urls_or_launch_settings():
+    """An ``engines:`` list (several engines): a plain string attaches to that URL, a mapping
+    attaches (url) or launches (model defaults to the recipe's)."""
+    from squad.recipes import load_recipe as load
+
+    recipe = Path(__file__).parent / "data" / "engines_recipe.yaml"
+    specs = load(recipe).engine_specs()
+    assert [(s.url, s.slots, s.model, s.threads) for s in specs] == [
+        ("http://127.0.0.1:8080", None, None, None), ("http://127.0.0.1:8081", 16, None, None),
+        (None, 2, "smollm2-135m", 1)]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 
 from squad.engine.llama import round_ctx
-from squad.errors import AdmissionError
+from squad.errors import AdmissionError, EngineLost
 from squad.events import CallAdmitted, CallQueued, CallReleased, Event, EventSink, Origin
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class _Waiter:
     reservation: Reservation
     seq: int
     granted: anyio.Event = field(default_factory=anyio.Event)
-    error: AdmissionError | None = None
+    error: AdmissionError | EngineLost | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -101,6 +101,8 @@ class Admission:
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
         self._held = False
+        self.closed: EngineLost | None = None
+        """Set by :meth:`close`: the engine was lost; every reservation fails with it."""
 
     @classmethod
     def for_engine(cls, info: "EngineInfo", *, on_event: EventSink | None = None) -> "Admission":
@@ -131,6 +133,11 @@ class Admission:
     def queued(self) -> list[str]:
         """Agents waiting, in the order they will be admitted."""
         return [w.reservation.agent for w in self._waiters]
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens the waiting calls ask for."""
+        return sum(w.reservation.tokens for w in self._waiters)
 
     @property
     def limit(self) -> int:
@@ -165,6 +172,8 @@ class Admission:
         the waiting task removes it from the queue cleanly.
         """
         origin = agent if isinstance(agent, Origin) else Origin(agent)
+        if self.closed is not None:
+            raise self.closed
         self.check(tokens, agent=origin)
         waiter = _Waiter(Reservation(origin=origin, tokens=tokens, priority=priority, call=call), next(self._seq))
         started = time.monotonic()
@@ -235,6 +244,15 @@ class Admission:
                 waiter.granted.set()
         self.resume()
 
+    def close(self, lost: EngineLost) -> None:
+        """The engine is gone: every waiting call fails with ``lost`` (it was never sent), and so
+        does every later :meth:`reserve`. Calls in flight keep their slots until they end."""
+        self.closed = lost
+        for waiter in self._waiters:
+            waiter.error = lost
+            waiter.granted.set()
+        self._waiters.clear()
+
     # -- internals -----------------------------------------------------------------------------
 
     @staticmethod
@@ -248,7 +266,7 @@ class Admission:
 
     def _dispatch(self) -> None:
         """Grant waiters from the head while the head fits; never let a later one barge."""
-        while self._waiters and not self._held:
+        while self._waiters and not self._held and self.closed is None:
             head = self._waiters[0]
             if not self._free or self._reserved + head.reservation.tokens > self.pool:
                 return

@@ -99,7 +99,10 @@ class ChatResult:
     """A finished call: the answer (never partial), reasoning kept apart, tool calls, usage.
 
     ``call`` is the call id its events carry; ``reserved_tokens`` what admission held;
-    ``slot`` squad's slot number (-1 when the engine admits on its own).
+    ``slot`` squad's slot number (-1 when the engine admits on its own). ``engine``: the base URL
+    of the engine that served it (set by :class:`squad.engines.Router`, None on one engine);
+    ``rerun_from``: the engine whose stream died under this call, after which it was re-run from
+    its start on ``engine`` (the cut text was dropped: this answer is whole), else None.
     """
 
     content: str
@@ -112,6 +115,8 @@ class ChatResult:
     attempts: int = 1
     slot: int = -1
     call: str | None = None
+    engine: str | None = None
+    rerun_from: str | None = None
 
 
 @runtime_checkable

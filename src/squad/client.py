@@ -280,7 +280,8 @@ class EngineClient:
         Raises :class:`AdmissionError` (over budget or pool, never sent),
         :class:`PromptTooLong`, :class:`ContextExceeded`, :class:`TruncatedStream`,
         :class:`ReasoningBudgetExhausted`, :class:`CallTimeout`, :class:`EngineLoadTimeout`,
-        :class:`EngineGone`, :class:`AgentRunError`.
+        :class:`EngineGone`, :class:`AgentRunError`; each carries ``call_id``, the id its
+        ``call.failed`` event names.
         """
         call = _Call(request, f"c{next(_CALL_IDS)}")
         try:
@@ -291,6 +292,7 @@ class EngineClient:
                 if reason and exc.args:
                     exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
             self._emit(CallFailed, call, error=type(exc).__name__, message=str(exc), attempts=call.attempts)
+            exc.call_id = call.id  # type: ignore[attr-defined]  (the call its events name: squad.engines)
             raise
         result.attempts, result.call = call.attempts, call.id
         result.timings.total_s = time.monotonic() - call.started
@@ -335,6 +337,10 @@ class EngineClient:
                 f"(this call {call.need}: prompt + max_tokens): another client is using this engine's pool; "
                 "give squad its own engine or raise the context", agent=agent) from exc
         return result
+
+    async def engine_up(self, probes: int = 3) -> bool:
+        """True if the engine answers ``/health`` at all within ``probes`` tries (see :meth:`_engine_up`)."""
+        return await self._engine_up(probes)
 
     async def _engine_up(self, probes: int = 3) -> bool:
         """True if ``/health`` answers at all (200 or 503 loading) within ``probes`` tries (a

@@ -12,7 +12,9 @@ SquadError                         base of everything below
 │   ├── EngineStartError           it could not start (exited while loading, port taken); log tail
 │   ├── EngineLoadTimeout          still "Loading model" (503) after the deadline
 │   ├── PlanMismatch               /props read back something other than the plan
-│   └── EngineGone                 connection refused / process died mid-run
+│   ├── EngineGone                 connection refused / process died mid-run
+│   └── EngineLost                 the engine was taken out of a squad's engines (it died); a call
+│                                  queued for it moves to another (:mod:`squad.engines`)
 ├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
 │   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
@@ -47,6 +49,7 @@ __all__ = [
     "EngineLoadTimeout",
     "PlanMismatch",
     "EngineGone",
+    "EngineLost",
     "MCPServerError",
     "ModelError",
     "UnknownModel",
@@ -147,6 +150,16 @@ class PlanMismatch(EngineError):
 
 class EngineGone(EngineError):
     """The engine stopped answering (connection refused, process died)."""
+
+
+class EngineLost(EngineError):
+    """The engine was taken out of a squad's engines because it died (``reason`` says how);
+    a call still waiting in its admission gets this, never having been sent, and
+    :class:`squad.engines.Router` sends it to another engine."""
+
+    def __init__(self, message: str, *, engine: str | None = None, reason: str = "") -> None:
+        self.engine, self.reason = engine, reason
+        super().__init__(message)
 
 
 class MCPServerError(SquadError, RuntimeError):

@@ -26,6 +26,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``engine.loading``            the model is still loading (model, elapsed_s, timeout_s)
 ``engine.exited``             a launched engine died mid-run (status, log_path, message); an
                               ``engine.loaded`` with reason restarted follows if squad restarts it
+``engine.lost``               one of a squad's several engines died and was taken out (reason,
+                              remaining: engines left); its queued calls move to the others
 ``mention.dispatched``        a main agent's @mentions run (agents)
 ``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
 ``agent.started``             a conversation begins (priority, item: its map item's index or
@@ -41,6 +43,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``call.failed``               it ended with an error (error, message, attempts)
 ``call.retried``              it is being sent again (reason, attempt, error)
 ``call.released``             its slot and reservation were given back (tokens, held_s)
+``call.moved``                its engine was lost, so it goes to another (to_engine; rerun: it
+                              was streaming and runs again from its start, its cut text dropped)
 ``tool.called``               a tool ran for an agent (tool, ok)
 ``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
                               limit: ``depth`` or ``calls``, value, message); once per limit
@@ -78,6 +82,7 @@ __all__ = [
     "EngineWarning",
     "EngineLoading",
     "EngineExited",
+    "EngineLost",
     "MentionDispatched",
     "MentionQueued",
     "AgentStarted",
@@ -91,6 +96,7 @@ __all__ = [
     "CallFailed",
     "CallRetried",
     "CallReleased",
+    "CallMoved",
     "ToolCalled",
     "ToolLimited",
     "OutputRetried",
@@ -240,6 +246,17 @@ class EngineExited(Event):
     message: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineLost(Event):
+    """One of several engines (``engine``) died and was taken out (:mod:`squad.engines`):
+    ``reason`` says how (``"engine exited (signal 9 SIGKILL), log: PATH"``, ``"not answering"``);
+    ``remaining``: engines still serving."""
+
+    kind: ClassVar[str] = "engine.lost"
+    reason: str
+    remaining: int = 0
+
+
 # --- mentions and agents ----------------------------------------------------------------------
 
 
@@ -364,6 +381,19 @@ class CallReleased(_Admission):
     kind: ClassVar[str] = "call.released"
     slot: int
     held_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallMoved(Event):
+    """Call ``call`` could not finish on ``engine`` because that engine was lost; the same
+    request goes to ``to_engine`` as a new call. ``rerun``: it had been streaming, so it runs
+    again from its start (its cut text never reaches the conversation); False: no token of it had
+    arrived (it waited in the lost engine's queue, or the engine died before its first token)."""
+
+    kind: ClassVar[str] = "call.moved"
+    to_engine: str
+    rerun: bool = False
+    reason: str = ""
 
 
 # --- tools and hand-back ----------------------------------------------------------------------

@@ -68,6 +68,7 @@ from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
 from squad.mention import Dispatch, parse_mentions, unmark
 from squad.outcome import Outcome, fix_for
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
+from squad.engines import EngineGroup
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
 from squad.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
@@ -93,6 +94,12 @@ class Squad:
     - a :class:`~squad.chat.ChatEngine`: used as is (``squad.testing.ScriptedEngine``);
     - None: the short forms ``model``, ``slots``, ``ctx``, ``threads`` (launch) or ``url`` +
       ``api_key`` (attach) build the spec; nothing at all launches the built-in model.
+
+    Or several engines (``engines=``, a list of the items ``engine=`` takes, e.g.
+    ``[EngineSpec(url=A), EngineSpec(model=M, threads=1)]``): calls are routed over them, a
+    conversation stays on its engine, and an engine that dies is taken out, its calls moved or
+    re-run on the others (:mod:`squad.engines`; ``session`` is then an
+    :class:`~squad.engines.EngineGroup`). Not together with ``engine=`` or the short forms.
 
     ``main`` names the main agent (default: the first). ``tools`` are the function tools
     agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose
@@ -125,6 +132,7 @@ class Squad:
         *,
         main: str | None = None,
         engine: EngineSpec | EngineInfo | ChatEngine | None = None,
+        engines: Sequence[EngineSpec | EngineInfo | ChatEngine] | None = None,
         model: str | Path | None = None,
         slots: int | None = None,
         ctx: int | None = None,
@@ -170,8 +178,13 @@ class Squad:
         self._sinks: list[EventSink] = [] if on_event is None else (
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )
-        self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
-                                     self.workload, on_event=self._emit if self._sinks else None)
+        sink = self._emit if self._sinks else None
+        self.session: EngineSession | EngineGroup
+        if engines is not None or isinstance(engine, (list, tuple)):
+            self.session = _several(engine, engines, short, self.workload, sink)
+        else:
+            self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
+                                         self.workload, on_event=sink)
         self._open = False
         self._operations = Operations()
         self._conversations = itertools.count(1)
@@ -548,7 +561,7 @@ class Squad:
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=self.max_tool_rounds, on_event=self._emit,
                                 output=output or agent.output_type)
-        result.subs, result.notes = subs, notes
+        result.subs, result.notes = subs, [*notes, *result.notes]
         return result
 
     def _system(self, agent: Agent, variables: Mapping[str, Any] | None) -> str:
@@ -617,6 +630,23 @@ class Squad:
 _MOVED = {"plan": "Squad.session.plan", "launcher": "Squad.session.launcher",
           "admission": "Squad.session.admission", "client": "Squad.chat"}
 """Attributes earlier versions had on Squad, and where they are now."""
+
+
+def _several(engine: Any, engines: Any, short: Mapping[str, Any], workload: Node,
+             sink: EventSink | None) -> "EngineSession | EngineGroup":
+    """The session for ``engines=[...]``: one engine alone is an ordinary session."""
+    if isinstance(engine, (list, tuple)):
+        raise UserError("engine= takes one engine: give several as engines=[...]")
+    if engine is not None:
+        raise UserError("give engine=... (one engine) or engines=[...] (several), not both")
+    given = ", ".join(k for k, v in short.items() if v is not None)
+    if given:
+        raise UserError(f"give the engines as engines=[EngineSpec(...), ...] or as short forms ({given}), not both")
+    if isinstance(engines, (str, bytes)) or not isinstance(engines, Sequence):
+        raise UserError(f"engines= takes a list of EngineSpec, EngineInfo or ChatEngine, got {engines!r}")
+    if len(engines) == 1:
+        return EngineSession(engines[0], workload, on_event=sink)
+    return EngineGroup(engines, workload, on_event=sink)
 
 
 def _renamed_hint(given: Mapping[str, Any]) -> str:

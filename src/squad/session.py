@@ -141,11 +141,13 @@ class EngineSpec:
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]
 
 
-def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -> EnginePlan:
+def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True, share: float = 1.0) -> EnginePlan:
     """The plan for ``workload`` on the engine ``spec`` describes. Blocking (reads the GGUF
     file; run it in a worker thread from async code).
 
     ``pull``: fetch a known model that is not in the cache yet (False: raise instead).
+    ``share``: the fraction (0 < share <= 1) of the memory for KV this engine may plan for, when
+    several engines launched on this machine divide it (:mod:`squad.engines`: 1/N each).
     Raises :class:`~squad.errors.ModelError` (no such model) or
     :class:`~squad.errors.PlanError` (the workload cannot be planned).
     """
@@ -157,6 +159,9 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True) -
     facts = read_model_facts(model_path)
     ctk, ctv = spec.kv_types
     memory = kv_memory(model_path, n_layer=facts.n_layer, gpu_layers=spec.gpu_layers)
+    if share < 1.0:
+        memory = dataclasses.replace(memory, bytes=int(memory.bytes * share),
+                                     source=f"{share:.0%} of {memory.source}, shared with other engines")
     planned = plan(
         workload,
         model=model_path,
@@ -214,10 +219,14 @@ class EngineSession(AsyncResource):
     call), ``admission`` (None when the chat engine admits on its own), and for a launched
     engine ``plan`` and ``launcher``. Events: ``engine.planned``, ``engine.loaded`` (each load,
     with its reason), ``engine.replanning``. Leaving stops a launched engine.
+
+    ``share``: the fraction of this machine's KV memory a launched engine plans for
+    (:func:`plan_engine`); ``restart=False``: a launched engine that dies is not restarted (its
+    calls fail with :class:`~squad.errors.EngineGone`; :mod:`squad.engines` takes it out instead).
     """
 
     def __init__(self, engine: EngineSpec | EngineInfo | ChatEngine, workload: Node | None = None, *,
-                 on_event: EventSink | None = None) -> None:
+                 on_event: EventSink | None = None, share: float = 1.0, restart: bool = True) -> None:
         self.spec = engine if isinstance(engine, EngineSpec) else None
         self._given = None if isinstance(engine, EngineSpec) else engine
         self.workload = workload
@@ -229,6 +238,7 @@ class EngineSession(AsyncResource):
         self._reload_lock = anyio.Lock()
         self._exit_reported: int | None = None  # pid of the engine process whose death was reported
         self._restarted_pid: int | None = None  # pid of the engine the last restart started
+        self.share, self._restartable = share, restart
 
     # -- what the runtime uses ---------------------------------------------------------------
 
@@ -275,7 +285,7 @@ class EngineSession(AsyncResource):
 
             info, reason = await attach(spec.url, spec.api_key, slots=spec.slots, ctx=spec.ctx), "attached"
         else:
-            self.plan = await anyio.to_thread.run_sync(plan_engine, spec, self.workload)
+            self.plan = await anyio.to_thread.run_sync(lambda: plan_engine(spec, self.workload, share=self.share))
             self._emit(EnginePlanned(slots=self.plan.slots, n_ctx=self.plan.n_ctx, reasons=list(self.plan.reasons),
                                      warnings=list(self.plan.warnings)))
             self.launcher = Launcher(self.plan, binary=spec.binary, threads=spec.threads,
@@ -285,7 +295,7 @@ class EngineSession(AsyncResource):
             info, reason = await self.launcher.start(), "launched"
         from squad.client import EngineClient
 
-        restart = self._restart if self.launcher is not None else None
+        restart = self._restart if self.launcher is not None and self._restartable else None
         sink = self._emit if self._sinks else None  # nobody listens: events are not even built
         # an engine that admits on its own (a squad serve endpoint says so, F20) gets no second admission
         admission = None if spec.admits or info.admits else Admission.for_engine(info, on_event=sink)
@@ -372,6 +382,11 @@ class EngineSession(AsyncResource):
         with anyio.move_on_after(settle):
             while self.launcher.running:
                 await anyio.sleep(0.05)
+        return self._report_exit()
+
+    def exited(self) -> str | None:
+        """``"engine exited (signal 9 SIGKILL), log: PATH"`` once the engine squad launched has
+        ended by itself (reported as ``engine.exited``, once), else None."""
         return self._report_exit()
 
     def _report_exit(self) -> str | None:

@@ -24,10 +24,12 @@ from squad.events import (
     CallFailed,
     CallFinished,
     CallFirstToken,
+    CallMoved,
     CallQueued,
     CallReleased,
     CallRetried,
     EngineLoaded,
+    EngineLost,
     Event,
     StepWarning,
     OutputRetried,
@@ -37,7 +39,7 @@ from squad.events import (
 from squad.outcome import worst
 from squad.trace import jsonable
 
-__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad"]
+__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "short_url"]
 
 
 @dataclass
@@ -50,6 +52,8 @@ class CallSpan:
     squad's slot number; ``conversation``/``parent`` place it in its agent conversation.
     ``error`` is set for a failed call; ``retried`` when it was sent more than once;
     ``finish_reason`` is the engine's for a finished call (``length``: stopped at max_tokens).
+    ``engine``: the engine that served it (its base URL); ``moved_to``: the engine it went to
+    when its own was lost (``rerun``: it had streamed and ran again from its start there).
     """
 
     agent: str
@@ -67,6 +71,9 @@ class CallSpan:
     error: str | None = None
     retried: bool = False
     finish_reason: str | None = None
+    engine: str | None = None
+    moved_to: str | None = None
+    rerun: bool = False
 
     @property
     def start(self) -> float:
@@ -110,6 +117,8 @@ class AgentSummary:
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
     """What the run said of it that is not a failure (``tool.limited``: a sub-agent call refused)."""
+    engines: list[str] = field(default_factory=list)
+    """The engines its calls went to (base URLs), in order."""
 
 
 @dataclass
@@ -125,6 +134,21 @@ class EngineLoad:
 
 
 @dataclass
+class EngineLoss:
+    """An ``engine.lost`` event: one of several engines died and was taken out (seconds from the start)."""
+
+    t: float
+    engine: str | None
+    reason: str
+    remaining: int
+
+
+def short_url(url: str | None) -> str:
+    """``127.0.0.1:8080`` for ``http://127.0.0.1:8080`` (how views name an engine)."""
+    return (url or "-").split("://", 1)[-1]
+
+
+@dataclass
 class TraceSummary:
     """A trace digested: per-agent rows, calls as spans, engine loads, peak concurrency."""
 
@@ -136,6 +160,13 @@ class TraceSummary:
     events: int
     warnings: list[str] = field(default_factory=list)
     """Recipe steps' warnings (``step.warning``: a non-answer, naming the step and the fix)."""
+    lost: list[EngineLoss] = field(default_factory=list)
+    """Engines taken out mid-run (several engines, :mod:`squad.engines`)."""
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines that served calls (base URLs), in order of first use."""
+        return list(dict.fromkeys(s.engine for s in sorted(self.calls, key=lambda c: c.start) if s.engine))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``squad trace show --json``)."""
@@ -158,6 +189,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     t0 = events[0].t if events else 0.0
     agents: dict[str, AgentSummary] = {}
     loads: list[EngineLoad] = []
+    lost: list[EngineLoss] = []
     warnings: list[str] = []
     spans: dict[str, CallSpan] = {}
     peak_reported = 0
@@ -188,6 +220,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         if isinstance(ev, EngineLoaded):
             loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
                                     engine=ev.engine))
+        elif isinstance(ev, EngineLost):
+            lost.append(EngineLoss(t=t, engine=ev.engine, reason=ev.reason, remaining=ev.remaining))
         elif isinstance(ev, StepWarning):
             warnings.append(ev.warning)
         elif isinstance(ev, AgentStarted):
@@ -215,6 +249,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         a.completion_tokens += s.completion_tokens or 0
         if s.slot is not None and s.slot not in a.slots:
             a.slots.append(s.slot)
+        if s.engine and s.engine not in a.engines:
+            a.engines.append(s.engine)
         if s.error and s.error != _RELEASED:  # call.failed is final (retries are inside one call)
             _add_error(a.errors, s.error)
         if a.started is None:
@@ -227,12 +263,16 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = "failed" if a.errors else "done"
     return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
                         max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=len(events), warnings=warnings)
+                        events=len(events), warnings=warnings, lost=lost)
 
 
 def _call_event(s: CallSpan, ev: Event, t: float) -> int:
     """Fold one call event into its span; returns the in-flight count it reports (or 0)."""
-    if isinstance(ev, CallQueued):
+    s.engine = s.engine or ev.engine
+    if isinstance(ev, CallMoved):  # its engine was lost: the request goes on as another call
+        s.moved_to, s.rerun, s.error = ev.to_engine, ev.rerun, None
+        s.end = t if s.end is None else s.end
+    elif isinstance(ev, CallQueued):
         s.queued = t
     elif isinstance(ev, CallAdmitted):
         s.admitted, s.reserved, s.slot = t, ev.tokens, ev.slot

@@ -225,8 +225,14 @@ async def run_turn(
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
-        max_tokens=agent.max_tokens,
+        max_tokens=agent.max_tokens, notes=[rerun_note(c) for c in calls if c.rerun_from],
     )
+
+
+def rerun_note(reply: ChatResult) -> str:
+    """What an agent's result says of a call re-run after its engine died mid-stream (:mod:`squad.engines`)."""
+    return (f"call {reply.call} was re-run from its start on {reply.engine}: the engine at {reply.rerun_from} "
+            "was lost while it streamed, and its cut text was dropped")
 
 
 async def _structured(output: OutputSchema, reply: ChatResult, convo: list[dict[str, Any]],

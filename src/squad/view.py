@@ -14,6 +14,10 @@ queue: no slot or no room in the pool), ``prefill`` (admitted, no token yet), ``
 the non-answers of :mod:`squad.outcome`: ``truncated`` (stopped at max_tokens), ``empty``, ``failed``,
 ``cancelled``. Warnings (the engine's, and a recipe step's non-answer with its fix) are printed
 as ``warning: ...`` lines in both modes.
+
+With several engines (:mod:`squad.engines`) the status line shows each engine's busy slots (a
+lost one as ``lost``), the table an ``engine`` column (the engine of each agent's latest call),
+and a lost engine and each call moved off it are printed in both modes.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from squad.events import (
     CallFailed,
     CallFinished,
     CallFirstToken,
+    CallMoved,
     CallQueued,
     CallReleased,
     CallRetried,
     EngineExited,
     EngineLoaded,
     EngineLoading,
+    EngineLost,
     EnginePlanned,
     EngineWarning,
     Event,
@@ -52,7 +58,7 @@ from squad.events import (
     item_label,
 )
 
-__all__ = ["AgentRow", "ViewState", "LiveView", "live_view"]
+__all__ = ["AgentRow", "EngineRow", "ViewState", "LiveView", "live_view"]
 
 _STYLE = {
     "started": "cyan",
@@ -91,6 +97,8 @@ class AgentRow:
     ttft_s: float | None = None
     detail: str = ""
     """Failure or cancellation reason; for a truncated answer its max_tokens."""
+    engine: str | None = None
+    """The engine of its latest call (base URL)."""
 
     @property
     def in_flight(self) -> int:
@@ -104,6 +112,22 @@ class AgentRow:
     def reserved(self) -> int:
         """Tokens reserved in the pool by its calls in flight."""
         return sum(self.held.values())
+
+
+@dataclass
+class EngineRow:
+    """One engine as the view shows it: ``slots``/``pool`` read back, ``busy`` calls holding a
+    slot and ``pool_used`` tokens reserved (admission's own counts), ``lost`` why it was taken out."""
+
+    slots: int = 0
+    pool: int = 0
+    busy: int = 0
+    pool_used: int = 0
+    lost: str | None = None
+
+
+def _short(url: str | None) -> str:
+    return (url or "-").split("://", 1)[-1]
 
 
 @dataclass
@@ -132,6 +156,13 @@ class ViewState:
     labels: dict[str, str] = field(default_factory=dict)
     """Conversation id -> ``agent[i]`` for map items (from ``agent.started``), so each item
     has its own row."""
+    engines: dict[str, EngineRow] = field(default_factory=dict)
+    """Each engine by base URL (from ``engine.loaded`` and admission events)."""
+
+    @property
+    def several(self) -> bool:
+        """More than one engine in the run."""
+        return len(self.engines) > 1
 
     @property
     def waiting(self) -> int:
@@ -163,6 +194,17 @@ class ViewState:
         elif isinstance(event, EngineLoaded):
             self.loads += event.reason != "given"
             self.slots, self.pool, self.loading = event.slots, event.pool, None
+            if event.engine:
+                row = self.engines.setdefault(event.engine, EngineRow())
+                row.slots, row.pool = event.slots, event.pool
+                if self.several:
+                    self.slots = sum(e.slots for e in self.engines.values() if e.lost is None)
+                    self.pool = sum(e.pool for e in self.engines.values() if e.lost is None)
+        elif isinstance(event, EngineLost):
+            if event.engine:
+                self.engines.setdefault(event.engine, EngineRow()).lost = event.reason
+                self.slots = sum(e.slots for e in self.engines.values() if e.lost is None)
+                self.pool = sum(e.pool for e in self.engines.values() if e.lost is None)
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -200,14 +242,15 @@ class ViewState:
             row.held[call] = event.tokens
             row.call_ids.add(call)
             row.queue_position = None
-            self._reported(event.in_flight, event.pool_used)
+            row.engine = event.engine or row.engine
+            self._reported(event.in_flight, event.pool_used, event.engine)
             self._set(row, "prefill", t)
         elif isinstance(event, CallFirstToken):
             row.ttft_s = event.ttft_s
             self._set(row, "generating", t)
         elif isinstance(event, CallReleased):
             row.held.pop(call, None)
-            self._reported(event.in_flight, event.pool_used)
+            self._reported(event.in_flight, event.pool_used, event.engine)
         elif isinstance(event, CallFinished):
             row.held.pop(call, None)
             row.completion_tokens += event.completion_tokens or 0
@@ -222,10 +265,21 @@ class ViewState:
         elif isinstance(event, CallRetried):
             row.detail = event.reason or event.error
             self._set(row, "retrying", t)
+        elif isinstance(event, CallMoved):
+            row.held.pop(call, None)
+            row.waiting.discard(call)
+            row.detail = f"{'re-run' if event.rerun else 'moved'} on {_short(event.to_engine)}: its engine was lost"
+            self._set(row, "retrying", t)
 
-    def _reported(self, in_flight: int, pool_used: int) -> None:
-        """Admission's own counts are the truth for busy slots and the pool."""
-        self.busy, self.pool_used = in_flight, pool_used
+    def _reported(self, in_flight: int, pool_used: int, engine: str | None = None) -> None:
+        """Admission's own counts are the truth for busy slots and the pool (per engine)."""
+        if engine is None:
+            self.busy, self.pool_used = in_flight, pool_used
+            return
+        row = self.engines.setdefault(engine, EngineRow())
+        row.busy, row.pool_used = in_flight, pool_used
+        self.busy = sum(e.busy for e in self.engines.values())
+        self.pool_used = sum(e.pool_used for e in self.engines.values())
 
     # ------------------------------------------------------------------ rendering
 
@@ -261,6 +315,8 @@ class ViewState:
         table.add_column("calls", justify="right")
         table.add_column("tokens", justify="right")
         table.add_column("reserved", justify="right")
+        if self.several:
+            table.add_column("engine")
         for row in self.agents.values():
             table.add_row(
                 escape(row.name),
@@ -268,6 +324,7 @@ class ViewState:
                 str(row.calls),
                 str(row.completion_tokens or ""),
                 str(row.reserved or ""),
+                *([escape(_short(row.engine)) if row.engine else ""] if self.several else []),
             )
         return Group(Text(self.status_line(), style="dim"), table)
 
@@ -279,7 +336,10 @@ class ViewState:
             if self.loading is not None:
                 line += f" · {self.loading_text()}"
             return line
-        if self.slots:
+        if self.several:
+            parts += [f"{_short(url)} lost" if e.lost else f"{_short(url)} {e.busy}/{e.slots} busy"
+                      for url, e in self.engines.items()]
+        elif self.slots:
             bar = "▮" * min(self.busy, self.slots) + "▯" * max(0, self.slots - self.busy)
             parts.append(f"slots {self.busy}/{self.slots} busy {bar}")
         else:
@@ -298,8 +358,15 @@ class ViewState:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = self.name(event) or "-"
-        if isinstance(event, EngineLoaded):
+        if isinstance(event, EngineLoaded) and self.several:
+            text = f"engine {_short(event.engine)} {event.reason}: {event.slots} slots, pool {event.pool} tokens"
+        elif isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
+        elif isinstance(event, EngineLost):
+            text = f"engine {_short(event.engine)} lost: {event.reason}; {event.remaining} engine(s) left"
+        elif isinstance(event, CallMoved):
+            how = "re-run from its start" if event.rerun else "moved"
+            text = f"call {event.call} {how} on {_short(event.to_engine)}: engine {_short(event.engine)} was lost"
         elif isinstance(event, EngineExited):
             text = event.message
         elif isinstance(event, EngineLoading):
@@ -314,7 +381,8 @@ class ViewState:
         elif isinstance(event, CallQueued):
             text = f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
         elif isinstance(event, CallAdmitted):
-            text = f"admitted ({event.tokens} tokens reserved) · {self.status_line()}"
+            where = f" on {_short(event.engine)}" if self.several else ""
+            text = f"admitted{where} ({event.tokens} tokens reserved) · {self.status_line()}"
         elif isinstance(event, CallFirstToken):
             text = "first token"
         elif isinstance(event, CallFinished):
@@ -378,7 +446,8 @@ class LiveView:
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
-            if self.on and self.live_mode and (isinstance(event, EngineExited) or restarted):  # in both modes
+            shown = (EngineExited, EngineLost, CallMoved)
+            if self.on and self.live_mode and (isinstance(event, shown) or restarted):  # in both modes
                 self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:

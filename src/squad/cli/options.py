@@ -177,7 +177,9 @@ def _default(words: str | None) -> str:
     return "." if words is None else f" (default: {words})."
 
 
-def _check_url(value: str | None) -> str | None:
+def _check_url(value: Any) -> Any:
+    if isinstance(value, list):  # a repeatable --url (squad run: several engines)
+        return [_check_url(v) for v in value]
     if value is None:
         return None
     parts = urlsplit(value)

@@ -60,9 +60,12 @@ def plan_command(
     else:
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
-    spec = engine_spec(base, model=model, slots=slots, ctx=ctx, cache_type_k=ctk,
-                       cache_type_v=ctv or ctk, backend=backend, mlx_max_batch=mlx_batch,
-                       gpu_layers=options.parse_gpu_layers(gpu_layers))
+    overrides = dict(model=model, slots=slots, ctx=ctx, cache_type_k=ctk, cache_type_v=ctv or ctk, backend=backend,
+                     mlx_max_batch=mlx_batch, gpu_layers=options.parse_gpu_layers(gpu_layers))
+    if recipe is not None and loaded.engines and url is None:  # several engines (squad.engines)
+        _several(loaded.engine_specs(), workload, overrides, as_json=as_json, reads=reads, rows=rows)
+        return
+    spec = engine_spec(base, **overrides)
     the_plan = plan_engine(spec, workload, pull=False)
     if url is not None:
         if backend != "attached":
@@ -78,6 +81,43 @@ def plan_command(
         if rows:
             _render_steps(rows)
         render_plan(the_plan, console, binary)
+
+
+def _several(specs: list[Any], workload: Node | None, overrides: dict[str, Any], *, as_json: bool,
+             reads: Any, rows: Any) -> None:
+    """The plan of a recipe with an ``engines:`` list: each launched engine planned for the whole
+    workload with 1/N of the KV memory (N launched, the rule of :mod:`squad.engines`); an engine
+    at a URL is listed, its capacity read when a run attaches."""
+    from squad.planview import plan_json, render_plan
+    from squad.session import plan_engine
+
+    launched = [s for s in specs if s.url is None]
+    share = 1.0 / len(launched) if launched else 1.0
+    shown: list[dict[str, Any]] = []
+    for i, base in enumerate(specs, start=1):
+        if base.url is not None:
+            shown.append({"engine": i, "url": base.url, "note": "attached: its capacity is read when the run attaches"})
+            continue
+        spec = engine_spec(base, **overrides)
+        shown.append({"engine": i, "share": round(share, 4), "plan": plan_engine(spec, workload, pull=False, share=share),
+                      "binary": _binary(spec.binary)})
+    if as_json:
+        typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
+                               "engines": [{**{k: v for k, v in e.items() if k not in ("plan", "binary")},
+                                            **(plan_json(e["plan"], e["binary"]) if "plan" in e else {})}
+                                           for e in shown]}, indent=2))
+        return
+    if reads:
+        _render_reads(reads)
+    if rows:
+        _render_steps(rows)
+    for e in shown:
+        if "plan" not in e:
+            console.print(f"[bold]engine {e['engine']} of {len(specs)}[/]: at {e['url']} ({e['note']})")
+            continue
+        console.print(f"[bold]engine {e['engine']} of {len(specs)}[/]: launched, planned for the whole workload with "
+                      f"{e['share']:.0%} of the KV memory ({len(launched)} launched engines share it)")
+        render_plan(e["plan"], console, e["binary"])
 
 
 def _mcp(loaded: Any, start: bool) -> None:

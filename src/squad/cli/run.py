@@ -96,7 +96,8 @@ def run_command(
     ctk: Annotated[Optional[str], options.ctk()] = None,
     ctv: Annotated[Optional[str], options.ctv()] = None,
     llama_server: Annotated[Optional[Path], options.llama_server()] = None,
-    url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
+    url: Annotated[list[str], options.url("Attach to the engine at this URL instead of launching one; repeat it "
+                                          "to spread the agents over several engines.")] = [],  # noqa: B006
     api_key: Annotated[Optional[str], options.api_key()] = None,
     threads: Annotated[Optional[int], options.threads()] = None,
     gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
@@ -133,14 +134,18 @@ def run_command(
     from squad.view import live_view
 
     _check_outputs(recipe, out, trace)
-    fanout = _ray_fanout(ray, ray_workers, url)
-    check_state_dirs(*(ENGINE_STATE if url is None else ()), *(("traces",) if trace is None else ()))
+    fanout = _ray_fanout(ray, ray_workers, url or None)
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
-    spec = engine_spec(loaded.engine_spec(), url=url, api_key=api_key, model=model, slots=slots, ctx=ctx,
-                       binary=llama_server, threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk,
-                       load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
+    overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
+                     cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
+    # --url (repeatable) replaces the recipe's engine(s); else each engine of the recipe gets the overrides
+    specs = ([engine_spec(None, url=u, api_key=api_key, **overrides) for u in url] if url else
+             [engine_spec(base, **overrides) for base in loaded.engine_specs()])
     if request_timeout is not None:
-        spec = spec.but(request_timeout=request_timeout)
+        specs = [s.but(request_timeout=request_timeout) for s in specs]
+    spec = specs[0]
+    launching = any(s.url is None for s in specs)
+    check_state_dirs(*(ENGINE_STATE if launching else ()), *(("traces",) if trace is None else ()))
     for warning in loaded.warnings:
         err_console.print(f"[yellow]warning[/] {_esc(str(warning))}")
 
@@ -152,7 +157,8 @@ def run_command(
     async def main() -> Any:
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink, \
                 exporting as spans:
-            return await run_recipe(loaded, engine=spec, on_event=[tracer, sink, *([spans] if spans else [])],
+            return await run_recipe(loaded, engine=spec if len(specs) == 1 else specs,
+                                    on_event=[tracer, sink, *([spans] if spans else [])],
                                     record=record, ray=fanout)
 
     try:
@@ -187,7 +193,7 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _ray_fanout(address: str | None, workers: int | None, url: str | None) -> Any:
+def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None) -> Any:
     """``--ray ADDRESS`` / ``--ray-workers N`` as a :class:`squad.ray.RayFanout` (None without
     --ray), checked before anything starts. Raises :class:`UserError`: Ray not installed,
     --ray-workers without --ray, --ray with --url."""
@@ -339,7 +345,9 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
         if r.get("retried"):
             err_console.print(f"[yellow]{_esc(r['agent'])} retried on {_esc(str(r.get('worker')))}:[/] "
                               f"{_esc(r['retried'])}")
-    if result.info is not None:
+    if result.info is not None and "engines" in result.info.sources:  # several engines (squad.engines)
+        err_console.print(_esc(result.info.sources["engines"]))
+    elif result.info is not None:
         err_console.print(f"engine: {result.info.slots} slots sharing a pool of {result.info.pool:,} tokens, "
                           f"{result.info.n_ctx:,} per request (read back from /props)")
     for sid, message in result.errors:

@@ -16,7 +16,7 @@ from squad.cli._app import app, console
 from squad.dirs import check_output_file
 from squad.errors import UserError
 from squad.events import Event
-from squad.summary import CallSpan, TraceSummary, summarize
+from squad.summary import CallSpan, TraceSummary, short_url, summarize
 from squad.trace import default_trace_dir, load_trace
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
@@ -55,13 +55,18 @@ def show(
         return
     console.print(f"[bold]{escape(str(path))}[/]  {summary.events} events over {summary.duration_s:.2f}s",
                   soft_wrap=True)  # a path is never broken across lines
+    several = len({load.engine for load in summary.engine_loads} | set(summary.engines)) > 1
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
-        console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
+        which = f" {short_url(load.engine)}" if several else ""
+        console.print(f"engine{which} loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
+    for loss in summary.lost:
+        console.print(f"[red]engine {escape(short_url(loss.engine))} lost[/] at {loss.t:.2f}s: {escape(loss.reason)} "
+                      f"({loss.remaining} left)", soft_wrap=True)
     console.print(f"max calls in flight: {summary.max_in_flight}")
-    console.print(_agent_table(summary))
+    console.print(_agent_table(summary, several))
     if calls:
-        console.print(_call_table(summary))
+        console.print(_call_table(summary, several))
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
@@ -75,12 +80,13 @@ def _fmt(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}"
 
 
-def _agent_table(summary: TraceSummary) -> Table:
+def _agent_table(summary: TraceSummary, several: bool = False) -> Table:
+    """One row per agent; with ``several`` engines in the run, an ``engine`` column (the engines its calls went to)."""
     table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     for column, justify in [
         ("agent", "left"), ("status", "left"), ("start", "right"), ("wait", "right"),
         ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
-        ("out tok", "right"), ("slot", "right"),
+        ("out tok", "right"), ("slot", "right"), *([("engine", "left")] if several else []),
     ]:
         # the status is never cut ("truncated" must read as itself in a narrow terminal)
         table.add_column(column, justify=justify, no_wrap=True, min_width=9 if column == "status" else None)  # type: ignore[arg-type]
@@ -98,21 +104,27 @@ def _agent_table(summary: TraceSummary) -> Table:
             str(a.prompt_tokens),
             str(a.completion_tokens),
             ",".join(str(s) for s in a.slots) or "-",
+            *([",".join(short_url(e) for e in a.engines) or "-"] if several else []),
         )
     return table
 
 
-def _call_table(summary: TraceSummary) -> Table:
+def _call_table(summary: TraceSummary, several: bool = False) -> Table:
+    """One row per call; with ``several`` engines, an ``engine`` column; a call whose engine was
+    lost reads ``moved to HOST:PORT`` (``re-run on ...`` when it had streamed)."""
     table = Table(title="calls (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
                   pad_edge=False)
     for column, justify in [("call", "left"), ("agent", "left"), ("conversation", "left"), ("parent", "left"),
+                            *([("engine", "left")] if several else []),
                             ("slot", "right"), ("queued", "right"), ("admitted", "right"), ("1st tok", "right"),
                             ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
         table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for c in sorted(summary.calls, key=lambda c: c.start):
-        state = ("[red]failed[/]" if c.error else "[yellow]truncated[/]" if c.finish_reason == "length"
-                 else "retried" if c.retried else "ok")
+        state = ("[red]failed[/]" if c.error else
+                 f"[yellow]{'re-run on' if c.rerun else 'moved to'} {escape(short_url(c.moved_to))}[/]" if c.moved_to
+                 else "[yellow]truncated[/]" if c.finish_reason == "length" else "retried" if c.retried else "ok")
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
+                      *([short_url(c.engine)] if several else []),
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
                       _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
                       "-" if c.completion_tokens is None else str(c.completion_tokens), state)

@@ -125,6 +125,9 @@ class _Loader:
             spec = RecipeSpec.model_validate(located.data)
         except ValidationError as exc:
             raise pydantic_error(exc, located, (), RecipeSpec) from None
+        if spec.engines is not None and "engine" in located.data:
+            raise located.error("give either engine: (one engine) or engines: (several), not both; move its "
+                                "settings into each item of engines:", ("engines",), key=True)
         self.mcp_servers = self.build_mcp(spec.mcp)
         raw_agents = self.collect_agents(located, [self.path.resolve()])
         agents = self.build_agents(raw_agents)
@@ -165,8 +168,13 @@ class _Loader:
             cache_type=spec.engine.cache_type,
             gpu_layers=spec.engine.gpu_layers,
         )
+        engines = tuple(EngineSettings(
+            slots=None if e.slots == "auto" else e.slots, ctx=None if e.ctx == "auto" else e.ctx,
+            cache_type=e.cache_type, gpu_layers=e.gpu_layers, url=e.url, api_key=e.api_key, threads=e.threads,
+            model=self._model(e.model, ("engines", i, "model")) if e.model is not None else None,
+        ) for i, e in enumerate(spec.engines or ()))
         recipe = Recipe(
-            name=spec.name, description=spec.description, path=self.path, model=model, engine=engine,
+            name=spec.name, description=spec.description, path=self.path, model=model, engine=engine, engines=engines,
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
             mcp_servers=self.mcp_servers, tool_locs=self.tool_locs,
@@ -291,7 +299,7 @@ class _Loader:
         return (src or self.located).error(f"unknown agent '{name}'{did}", path)
 
     # model and budgets --------------------------------------------------------------------
-    def _model(self, model: str | None) -> str | None:
+    def _model(self, model: str | None, where: Path_ = ("model",)) -> str | None:
         if model is None or model == "default":
             return None
         from squad.engine.registry import find_model, is_reference, known_models
@@ -302,21 +310,21 @@ class _Loader:
             try:
                 self.reads.append((str(find_model(model, pull=False).path), "the model"))
             except UnknownModel as exc:
-                raise self.located.error(str(exc), ("model",)) from None
+                raise self.located.error(str(exc), where) from None
             except ModelError:
                 pass
             return model
         if model.endswith(".gguf") or "/" in model or "\\" in model:
             path = (self.path.parent / Path(model).expanduser()).resolve()
             if not path.exists():
-                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the path or use a known model name", ("model",))
+                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the path or use a known model name", where)
             from squad.engine.facts import check_gguf, read_model_facts
 
             try:
                 check_gguf(path)
                 read_model_facts(path)
             except ModelError as exc:
-                raise self.located.error(str(exc), ("model",)) from None
+                raise self.located.error(str(exc), where) from None
             self.reads.append((str(path), "the model"))
             return str(path)
         hint = difflib.get_close_matches(model, list(known_models()), n=1)
@@ -324,7 +332,7 @@ class _Loader:
         raise self.located.error(
             f"unknown model '{model}'{did}; use default, a known name ({', '.join(known_models())}), "
             "a path to a .gguf file or a store reference (hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], "
-            "lmstudio:PUBLISHER/MODEL)", ("model",))
+            "lmstudio:PUBLISHER/MODEL)", where)
 
     def _check_budgets(self, model: str | None, agents: Mapping[str, Agent], raw: Mapping) -> None:
         trained = n_ctx_train(model)

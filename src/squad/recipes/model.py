@@ -3,7 +3,8 @@
 :class:`Recipe` and :class:`Step` are what :func:`squad.recipes.load_recipe` returns after
 every check (:mod:`squad.recipes.check`); nothing here reads a file. A recipe gives
 
-- :meth:`Recipe.engine_spec`: the engine it asks for (model and pins);
+- :meth:`Recipe.engine_spec`: the engine it asks for (model and pins); :meth:`Recipe.engine_specs`
+  the engines, for a recipe with an ``engines:`` list;
 - :meth:`Recipe.workload`: its flow as a :mod:`squad.workload` tree for the planner;
 - at run time (:mod:`squad.recipes.run`): prompts rendered one field at a time
   (:meth:`Recipe.render_prompt`), the items a map fans out over (:meth:`Recipe.items`) and the
@@ -46,12 +47,17 @@ class RecipeWarning(UserWarning):
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine settings the recipe pins; None = auto (the planner decides)."""
+    """Engine settings the recipe pins; None = auto (the planner decides). An item of
+    ``engines:`` also has ``url``/``api_key`` (attach) or ``model``/``threads`` (launch)."""
 
     slots: int | None = None
     ctx: int | None = None
     cache_type: str | None = None
     gpu_layers: int | str | None = None
+    url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    model: str | None = None
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,8 @@ class Recipe:
     reads: tuple[tuple[str, str], ...] = ()
     context_limit: int | None = None
     unchecked: list[RecipeWarning] = field(default_factory=list)
+    engines: tuple[EngineSettings, ...] = ()
+    """Its ``engines:`` list (several engines, :mod:`squad.engines`), else empty."""
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":
@@ -161,6 +169,18 @@ class Recipe:
         e = self.engine
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
                           gpu_layers=e.gpu_layers)
+
+    def engine_specs(self) -> list["EngineSpec"]:
+        """The engines this recipe runs on: one spec per item of ``engines:`` (a launched one's
+        model defaults to the recipe's ``model:``), else ``[engine_spec()]``."""
+        from squad.session import EngineSpec
+
+        if not self.engines:
+            return [self.engine_spec()]
+        return [EngineSpec(url=e.url, api_key=e.api_key, slots=e.slots, ctx=e.ctx) if e.url is not None else
+                EngineSpec(model=e.model or self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
+                           gpu_layers=e.gpu_layers, threads=e.threads)
+                for e in self.engines]
 
     def workload(self) -> Node:
         """The flow as a :mod:`squad.workload` tree for the planner.

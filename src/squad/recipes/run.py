@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import anyio
 
@@ -101,15 +101,16 @@ class RecipeRun:
 async def run_recipe(
     recipe: Recipe,
     *,
-    engine: "EngineSpec | EngineInfo | ChatEngine | None" = None,
+    engine: "EngineSpec | EngineInfo | ChatEngine | Sequence[EngineSpec | EngineInfo | ChatEngine] | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
     record: RecipeRun | None = None,
     ray: "RayFanout | None" = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
-    ``engine`` defaults to :meth:`Recipe.engine_spec` (the recipe's model and pins); pass
-    ``recipe.engine_spec().but(...)`` to override some. ``record``: a :class:`RecipeRun` to
+    ``engine`` defaults to :meth:`Recipe.engine_specs` (the recipe's model and pins, or its
+    ``engines:`` list); pass ``recipe.engine_spec().but(...)`` to override some, or a list for
+    several engines (:mod:`squad.engines`). ``record``: a :class:`RecipeRun` to
     fill as steps finish (and return); when the run fails it still holds the steps that
     finished. ``ray``: run the maps over a Ray cluster, each worker with its own engine
     launched from ``engine`` (:mod:`squad.ray`: which steps run where). Raises the failing agent's
@@ -118,13 +119,17 @@ async def run_recipe(
     """
     from squad.runtime import Squad
 
+    engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
         from squad.ray import run_on_ray
 
-        run = await run_on_ray(recipe, ray, engine=engine or recipe.engine_spec(), on_event=on_event, record=record)
+        if len(engines) != 1:
+            raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "
+                            "engines (engines:) runs on this machine; drop --ray, or give the recipe one engine:")
+        run = await run_on_ray(recipe, ray, engine=engines[0], on_event=on_event, record=record)
     else:
         async with recipe_mcp(recipe) as servers, Squad(
-            list(recipe.agents.values()), main=recipe.main, engine=engine or recipe.engine_spec(),
+            list(recipe.agents.values()), main=recipe.main, engines=engines,
             workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
         ) as squad:
             run = await execute_flow(recipe, squad, record)

@@ -17,7 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 
-__all__ = ["EngineSection", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec",
+__all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec",
            "PARAM_TYPES", "coerce_param"]
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
@@ -53,6 +53,35 @@ class EngineSection(_Strict):
             raise ValueError(f"slots must be auto or 1..{MAX_SLOTS}, got {self.slots}")
         if isinstance(self.ctx, int) and self.ctx < 256:
             raise ValueError(f"ctx must be auto or at least 256 tokens, got {self.ctx}")
+        return self
+
+
+class EngineItem(EngineSection):
+    """One item of ``engines:`` (several engines, :mod:`squad.engines`): a URL string, or a
+    mapping. With ``url`` (+ ``api_key``): attach to that server (``slots``/``ctx`` are then
+    capacity pins, any number); without: launch one (``model``, default the recipe's ``model:``,
+    and the ``engine:`` settings plus ``threads``)."""
+
+    url: str | None = None
+    api_key: str | None = None
+    model: str | None = None
+    threads: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> "EngineItem":
+        if self.url is None:
+            if self.api_key is not None:
+                raise ValueError("api_key is the key of an engine at a url; add url: or remove api_key")
+            return EngineSection._range(self)  # type: ignore[return-value]
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r}: write the engine's address with its scheme, e.g. http://127.0.0.1:8080")
+        launch = [k for k in ("model", "cache_type", "gpu_layers", "threads") if getattr(self, k) is not None]
+        if launch:
+            verb = "sizes or starts" if len(launch) == 1 else "size or start"
+            raise ValueError(f"{', '.join(launch)} {verb} an engine squad launches, but this one is at a url "
+                             "(it runs as it was started): remove them, or remove url to let squad launch it")
+        if self.ctx != "auto" and self.ctx < 1 or self.slots != "auto" and self.slots < 1:
+            raise ValueError("slots and ctx pins must be at least 1")
         return self
 
 
@@ -176,6 +205,7 @@ class RecipeSpec(_Strict):
     description: str = ""
     model: str | None = None
     engine: EngineSection = EngineSection()
+    engines: list[EngineItem] | None = Field(default=None, min_length=1)
     params: dict[str, ParamSpec] = {}
     include: list[str] = []
     mcp: dict[str, dict[str, Any]] = {}
@@ -184,6 +214,14 @@ class RecipeSpec(_Strict):
     flow: list[StepSpec] = Field(min_length=1)
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _urls(cls, value: object) -> object:
+        """An item written as a plain string is the URL of an engine to attach to."""
+        if isinstance(value, list):
+            return [{"url": v} if isinstance(v, str) else v for v in value]
+        return value
 
 
 # --- parameter values ----------------------------------------------------------------------
