@@ -6,6 +6,9 @@ admission, first token, end, release), one :class:`AgentSummary` per agent (per 
 ``security[3]``, from ``agent.started``'s ``item``) with its outcome (``done``, or a
 non-answer of :mod:`squad.outcome`: ``truncated``, ``empty``, ``failed``, ``cancelled``), the
 recipe steps' warnings, the engine loads and the peak number of calls holding a slot at once.
+On Ray (:mod:`squad.ray`), a map item whose worker was lost while it held it (``item.lost``) is
+counted once: the events of the lost attempt that reached the trace (its conversation and those
+it started) are left out, and the item's row gets a note saying so.
 ``squad trace show/plot`` and ``squad run``'s table read it.
 """
 
@@ -29,6 +32,7 @@ from squad.events import (
     CallRetried,
     EngineLoaded,
     Event,
+    ItemLost,
     StepWarning,
     OutputRetried,
     ToolLimited,
@@ -155,6 +159,9 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     the error of its conversation's ``agent.failed``/``agent.cancelled``.
     """
     events = sorted(events, key=lambda e: e.t)
+    count = len(events)
+    lost_attempts = _lost_conversations(events)
+    events = [e for e in events if e.conversation is None or e.conversation not in lost_attempts]
     t0 = events[0].t if events else 0.0
     agents: dict[str, AgentSummary] = {}
     loads: list[EngineLoad] = []
@@ -190,6 +197,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
                                     engine=ev.engine))
         elif isinstance(ev, StepWarning):
             warnings.append(ev.warning)
+        elif isinstance(ev, ItemLost):
+            _item_lost(agent(item_label(ev.agent or "?", ev.item)), ev, t)
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
@@ -227,7 +236,28 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = "failed" if a.errors else "done"
     return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
                         max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=len(events), warnings=warnings)
+                        events=count, warnings=warnings)
+
+
+def _lost_conversations(events: list[Event]) -> set[str]:
+    """The conversations of map-item attempts whose Ray worker was lost (``item.lost``: same
+    worker, agent and item), and those they started; ``events`` sorted by time."""
+    gone = {(e.worker, e.agent, e.item) for e in events if isinstance(e, ItemLost)}
+    lost: set[str] = set()
+    for e in events if gone else ():
+        if isinstance(e, AgentStarted) and e.conversation and (
+                (e.worker, e.agent, e.item) in gone or (e.parent is not None and e.parent in lost)):
+            lost.add(e.conversation)
+    return lost
+
+
+def _item_lost(a: AgentSummary, ev: ItemLost, t: float) -> None:
+    """Item ``a`` lost its worker: a note when it runs again elsewhere, else it failed."""
+    if ev.retry:
+        a.notes.append(ev.message)
+    else:
+        a.ended, a.status, a.reason = t, "failed", ev.message
+        _add_error(a.errors, ev.message)
 
 
 def _call_event(s: CallSpan, ev: Event, t: float) -> int:

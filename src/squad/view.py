@@ -13,7 +13,8 @@ queue: no slot or no room in the pool), ``prefill`` (admitted, no token yet), ``
 (tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, and
 the non-answers of :mod:`squad.outcome`: ``truncated`` (stopped at max_tokens), ``empty``, ``failed``,
 ``cancelled``. Warnings (the engine's, and a recipe step's non-answer with its fix) are printed
-as ``warning: ...`` lines in both modes.
+as ``warning: ...`` lines in both modes, and so is a Ray run's progress (the cluster, each
+worker's engine, an item whose worker was lost: its row shows ``retrying``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from squad.events import (
     AgentFinished,
     AgentStarted,
     CallAdmitted,
+    ClusterConnected,
+    ClusterStarting,
     CallFailed,
     CallFinished,
     CallFirstToken,
@@ -46,11 +49,17 @@ from squad.events import (
     EnginePlanned,
     EngineWarning,
     Event,
+    ItemLost,
     StepWarning,
     OutputRetried,
     ToolLimited,
+    WorkerFailed,
+    WorkerStarted,
     item_label,
 )
+
+_RAY = (ClusterStarting, ClusterConnected, WorkerStarted, WorkerFailed, ItemLost)
+"""A Ray run's progress: printed as lines in both modes."""
 
 __all__ = ["AgentRow", "ViewState", "LiveView", "live_view"]
 
@@ -132,6 +141,8 @@ class ViewState:
     labels: dict[str, str] = field(default_factory=dict)
     """Conversation id -> ``agent[i]`` for map items (from ``agent.started``), so each item
     has its own row."""
+    progress: str | None = None
+    """A Ray run's latest start-up line, shown until an engine reports."""
 
     @property
     def waiting(self) -> int:
@@ -163,6 +174,14 @@ class ViewState:
         elif isinstance(event, EngineLoaded):
             self.loads += event.reason != "given"
             self.slots, self.pool, self.loading = event.slots, event.pool, None
+        elif isinstance(event, _RAY):
+            self.progress = self.ray_text(event)
+            if isinstance(event, ItemLost):  # the lost attempt holds nothing any more
+                row = self.row(item_label(event.agent or "?", event.item), t)
+                row.held.clear()
+                row.waiting.clear()
+                row.detail = event.message
+                self._set(row, "retrying" if event.retry else "failed", t)
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -274,6 +293,8 @@ class ViewState:
     def status_line(self) -> str:
         """``slots 2/4 busy ▮▮▯▯ · 1 waiting · pool 612/4096 tokens reserved (15%)``."""
         parts = []
+        if self.slots is None and self.planned is None and self.progress is not None:
+            return self.progress
         if self.slots is None and self.planned is not None:
             line = f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
             if self.loading is not None:
@@ -294,11 +315,31 @@ class ViewState:
         ev = self.loading
         return "" if ev is None else f"loading {ev.model}: {ev.elapsed_s:.0f} s of at most {ev.timeout_s:.0f} s"
 
+    @staticmethod
+    def ray_text(event: Event) -> str:
+        """What a Ray run's progress event says (``worker w0@127.0.0.1: engine loaded, 3 slots, ...``)."""
+        if isinstance(event, ClusterStarting):
+            return ("starting a local Ray cluster on 127.0.0.1" if event.address is None
+                    else f"connecting to the Ray cluster at {event.address}")
+        if isinstance(event, ClusterConnected):
+            return (f"Ray cluster: {event.nodes} node{'s' * (event.nodes != 1)}, starting {event.workers} "
+                    f"worker{'s' * (event.workers != 1)}, each with its own engine")
+        if isinstance(event, WorkerStarted):
+            return (f"worker {event.worker}: engine loaded, {event.slots} slots, pool {event.pool} tokens"
+                    f" ({event.engine})")
+        if isinstance(event, WorkerFailed):
+            return f"worker {event.worker} did not start: {event.reason}"
+        if isinstance(event, ItemLost):
+            return f"{item_label(event.agent or '?', event.item)}: {event.message}"
+        return event.kind
+
     def line(self, event: Event) -> str | None:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
-        name = self.name(event) or "-"
-        if isinstance(event, EngineLoaded):
+        name = self.name(event) or event.worker or "-"
+        if isinstance(event, _RAY):
+            text, name = self.ray_text(event), "ray"
+        elif isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
         elif isinstance(event, EngineExited):
             text = event.message
@@ -378,7 +419,7 @@ class LiveView:
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
-            if self.on and self.live_mode and (isinstance(event, EngineExited) or restarted):  # in both modes
+            if self.on and self.live_mode and (isinstance(event, (EngineExited, *_RAY)) or restarted):  # both modes
                 self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 
     def renderable(self) -> RenderableType:
