@@ -278,18 +278,8 @@ class _Pool:
         started: dict[str, _Handle] = {}
 
         async def start_one(wid: str, actor: Any) -> None:
-            try:
-                feed = self.feed[wid] = _Feed(wid, self.sinks, await _clock_offsets(actor))
-                self.feeds.start_soon(_fetch, actor, feed)
-                info, seq = await actor.start.remote()
-                await feed.reached(seq)
-            except Exception as exc:  # noqa: BLE001 - one worker that cannot start does not end the run
-                fanout.notes.append(f"worker {wid} did not start: {_reason(exc)}")
-                emit_to(self.sinks, WorkerFailed(worker=wid, reason=_reason(exc)))
-                return
-            started[wid] = _Handle(actor, info, feed)
-            emit_to(self.sinks, WorkerStarted(worker=wid, engine=info.engine, node=info.node, slots=info.slots,
-                                              n_ctx=info.n_ctx, pool=info.pool, memory=info.memory))
+            if (handle := await self.start_worker(wid, actor, fanout.notes)) is not None:
+                started[wid] = handle
 
         async with anyio.create_task_group() as tg:
             for wid, actor in pending:
@@ -297,6 +287,22 @@ class _Pool:
         self.workers = [started[wid] for wid, _ in pending if wid in started]
         if not self.workers:
             raise SquadError("no Ray worker started: " + "; ".join(fanout.notes))
+
+    async def start_worker(self, wid: str, actor: Any, notes: list[str]) -> "_Handle | None":
+        """Start worker ``wid`` (its ``actor``: line up its clocks, fetch its events, launch its
+        engine); None when it did not start (the reason added to ``notes`` and emitted)."""
+        try:
+            feed = self.feed[wid] = _Feed(wid, self.sinks, await _clock_offsets(actor))
+            self.feeds.start_soon(_fetch, actor, feed)
+            info, seq = await actor.start.remote()
+            await feed.reached(seq)
+        except Exception as exc:  # noqa: BLE001 - one worker that cannot start does not end the run
+            notes.append(f"worker {wid} did not start: {_reason(exc)}")
+            emit_to(self.sinks, WorkerFailed(worker=wid, reason=_reason(exc)))
+            return None
+        emit_to(self.sinks, WorkerStarted(worker=wid, engine=info.engine, node=info.node, slots=info.slots,
+                                          n_ctx=info.n_ctx, pool=info.pool, memory=info.memory))
+        return _Handle(actor, info, feed)
 
     async def map(self, name: str, prompts: Sequence[str], *, max_concurrency: int | None,
                   fail_on: Collection[Any], output_type: Any) -> list[AgentResult]:
