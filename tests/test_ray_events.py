@@ -119,7 +119,7 @@ def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch) 
     return events, anyio.run(main), seen
 
 
-def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeypatch) -> None:
+def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeypatch, capsys, state) -> None:  # noqa: F811
     before = time.monotonic()
     events, results, seen = _run_on_local_workers(tmp_path, engines, monkeypatch)
     after = time.monotonic()
@@ -148,10 +148,22 @@ def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeyp
     assert all(before <= e.t <= after for e in events)  # on the driver's clock
     assert len({e.call for e in events if isinstance(e, CallFinished)}) == 6  # ids unique across workers
 
-    summary = summarize(events)
+    trace = tmp_path / "run.jsonl"
+    with JsonlTrace(trace) as sink:
+        for e in events:
+            sink(e)
+    summary = summarize(load_trace(trace))
     items = {name: a for name, a in summary.agents.items() if name.startswith("echo[")}
     assert sorted(items) == [f"echo[{i}]" for i in range(6)]
     assert all(a.status in ("done", "truncated") and a.calls == 1 for a in items.values()), items
+    served = {w: sum(r.worker == w for r in results) for w in urls}
+    assert {(w.worker, w.engine, w.items, w.calls) for w in summary.workers} == {
+        (w, u, served[w], served[w]) for w, u in urls.items()}
+    code, out, err = squad(capsys, "trace", "show", trace)
+    text = " ".join(out.split())
+    assert code == 0
+    for w, u in urls.items():
+        assert f"worker {w}: engine {u} ready at" in text and f"served {served[w]} item(s)" in text
 
 
 def test_outbox_tags_each_event_with_its_item_and_prefixes_ids() -> None:

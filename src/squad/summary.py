@@ -33,6 +33,7 @@ from squad.events import (
     EngineLoaded,
     Event,
     ItemLost,
+    WorkerStarted,
     StepWarning,
     OutputRetried,
     ToolLimited,
@@ -41,7 +42,7 @@ from squad.events import (
 from squad.outcome import worst
 from squad.trace import jsonable
 
-__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad"]
+__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "RayWorker"]
 
 
 @dataclass
@@ -129,6 +130,21 @@ class EngineLoad:
 
 
 @dataclass
+class RayWorker:
+    """A Ray worker of the run (``worker.started``, :mod:`squad.ray`): when it was ready, its
+    engine and what it reported; ``items``: the map items it served (lost attempts not counted)
+    and ``calls``: their engine calls."""
+
+    worker: str
+    t: float
+    engine: str | None
+    slots: int
+    pool: int
+    items: int = 0
+    calls: int = 0
+
+
+@dataclass
 class TraceSummary:
     """A trace digested: per-agent rows, calls as spans, engine loads, peak concurrency."""
 
@@ -140,6 +156,8 @@ class TraceSummary:
     events: int
     warnings: list[str] = field(default_factory=list)
     """Recipe steps' warnings (``step.warning``: a non-answer, naming the step and the fix)."""
+    workers: list[RayWorker] = field(default_factory=list)
+    """A Ray run's workers, in the order they were ready."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``squad trace show --json``)."""
@@ -167,6 +185,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     loads: list[EngineLoad] = []
     warnings: list[str] = []
     spans: dict[str, CallSpan] = {}
+    workers: dict[str, RayWorker] = {}
     peak_reported = 0
     labels = {e.conversation: item_label(e.agent, e.item) for e in events
               if isinstance(e, AgentStarted) and e.item is not None and e.conversation and e.agent}
@@ -192,6 +211,10 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
 
     for ev in events:
         t = ev.t - t0
+        if isinstance(ev, AgentStarted) and ev.item is not None and ev.worker in workers:
+            workers[ev.worker].items += 1
+        if ev.worker in workers and isinstance(ev, CallAdmitted):
+            workers[ev.worker].calls += 1
         if isinstance(ev, EngineLoaded):
             loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
                                     engine=ev.engine))
@@ -199,6 +222,8 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             warnings.append(ev.warning)
         elif isinstance(ev, ItemLost):
             _item_lost(agent(item_label(ev.agent or "?", ev.item)), ev, t)
+        elif isinstance(ev, WorkerStarted):
+            workers[ev.worker or "?"] = RayWorker(ev.worker or "?", t, ev.engine, ev.slots, ev.pool)
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
@@ -236,7 +261,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = "failed" if a.errors else "done"
     return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
                         max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=count, warnings=warnings)
+                        events=count, warnings=warnings, workers=list(workers.values()))
 
 
 def _lost_conversations(events: list[Event]) -> set[str]:

@@ -58,6 +58,9 @@ def show(
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
         console.print(f"engine loaded at {load.t:.2f}s: {load.slots} slots{n_ctx}, pool {load.pool} tokens")
+    for w in summary.workers:  # a Ray run
+        console.print(f"worker {escape(w.worker)}: engine {escape(w.engine or '-')} ready at {w.t:.2f}s, {w.slots} slots, "
+                      f"pool {w.pool} tokens; served {w.items} item(s), {w.calls} call(s)", soft_wrap=True)
     console.print(f"max calls in flight: {summary.max_in_flight}")
     console.print(_agent_table(summary))
     if calls:
