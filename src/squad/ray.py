@@ -52,10 +52,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
-import threading
-import time
 import shutil
 import tempfile
+import threading
+import time
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
