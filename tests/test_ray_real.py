@@ -18,8 +18,11 @@ import anyio
 import psutil
 import pytest
 
+from squad.events import AgentStarted, CallFinished, EngineLoaded, ItemLost, WorkerStarted
 from squad.ray import RayFanout
 from squad.recipes import load_recipe, run_recipe
+from squad.summary import summarize
+from squad.trace import JsonlTrace, load_trace
 
 # not imported here: a local cluster sets its environment before Ray is imported (squad.ray)
 pytestmark = [pytest.mark.engine, pytest.mark.ray,
@@ -107,10 +110,30 @@ def _check_items(run, fanout) -> list:
     return results
 
 
+def _check_events(events: list, fanout) -> None:
+    """The workers' events reached the driver: per item one call.finished on the engine of the
+    worker that served it, one engine.loaded and worker.started per worker, each item counted once."""
+    engines = {w.id: w.engine for w in fanout.workers}
+    lost = {(e.worker, e.item) for e in events if isinstance(e, ItemLost)}
+    items = {e.conversation: (e.item, e.worker) for e in events if isinstance(e, AgentStarted)
+             and e.item is not None and (e.worker, e.item) not in lost}
+    finished = [e for e in events if isinstance(e, CallFinished) and e.conversation in items]
+    assert sorted(items[e.conversation][0] for e in finished) == list(range(32))
+    assert all(e.engine == engines[e.worker] == engines[items[e.conversation][1]] for e in finished)
+    assert len({e.engine for e in finished}) == 2
+    assert {(e.worker, e.engine) for e in events if isinstance(e, WorkerStarted)} == set(engines.items())
+    assert sorted(e.worker for e in events if isinstance(e, EngineLoaded)) == sorted(engines)
+    summary = summarize(events)
+    rows = {n: a for n, a in summary.agents.items() if n.startswith("echo[")}
+    assert len(rows) == 32 and all(a.status != "running" and a.calls == 1 for a in rows.values()), rows
+
+
 def test_32_items_over_two_workers_in_input_order(tmp_path: Path, ray_dir: str) -> None:
     recipe = _recipe(tmp_path)
     fanout = RayFanout(workers_per_node=2, temp_dir=ray_dir)
-    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout))
+    with JsonlTrace(tmp_path / "run.jsonl") as trace:
+        run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout, on_event=trace))
+    _check_events(load_trace(tmp_path / "run.jsonl"), fanout)
     results = _check_items(run, fanout)
     assert len(fanout.workers) == 2 and fanout.notes == []
     assert {r.worker for r in results} == {w.id for w in fanout.workers}  # both used
@@ -137,9 +160,11 @@ def test_a_killed_worker_s_items_finish_on_the_other(tmp_path: Path, ray_dir: st
         return fanout.workers[1] if len(fanout.workers) == 2 else None
 
     done: list = []
+    events: list = []
     fanout = RayFanout(workers_per_node=2, temp_dir=ray_dir, on_item=on_item)
-    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout))
+    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout, on_event=events.append))
     assert killed == [fanout.workers[1].id]
+    _check_events(events, fanout)
     results = _check_items(run, fanout)
     survivor, victim = fanout.workers
     retried = [r for r in results if r.retried]
@@ -147,6 +172,9 @@ def test_a_killed_worker_s_items_finish_on_the_other(tmp_path: Path, ray_dir: st
     assert len(retried) <= victim.slots
     for r in retried:
         assert r.worker == survivor.id and f"worker {victim.id} lost" in r.retried
+    lost = [e for e in events if isinstance(e, ItemLost)]  # each retry is in the trace
+    assert sorted(e.item for e in lost) == sorted(r.item for r in retried)
+    assert all(e.worker == victim.id and e.retry for e in lost)
     by_victim = [r for r in results if r.worker == victim.id]
     assert len(by_victim) >= 3
     assert len(by_victim) + len([r for r in results if r.worker == survivor.id]) == 32  # none twice

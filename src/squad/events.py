@@ -10,6 +10,10 @@ Every event has:
 - ``call``: the id of one engine call (``"c17"``), minted by the client and handed to
   admission, so the queue, admission, first token, end and release of one call share it;
 - ``engine``: the engine that served it (its base URL);
+- ``worker``: the Ray worker whose squad emitted it (``w0@10.0.0.5``, :mod:`squad.ray`), None for
+  an event of the driver's own squad. A worker's events reach the driver with their
+  conversation and call ids prefixed by the worker's short id (``w0:summarize#3``, ``w0:c17``),
+  so ids stay unique across workers, and their ``item`` is the driver's map index;
 - ``t`` (``time.monotonic()`` seconds) and ``wall`` (Unix seconds).
 
 So a call nests in its conversation, a conversation in its parent, and everything names its
@@ -51,13 +55,22 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
                               per run
 ``output.retried``            an answer missed its output schema and was asked once more
                               (problem, message; :mod:`squad.structured`)
+``cluster.starting``          a Ray run starts a local cluster or connects to one (address: None
+                              for a local one on 127.0.0.1)
+``cluster.connected``         connected: nodes alive, workers being started (address)
+``worker.started``            a Ray worker's engine answered (node, slots, n_ctx, pool, memory:
+                              bytes of KV memory it planned for); ``worker`` and ``engine`` name it
+``worker.failed``             a Ray worker did not start (reason); the run goes on without it
+``item.lost``                 a map item's Ray worker was lost while it held the item (item,
+                              reason, retry: it runs again on another worker); the events of that
+                              lost attempt do not count in the summary (:mod:`squad.summary`)
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
 ``step.warning``              a recipe step produced a non-answer (step, label, outcome,
                               handling, warning: the line naming the step and the fix)
 ============================  ==================================================================
 
 On disk (JSON Lines, :mod:`squad.trace`) an event is
-``{"kind", "t", "wall", "agent", "conversation", "parent", "call", "engine", "data": {...}}``
+``{"kind", "t", "wall", "agent", "conversation", "parent", "call", "engine", "worker", "data": {...}}``
 with the kind's own fields in ``data``; :func:`event_from_record` reads it back.
 """
 
@@ -102,12 +115,17 @@ __all__ = [
     "OutputRetried",
     "AnswerCut",
     "StepWarning",
+    "ClusterStarting",
+    "ClusterConnected",
+    "WorkerStarted",
+    "WorkerFailed",
+    "ItemLost",
 ]
 
 EVENT_TYPES: dict[str, type["Event"]] = {}
 """Every event class by its ``kind``."""
 
-_PLACE = ("agent", "conversation", "parent", "call", "engine")
+_PLACE = ("agent", "conversation", "parent", "call", "engine", "worker")
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,7 @@ class Event:
     parent: str | None = None
     call: str | None = None
     engine: str | None = None
+    worker: str | None = None
     t: float = field(default_factory=time.monotonic)
     wall: float = field(default_factory=time.time)
 
@@ -156,7 +175,7 @@ class Event:
                 if f.name not in _PLACE and f.name not in ("t", "wall")}
 
     def ids(self) -> dict[str, str | None]:
-        """``agent``, ``conversation``, ``parent``, ``call`` and ``engine``."""
+        """``agent``, ``conversation``, ``parent``, ``call``, ``engine`` and ``worker``."""
         return {name: getattr(self, name) for name in _PLACE}
 
 
@@ -455,3 +474,63 @@ class StepWarning(Event):
     outcome: str
     handling: str
     warning: str
+
+
+# --- Ray fan-out (squad.ray) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterStarting(Event):
+    """A Ray run starts a local cluster on 127.0.0.1 (``address`` None) or connects to ``address``."""
+
+    kind: ClassVar[str] = "cluster.starting"
+    address: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConnected(Event):
+    """Connected to the Ray cluster: ``nodes`` alive, ``workers`` being started on them."""
+
+    kind: ClassVar[str] = "cluster.connected"
+    address: str | None = None
+    nodes: int = 0
+    workers: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStarted(Event):
+    """Ray worker ``worker`` on ``node`` is ready: its engine (``engine``) reported ``slots``,
+    ``n_ctx`` and ``pool`` (tokens); ``memory``: bytes of KV memory it planned for (its share)."""
+
+    kind: ClassVar[str] = "worker.started"
+    node: str
+    slots: int
+    n_ctx: int
+    pool: int
+    memory: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailed(Event):
+    """Ray worker ``worker`` did not start (``reason``); the run goes on with the others."""
+
+    kind: ClassVar[str] = "worker.failed"
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemLost(Event):
+    """Map item ``item`` of ``agent`` was held by Ray worker ``worker`` when that worker was lost
+    (``reason``); ``retry``: it runs again on another worker (else it fails). The events of the lost
+    attempt that reached the driver stay in the trace but not in the summary's counts."""
+
+    kind: ClassVar[str] = "item.lost"
+    item: int
+    reason: str
+    retry: bool = True
+
+    @property
+    def message(self) -> str:
+        """``worker w1@10.0.0.5 lost (reason): run again on another worker``, for people."""
+        then = "run again on another worker" if self.retry else "not run again"
+        return f"worker {self.worker} lost ({self.reason}): {then}"

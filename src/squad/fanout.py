@@ -86,10 +86,13 @@ class Served(Generic[R]):
 
 async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
                    retries: int = RETRIES, limit: int | None = None,
-                   on_done: Callable[[Served[R]], None] | None = None) -> list[Served[R]]:
+                   on_done: Callable[[Served[R]], None] | None = None,
+                   on_lost: Callable[[int, str, str, bool], None] | None = None) -> list[Served[R]]:
     """Run every item of ``items`` on ``workers`` by the rule in the module docstring;
     ``limit``: at most this many items in flight over all workers (None: their capacities);
-    ``on_done``: called with each item's :class:`Served` as it ends (served or not run).
+    ``on_done``: called with each item's :class:`Served` as it ends (served or not run);
+    ``on_lost``: called with ``(index, worker id, reason, retry)`` when an item's worker is lost
+    while it holds the item (``retry``: it goes back to the queue; False: it fails).
 
     Returns one :class:`Served` per item, in input order. Raises ``ValueError`` for no
     workers or a capacity below 1; a worker's exception other than :class:`WorkerLost`
@@ -137,6 +140,8 @@ async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
             async with changed:
                 alive.discard(worker.id)
                 served[i].lost.append(f"worker {worker.id} lost: {exc}")
+                if on_lost is not None:
+                    on_lost(i, worker.id, str(exc), len(served[i].lost) <= retries)
                 if len(served[i].lost) > retries:
                     finish(i, error=f"not run: its worker was lost {len(served[i].lost)} times "
                                     f"({'; '.join(served[i].lost)})")

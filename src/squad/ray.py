@@ -25,6 +25,20 @@ Where things run:
   launched before the flow when the recipe has such a step (:func:`needs_local`): a recipe
   made only of maps of sub-agents launches no local engine.
 
+**Events**: each worker's squad hands its events (agent, call, engine) to an outbox in its
+actor; the driver fetches them as they come (one long-polling call per worker, :class:`_Feed`)
+and gives them to the run's sinks (live view, trace, OpenTelemetry), so a Ray run is traced
+like a local one. On the way each event gets its ``worker``, its ``engine`` (the worker's
+engine URL, when the event had none), its conversation and call ids prefixed with the worker's
+short id (``w0:summarize#3``: unique across workers) and its map item as the driver numbers it;
+its times are moved onto the driver's clocks (``t`` monotonic, ``wall``; the offsets measured
+once per worker by a round trip, so workers on other machines line up too). An item's events
+reach the sinks before its result does. The driver also says how the start goes
+(``cluster.starting``, ``cluster.connected``, one ``worker.started`` or ``worker.failed`` per
+worker) and when an item's worker was lost (``item.lost``: the events of that attempt, if some
+arrived, stay in the trace but :func:`squad.summary.summarize` leaves them out of its counts;
+later ones are dropped).
+
 No engine is left behind: a worker stops its engine when it is closed, and the engine is a
 child of the worker's process (:mod:`squad.engine.process`), so it also dies with an actor
 that is killed or crashes. :class:`RayFanout` closes every worker at the end of the run (also
@@ -35,10 +49,13 @@ started. A local cluster (no ``address``) runs on 127.0.0.1 only, its logs and s
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +64,16 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iter
 import anyio
 
 from squad.errors import AgentRunError, EngineError, SquadError, UserError
+from squad.events import (
+    AgentStarted,
+    ClusterConnected,
+    ClusterStarting,
+    Event,
+    ItemLost,
+    WorkerFailed,
+    WorkerStarted,
+    emit_to,
+)
 from squad.fanout import RETRIES, Served, WorkerLost, dispatch
 from squad.results import AgentResult
 
@@ -62,6 +89,10 @@ __all__ = ["RayFanout", "WorkerInfo", "run_on_ray", "needs_local", "require_ray"
 INSTALL_HINT = "pip install 'squad[ray]'"
 CLOSE_TIMEOUT = 60.0
 """Seconds a worker gets to stop its engine before its actor is killed (which kills the engine too)."""
+POLL_S = 0.5
+"""Longest a worker's events call waits for an event before it answers with none (seconds)."""
+FLUSH_TIMEOUT = 10.0
+"""Longest the driver waits for an item's last events after its result came (seconds)."""
 
 
 def require_ray() -> None:
@@ -77,8 +108,8 @@ def require_ray() -> None:
 @dataclass(frozen=True)
 class WorkerInfo:
     """One worker as it started: ``id`` (``w<k>@<node ip>``), ``node`` (its node's IP),
-    ``engine`` (its llama-server's base URL on that node), ``engine_pid``, ``slots`` and
-    ``n_ctx`` (read back from the engine), ``memory`` (bytes it planned the KV cache against),
+    ``engine`` (its llama-server's base URL on that node), ``engine_pid``, ``slots``, ``n_ctx``
+    and ``pool`` (tokens, read back from the engine), ``memory`` (bytes it planned the KV cache against),
     ``share`` (its fraction of the node's memory) and ``pid`` (the worker's process on its node)."""
 
     id: str
@@ -90,6 +121,7 @@ class WorkerInfo:
     n_ctx: int
     memory: int
     share: float
+    pool: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -143,24 +175,35 @@ class RayFanout:
         return self.memory_share if self.memory_share is not None else 1 / self.workers_per_node
 
     @asynccontextmanager
-    async def pool(self, recipe: "Recipe", spec: "EngineSpec") -> AsyncIterator["_Pool"]:
+    async def pool(self, recipe: "Recipe", spec: "EngineSpec",
+                   sinks: "Sequence[EventSink]" = ()) -> AsyncIterator["_Pool"]:
         """Connect (or start a local cluster), start the workers for ``recipe`` with ``spec``
-        (a launched engine: a ``url`` is an error), yield them; on exit stop every worker and
-        its engine, and a local cluster this started. Raises :class:`UserError` (no Ray, a
-        ``url``), :class:`SquadError` when no worker starts (with the first one's reason)."""
+        (a launched engine: a ``url`` is an error), yield them; the workers' events, and the
+        start's, go to ``sinks``. On exit stop every worker and its engine, and a local cluster
+        this started. Raises :class:`UserError` (no Ray, a ``url``), :class:`SquadError` when no
+        worker starts (with the first one's reason)."""
         if spec.url is not None:
             raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
+        sinks = list(sinks)
+        emit_to(sinks, ClusterStarting(address=self.address))
         ray = await anyio.to_thread.run_sync(self._connect)
         started_here = self._started
+        failure: BaseException | None = None
         try:
-            pool = _Pool(ray, self.retries, self.on_item)
-            try:
-                await pool.start(recipe, spec, self)
-                self.workers = [w.info for w in pool.workers]
-                yield pool
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await pool.close()
+            async with anyio.create_task_group() as feeds:  # one task per worker fetching its events
+                pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
+                try:
+                    await pool.start(recipe, spec, self)
+                    self.workers = [w.info for w in pool.workers]
+                    yield pool
+                except BaseException as exc:  # noqa: BLE001 - raised below, as itself, not in a task group's group
+                    failure = exc
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await pool.close()
+                    feeds.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         finally:
             if started_here:
                 await anyio.to_thread.run_sync(ray.shutdown)
@@ -201,18 +244,26 @@ class RayFanout:
 class _Pool:
     """The workers of one run, as :class:`squad.fanout.Worker` s the dispatcher calls."""
 
-    def __init__(self, ray: Any, retries: int, on_item: Callable[[AgentResult], None] | None) -> None:
+    def __init__(self, ray: Any, retries: int, on_item: Callable[[AgentResult], None] | None,
+                 sinks: "Sequence[EventSink]" = (), feeds: Any = None) -> None:
         self.ray = ray
         self.retries = retries
         self.on_item = on_item
+        self.sinks = list(sinks)
+        self.feeds = feeds  # the task group the workers' event fetchers run in
         self.workers: list[_Handle] = []
         self.actors: list[Any] = []
+        self.feed: dict[str, _Feed] = {}  # worker id -> its events' way to the sinks
 
     async def start(self, recipe: "Recipe", spec: "EngineSpec", fanout: RayFanout) -> None:
+        """Start ``fanout.workers_per_node`` workers on each alive node, all at once; each one's
+        events flow to the sinks from its first (the engine's plan and load)."""
         ray = self.ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
+        emit_to(self.sinks, ClusterConnected(address=fanout.address, nodes=len(nodes),
+                                             workers=len(nodes) * fanout.workers_per_node))
         remote = ray.remote(_Worker)
         pending = []
         for node in nodes:
@@ -224,21 +275,47 @@ class _Pool:
                 ).remote(recipe, spec, wid, fanout.share)
                 self.actors.append(actor)
                 pending.append((wid, actor))
-        for wid, actor in pending:
-            try:
-                info = await actor.start.remote()
-            except Exception as exc:  # noqa: BLE001 - one worker that cannot start does not end the run
-                fanout.notes.append(f"worker {wid} did not start: {_reason(exc)}")
-                continue
-            self.workers.append(_Handle(actor, info))
+        started: dict[str, _Handle] = {}
+
+        async def start_one(wid: str, actor: Any) -> None:
+            if (handle := await self.start_worker(wid, actor, fanout.notes)) is not None:
+                started[wid] = handle
+
+        async with anyio.create_task_group() as tg:
+            for wid, actor in pending:
+                tg.start_soon(start_one, wid, actor)
+        self.workers = [started[wid] for wid, _ in pending if wid in started]
         if not self.workers:
             raise SquadError("no Ray worker started: " + "; ".join(fanout.notes))
+
+    async def start_worker(self, wid: str, actor: Any, notes: list[str]) -> "_Handle | None":
+        """Start worker ``wid`` (its ``actor``: line up its clocks, fetch its events, launch its
+        engine); None when it did not start (the reason added to ``notes`` and emitted)."""
+        try:
+            feed = self.feed[wid] = _Feed(wid, self.sinks, await _clock_offsets(actor))
+            self.feeds.start_soon(_fetch, actor, feed)
+            info, seq = await actor.start.remote()
+            await feed.reached(seq)
+        except Exception as exc:  # noqa: BLE001 - one worker that cannot start does not end the run
+            notes.append(f"worker {wid} did not start: {_reason(exc)}")
+            emit_to(self.sinks, WorkerFailed(worker=wid, reason=_reason(exc)))
+            return None
+        emit_to(self.sinks, WorkerStarted(worker=wid, engine=info.engine, node=info.node, slots=info.slots,
+                                          n_ctx=info.n_ctx, pool=info.pool, memory=info.memory))
+        return _Handle(actor, info, feed)
 
     async def map(self, name: str, prompts: Sequence[str], *, max_concurrency: int | None,
                   fail_on: Collection[Any], output_type: Any) -> list[AgentResult]:
         call = dict(fail_on=frozenset(fail_on), output_type=output_type)
         items = [(name, prompt, call) for prompt in prompts]
         results: dict[int, AgentResult] = {}
+
+        def lost(index: int, worker: str, reason: str, retry: bool) -> None:
+            feed = self.feed.get(worker)
+            if feed is not None:
+                feed.lost.add(index)  # what the lost attempt still sends is dropped
+            emit_to(self.sinks, ItemLost(agent=name, worker=worker, engine=feed.engine if feed else None,
+                                         item=index, reason=reason, retry=retry))
 
         def done(s: Served[AgentResult]) -> None:
             result = s.result if s.result is not None else AgentResult(
@@ -248,7 +325,7 @@ class _Pool:
             if self.on_item is not None:
                 self.on_item(result)
 
-        await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency, on_done=done)
+        await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency, on_done=done, on_lost=lost)
         return [results[i] for i in range(len(items))]
 
     async def close(self) -> None:
@@ -276,6 +353,7 @@ class _Handle:
 
     actor: Any
     info: WorkerInfo
+    feed: "_Feed"
 
     @property
     def id(self) -> str:
@@ -286,20 +364,134 @@ class _Handle:
         return self.info.slots
 
     async def run(self, index: int, item: tuple[str, str, dict[str, Any]]) -> AgentResult:
-        from ray.exceptions import RayActorError, RayError, RayTaskError
-
         name, prompt, call = item
         try:
-            return await self.actor.run.remote(index, name, prompt, **call)
-        except RayTaskError as exc:  # the worker raised: its engine is gone for good, or a bug
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, EngineError):
-                raise WorkerLost(f"its engine failed: {cause}") from None
-            raise cause if isinstance(cause, BaseException) else exc
-        except RayActorError as exc:  # the actor died (killed, crashed, its node is gone)
-            raise WorkerLost(_reason(exc)) from None
-        except RayError as exc:  # the node or the object store failed under the call
-            raise WorkerLost(_reason(exc)) from None
+            result, seq = await self.actor.run.remote(index, name, prompt, **call)
+        except Exception as exc:  # noqa: BLE001 - sorted: the worker is lost, or its error is raised
+            raise _failure(exc) from None
+        await self.feed.reached(seq)  # the item's events before its result
+        return result
+
+
+def _failure(exc: Exception) -> BaseException:
+    """What a failed call to a worker means (Ray is imported only here, once it failed):
+    :class:`WorkerLost` when the actor, its node or its engine died; else the worker's own error."""
+    from ray.exceptions import RayError, RayTaskError
+
+    if isinstance(exc, RayTaskError):  # the worker raised: its engine is gone for good, or a bug
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, EngineError):
+            return WorkerLost(f"its engine failed: {cause}")
+        return cause if isinstance(cause, BaseException) else exc
+    if isinstance(exc, RayError):  # the actor died (killed, crashed, its node gone), or the object store failed
+        return WorkerLost(_reason(exc))
+    return exc
+
+
+class _Feed:
+    """The driver's end of one worker's events: :meth:`forward` gives each fetched event to the
+    sinks on the driver's clocks (``offsets``: the worker's ``time.monotonic()`` and
+    ``time.time()`` minus the driver's, :func:`_clock_offsets`), except those of an item in
+    ``lost`` (its worker was lost, the item went elsewhere); :meth:`reached` waits until a
+    number of the worker's events have come."""
+
+    def __init__(self, worker: str, sinks: "Sequence[EventSink]", offsets: tuple[float, float] = (0.0, 0.0)) -> None:
+        self.worker, self.sinks, self.offsets = worker, list(sinks), offsets
+        self.engine: str | None = None
+        self.received = 0
+        self.lost: set[int] = set()
+        self.closed = False
+        self._arrived = anyio.Event()
+
+    def forward(self, batch: Sequence[tuple[int | None, Event]]) -> None:
+        """Emit ``batch`` (``(item, event)`` pairs as :class:`_Outbox` hands them out)."""
+        mono, wall = self.offsets
+        for item, event in batch:
+            self.engine = self.engine or event.engine
+            if item is None or item not in self.lost:
+                emit_to(self.sinks, replace(event, t=event.t - mono, wall=event.wall - wall))
+        self.received += len(batch)
+        self._arrived.set()
+        self._arrived = anyio.Event()
+
+    def close(self) -> None:
+        """No more events will come (the worker is gone): nobody waits for them."""
+        self.closed = True
+        self._arrived.set()
+
+    async def reached(self, count: int) -> None:
+        """Return once ``count`` events of the worker have been forwarded (or none can come any
+        more, or :data:`FLUSH_TIMEOUT` passed: a result is never held back for its events)."""
+        with anyio.move_on_after(FLUSH_TIMEOUT):
+            while self.received < count and not self.closed:
+                await self._arrived.wait()
+
+
+async def _fetch(actor: Any, feed: _Feed) -> None:
+    """Fetch ``actor``'s events into ``feed`` until the actor is gone (or this is cancelled)."""
+    try:
+        while True:
+            feed.forward(await actor.events.remote(POLL_S))
+    except Exception:  # noqa: BLE001 - the actor died or was closed: its run() says why
+        feed.close()
+
+
+async def _clock_offsets(actor: Any, rounds: int = 3) -> tuple[float, float]:
+    """How far ``actor``'s clocks are ahead of the driver's, in seconds: ``(monotonic, wall)``,
+    from the round trip with the least delay of ``rounds`` (error at most half of it)."""
+    best: tuple[float, float, float] | None = None
+    for _ in range(rounds):
+        m0, w0 = time.monotonic(), time.time()
+        mono, wall = await actor.clock.remote()
+        m1, w1 = time.monotonic(), time.time()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, mono - (m0 + m1) / 2, wall - (w0 + w1) / 2)
+    assert best is not None
+    return best[1], best[2]
+
+
+_ITEM: contextvars.ContextVar[int | None] = contextvars.ContextVar("squad_ray_item", default=None)
+"""In a worker: the driver's index of the map item the running task works on."""
+
+
+class _Outbox:
+    """A worker's events on their way to the driver: the worker's squad emits into it (its event
+    loop's thread), Ray's threads :meth:`take` them. Each event is placed for the driver:
+    ``worker`` set, ``engine`` the worker's engine when it had none, conversation and call ids
+    prefixed with the worker's short id, an ``agent.started`` of a map item carrying the driver's
+    index; each is handed out with the driver's index of its item (None: not an item's)."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.prefix = worker.partition("@")[0] + ":"
+        self.engine: str | None = None
+        self.count = 0
+        """Events put in so far."""
+        self._events: list[tuple[int | None, Event]] = []
+        self._items: dict[str, int] = {}  # the worker's conversation id -> the driver's item index
+        self._cond = threading.Condition()
+
+    def __call__(self, event: Event) -> None:
+        item = _ITEM.get()
+        if isinstance(event, AgentStarted) and item is not None and event.conversation:
+            self._items[event.conversation] = item  # the item's conversation, or one it started
+        item = self._items.get(event.conversation or "")
+        named = {k: self.prefix + v for k in ("conversation", "parent", "call") if (v := getattr(event, k))}
+        if isinstance(event, AgentStarted) and event.item is not None and item is not None:
+            named["item"] = item  # the worker's map of one prompt numbers it 0
+        placed = replace(event, worker=self.worker, engine=event.engine or self.engine, **named)
+        with self._cond:
+            self._events.append((item, placed))
+            self.count += 1
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> list[tuple[int | None, Event]]:
+        """Every event not taken yet, waiting up to ``timeout`` seconds for the first."""
+        with self._cond:
+            if not self._events:
+                self._cond.wait(timeout)
+            taken, self._events = self._events, []
+            return taken
 
 
 def _reason(exc: BaseException) -> str:
@@ -324,10 +516,20 @@ class _Worker:
         self._portal: Any = None
         self._squad_cm: Any = None
         self.squad: "Squad | None" = None
+        self.outbox = _Outbox(worker_id)
 
-    def start(self) -> WorkerInfo:
-        """Plan for this node's share, launch the engine, return what it reported. Raises the
-        planner's and launcher's errors."""
+    def clock(self) -> tuple[float, float]:
+        """This process's ``time.monotonic()`` and ``time.time()`` (the driver lines events up by them)."""
+        return time.monotonic(), time.time()
+
+    def events(self, timeout: float) -> list[tuple[int | None, Event]]:
+        """The events emitted since the last call, waiting up to ``timeout`` seconds for one
+        (:meth:`_Outbox.take`)."""
+        return self.outbox.take(timeout)
+
+    def start(self) -> tuple[WorkerInfo, int]:
+        """Plan for this node's share, launch the engine; return what it reported and how many
+        events were emitted so far. Raises the planner's and launcher's errors."""
         from anyio.from_thread import start_blocking_portal
 
         from squad.runtime import Squad
@@ -337,14 +539,16 @@ class _Worker:
         portal = self._portal = self._portal_cm.__enter__()
         recipe = self.recipe
         squad = Squad(list(recipe.agents.values()), main=recipe.main, engine=self.spec, workload=recipe.workload(),
-                      variables={"params": recipe.params}, mcp_servers=recipe.mcp_servers)
+                      variables={"params": recipe.params}, mcp_servers=recipe.mcp_servers, on_event=self.outbox)
         self._squad_cm = portal.wrap_async_context_manager(squad)
         self.squad = self._squad_cm.__enter__()
         info = self.squad.info
+        self.outbox.engine = info.base_url
         launcher = self.squad.session.launcher
         node = self.id.partition("@")[2]
-        return WorkerInfo(id=self.id, node=node, pid=os.getpid(), engine=info.base_url, engine_pid=launcher.pid if launcher else None,
-                          slots=info.slots, n_ctx=info.n_ctx, memory=memory, share=self.share)
+        return WorkerInfo(id=self.id, node=node, pid=os.getpid(), engine=info.base_url,
+                          engine_pid=launcher.pid if launcher else None, slots=info.slots, n_ctx=info.n_ctx,
+                          memory=memory, share=self.share, pool=info.pool), self.outbox.count
 
     def _share_memory(self) -> int:
         """Set ``SQUAD_KV_MEMORY`` in this actor's process to its share of the node's KV memory
@@ -358,21 +562,24 @@ class _Worker:
         os.environ[ENV_VAR] = str(int(whole.bytes * self.share))
         return int(whole.bytes * self.share)
 
-    def run(self, index: int, name: str, prompt: str, *, fail_on: frozenset[Any], output_type: Any) -> AgentResult:
-        """Item ``index``: ``name`` on ``prompt`` (one ``Squad.map`` call). The agent's own
-        failure is in the result; an :class:`EngineError` (the engine is gone and could not be
+    def run(self, index: int, name: str, prompt: str, *, fail_on: frozenset[Any],
+            output_type: Any) -> tuple[AgentResult, int]:
+        """Item ``index``: ``name`` on ``prompt`` (one ``Squad.map`` call); returns its result
+        and how many events were emitted by then (its own among them). The agent's own failure
+        is in the result; an :class:`EngineError` (the engine is gone and could not be
         restarted) raises."""
         assert self.squad is not None and self._portal is not None
         squad = self.squad
 
         async def one() -> AgentResult:
+            _ITEM.set(index)  # this task's events, and its children's, are item index's
             [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type)
             return result
 
         result = self._portal.call(one)
         value = getattr(result.output_value, "model_dump", None)
         return replace(result, item=index, worker=self.id, engine=squad.info.base_url,
-                       output_value=value(mode="json") if callable(value) else result.output_value)
+                       output_value=value(mode="json") if callable(value) else result.output_value), self.outbox.count
 
     def close(self) -> None:
         """Stop the engine (and the squad's MCP servers), then the event loop."""
@@ -446,7 +653,7 @@ async def run_on_ray(recipe: "Recipe", fanout: RayFanout, *, engine: "EngineSpec
     if not isinstance(engine, EngineSpec):
         raise UserError("a Ray run launches an engine on each worker: give engine as an EngineSpec (a model and pins)")
     sinks = [] if on_event is None else list(on_event) if isinstance(on_event, list) else [on_event]
-    async with recipe_mcp(recipe) as servers, fanout.pool(recipe, engine) as pool, AsyncExitStack() as stack:
+    async with recipe_mcp(recipe) as servers, fanout.pool(recipe, engine, sinks) as pool, AsyncExitStack() as stack:
         local = None
         if needs_local(recipe):
             local = await stack.enter_async_context(Squad(

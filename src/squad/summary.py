@@ -6,6 +6,9 @@ admission, first token, end, release), one :class:`AgentSummary` per agent (per 
 ``security[3]``, from ``agent.started``'s ``item``) with its outcome (``done``, or a
 non-answer of :mod:`squad.outcome`: ``truncated``, ``empty``, ``failed``, ``cancelled``), the
 recipe steps' warnings, the engine loads and the peak number of calls holding a slot at once.
+On Ray (:mod:`squad.ray`), a map item whose worker was lost while it held it (``item.lost``) is
+counted once: the events of the lost attempt that reached the trace (its conversation and those
+it started) are left out, and the item's row gets a note saying so.
 ``squad trace show/plot`` and ``squad run``'s table read it.
 """
 
@@ -31,6 +34,8 @@ from squad.events import (
     EngineLoaded,
     EngineLost,
     Event,
+    ItemLost,
+    WorkerStarted,
     StepWarning,
     OutputRetried,
     ToolLimited,
@@ -39,7 +44,8 @@ from squad.events import (
 from squad.outcome import worst
 from squad.trace import jsonable
 
-__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "short_url"]
+__all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "RayWorker",
+           "short_url"]
 
 
 @dataclass
@@ -149,6 +155,21 @@ def short_url(url: str | None) -> str:
 
 
 @dataclass
+class RayWorker:
+    """A Ray worker of the run (``worker.started``, :mod:`squad.ray`): when it was ready, its
+    engine and what it reported; ``items``: the map items it served (lost attempts not counted)
+    and ``calls``: their engine calls."""
+
+    worker: str
+    t: float
+    engine: str | None
+    slots: int
+    pool: int
+    items: int = 0
+    calls: int = 0
+
+
+@dataclass
 class TraceSummary:
     """A trace digested: per-agent rows, calls as spans, engine loads, peak concurrency."""
 
@@ -167,6 +188,8 @@ class TraceSummary:
     def engines(self) -> list[str]:
         """The engines that served calls (base URLs), in order of first use."""
         return list(dict.fromkeys(s.engine for s in sorted(self.calls, key=lambda c: c.start) if s.engine))
+    workers: list[RayWorker] = field(default_factory=list)
+    """A Ray run's workers, in the order they were ready."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (``squad trace show --json``)."""
@@ -186,12 +209,16 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     the error of its conversation's ``agent.failed``/``agent.cancelled``.
     """
     events = sorted(events, key=lambda e: e.t)
+    count = len(events)
+    lost_attempts = _lost_conversations(events)
+    events = [e for e in events if e.conversation is None or e.conversation not in lost_attempts]
     t0 = events[0].t if events else 0.0
     agents: dict[str, AgentSummary] = {}
     loads: list[EngineLoad] = []
     lost: list[EngineLoss] = []
     warnings: list[str] = []
     spans: dict[str, CallSpan] = {}
+    workers: dict[str, RayWorker] = {}
     peak_reported = 0
     labels = {e.conversation: item_label(e.agent, e.item) for e in events
               if isinstance(e, AgentStarted) and e.item is not None and e.conversation and e.agent}
@@ -217,6 +244,10 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
 
     for ev in events:
         t = ev.t - t0
+        if isinstance(ev, AgentStarted) and ev.item is not None and ev.worker in workers:
+            workers[ev.worker].items += 1
+        if ev.worker in workers and isinstance(ev, CallAdmitted):
+            workers[ev.worker].calls += 1
         if isinstance(ev, EngineLoaded):
             loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
                                     engine=ev.engine))
@@ -224,6 +255,10 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             lost.append(EngineLoss(t=t, engine=ev.engine, reason=ev.reason, remaining=ev.remaining))
         elif isinstance(ev, StepWarning):
             warnings.append(ev.warning)
+        elif isinstance(ev, ItemLost):
+            _item_lost(agent(item_label(ev.agent or "?", ev.item)), ev, t)
+        elif isinstance(ev, WorkerStarted):
+            workers[ev.worker or "?"] = RayWorker(ev.worker or "?", t, ev.engine, ev.slots, ev.pool)
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
@@ -263,7 +298,28 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
             a.status = "failed" if a.errors else "done"
     return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
                         max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=len(events), warnings=warnings, lost=lost)
+                        events=count, warnings=warnings, lost=lost, workers=list(workers.values()))
+
+
+def _lost_conversations(events: list[Event]) -> set[str]:
+    """The conversations of map-item attempts whose Ray worker was lost (``item.lost``: same
+    worker, agent and item), and those they started; ``events`` sorted by time."""
+    gone = {(e.worker, e.agent, e.item) for e in events if isinstance(e, ItemLost)}
+    lost: set[str] = set()
+    for e in events if gone else ():
+        if isinstance(e, AgentStarted) and e.conversation and (
+                (e.worker, e.agent, e.item) in gone or (e.parent is not None and e.parent in lost)):
+            lost.add(e.conversation)
+    return lost
+
+
+def _item_lost(a: AgentSummary, ev: ItemLost, t: float) -> None:
+    """Item ``a`` lost its worker: a note when it runs again elsewhere, else it failed."""
+    if ev.retry:
+        a.notes.append(ev.message)
+    else:
+        a.ended, a.status, a.reason = t, "failed", ev.message
+        _add_error(a.errors, ev.message)
 
 
 def _call_event(s: CallSpan, ev: Event, t: float) -> int:

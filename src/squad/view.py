@@ -18,6 +18,8 @@ as ``warning: ...`` lines in both modes.
 With several engines (:mod:`squad.engines`) the status line shows each engine's busy slots (a
 lost one as ``lost``), the table an ``engine`` column (the engine of each agent's latest call),
 and a lost engine and each call moved off it are printed in both modes.
+A Ray run's progress (the cluster, each worker's engine, an item whose worker was lost: its
+row shows ``retrying``) is printed as lines in both modes too.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from squad.events import (
     AgentFinished,
     AgentStarted,
     CallAdmitted,
+    ClusterConnected,
+    ClusterStarting,
     CallFailed,
     CallFinished,
     CallFirstToken,
@@ -52,11 +56,17 @@ from squad.events import (
     EnginePlanned,
     EngineWarning,
     Event,
+    ItemLost,
     StepWarning,
     OutputRetried,
     ToolLimited,
+    WorkerFailed,
+    WorkerStarted,
     item_label,
 )
+
+_RAY = (ClusterStarting, ClusterConnected, WorkerStarted, WorkerFailed, ItemLost)
+"""A Ray run's progress: printed as lines in both modes."""
 
 __all__ = ["AgentRow", "EngineRow", "ViewState", "LiveView", "live_view"]
 
@@ -163,6 +173,8 @@ class ViewState:
     def several(self) -> bool:
         """More than one engine in the run."""
         return len(self.engines) > 1
+    progress: str | None = None
+    """A Ray run's latest start-up line, shown until an engine reports."""
 
     @property
     def waiting(self) -> int:
@@ -205,6 +217,14 @@ class ViewState:
                 self.engines.setdefault(event.engine, EngineRow()).lost = event.reason
                 self.slots = sum(e.slots for e in self.engines.values() if e.lost is None)
                 self.pool = sum(e.pool for e in self.engines.values() if e.lost is None)
+        elif isinstance(event, _RAY):
+            self.progress = self.ray_text(event)
+            if isinstance(event, ItemLost):  # the lost attempt holds nothing any more
+                row = self.row(item_label(event.agent or "?", event.item), t)
+                row.held.clear()
+                row.waiting.clear()
+                row.detail = event.message
+                self._set(row, "retrying" if event.retry else "failed", t)
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -331,6 +351,8 @@ class ViewState:
     def status_line(self) -> str:
         """``slots 2/4 busy ▮▮▯▯ · 1 waiting · pool 612/4096 tokens reserved (15%)``."""
         parts = []
+        if self.slots is None and self.planned is None and self.progress is not None:
+            return self.progress
         if self.slots is None and self.planned is not None:
             line = f"starting the engine: {self.planned[0]} slots, context {self.planned[1]} tokens (planned)"
             if self.loading is not None:
@@ -354,11 +376,31 @@ class ViewState:
         ev = self.loading
         return "" if ev is None else f"loading {ev.model}: {ev.elapsed_s:.0f} s of at most {ev.timeout_s:.0f} s"
 
+    @staticmethod
+    def ray_text(event: Event) -> str:
+        """What a Ray run's progress event says (``worker w0@127.0.0.1: engine loaded, 3 slots, ...``)."""
+        if isinstance(event, ClusterStarting):
+            return ("starting a local Ray cluster on 127.0.0.1" if event.address is None
+                    else f"connecting to the Ray cluster at {event.address}")
+        if isinstance(event, ClusterConnected):
+            return (f"Ray cluster: {event.nodes} node{'s' * (event.nodes != 1)}, starting {event.workers} "
+                    f"worker{'s' * (event.workers != 1)}, each with its own engine")
+        if isinstance(event, WorkerStarted):
+            return (f"worker {event.worker}: engine loaded, {event.slots} slots, pool {event.pool} tokens"
+                    f" ({event.engine})")
+        if isinstance(event, WorkerFailed):
+            return f"worker {event.worker} did not start: {event.reason}"
+        if isinstance(event, ItemLost):
+            return f"{item_label(event.agent or '?', event.item)}: {event.message}"
+        return event.kind
+
     def line(self, event: Event) -> str | None:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
-        name = self.name(event) or "-"
-        if isinstance(event, EngineLoaded) and self.several:
+        name = self.name(event) or event.worker or "-"
+        if isinstance(event, _RAY):
+            text, name = self.ray_text(event), "ray"
+        elif isinstance(event, EngineLoaded) and self.several:
             text = f"engine {_short(event.engine)} {event.reason}: {event.slots} slots, pool {event.pool} tokens"
         elif isinstance(event, EngineLoaded):
             text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
@@ -446,7 +488,7 @@ class LiveView:
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
-            shown = (EngineExited, EngineLost, CallMoved)
+            shown = (EngineExited, EngineLost, CallMoved, *_RAY)
             if self.on and self.live_mode and (isinstance(event, shown) or restarted):  # in both modes
                 self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 

@@ -63,6 +63,9 @@ def show(
     for loss in summary.lost:
         console.print(f"[red]engine {escape(short_url(loss.engine))} lost[/] at {loss.t:.2f}s: {escape(loss.reason)} "
                       f"({loss.remaining} left)", soft_wrap=True)
+    for w in summary.workers:  # a Ray run
+        console.print(f"worker {escape(w.worker)}: engine {escape(w.engine or '-')} ready at {w.t:.2f}s, {w.slots} slots, "
+                      f"pool {w.pool} tokens; served {w.items} item(s), {w.calls} call(s)", soft_wrap=True)
     console.print(f"max calls in flight: {summary.max_in_flight}")
     console.print(_agent_table(summary, several))
     if calls:
