@@ -74,6 +74,8 @@ CORPUS = [
     ('concurrency_too_high.yaml', 9, 'flow[0].concurrency', 'must be at most 64, got 100'),
     ('ctx_float.yaml', 3, 'engine.ctx', 'ctx must be auto or a whole number, got 4096.5'),
     ('engine_and_engines.yaml', 4, 'engines', 'give either engine: (one engine) or engines: (several), not both'),
+    ('engines_bad_port.yaml', 4, 'engines[1]', "url 'http://127.0.0.1:abc' is not a valid address"),
+    ('engines_bad_ipv6.yaml', 3, 'engines[0]', "url 'http://[::1' is not a valid address (Invalid IPv6 URL)"),
     ('engines_no_scheme.yaml', 4, 'engines[1]', "url '127.0.0.1:8081': write the engine's address with its scheme"),
     ('engines_slots_too_many.yaml', 4, 'engines[1]', 'slots must be auto or 1..8, got 9'),
     ('engines_unknown_key.yaml', 4, 'engines[0].slot', "unknown key 'slot'; did you mean 'slots'?"),

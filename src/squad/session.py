@@ -117,9 +117,12 @@ class EngineSpec:
             raise UserError("admits=True describes an engine at a URL that admits on its own: give its url")
 
     def _check_attach(self) -> None:
-        if not str(self.url).startswith(("http://", "https://")):
-            raise UserError(f"url {self.url!r}: write the engine's address with its scheme, "
-                            f"e.g. http://{str(self.url).removeprefix('//')}")
+        from squad.engine.urls import check_engine_url
+
+        try:
+            check_engine_url(self.url)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         launch_only = {"model": self.model, "binary": self.binary,
                        "threads": self.threads, "load_timeout": self.load_timeout, "mlx_max_batch": self.mlx_max_batch,
                        "gpu_layers": self.gpu_layers,

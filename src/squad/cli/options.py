@@ -9,7 +9,6 @@ the command (``default=``), so each says what happens in the command it is in.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 import typer
 
@@ -178,19 +177,16 @@ def _default(words: str | None) -> str:
 
 
 def _check_url(value: Any) -> Any:
+    from squad.engine.urls import check_engine_url
+
     if isinstance(value, list):  # a repeatable --url (squad run: several engines)
         return [_check_url(v) for v in value]
     if value is None:
         return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise typer.BadParameter(f"{value!r} is not an engine URL; write http://HOST:PORT, "
-                                 "e.g. http://127.0.0.1:8080")
     try:
-        parts.port  # noqa: B018  (raises for a port that is not a number)
-    except ValueError:
-        raise typer.BadParameter(f"{value!r}: the port is not a number; write http://HOST:PORT") from None
-    return value
+        return check_engine_url(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def check_mcp(what: str) -> Any:

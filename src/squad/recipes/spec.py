@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
                       model_validator)
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
+from squad.engine.urls import check_engine_url
 
 __all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec",
            "PARAM_TYPES", "coerce_param"]
@@ -73,8 +74,7 @@ class EngineItem(EngineSection):
             if self.api_key is not None:
                 raise ValueError("api_key is the key of an engine at a url; add url: or remove api_key")
             return EngineSection._range(self)  # type: ignore[return-value]
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url {self.url!r}: write the engine's address with its scheme, e.g. http://127.0.0.1:8080")
+        check_engine_url(self.url)  # a ValueError: reported at the item's file:line
         launch = [k for k in ("model", "cache_type", "gpu_layers", "threads") if getattr(self, k) is not None]
         if launch:
             verb = "sizes or starts" if len(launch) == 1 else "size or start"

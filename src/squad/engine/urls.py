@@ -1,0 +1,32 @@
+"""An engine's URL, checked once for every way it is given (``--url``, ``EngineSpec(url=)``, a
+recipe's ``engines:``), so a malformed one is a clear error where it was written, never a
+traceback from the HTTP client later."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+__all__ = ["check_engine_url"]
+
+
+def check_engine_url(url: object) -> str:
+    """``url`` as given when it is ``http(s)://HOST[:PORT][/PATH]`` with a numeric port in
+    1..65535 and a well-formed host (an IPv6 address in brackets). Raises ``ValueError`` saying
+    what is wrong and how to write it."""
+    text = str(url)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"url {text!r}: write the engine's address with its scheme, "
+                         f"e.g. http://{text.removeprefix('//') or '127.0.0.1:8080'}")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port could not be cast to integer value", out of range
+        raise ValueError(f"url {text!r} is not a valid address ({exc}); write http://HOST:PORT, "
+                         "e.g. http://127.0.0.1:8080 or http://[::1]:8080") from None
+    if not parts.hostname:
+        raise ValueError(f"url {text!r} names no host; write http://HOST:PORT, e.g. http://127.0.0.1:8080")
+    if port == 0:
+        raise ValueError(f"url {text!r}: port 0 is not a port an engine listens on; write 1..65535")
+    if any(c.isspace() for c in text):
+        raise ValueError(f"url {text!r} contains a space; write http://HOST:PORT")
+    return text
