@@ -151,7 +151,7 @@ async def test_an_engine_that_admits_on_its_own_gets_no_reservations():
     (dict(ctx=0), "ctx must be a whole number"),
     (dict(threads=True), "threads must be a whole number"),
     (dict(request_timeout=0), "request_timeout must be a positive number"),
-    (dict(url="127.0.0.1:8080"), "with its scheme, e.g. http://127.0.0.1:8080"),
+    (dict(url="127.0.0.1:8080"), "with its scheme, http://HOST:PORT, e.g. http://127.0.0.1:8080"),
     (dict(url="http://127.0.0.1:1", cache_type_k="q8_0", threads=2), "threads, cache_type_k size or start"),
     (dict(url="http://127.0.0.1:1", model="x.gguf"), "model size or start"),
 ])

@@ -195,6 +195,36 @@ async def test_squad_runs_against_an_unknown_server_one_request_at_a_time():
     assert all(r.error is None for r in results) and fe.max_processing == 1
 
 
+class NotAnEngine(FakeEngine):
+    """A web server that answers, but not as an engine: 404 for every engine path."""
+
+    def _routes(self) -> list[Route]:
+        return []
+
+
+@pytest.mark.anyio
+async def test_a_server_that_is_not_an_engine_is_refused_before_any_call(capsys):
+    from squad.errors import UserError
+
+    async with NotAnEngine() as fe:
+        with pytest.raises(UserError, match=r"is not an OpenAI-compatible engine: GET /v1/models answered HTTP 404"):
+            await attach(fe.base_url)
+        with pytest.raises(UserError, match="not an OpenAI-compatible engine"):
+            async with Squad([worker()], url=fe.base_url):
+                pass
+        code, out, err = await anyio.to_thread.run_sync(lambda: squad(capsys, "engine", "info", "--url", fe.base_url))
+    assert code == 2 and "not an OpenAI-compatible engine" in " ".join(err.split()) and "Traceback" not in err
+
+
+@pytest.mark.anyio
+async def test_an_unknown_server_that_refuses_the_key_says_so():
+    from squad.errors import UserError
+
+    async with PlainServer(api_key="right") as fe:
+        with pytest.raises(UserError, match="refused squad's key .*HTTP 401.*--api-key"):
+            await attach(fe.base_url, "wrong")
+
+
 # -- squad engine info --url ------------------------------------------------------------------
 
 

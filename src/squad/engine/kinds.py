@@ -147,6 +147,32 @@ async def _text(client: httpx.AsyncClient, path: str) -> str | None:
     return response.text if response.status_code == 200 else None
 
 
+async def _openai_models(client: httpx.AsyncClient) -> Any:
+    """``GET /v1/models``, the one endpoint every OpenAI-compatible server answers: its JSON.
+    Raises :class:`~squad.errors.UserError` when the server refuses the key (401/403) or answers
+    something else (a web server, a wrong path): squad would otherwise send every call to it."""
+    from squad.errors import UserError
+
+    base = str(client.base_url).rstrip("/")
+    try:
+        response = await client.get("/v1/models")
+    except httpx.TransportError as exc:
+        raise UserError(f"{base} stopped answering while squad probed it ({exc!r})") from None
+    if response.status_code in (401, 403):
+        raise UserError(f"the server at {base} refused squad's key (GET /v1/models: HTTP {response.status_code}): "
+                        "give its key with --api-key (api_key=, $LLAMA_API_KEY, or the config file's api_key)")
+    try:
+        body = response.json() if response.status_code == 200 else None
+    except ValueError:
+        body = None
+    if not (isinstance(body, dict) and isinstance(body.get("data"), list)):
+        what = f"HTTP {response.status_code}" if response.status_code != 200 else "no model list"
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        raise UserError(f"{base} is not an OpenAI-compatible engine: GET /v1/models answered {what} ({kind}); "
+                        "give the engine's root URL, e.g. http://127.0.0.1:8080")
+    return body
+
+
 def _int(value: Any) -> int | None:
     try:
         number = int(value)
@@ -199,8 +225,10 @@ class _Pins:
 
 async def probe(client: httpx.AsyncClient, *, slots: int | None = None, ctx: int | None = None) -> Capacity:
     """Detect the kind of server at ``client`` (not a llama-server: see the module docstring)
-    and read its capacity; ``slots``/``ctx`` are the user's pins. Never raises for a server that
-    answers oddly: an unknown server is ``openai-compatible`` with the pins or the defaults."""
+    and read its capacity; ``slots``/``ctx`` are the user's pins. An unknown server is
+    ``openai-compatible`` with the pins or the defaults, if it answers ``GET /v1/models`` with a
+    model list; raises :class:`~squad.errors.UserError` when it does not (not an engine, or the
+    key refused)."""
     pins = _Pins(slots, ctx)
     for reader in (_sglang, _vllm, _ollama, _lmstudio):
         capacity = await reader(client, pins)
@@ -335,7 +363,7 @@ def _lmstudio_capacity(pins: _Pins, n_slots: int, n_ctx: int, model: str) -> Cap
 
 
 async def _generic(client: httpx.AsyncClient, pins: _Pins) -> Capacity:
-    card = _first(await _json(client, "/v1/models"))
+    card = _first(await _openai_models(client))
     context, where = None, ""
     for key in ("max_model_len", "context_length", "context_window"):
         if card and _int(card.get(key)) is not None:

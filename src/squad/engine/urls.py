@@ -15,7 +15,7 @@ def check_engine_url(url: object) -> str:
     what is wrong and how to write it."""
     text = str(url)
     if not text.startswith(("http://", "https://")):
-        raise ValueError(f"url {text!r}: write the engine's address with its scheme, "
+        raise ValueError(f"url {text!r}: write the engine's address with its scheme, http://HOST:PORT, "
                          f"e.g. http://{text.removeprefix('//') or '127.0.0.1:8080'}")
     try:
         parts = urlsplit(text)
