@@ -182,6 +182,19 @@ async def test_squad_refuses_a_prompt_the_server_would_silently_truncate(fake):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("fake", [FakeOllama, FakeLMStudio, FakeSGLang])
+async def test_a_budget_is_not_held_against_the_high_estimate(fake):
+    """An agent's budget holds exact counts: on a kind squad can only estimate for (bytes / 2,
+    high on purpose), a call that fits its budget is not refused because the estimate does not
+    (the shipped summarize recipe failed on these kinds); the engine's own limit still holds."""
+    prompt = " ".join(["word"] * 60)  # the server counts ~70 tokens; squad's estimate ~170
+    async with fake() as fe:
+        async with Squad([Agent(name="w", instructions="Answer.", budget=128, max_tokens=8)], url=fe.base_url) as sq:
+            result = await sq.run_agent("w", prompt)
+    assert result.ok, result.error
+
+
+@pytest.mark.anyio
 async def test_squad_runs_within_ollamas_parallel_slots():
     async with FakeOllama(n_ctx=1024, slots=2, token_delay=0.002) as fe:
         results = await fan_out(fe.base_url, 6, max_tokens=100, slots=2)

@@ -405,7 +405,11 @@ class EngineClient:
         _refuse_oversized(req, agent, self._engine.pool)
         prompt, local = await self.counter(self._messages(req), req.tools)
         need = prompt + req.max_tokens
-        if req.budget is not None and need > req.budget:
+        # An agent's budget holds exact counts. On a kind with no tokenize endpoint the count is an
+        # estimate that runs high on purpose (squad.counting.estimate_chat_tokens): it still
+        # bounds the reservation and the engine's own limit, but would refuse calls that fit.
+        estimated = not local and self._engine.count_with == "estimate"
+        if req.budget is not None and need > req.budget and not estimated:
             fixes = [f"raise its budget to {round_ctx(need)}"]
             if prompt < req.budget:
                 fixes.append(f"lower max_tokens to {req.budget - prompt}")
