@@ -88,10 +88,11 @@ def _gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 def ray_dir():
     """A short temp dir for Ray's sockets and logs (unix socket paths are limited to 107 bytes)."""
     path = tempfile.mkdtemp(prefix="sqray-")
+    before = set(_ray_processes())  # another user's cluster on this machine is not this test's
     yield path
     leftover = []
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (leftover := _ray_processes()):
+    while time.monotonic() < deadline and (leftover := [p for p in _ray_processes() if p not in before]):
         time.sleep(0.3)
     shutil.rmtree(path, ignore_errors=True)
     assert not leftover, f"Ray processes left after the test: {leftover}"
