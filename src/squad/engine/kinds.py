@@ -209,10 +209,10 @@ class _Pins:
             if pin is not None:
                 self.sources[name] = f"pin {name}={pin} (the server does not report it)"
                 return pin
-            self.sources[name] = f"default {default}: {default_why}; pin {name}= to change it"
+            self.sources[name] = f"default {default}: {default_why}; pin it with --{name} N ({name}=N in code) to change it"
             if warn:
                 self.warnings.append(f"the server does not report its {'concurrency' if name == 'slots' else 'context'}: "
-                                     f"squad assumes {name}={default}; pass {name}= if it serves more")
+                                     f"squad assumes {name}={default}; pass --{name} N ({name}=N in code) if it serves more")
             return default
         if pin is not None and pin < reported:
             self.sources[name] = f"pin {name}={pin} (the server reports {reported}, {where})"
@@ -295,7 +295,7 @@ def _derived_slots(pins: _Pins, reported: int | None, where: str, pool: int, n_c
     else capacity / context (every request could use a full context and still fit)."""
     if reported is not None or pins.slots is not None:
         return pins.take("slots", reported, where, default=1, default_why=why)
-    pins.sources["slots"] = (f"KV capacity {pool} / context {n_ctx} ({why}; pin slots= to run more requests at once)")
+    pins.sources["slots"] = (f"KV capacity {pool} / context {n_ctx} ({why}; pin --slots N, slots=N in code, to run more requests at once)")
     return max(1, pool // n_ctx)
 
 
