@@ -185,7 +185,9 @@ def engine_status(
     info, busy = anyio.run(lambda: _status(url, api_key))
     warning = pool_warning(info)
     if as_json:
-        out = {**asdict(info), "api_key": None, "chat_template": info.template_name, "busy_slots": busy, "pid": saved.pid if saved else None, "warning": warning}
+        out = {**asdict(info), "api_key": None, "chat_template": info.template_name, "busy_slots": busy,
+               "pid": saved.pid if saved else None, "version": info.version or None,
+               "warnings": [*info.warnings, *([warning] if warning else [])]}
         console.print_json(json.dumps(out))
         return
     unified = {True: "yes (one shared pool)", False: "no", None: "unknown"}[info.kv_unified]
