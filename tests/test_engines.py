@@ -6,6 +6,8 @@ a call's own failure is never re-run). The same with two real llama-servers is i
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 
@@ -17,7 +19,7 @@ from squad.events import Event, Origin
 from squad.runtime import Squad
 from squad.session import EngineSpec
 from squad.summary import summarize
-from squad.testing import FakeEngine, Reply
+from squad.testing import FakeEngine, Reply, ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -213,3 +215,56 @@ async def test_router_needs_an_engine() -> None:
         Router([])
 
 
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://127.0.0.1:18401", "http://127.0.0.1:18401"),
+    ("http://127.0.0.1:18401", "http://localhost:18401/"),
+    ("http://LOCALHOST:18401/v1", "http://127.0.0.1:18401"),
+    ("http://[::1]:18401/v1/", "http://127.0.0.1:18401/"),
+    ("HTTP://Box.Example:80", "http://box.example/"),
+    ("https://box.example/v1", "https://box.example:443"),
+    ("http://box.example:8080/llm/", "http://box.example:8080/llm/v1"),
+])
+def test_urls_of_one_engine_have_one_key(a: str, b: str) -> None:
+    from squad.engines import engine_key
+
+    assert engine_key(a) == engine_key(b)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://127.0.0.1:18401", "http://127.0.0.1:18402"),
+    ("http://127.0.0.1:8080", "https://127.0.0.1:8080"),
+    ("http://box.example:8080", "http://127.0.0.1:8080"),  # no DNS look-up for other names
+    ("http://box.example:8080/a", "http://box.example:8080/b"),
+])
+def test_urls_of_different_engines_have_different_keys(a: str, b: str) -> None:
+    from squad.engines import engine_key
+
+    assert engine_key(a) != engine_key(b)
+
+
+async def test_one_engine_given_twice_is_refused_in_every_form() -> None:
+    """Its slots and pool would count twice: admission would let in twice what it holds."""
+    async with FakeEngine(slots=2) as a, FakeEngine(slots=2) as b:
+        port = a.base_url.rsplit(":", 1)[1]
+        twice = [
+            [a.info, a.info],  # one EngineInfo object
+            [a.info, dataclasses.replace(a.info)],  # two objects, one URL
+            [EngineSpec(url=a.base_url), EngineSpec(url=f"http://localhost:{port}/v1")],
+            [EngineSpec(url=a.base_url), b.info, EngineSpec(url=a.base_url + "/")],
+        ]
+        for engines in twice:
+            with pytest.raises(UserError, match="engine URL given twice|given twice"):
+                Squad([worker()], engines=engines)
+            with pytest.raises(UserError, match="given twice"):
+                EngineGroup(engines)
+        with pytest.raises(UserError, match="engine URL given twice: .* are one engine"):
+            Squad([worker()], engines=[EngineSpec(url=a.base_url), EngineSpec(url=f"http://localhost:{port}")])
+        async with Squad([worker()], engines=[a.info, b.info]) as sq:  # two engines: fine
+            assert sq.info.slots == 4
+    scripted = ScriptedEngine()
+    with pytest.raises(UserError, match="gives one ScriptedEngine twice \\(items 0 and 1\\)"):
+        Squad([worker()], engines=[scripted, scripted])
+    Squad([worker()], engines=[ScriptedEngine(), ScriptedEngine()])  # two fakes: two engines
+    Squad([worker()], engines=[EngineSpec(model="m"), EngineSpec(model="m")])  # two launched engines of one model

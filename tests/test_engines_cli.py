@@ -95,3 +95,53 @@ def test_the_plain_view_shows_each_engine_a_loss_and_a_moved_call() -> None:
     assert "call c1 re-run from its start on 127.0.0.1:2: engine 127.0.0.1:1 was lost" in text
     state = view.state
     assert state.several and state.slots == 2 and "127.0.0.1:1 lost" in state.status_line()
+
+
+def test_one_engine_given_twice_is_refused_on_the_command_line_and_in_a_recipe(capsys, tmp_path, state, two):  # noqa: F811
+    a, _ = two
+    port = a.base_url.rsplit(":", 1)[1]
+    for second in (a.base_url, f"http://localhost:{port}/", f"http://127.0.0.1:{port}/v1"):
+        code, out, err = squad(capsys, "run", write(tmp_path), "--url", a.base_url, "--url", second)
+        assert code == 2 and "engine URL given twice: " in err and "Traceback" not in err, err
+        assert not a.requests
+    path = write(tmp_path, f"engines:\n  - {a.base_url}\n  - url: http://localhost:{port}\n")
+    for command in (["recipes", "validate"], ["run"], ["plan"]):
+        code, out, err = squad(capsys, *command, path)
+        assert code == 2 and f"{path}:7:5" in "".join(err.split()) and "(first on line 6)" in err, err
+    assert not a.requests
+
+
+@pytest.mark.parametrize(("option", "key"), [
+    (["--slots", "2"], "slots"), (["--ctx", "4096"], "ctx"), (["--threads", "1"], "threads"),
+    (["--ctk", "q8_0"], "cache_type"), (["--gpu-layers", "0"], "gpu_layers"),
+])
+def test_an_option_each_engine_of_an_engines_list_sets_for_itself_is_refused(capsys, tmp_path, state, two, option, key):  # noqa: F811
+    a, b = two
+    path = write(tmp_path, f"engines:\n  - {a.base_url}\n  - {{threads: 1}}\n")
+    for command in ("run", "plan") if option[0] != "--threads" else ("run",):  # squad plan has no --threads
+        code, out, err = squad(capsys, command, path, *option)
+        assert code == 2 and "Traceback" not in err, err
+        assert f"{option[0]}: the recipe lists its engines" in err and f"set {key} per engine" in err
+    assert not a.requests
+
+
+def test_model_and_launch_options_with_an_engines_list(capsys, tmp_path, state, two):  # noqa: F811
+    from squad.cli._app import recipe_engine_specs
+    from squad.recipes import load_recipe
+
+    a, b = two
+    urls = write(tmp_path, f"engines:\n  - {a.base_url}\n  - {b.base_url}\n")
+    for option in (["--model", "smollm2-135m"], ["--load-timeout", "5"], ["--llama-server", tmp_path / "ls"]):
+        code, out, err = squad(capsys, "run", urls, *option)
+        assert code == 2 and "every engine in the recipe's engines: list is at a URL" in err, err
+    named = write(tmp_path, f"engines:\n  - {a.base_url}\n  - {{model: smollm2-135m}}\n")
+    code, out, err = squad(capsys, "run", named, "--model", "smollm2-135m")
+    assert code == 2 and "item 2 of the recipe's engines: list names its own model" in err, err
+    assert not a.requests and not b.requests
+    mixed = load_recipe(write(tmp_path, f"engines:\n  - {a.base_url}\n  - {{threads: 1}}\n  - {{slots: 2}}\n"),
+                        model="smollm2-135m")
+    specs = recipe_engine_specs(mixed, model="smollm2-135m", binary=tmp_path / "ls", load_timeout=5.0,
+                                slots=None, ctx=None)
+    assert specs[0].url == a.base_url and specs[0].binary is None and specs[0].load_timeout != 5.0
+    assert [(s.model, s.binary, s.load_timeout) for s in specs[1:]] == [("smollm2-135m", str(tmp_path / "ls"), 5.0)] * 2
+    assert (specs[1].threads, specs[2].slots) == (1, 2)  # each item's own settings kept

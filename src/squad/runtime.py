@@ -99,7 +99,9 @@ class Squad:
     ``[EngineSpec(url=A), EngineSpec(model=M, threads=1)]``): calls are routed over them, a
     conversation stays on its engine, and an engine that dies is taken out, its calls moved or
     re-run on the others (:mod:`squad.engines`; ``session`` is then an
-    :class:`~squad.engines.EngineGroup`). Not together with ``engine=`` or the short forms.
+    :class:`~squad.engines.EngineGroup`). Not together with ``engine=`` or the short forms. One
+    engine given twice (two URLs of one engine, :func:`~squad.engines.engine_key`, or one object
+    twice) raises :class:`UserError`: its slots and pool would count twice.
 
     ``main`` names the main agent (default: the first). ``tools`` are the function tools
     agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose

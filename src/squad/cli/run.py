@@ -19,7 +19,8 @@ import typer
 from rich.table import Table
 
 from squad.cli import options
-from squad.cli._app import app, collect_params, config_model, console, engine_spec, err_console
+from squad.cli._app import (app, collect_params, config_model, console, engine_spec, err_console,
+                            recipe_engine_specs)
 from squad.errors import RecipeError, SquadError, UserError
 
 if TYPE_CHECKING:
@@ -120,6 +121,13 @@ def run_command(
     engine for JSON of that schema; an answer that misses it twice is printed and kept as well.
     Every run writes a JSONL trace; see `squad trace show`.
 
+    Several engines: repeat --url (one per engine; --slots/--ctx then pin each of them), or give
+    the recipe an engines: list. With an engines: list, the options an item sets for itself
+    (--slots, --ctx, --ctk/--ctv, --threads, --gpu-layers) are refused: set them per engine in
+    the list; --model replaces the recipe's model: (the launched items that name no model run
+    it); --llama-server and --load-timeout apply to every launched item. One engine given twice
+    (two URLs of one engine, e.g. http://localhost:8080 and http://127.0.0.1:8080/v1) is refused.
+
     With --ray ADDRESS (or --ray local), each map step of a sub-agent runs over Ray workers,
     each with its own engine on its node; every other step runs here, on a local engine
     launched only when the recipe has such a step. The summary and --json name the worker and
@@ -133,14 +141,17 @@ def run_command(
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
+    from squad.engines import check_distinct
+
     _check_outputs(recipe, out, trace)
+    check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
                      cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
-    # --url (repeatable) replaces the recipe's engine(s); else each engine of the recipe gets the overrides
+    # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
     specs = ([engine_spec(None, url=u, api_key=api_key, **overrides) for u in url] if url else
-             [engine_spec(base, **overrides) for base in loaded.engine_specs()])
+             recipe_engine_specs(loaded, **overrides))
     if request_timeout is not None:
         specs = [s.but(request_timeout=request_timeout) for s in specs]
     spec = specs[0]

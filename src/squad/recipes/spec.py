@@ -67,6 +67,17 @@ class EngineItem(EngineSection):
     model: str | None = None
     threads: Annotated[StrictInt, Field(ge=1)] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _url_or_mapping(cls, value: object) -> object:
+        """An item written as a plain string is the URL of an engine to attach to."""
+        if isinstance(value, str):
+            return {"url": value}
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an engine URL (e.g. http://127.0.0.1:8080) or a mapping (url: ..., or "
+                             f"model: ... for an engine squad launches), got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _range(self) -> "EngineItem":
         if self.url is None:
@@ -215,13 +226,6 @@ class RecipeSpec(_Strict):
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
 
-    @field_validator("engines", mode="before")
-    @classmethod
-    def _urls(cls, value: object) -> object:
-        """An item written as a plain string is the URL of an engine to attach to."""
-        if isinstance(value, list):
-            return [{"url": v} if isinstance(v, str) else v for v in value]
-        return value
 
 
 # --- parameter values ----------------------------------------------------------------------
