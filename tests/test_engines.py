@@ -268,3 +268,48 @@ async def test_one_engine_given_twice_is_refused_in_every_form() -> None:
         Squad([worker()], engines=[scripted, scripted])
     Squad([worker()], engines=[ScriptedEngine(), ScriptedEngine()])  # two fakes: two engines
     Squad([worker()], engines=[EngineSpec(model="m"), EngineSpec(model="m")])  # two launched engines of one model
+
+
+async def test_when_every_engine_is_lost_mid_map_the_waiting_items_say_so() -> None:
+    """Not "cancelled by the caller": the items the loss stopped name the engines and why."""
+    events: list[Event] = []
+    async with FakeEngine(slots=1, token_delay=0.05) as a, FakeEngine(slots=1, token_delay=0.05) as b:
+        async with Squad([worker(max_tokens=12)], engines=[a.info, b.info], on_event=events.append) as sq:
+            async def stop_both_while_they_stream() -> None:
+                while not (a.processing and b.processing):
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)
+                await a.stop()
+                await b.stop()
+
+            async def run() -> None:
+                with pytest.raises(EngineGone, match="all 2 engines are lost"):
+                    await sq.map("w", [f"item {i}" for i in range(6)])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_both_while_they_stream)
+                await run()
+    cancelled = kinds(events, "agent.cancelled")
+    assert cancelled and all(e.data["reason"].startswith("all 2 engines are lost (") for e in cancelled)
+    assert len(kinds(events, "engine.lost")) == 2
+
+
+async def test_when_the_one_engine_is_gone_mid_map_the_waiting_items_say_so() -> None:
+    events: list[Event] = []
+    async with FakeEngine(slots=1, token_delay=0.05) as a:
+        async with Squad([worker(max_tokens=12)], engine=a.info, on_event=events.append) as sq:
+            async def stop_while_it_streams() -> None:
+                while not a.processing:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)
+                await a.stop()
+
+            async def run() -> None:
+                with pytest.raises(EngineGone) as gone:
+                    await sq.map("w", [f"item {i}" for i in range(4)])
+                cancelled = kinds(events, "agent.cancelled")
+                assert cancelled and {e.data["reason"] for e in cancelled} == {str(gone.value)}
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_while_it_streams)
+                await run()

@@ -89,10 +89,13 @@ def test_the_plain_view_shows_each_engine_a_loss_and_a_moved_call() -> None:
         view(EngineLost(engine="http://127.0.0.1:1", reason="engine exited (signal 9 SIGKILL)", remaining=1))
         view(CallMoved(agent="w", conversation="w#1", call="c1", engine="http://127.0.0.1:1",
                        to_engine="http://127.0.0.1:2", rerun=True))
+        view(CallMoved(agent="w", conversation="w#2", call="c2", engine="http://127.0.0.1:1",
+                       to_engine="http://127.0.0.1:2", rerun=False))
     text = console.export_text()
     assert "admitted on 127.0.0.1:1" in text
     assert "engine 127.0.0.1:1 lost: engine exited (signal 9 SIGKILL); 1 engine(s) left" in text
-    assert "call c1 re-run from its start on 127.0.0.1:2: engine 127.0.0.1:1 was lost" in text
+    assert "call c1 moved to 127.0.0.1:2 and re-run from its start (from 127.0.0.1:1, which was lost)" in text
+    assert "call c2 moved to 127.0.0.1:2 (from 127.0.0.1:1, which was lost)" in text
     state = view.state
     assert state.several and state.slots == 2 and "127.0.0.1:1 lost" in state.status_line()
 
