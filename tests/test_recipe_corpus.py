@@ -75,6 +75,7 @@ CORPUS = [
     ('ctx_float.yaml', 3, 'engine.ctx', 'ctx must be auto or a whole number, got 4096.5'),
     ('engine_and_engines.yaml', 4, 'engines', 'give either engine: (one engine) or engines: (several), not both'),
     ('engines_no_scheme.yaml', 4, 'engines[1]', "url '127.0.0.1:8081': write the engine's address with its scheme"),
+    ('engine_with_url.yaml', 3, 'engine', "engine: has no url (it sizes the engine squad launches); to attach to a running server, list it under engines:"),
     ('engines_number.yaml', 4, 'engines[1]', "expected an engine URL (e.g. http://127.0.0.1:8080) or a mapping (url: ..., or model: ... for an engine squad launches), got 42"),
     ('engines_same_url.yaml', 4, 'engines[1]', "engine URL given twice: http://127.0.0.1:18401 and http://localhost:18401/v1/ are one engine (http://127.0.0.1:18401) (first on line 3); give each engine once"),
     ('engines_slots_too_many.yaml', 4, 'engines[1]', 'slots must be auto or 1..8, got 9'),

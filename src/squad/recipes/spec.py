@@ -38,6 +38,17 @@ class EngineSection(_Strict):
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_url(cls, value: object) -> object:
+        """``engine:`` sizes the one engine squad launches; a URL belongs in ``engines:`` or ``--url``."""
+        if cls is EngineSection and isinstance(value, dict) and {"url", "api_key"} & value.keys():
+            key = "url" if "url" in value else "api_key"
+            raise ValueError(f"engine: has no {key} (it sizes the engine squad launches); to attach to a running "
+                             "server, list it under engines: (engines: [http://HOST:PORT], or - {url: ..., "
+                             "api_key: ...}) instead of engine:, or give --url")
+        return value
+
     @field_validator("slots", "ctx", mode="before")
     @classmethod
     def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
