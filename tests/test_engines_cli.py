@@ -220,7 +220,7 @@ def test_trace_show_at_80_columns_never_cuts_an_engine(capsys, tmp_path, monkeyp
     from squad.events import AgentFinished, AgentStarted, CallFinished
     from squad.trace import JsonlTrace
 
-    monkeypatch.setattr(console, "width", 80)
+    monkeypatch.setattr(console, "_width", 80)  # restored to None after (setting .width would stay)
     a, b = f"http://{host}:18401", f"http://{host.replace('5', '6')}:18402"
     path = tmp_path / "t.jsonl"
     with JsonlTrace(path) as trace:
