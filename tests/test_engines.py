@@ -6,6 +6,8 @@ a call's own failure is never re-run). The same with two real llama-servers is i
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 
@@ -17,7 +19,7 @@ from squad.events import Event, Origin
 from squad.runtime import Squad
 from squad.session import EngineSpec
 from squad.summary import summarize
-from squad.testing import FakeEngine, Reply
+from squad.testing import FakeEngine, Reply, ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -213,3 +215,101 @@ async def test_router_needs_an_engine() -> None:
         Router([])
 
 
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://127.0.0.1:18401", "http://127.0.0.1:18401"),
+    ("http://127.0.0.1:18401", "http://localhost:18401/"),
+    ("http://LOCALHOST:18401/v1", "http://127.0.0.1:18401"),
+    ("http://[::1]:18401/v1/", "http://127.0.0.1:18401/"),
+    ("HTTP://Box.Example:80", "http://box.example/"),
+    ("https://box.example/v1", "https://box.example:443"),
+    ("http://box.example:8080/llm/", "http://box.example:8080/llm/v1"),
+])
+def test_urls_of_one_engine_have_one_key(a: str, b: str) -> None:
+    from squad.engines import engine_key
+
+    assert engine_key(a) == engine_key(b)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("http://127.0.0.1:18401", "http://127.0.0.1:18402"),
+    ("http://127.0.0.1:8080", "https://127.0.0.1:8080"),
+    ("http://box.example:8080", "http://127.0.0.1:8080"),  # no DNS look-up for other names
+    ("http://box.example:8080/a", "http://box.example:8080/b"),
+])
+def test_urls_of_different_engines_have_different_keys(a: str, b: str) -> None:
+    from squad.engines import engine_key
+
+    assert engine_key(a) != engine_key(b)
+
+
+async def test_one_engine_given_twice_is_refused_in_every_form() -> None:
+    """Its slots and pool would count twice: admission would let in twice what it holds."""
+    async with FakeEngine(slots=2) as a, FakeEngine(slots=2) as b:
+        port = a.base_url.rsplit(":", 1)[1]
+        twice = [
+            [a.info, a.info],  # one EngineInfo object
+            [a.info, dataclasses.replace(a.info)],  # two objects, one URL
+            [EngineSpec(url=a.base_url), EngineSpec(url=f"http://localhost:{port}/v1")],
+            [EngineSpec(url=a.base_url), b.info, EngineSpec(url=a.base_url + "/")],
+        ]
+        for engines in twice:
+            with pytest.raises(UserError, match="engine URL given twice|given twice"):
+                Squad([worker()], engines=engines)
+            with pytest.raises(UserError, match="given twice"):
+                EngineGroup(engines)
+        with pytest.raises(UserError, match="engine URL given twice: .* are one engine"):
+            Squad([worker()], engines=[EngineSpec(url=a.base_url), EngineSpec(url=f"http://localhost:{port}")])
+        async with Squad([worker()], engines=[a.info, b.info]) as sq:  # two engines: fine
+            assert sq.info.slots == 4
+    scripted = ScriptedEngine()
+    with pytest.raises(UserError, match="gives one ScriptedEngine twice \\(items 0 and 1\\)"):
+        Squad([worker()], engines=[scripted, scripted])
+    Squad([worker()], engines=[ScriptedEngine(), ScriptedEngine()])  # two fakes: two engines
+    Squad([worker()], engines=[EngineSpec(model="m"), EngineSpec(model="m")])  # two launched engines of one model
+
+
+async def test_when_every_engine_is_lost_mid_map_the_waiting_items_say_so() -> None:
+    """Not "cancelled by the caller": the items the loss stopped name the engines and why."""
+    events: list[Event] = []
+    async with FakeEngine(slots=1, token_delay=0.05) as a, FakeEngine(slots=1, token_delay=0.05) as b:
+        async with Squad([worker(max_tokens=12)], engines=[a.info, b.info], on_event=events.append) as sq:
+            async def stop_both_while_they_stream() -> None:
+                while not (a.processing and b.processing):
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)
+                await a.stop()
+                await b.stop()
+
+            async def run() -> None:
+                with pytest.raises(EngineGone, match="all 2 engines are lost"):
+                    await sq.map("w", [f"item {i}" for i in range(6)])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_both_while_they_stream)
+                await run()
+    cancelled = kinds(events, "agent.cancelled")
+    assert cancelled and all(e.data["reason"].startswith("all 2 engines are lost (") for e in cancelled)
+    assert len(kinds(events, "engine.lost")) == 2
+
+
+async def test_when_the_one_engine_is_gone_mid_map_the_waiting_items_say_so() -> None:
+    events: list[Event] = []
+    async with FakeEngine(slots=1, token_delay=0.05) as a:
+        async with Squad([worker(max_tokens=12)], engine=a.info, on_event=events.append) as sq:
+            async def stop_while_it_streams() -> None:
+                while not a.processing:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)
+                await a.stop()
+
+            async def run() -> None:
+                with pytest.raises(EngineGone) as gone:
+                    await sq.map("w", [f"item {i}" for i in range(4)])
+                cancelled = kinds(events, "agent.cancelled")
+                assert cancelled and {e.data["reason"] for e in cancelled} == {str(gone.value)}
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_while_it_streams)
+                await run()

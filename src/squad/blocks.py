@@ -3,7 +3,8 @@
 - :class:`Operations` gives each public squad operation a cancel scope that
   ``Squad.cancel(reason)`` can reach; the cancelled operation raises
   :class:`~squad.errors.AgentCancelled` with that reason, and every agent inside records it
-  (:func:`cancel_reason`).
+  (:func:`cancel_reason`). An error that ends the operation on its own (every engine lost)
+  is recorded as the reason too (:func:`stopped_by`), for the agents its cancellation stops.
 - :func:`run_block` runs one parallel block under a policy:
 
   - ``"collect"``: every item finishes; failures are recorded beside the results;
@@ -26,7 +27,7 @@ import anyio
 from squad.errors import AgentCancelled, SquadError, UserError, leaf_errors
 from squad.results import AgentResult, cancelled_result
 
-__all__ = ["Policy", "Operations", "run_block", "single_errors", "cancel_reason", "One"]
+__all__ = ["Policy", "Operations", "run_block", "single_errors", "cancel_reason", "stopped_by", "One"]
 
 Policy = Literal["collect", "fail-fast"]
 
@@ -42,6 +43,15 @@ One = Callable[[int, "anyio.CapacityLimiter | None", Callable[[], "str | None"],
 def cancel_reason() -> str:
     """Why the running operation was cancelled ("cancelled by the caller" when not said)."""
     return _OP_REASON.get([None])[0] or "cancelled by the caller"
+
+
+def stopped_by(reason: str) -> None:
+    """Record why the running operation ends when an error no agent result can hold leaves it
+    (:class:`~squad.errors.EngineGone`: every engine lost): the agents that cancellation stops
+    then say ``reason`` instead of "cancelled by the caller". The first reason stays."""
+    holder = _OP_REASON.get(None)
+    if holder is not None and holder[0] is None:
+        holder[0] = reason
 
 
 class Operations:

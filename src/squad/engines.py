@@ -39,6 +39,16 @@ counts again for its own admission.
 Launched engines each get their own port, plan and process. Rule: each is planned for the whole
 workload with 1/N of this machine's KV memory (N launched engines), since any call may land on
 any of them; all are stopped when the group closes (also on a failure or Ctrl-C).
+
+One engine given twice would count its slots and pool twice (admission would then let in twice
+what it holds), so it is refused (:func:`check_distinct`): URLs are compared in the form
+:func:`engine_key` gives (scheme and host lower-cased, the default port written out, a trailing
+``/`` and ``/v1`` removed, ``localhost``/``127.0.0.1``/``::1`` one loopback host; no DNS look-up
+for other names), and the same :class:`~squad.chat.ChatEngine` object given twice is refused too.
+Two different URLs that reach one server (a host name of this machine and ``127.0.0.1``, a proxy)
+are not found: llama-server reports nothing that tells one server from another (``/props`` gives
+its model, slots and build, the same for two servers of one model), so that stays the caller's
+to avoid.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
 
 import anyio
 from anyio.abc import AsyncResource
@@ -60,9 +71,55 @@ from squad.events import EngineLost as EngineLostEvent
 from squad.session import EngineSession, EngineSpec
 from squad.workload import Call, Node
 
-__all__ = ["EngineGroup", "Router", "combined"]
+__all__ = ["EngineGroup", "Router", "combined", "engine_key", "check_distinct"]
 
 EngineGiven = EngineSpec | EngineInfo | ChatEngine
+
+_LOOPBACK = {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def engine_key(url: str) -> str:
+    """The form every URL of one engine shares: ``engine_key("HTTP://LocalHost:8080/v1/")`` is
+    ``"http://127.0.0.1:8080"``. Scheme and host lower-cased; the scheme's default port written
+    out; a trailing ``/`` and ``/v1`` removed (squad adds ``/v1`` itself); the loopback names
+    (``localhost``, ``*.localhost``, ``127.0.0.1``, ``::1``) one host. No DNS look-up: another
+    name stays as written. A URL that does not parse is returned stripped."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return url.strip()
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower().rstrip(".")
+    if host in _LOOPBACK or host.endswith(".localhost"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    port = port or _DEFAULT_PORTS.get(scheme)
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{scheme}://{host}{f':{port}' if port else ''}{path}"
+
+
+def check_distinct(urls: Sequence[str | None], *, what: str = "engine URL") -> None:
+    """Raise :class:`UserError` ``"engine URL given twice: ..."`` when two of ``urls`` are one
+    engine (:func:`engine_key`); None items (engines squad launches) are skipped. ``what`` names
+    how they were given (``"engine URL"``, ``"--url"``)."""
+    seen: dict[str, str] = {}
+    for url in urls:
+        if url is None:
+            continue
+        key = engine_key(url)
+        if key in seen:
+            raise UserError(duplicate_message(seen[key], url, what=what))
+        seen[key] = url
+
+
+def duplicate_message(first: str, second: str, *, what: str = "engine URL", where: str = "") -> str:
+    """``engine URL given twice: A`` (or ``A and B are one engine``), ``where`` the first was
+    given (e.g. ``" (first on line 4)"``), then what to do."""
+    same = first if first == second else f"{first} and {second} are one engine ({engine_key(first)})"
+    return (f"{what} given twice: {same}{where}; give each engine once (squad would count its slots and KV pool "
+            "twice and admit more than it holds)")
 
 
 @dataclass(eq=False)
@@ -283,6 +340,25 @@ def combined(infos: Sequence[EngineInfo]) -> EngineInfo:
         warnings=tuple(w for i in infos for w in i.warnings))
 
 
+def _check_given(engines: Sequence[EngineGiven]) -> None:
+    """Refuse one engine given twice: the same URL (:func:`check_distinct`) or the same object
+    (an EngineInfo or ChatEngine; one EngineSpec without a URL given twice launches two engines)."""
+    for i, engine in enumerate(engines):
+        first = next((j for j in range(i) if engines[j] is engine), None)
+        if first is not None and not isinstance(engine, EngineSpec):
+            raise UserError(f"engines=[...] gives one {type(engine).__name__} twice (items {first} and {i}); give "
+                            "each engine once (squad would count its slots and KV pool twice and admit more than "
+                            "it holds)")
+    check_distinct([_url_of(e) for e in engines])
+
+
+def _url_of(engine: EngineGiven) -> str | None:
+    """Where ``engine`` answers, for comparing: an http(s) URL, or None (a launched engine, a fake)."""
+    url = engine.url if isinstance(engine, EngineSpec) else engine.base_url if isinstance(engine, EngineInfo) \
+        else getattr(getattr(engine, "engine", None), "base_url", None)
+    return url if isinstance(url, str) and url.lower().startswith(("http://", "https://")) else None
+
+
 class EngineGroup(AsyncResource):
     """Several engines for one squad: ``async with EngineGroup([spec_a, spec_b], workload) as group``.
 
@@ -307,6 +383,7 @@ class EngineGroup(AsyncResource):
                  on_event: EventSink | None = None) -> None:
         if not engines:
             raise UserError("engines=[] holds no engine: give at least one EngineSpec, EngineInfo or URL")
+        _check_given(engines)
         launched = sum(isinstance(e, EngineSpec) and e.url is None for e in engines)
         share = 1.0 / launched if launched else 1.0
         self.workload = workload

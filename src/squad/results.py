@@ -85,7 +85,8 @@ class AgentResult:
     an answer validated against its output schema is whole: ``"stop"``).
     A map item served by a Ray worker (:mod:`squad.ray`) names it: ``worker`` (its id),
     ``engine`` (that worker's engine URL, on its node) and ``retried`` (why an earlier attempt
-    was lost with its worker, when it was sent a second time); None otherwise.
+    was lost with its worker, when it was sent a second time); None otherwise. On several
+    engines (:mod:`squad.engines`) ``engine`` is the base URL of the engine of its last call.
     """
 
     agent: str

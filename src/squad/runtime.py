@@ -43,9 +43,10 @@ import anyio
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
 from squad.blocks import Operations, Policy, run_block
 from squad.blocks import cancel_reason as operation_cancel_reason
+from squad.blocks import stopped_by as operation_stopped_by
 from squad.chat import ChatEngine
 from squad.engine.info import EngineInfo
-from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, UserError
+from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, SquadError, UserError
 from squad.structured import OutputSchema, output_schema
 from squad.events import (
     AgentCancelled as AgentCancelledEvent,
@@ -99,7 +100,9 @@ class Squad:
     ``[EngineSpec(url=A), EngineSpec(model=M, threads=1)]``): calls are routed over them, a
     conversation stays on its engine, and an engine that dies is taken out, its calls moved or
     re-run on the others (:mod:`squad.engines`; ``session`` is then an
-    :class:`~squad.engines.EngineGroup`). Not together with ``engine=`` or the short forms.
+    :class:`~squad.engines.EngineGroup`). Not together with ``engine=`` or the short forms. One
+    engine given twice (two URLs of one engine, :func:`~squad.engines.engine_key`, or one object
+    twice) raises :class:`UserError`: its slots and pool would count twice.
 
     ``main`` names the main agent (default: the first). ``tools`` are the function tools
     agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose
@@ -534,6 +537,9 @@ class Squad:
                                  conversation=origin.conversation, item=origin.item,
                                  output=exc.raw if isinstance(exc, InvalidOutput) else "")
             self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
+        except SquadError as exc:  # not this agent's failure (every engine lost): it ends the operation
+            operation_stopped_by(str(exc))
+            raise
         else:
             result.item = origin.item
             if self._sinks:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
 
 from squad.events import (
     AgentCancelled,
@@ -45,7 +46,7 @@ from squad.outcome import worst
 from squad.trace import jsonable
 
 __all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "RayWorker",
-           "short_url"]
+           "short_url", "engine_labels", "engine_legend"]
 
 
 @dataclass
@@ -152,6 +153,30 @@ class EngineLoss:
 def short_url(url: str | None) -> str:
     """``127.0.0.1:8080`` for ``http://127.0.0.1:8080`` (how views name an engine)."""
     return (url or "-").split("://", 1)[-1]
+
+
+def engine_labels(urls: Iterable[str | None]) -> dict[str, str]:
+    """Names for the engines of one run short enough for a table column (never cut): ``:PORT``
+    when every engine is on one host (``http://127.0.0.1:18401`` -> ``:18401``), else ``e1``,
+    ``e2``, ... in the order given (:func:`engine_legend` says which is which)."""
+    given = list(dict.fromkeys(u for u in urls if u))
+    parts = [urlsplit(u) for u in given]
+    try:
+        ports = [p.port for p in parts]
+    except ValueError:
+        ports = [None]
+    one_host = len({(p.scheme, p.hostname) for p in parts}) == 1 and not any(p.path.strip("/") for p in parts)
+    if given and one_host and None not in ports and len(set(ports)) == len(ports):
+        return {u: f":{port}" for u, port in zip(given, ports)}
+    return {u: f"e{i}" for i, u in enumerate(given, start=1)}
+
+
+def engine_legend(labels: Mapping[str, str]) -> str | None:
+    """``engines: e1 = 10.0.0.5:8080, e2 = 10.0.0.6:8080`` when the labels are not the URLs'
+    own ports (:func:`engine_labels`), else None."""
+    if all(label.startswith(":") for label in labels.values()):
+        return None
+    return "engines: " + ", ".join(f"{label} = {short_url(url)}" for url, label in labels.items())
 
 
 @dataclass

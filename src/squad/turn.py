@@ -225,7 +225,7 @@ async def run_turn(
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
-        max_tokens=agent.max_tokens, notes=[rerun_note(c) for c in calls if c.rerun_from],
+        max_tokens=agent.max_tokens, notes=[rerun_note(c) for c in calls if c.rerun_from], engine=reply.engine,
     )
 
 

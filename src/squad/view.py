@@ -288,7 +288,8 @@ class ViewState:
         elif isinstance(event, CallMoved):
             row.held.pop(call, None)
             row.waiting.discard(call)
-            row.detail = f"{'re-run' if event.rerun else 'moved'} on {_short(event.to_engine)}: its engine was lost"
+            row.detail = (f"moved to {_short(event.to_engine)}{' and re-run from its start' if event.rerun else ''} "
+                          f"(from {_short(event.engine)}, which was lost)")
             self._set(row, "retrying", t)
 
     def _reported(self, in_flight: int, pool_used: int, engine: str | None = None) -> None:
@@ -407,8 +408,9 @@ class ViewState:
         elif isinstance(event, EngineLost):
             text = f"engine {_short(event.engine)} lost: {event.reason}; {event.remaining} engine(s) left"
         elif isinstance(event, CallMoved):
-            how = "re-run from its start" if event.rerun else "moved"
-            text = f"call {event.call} {how} on {_short(event.to_engine)}: engine {_short(event.engine)} was lost"
+            what = f"call {event.call}" if event.call else "a queued call"
+            text = (f"{what} moved to {_short(event.to_engine)}{' and re-run from its start' if event.rerun else ''}"
+                    f" (from {_short(event.engine)}, which was lost)")
         elif isinstance(event, EngineExited):
             text = event.message
         elif isinstance(event, EngineLoading):

@@ -235,3 +235,51 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
         return EngineSpec(url=url, api_key=api_key_for(url, api_key), **pins)
     given = {k: (str(v) if isinstance(v, Path) else v) for k, v in overrides.items()}
     return with_config((base or EngineSpec()).but(**given))
+
+
+_FLAGS = {"binary": "--llama-server", "cache_type_k": "--ctk", "cache_type_v": "--ctv"}
+_PER_ENGINE = {"slots": "slots", "ctx": "ctx", "cache_type_k": "cache_type", "cache_type_v": "cache_type",
+               "threads": "threads", "gpu_layers": "gpu_layers"}
+"""Overrides an item of a recipe's ``engines:`` sets for itself (the option -> the item's key)."""
+
+
+def _flag(key: str) -> str:
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def recipe_engine_specs(recipe: Any, **overrides: Any) -> list["EngineSpec"]:
+    """The engines a command runs a recipe on (``squad run``, ``squad plan``): its one engine with
+    the command-line ``overrides`` (:func:`engine_spec`), or, for an ``engines:`` list, one spec
+    per item where an option means one thing for all of them:
+
+    - ``--slots``, ``--ctx``, ``--ctk``/``--ctv``, ``--threads``, ``--gpu-layers``: refused (each
+      item sets its own: ``slots:``, ``ctx:``, ``cache_type:``, ``threads:``, ``gpu_layers:``);
+    - ``--model``: the recipe's ``model:``, which the launched items that name no model run
+      (``load_recipe(model=...)`` already set it); refused when an item names its own model or
+      none is launched;
+    - ``--llama-server``, ``--load-timeout`` (and ``squad plan``'s backend settings): every
+      launched item; refused when none is launched.
+
+    Raises :class:`UserError` saying which option and where to set it instead."""
+    if not recipe.engines:
+        return [engine_spec(recipe.engine_spec(), **overrides)]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    own = [k for k in given if k in _PER_ENGINE]
+    if own:
+        flags = ", ".join(dict.fromkeys(_flag(k) for k in own if not (k == "cache_type_v" and "cache_type_k" in own)))
+        keys = ", ".join(dict.fromkeys(_PER_ENGINE[k] for k in own))
+        raise UserError(f"{flags}: the recipe lists its engines (engines:), each with its own settings; set {keys} "
+                        f"per engine in the recipe's engines: list, or drop {flags}")
+    launched = [e for e in recipe.engines if e.url is None]
+    named = [i for i, e in enumerate(recipe.engines) if e.url is None and e.model is not None]
+    if "model" in given and named:
+        raise UserError(f"--model: item {named[0] + 1} of the recipe's engines: list names its own model, which "
+                        "--model would not change; set the model per engine in the engines: list, or drop --model")
+    rest = {k: v for k, v in given.items() if k not in ("model", "backend", "mlx_max_batch")}
+    if not launched and (rest or "model" in given):
+        flags = ", ".join(_flag(k) for k in (*rest, *(("model",) if "model" in given else ())))
+        raise UserError(f"{flags}: every engine in the recipe's engines: list is at a URL (it runs as it was "
+                        f"started); drop {flags}")
+    return [engine_spec(base) if base.url is not None else engine_spec(base, **{k: v for k, v in given.items()
+                                                                               if k != "model"})
+            for base in recipe.engine_specs()]

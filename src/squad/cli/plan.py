@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from squad.cli import options
-from squad.cli._app import app, collect_params, config_model, console, engine_spec
+from squad.cli._app import app, collect_params, config_model, console, engine_spec, recipe_engine_specs
 from squad.errors import UserError
 from squad.workload import Call, Node, Parallel, Sequence
 
@@ -63,7 +63,7 @@ def plan_command(
     overrides = dict(model=model, slots=slots, ctx=ctx, cache_type_k=ctk, cache_type_v=ctv or ctk, backend=backend,
                      mlx_max_batch=mlx_batch, gpu_layers=options.parse_gpu_layers(gpu_layers))
     if recipe is not None and loaded.engines and url is None:  # several engines (squad.engines)
-        _several(loaded.engine_specs(), workload, overrides, as_json=as_json, reads=reads, rows=rows)
+        _several(recipe_engine_specs(loaded, **overrides), workload, as_json=as_json, reads=reads, rows=rows)
         return
     spec = engine_spec(base, **overrides)
     the_plan = plan_engine(spec, workload, pull=False)
@@ -83,8 +83,7 @@ def plan_command(
         render_plan(the_plan, console, binary)
 
 
-def _several(specs: list[Any], workload: Node | None, overrides: dict[str, Any], *, as_json: bool,
-             reads: Any, rows: Any) -> None:
+def _several(specs: list[Any], workload: Node | None, *, as_json: bool, reads: Any, rows: Any) -> None:
     """The plan of a recipe with an ``engines:`` list: each launched engine planned for the whole
     workload with 1/N of the KV memory (N launched, the rule of :mod:`squad.engines`); an engine
     at a URL is listed, its capacity read when a run attaches."""
@@ -94,11 +93,10 @@ def _several(specs: list[Any], workload: Node | None, overrides: dict[str, Any],
     launched = [s for s in specs if s.url is None]
     share = 1.0 / len(launched) if launched else 1.0
     shown: list[dict[str, Any]] = []
-    for i, base in enumerate(specs, start=1):
-        if base.url is not None:
-            shown.append({"engine": i, "url": base.url, "note": "attached: its capacity is read when the run attaches"})
+    for i, spec in enumerate(specs, start=1):
+        if spec.url is not None:
+            shown.append({"engine": i, "url": spec.url, "note": "attached: its capacity is read when the run attaches"})
             continue
-        spec = engine_spec(base, **overrides)
         shown.append({"engine": i, "share": round(share, 4), "plan": plan_engine(spec, workload, pull=False, share=share),
                       "binary": _binary(spec.binary)})
     if as_json:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
 import anyio
 import typer
 from rich.table import Table
 
 from squad.cli import options
-from squad.cli._app import app, collect_params, config_model, console, engine_spec, err_console
+from squad.cli._app import (app, collect_params, config_model, console, engine_spec, err_console,
+                            recipe_engine_specs)
 from squad.errors import RecipeError, SquadError, UserError
 
 if TYPE_CHECKING:
@@ -120,6 +121,13 @@ def run_command(
     engine for JSON of that schema; an answer that misses it twice is printed and kept as well.
     Every run writes a JSONL trace; see `squad trace show`.
 
+    Several engines: repeat --url (one per engine; --slots/--ctx then pin each of them), or give
+    the recipe an engines: list. With an engines: list, the options an item sets for itself
+    (--slots, --ctx, --ctk/--ctv, --threads, --gpu-layers) are refused: set them per engine in
+    the list; --model replaces the recipe's model: (the launched items that name no model run
+    it); --llama-server and --load-timeout apply to every launched item. One engine given twice
+    (two URLs of one engine, e.g. http://localhost:8080 and http://127.0.0.1:8080/v1) is refused.
+
     With --ray ADDRESS (or --ray local), each map step of a sub-agent runs over Ray workers,
     each with its own engine on its node; every other step runs here, on a local engine
     launched only when the recipe has such a step. The summary and --json name the worker and
@@ -133,14 +141,17 @@ def run_command(
     from squad.trace import JsonlTrace, default_trace_path
     from squad.view import live_view
 
+    from squad.engines import check_distinct
+
     _check_outputs(recipe, out, trace)
+    check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
                      cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
-    # --url (repeatable) replaces the recipe's engine(s); else each engine of the recipe gets the overrides
+    # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
     specs = ([engine_spec(None, url=u, api_key=api_key, **overrides) for u in url] if url else
-             [engine_spec(base, **overrides) for base in loaded.engine_specs()])
+             recipe_engine_specs(loaded, **overrides))
     if request_timeout is not None:
         specs = [s.but(request_timeout=request_timeout) for s in specs]
     spec = specs[0]
@@ -151,6 +162,13 @@ def run_command(
 
     trace_path = trace or default_trace_path()
     record = RecipeRun(output="")  # filled as steps finish: kept when a later step fails
+    lost: list[dict[str, Any]] = []  # engines taken out mid-run (several engines), for the summary
+    start: list[float] = []  # the first event's time: seconds counted as the live view and the trace count them
+
+    def note_lost(event: Any) -> None:
+        start[:] = start or [event.t]
+        if event.kind == "engine.lost":
+            lost.append({"engine": event.engine, "t": round(event.t - start[0], 2), "reason": event.reason})
 
     exporting = _otel_export(otel, loaded.name, spec)
 
@@ -158,7 +176,7 @@ def run_command(
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink, \
                 exporting as spans:
             return await run_recipe(loaded, engine=spec if len(specs) == 1 else specs,
-                                    on_event=[tracer, sink, *([spans] if spans else [])],
+                                    on_event=[tracer, sink, note_lost, *([spans] if spans else [])],
                                     record=record, ray=fanout)
 
     try:
@@ -174,7 +192,7 @@ def run_command(
             "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
-            "engine": _engine_json(result.info),
+            "engine": _engine_json(result.info), "engines_lost": lost,
             **({"workers": result.workers} if fanout is not None else {}),
         }, indent=2, default=str)
         typer.echo(text)
@@ -185,7 +203,7 @@ def run_command(
     typer.echo(result.output)
     _write_out(out, result.output)
     if not quiet:
-        _summary(rows, result)
+        _summary(rows, result, lost)
         err_console.print(f"trace: {_esc(str(trace_path))}  (squad trace show / squad trace plot)")
     if result.errors:
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
@@ -319,12 +337,19 @@ def _engine_json(info: "EngineInfo | None") -> dict[str, Any] | None:
     return {"slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool, "base_url": info.base_url}
 
 
-def _summary(rows: list[Any], result: "RecipeRun") -> None:
+def _summary(rows: list[Any], result: "RecipeRun", lost: "Sequence[dict[str, Any]]" = ()) -> None:
+    """The per-agent table and the engine lines; with several engines an ``engine`` column
+    (:func:`~squad.summary.engine_labels`) and a line per engine lost mid-run."""
+    from squad.summary import engine_labels, engine_legend
+
     table = Table(title="agents", title_justify="left", show_edge=False)
     on_ray = bool(result.workers)
+    labels = engine_labels([*(r.get("engine") for r in rows), *(e["engine"] for e in lost)]) if not on_ray else {}
+    several = len(labels) > 1
     for col in ("step", "agent", "state", "queued s", "first token s", "tokens", "tok/s", "slot",
-                *(("worker",) if on_ray else ())):
-        table.add_column(col, justify="right" if col not in ("step", "agent", "state", "worker") else "left")
+                *(("engine",) if several else ()), *(("worker",) if on_ray else ())):
+        table.add_column(col, justify="right" if col not in ("step", "agent", "state", "worker", "engine") else "left",
+                         min_width=max(map(len, labels.values())) if col == "engine" else None)  # never cut
     style = {"ok": "green", "truncated": "yellow", "empty": "yellow"}
     for r in rows:
         color = style.get(r["outcome"], "red") if r["state"] == r["outcome"] else "red"
@@ -334,6 +359,7 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
             f"{r['prompt_tokens']}+{r['completion_tokens']}",
             "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}",
             "-" if r["slot"] is None else str(r["slot"]),
+            *((labels.get(r.get("engine") or "", "-"),) if several else ()),
             *((_esc(str(r.get("worker") or "-")) + (" (retried)" if r.get("retried") else ""),) if on_ray else ()),
         )
     err_console.print(table)
@@ -345,11 +371,17 @@ def _summary(rows: list[Any], result: "RecipeRun") -> None:
         if r.get("retried"):
             err_console.print(f"[yellow]{_esc(r['agent'])} retried on {_esc(str(r.get('worker')))}:[/] "
                               f"{_esc(r['retried'])}")
+    if several and (legend := engine_legend(labels)):
+        err_console.print(_esc(legend), soft_wrap=True)
     if result.info is not None and "engines" in result.info.sources:  # several engines (squad.engines)
         err_console.print(_esc(result.info.sources["engines"]))
     elif result.info is not None:
-        err_console.print(f"engine: {result.info.slots} slots sharing a pool of {result.info.pool:,} tokens, "
-                          f"{result.info.n_ctx:,} per request (read back from /props)")
+        which = f" {result.info.base_url} (the one left)" if lost else ""
+        err_console.print(f"engine{_esc(which)}: {result.info.slots} slots sharing a pool of {result.info.pool:,} "
+                          f"tokens, {result.info.n_ctx:,} per request (read back from /props)")
+    for e in lost:
+        err_console.print(f"[yellow]engine {_esc(e['engine'])} lost at {e['t']:.1f}s:[/] {_esc(e['reason'])}",
+                          soft_wrap=True)
     for sid, message in result.errors:
         err_console.print(f"[yellow]step {sid} failed (policy collect):[/] {_esc(message)}")
     for sid, note in result.notes:

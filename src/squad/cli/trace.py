@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 import typer
 from rich import box
@@ -16,7 +16,7 @@ from squad.cli._app import app, console
 from squad.dirs import check_output_file
 from squad.errors import UserError
 from squad.events import Event
-from squad.summary import CallSpan, TraceSummary, short_url, summarize
+from squad.summary import CallSpan, TraceSummary, engine_labels, engine_legend, short_url, summarize
 from squad.trace import default_trace_dir, load_trace
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
@@ -55,7 +55,9 @@ def show(
         return
     console.print(f"[bold]{escape(str(path))}[/]  {summary.events} events over {summary.duration_s:.2f}s",
                   soft_wrap=True)  # a path is never broken across lines
-    several = len({load.engine for load in summary.engine_loads} | set(summary.engines)) > 1
+    labels = engine_labels([*(load.engine for load in summary.engine_loads), *summary.engines,
+                            *(loss.engine for loss in summary.lost)])
+    several = len(labels) > 1
     for load in summary.engine_loads:
         n_ctx = f", n_ctx {load.n_ctx}" if load.n_ctx is not None else ""
         which = f" {short_url(load.engine)}" if several else ""
@@ -67,9 +69,11 @@ def show(
         console.print(f"worker {escape(w.worker)}: engine {escape(w.engine or '-')} ready at {w.t:.2f}s, {w.slots} slots, "
                       f"pool {w.pool} tokens; served {w.items} item(s), {w.calls} call(s)", soft_wrap=True)
     console.print(f"max calls in flight: {summary.max_in_flight}")
-    console.print(_agent_table(summary, several))
+    if several and (legend := engine_legend(labels)):
+        console.print(escape(legend), soft_wrap=True)
+    console.print(_agent_table(summary, labels if several else None))
     if calls:
-        console.print(_call_table(summary, several))
+        console.print(_call_table(summary, labels if several else None))
     for a in summary.agents.values():
         for error in a.errors or ([a.reason] if a.reason else []):
             console.print(f"[red]{a.name}[/]: {escape(error)}")
@@ -83,21 +87,28 @@ def _fmt(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}"
 
 
-def _agent_table(summary: TraceSummary, several: bool = False) -> Table:
-    """One row per agent; with ``several`` engines in the run, an ``engine`` column (the engines its calls went to)."""
+def _agent_table(summary: TraceSummary, labels: Mapping[str, str] | None = None) -> Table:
+    """One row per agent; with several engines in the run (``labels``: :func:`engine_labels`), an
+    ``engine`` column after the agent's name (the engines its calls went to)."""
+    several = labels is not None
+    engines = {a.name: ",".join(labels.get(e, short_url(e)) for e in a.engines) or "-"
+               for a in summary.agents.values()} if labels is not None else {}
     table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     for column, justify in [
-        ("agent", "left"), ("status", "left"), ("start", "right"), ("wait", "right"),
-        ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
-        ("out tok", "right"), ("slot", "right"), *([("engine", "left")] if several else []),
+        ("agent", "left"), *([("engine", "left")] if several else []), ("status", "left"), ("start", "right"),
+        ("wait", "right"), ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
+        ("out tok", "right"), ("slot", "right"),
     ]:
-        # the status is never cut ("truncated" must read as itself in a narrow terminal)
-        table.add_column(column, justify=justify, no_wrap=True, min_width=9 if column == "status" else None)  # type: ignore[arg-type]
+        # the status and the engine are never cut ("truncated" must read as itself in a narrow terminal; the
+        # engine column is not last, where a table wider than the terminal is cropped)
+        least = 9 if column == "status" else max(map(len, engines.values()), default=0) + 1 if column == "engine" else None
+        table.add_column(column, justify=justify, no_wrap=True, min_width=least)  # type: ignore[arg-type]
     style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
              "empty": "yellow"}
     for a in summary.agents.values():
         table.add_row(
             a.name,
+            *([engines[a.name]] if several else []),
             f"[{style.get(a.status, '')}]{a.status}[/]",
             _fmt(a.started),
             f"{a.queued_s:.2f}",
@@ -107,27 +118,30 @@ def _agent_table(summary: TraceSummary, several: bool = False) -> Table:
             str(a.prompt_tokens),
             str(a.completion_tokens),
             ",".join(str(s) for s in a.slots) or "-",
-            *([",".join(short_url(e) for e in a.engines) or "-"] if several else []),
         )
     return table
 
 
-def _call_table(summary: TraceSummary, several: bool = False) -> Table:
-    """One row per call; with ``several`` engines, an ``engine`` column; a call whose engine was
-    lost reads ``moved to HOST:PORT`` (``re-run on ...`` when it had streamed)."""
+def _call_table(summary: TraceSummary, labels: Mapping[str, str] | None = None) -> Table:
+    """One row per call; with several engines (``labels``: :func:`engine_labels`), an ``engine``
+    column; a call whose engine was lost reads ``moved to ENGINE`` (``re-run on ...`` when it had
+    streamed)."""
+    several = labels is not None
+    name = (lambda url: labels.get(url or "", short_url(url))) if labels is not None else short_url
     table = Table(title="calls (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
                   pad_edge=False)
     for column, justify in [("call", "left"), ("agent", "left"), ("conversation", "left"), ("parent", "left"),
                             *([("engine", "left")] if several else []),
                             ("slot", "right"), ("queued", "right"), ("admitted", "right"), ("1st tok", "right"),
                             ("end", "right"), ("in tok", "right"), ("out tok", "right"), ("state", "left")]:
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        least = max(map(len, labels.values())) + 1 if column == "engine" and labels else None  # never cut (+ padding)
+        table.add_column(column, justify=justify, no_wrap=True, min_width=least)  # type: ignore[arg-type]
     for c in sorted(summary.calls, key=lambda c: c.start):
         state = ("[red]failed[/]" if c.error else
-                 f"[yellow]{'re-run on' if c.rerun else 'moved to'} {escape(short_url(c.moved_to))}[/]" if c.moved_to
+                 f"[yellow]{'re-run on' if c.rerun else 'moved to'} {escape(name(c.moved_to))}[/]" if c.moved_to
                  else "[yellow]truncated[/]" if c.finish_reason == "length" else "retried" if c.retried else "ok")
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
-                      *([short_url(c.engine)] if several else []),
+                      *([name(c.engine)] if several else []),
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
                       _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
                       "-" if c.completion_tokens is None else str(c.completion_tokens), state)

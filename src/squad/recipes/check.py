@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,7 @@ class _Loader:
         if spec.engines is not None and "engine" in located.data:
             raise located.error("give either engine: (one engine) or engines: (several), not both; move its "
                                 "settings into each item of engines:", ("engines",), key=True)
+        self._distinct_engines(spec.engines or [], located)
         self.mcp_servers = self.build_mcp(spec.mcp)
         raw_agents = self.collect_agents(located, [self.path.resolve()])
         agents = self.build_agents(raw_agents)
@@ -195,6 +196,23 @@ class _Loader:
                 file=located.file, line=located.where(("model",))[0] if "model" in located.data else None,
                 field="model"))
         return recipe
+
+    @staticmethod
+    def _distinct_engines(items: Sequence[Any], located: Located) -> None:
+        """Two items of ``engines:`` at one URL are one engine counted twice: an error at the second."""
+        from squad.engines import duplicate_message, engine_key
+
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            if item.url is None:
+                continue
+            key = engine_key(item.url)
+            if key in seen:
+                first = items[seen[key]].url
+                line = located.where(("engines", seen[key]))[0]
+                where = f" (first on line {line})" if line else ""
+                raise located.error(duplicate_message(first, item.url, where=where), ("engines", i))
+            seen[key] = i
 
     # agents and includes ----------------------------------------------------------------
     def collect_agents(self, located: Located, stack: list[Path]) -> dict[str, tuple[dict, Located, Path_]]:

@@ -396,8 +396,9 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
     """One row per agent conversation: step, agent (``name[i]`` for a map item), state (its
     outcome: ``ok``, ``truncated``, ``empty``, ``failed: why``, the cancel reason; a non-answer
     a ``fail`` setting made a failure is ``truncated (failed)``), outcome, queued s, first
-    token s, tokens, tok/s, slot (for ``squad run``'s summary); a map item a Ray worker served
-    also has ``worker``, ``engine`` and ``retried`` (:class:`~squad.results.AgentResult`)."""
+    token s, tokens, tok/s, slot and engine (its base URL on several engines or a Ray worker,
+    else None), for ``squad run``'s summary; a map item a Ray worker served also has ``worker``
+    and ``retried`` (:class:`~squad.results.AgentResult`)."""
     rows = []
     for sid, r in run.results:
         t = r.timings
@@ -406,8 +407,8 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
             "queued_s": round(t.queued_s, 3), "first_token_s": None if t.ttft_s is None else round(t.ttft_s, 3),
             "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
             "tokens_per_s": None if t.tokens_per_s is None else round(t.tokens_per_s, 1),
-            "slot": r.slot, "total_s": round(t.total_s, 3),
-            **({"worker": r.worker, "engine": r.engine, "retried": r.retried} if r.worker or r.retried else {}),
+            "slot": r.slot, "engine": r.engine, "total_s": round(t.total_s, 3),
+            **({"worker": r.worker, "retried": r.retried} if r.worker or r.retried else {}),
         })
     return rows
 

@@ -39,6 +39,17 @@ class EngineSection(_Strict):
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_url(cls, value: object) -> object:
+        """``engine:`` sizes the one engine squad launches; a URL belongs in ``engines:`` or ``--url``."""
+        if cls is EngineSection and isinstance(value, dict) and {"url", "api_key"} & value.keys():
+            key = "url" if "url" in value else "api_key"
+            raise ValueError(f"engine: has no {key} (it sizes the engine squad launches); to attach to a running "
+                             "server, list it under engines: (engines: [http://HOST:PORT], or - {url: ..., "
+                             "api_key: ...}) instead of engine:, or give --url")
+        return value
+
     @field_validator("slots", "ctx", mode="before")
     @classmethod
     def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
@@ -67,6 +78,17 @@ class EngineItem(EngineSection):
     api_key: str | None = None
     model: str | None = None
     threads: Annotated[StrictInt, Field(ge=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_or_mapping(cls, value: object) -> object:
+        """An item written as a plain string is the URL of an engine to attach to."""
+        if isinstance(value, str):
+            return {"url": value}
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an engine URL (e.g. http://127.0.0.1:8080) or a mapping (url: ..., or "
+                             f"model: ... for an engine squad launches), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _range(self) -> "EngineItem":
@@ -215,13 +237,6 @@ class RecipeSpec(_Strict):
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
 
-    @field_validator("engines", mode="before")
-    @classmethod
-    def _urls(cls, value: object) -> object:
-        """An item written as a plain string is the URL of an engine to attach to."""
-        if isinstance(value, list):
-            return [{"url": v} if isinstance(v, str) else v for v in value]
-        return value
 
 
 # --- parameter values ----------------------------------------------------------------------
