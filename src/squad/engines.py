@@ -57,7 +57,6 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
-from urllib.parse import urlsplit
 
 import anyio
 from anyio.abc import AsyncResource
@@ -65,40 +64,16 @@ from anyio.abc import AsyncResource
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.engine.info import EngineInfo
 from squad.engine.plan import EnginePlan
+from squad.engine.urls import engine_key
 from squad.errors import EngineGone, EngineLost, TruncatedStream, UserError
 from squad.events import CallMoved, EngineWarning, Event, EventSink, emit_to
 from squad.events import EngineLost as EngineLostEvent
 from squad.session import EngineSession, EngineSpec
 from squad.workload import Call, Node
 
-__all__ = ["EngineGroup", "Router", "combined", "engine_key", "check_distinct"]
+__all__ = ["EngineGroup", "Router", "combined", "engine_key", "check_distinct"]  # engine_key: squad.engine.urls
 
 EngineGiven = EngineSpec | EngineInfo | ChatEngine
-
-_LOOPBACK = {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def engine_key(url: str) -> str:
-    """The form every URL of one engine shares: ``engine_key("HTTP://LocalHost:8080/v1/")`` is
-    ``"http://127.0.0.1:8080"``. Scheme and host lower-cased; the scheme's default port written
-    out; a trailing ``/`` and ``/v1`` removed (squad adds ``/v1`` itself); the loopback names
-    (``localhost``, ``*.localhost``, ``127.0.0.1``, ``::1``) one host. No DNS look-up: another
-    name stays as written. A URL that does not parse is returned stripped."""
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port
-    except ValueError:
-        return url.strip()
-    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower().rstrip(".")
-    if host in _LOOPBACK or host.endswith(".localhost"):
-        host = "127.0.0.1"
-    elif ":" in host:
-        host = f"[{host}]"
-    port = port or _DEFAULT_PORTS.get(scheme)
-    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
-    return f"{scheme}://{host}{f':{port}' if port else ''}{path}"
-
 
 def check_distinct(urls: Sequence[str | None], *, what: str = "engine URL") -> None:
     """Raise :class:`UserError` ``"engine URL given twice: ..."`` when two of ``urls`` are one

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["check_engine_url"]
+__all__ = ["check_engine_url", "engine_key"]
 
 
 def check_engine_url(url: object) -> str:
@@ -30,3 +30,28 @@ def check_engine_url(url: object) -> str:
     if any(c.isspace() for c in text):
         raise ValueError(f"url {text!r} contains a space; write http://HOST:PORT")
     return text
+
+
+_LOOPBACK = {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def engine_key(url: str) -> str:
+    """The form every URL of one engine shares: ``engine_key("HTTP://LocalHost:8080/v1/")`` is
+    ``"http://127.0.0.1:8080"``. Scheme and host lower-cased; the scheme's default port written
+    out; a trailing ``/`` and ``/v1`` removed (squad adds ``/v1`` itself); the loopback names
+    (``localhost``, ``*.localhost``, ``127.0.0.1``, ``::1``) one host. No DNS look-up: another
+    name stays as written. A URL that does not parse is returned stripped."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return url.strip()
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower().rstrip(".")
+    if host in _LOOPBACK or host.endswith(".localhost"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    port = port or _DEFAULT_PORTS.get(scheme)
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{scheme}://{host}{f':{port}' if port else ''}{path}"
