@@ -96,6 +96,9 @@ CLOSE_TIMEOUT = 60.0
 """Seconds a worker gets to stop its engine before its actor is killed (which kills the engine too)."""
 POLL_S = 0.5
 """Longest a worker's events call waits for an event before it answers with none (seconds)."""
+START_WAIT = 60.0
+"""Longest a run interrupted while its local cluster starts waits for ``ray.init`` to return
+before it stops the cluster anyway (seconds; it takes a few)."""
 FLUSH_TIMEOUT = 10.0
 """Longest the driver waits for an item's last events after its result came (seconds)."""
 
@@ -195,8 +198,16 @@ class RayFanout:
         cluster = None if self.address is not None else LocalCluster(
             None if self.temp_dir is None else str(self.temp_dir), self.num_cpus or self.workers_per_node)
         failure: BaseException | None = None
+        connected = threading.Event()
+
+        def connect() -> Any:
+            try:
+                return self._connect(cluster)
+            finally:
+                connected.set()
+
         try:
-            ray = await anyio.to_thread.run_sync(self._connect, cluster)
+            ray = await anyio.to_thread.run_sync(connect)
             async with anyio.create_task_group() as feeds:  # one task per worker fetching its events
                 pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
                 try:
@@ -216,6 +227,9 @@ class RayFanout:
         finally:
             if cluster is not None:
                 with anyio.CancelScope(shield=True):
+                    # asyncio's Ctrl-C handler cancels natively, which does not wait for the thread: a cluster
+                    # still starting is let finish (seconds), so that ray.shutdown() knows all of it
+                    await anyio.to_thread.run_sync(connected.wait, START_WAIT)
                     await anyio.to_thread.run_sync(cluster.stop)
 
     def _connect(self, cluster: LocalCluster | None) -> Any:
