@@ -48,9 +48,11 @@ later ones are dropped).
 No engine is left behind: a worker stops its engine when it is closed, and the engine is a
 child of the worker's process (:mod:`squad.engine.process`), so it also dies with an actor
 that is killed or crashes. :class:`RayFanout` closes every worker at the end of the run (also
-when the driver is interrupted: close, then ``ray.kill``), and shuts down a local cluster it
-started. A local cluster (no ``address``) runs on 127.0.0.1 only, its logs and sockets in
-``temp_dir``.
+when the driver is interrupted: close, then ``ray.kill``), and stops a local cluster it
+started, every process of it (:class:`squad.raycluster.LocalCluster`). A local cluster (no
+``address``) runs on 127.0.0.1 only, its logs and sockets in ``temp_dir``. The address, and the
+model and settings each worker will plan with (:func:`check_launch`), are checked before a
+cluster is started or connected to (:mod:`squad.raycluster`: which addresses, and their errors).
 """
 
 from __future__ import annotations
