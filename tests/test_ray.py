@@ -187,3 +187,188 @@ def test_a_bare_ray_uses_ray_address_else_a_local_cluster(monkeypatch, env, addr
     else:
         monkeypatch.setenv("RAY_ADDRESS", env)
     assert _ray_fanout("default", None, None).address == address
+
+
+# -- the --ray address, checked before anything starts (squad.raycluster) --------------------------
+
+@pytest.mark.parametrize("address, parsed", [
+    (None, None), ("local", None), ("auto", None),
+    ("127.0.0.1:6379", ("gcs", "127.0.0.1", 6379)), ("head-node.lan:6379", ("gcs", "head-node.lan", 6379)),
+    ("[::1]:6379", ("gcs", "::1", 6379)),
+])
+def test_ray_address_forms(address, parsed) -> None:
+    from squad.raycluster import check_address
+
+    assert check_address(address) == parsed
+
+
+@pytest.mark.parametrize("address", ["bogus:addr", "http://x", "127.0.0.1", "127.0.0.1:0", "10.0.0.1:99999",
+                                     "ray://", "ray://h", "h:1:2", "", "ray://h:x"])
+def test_malformed_ray_addresses_say_what_is_accepted(address) -> None:
+    from squad.raycluster import ADDRESS_FORMS, check_address
+
+    with pytest.raises(UserError, match="is not a Ray address") as caught:
+        check_address(address)
+    assert ADDRESS_FORMS in str(caught.value)
+
+
+def test_ray_client_without_its_extra_says_how_to_install(monkeypatch) -> None:
+    from squad.raycluster import CLIENT_HINT, check_address
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a))
+    with pytest.raises(UserError, match="Ray Client") as caught:
+        check_address("ray://127.0.0.1:10001")
+    assert CLIENT_HINT in str(caught.value)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_cluster_address_must_answer_before_ray_init() -> None:
+    import socket
+
+    from squad.errors import ClusterError
+    from squad.raycluster import probe
+
+    port = _closed_port()
+    with pytest.raises(ClusterError, match=f"no Ray cluster .* answers at 127.0.0.1:{port}"):
+        probe(f"127.0.0.1:{port}", timeout=1.0)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        probe(f"127.0.0.1:{listening.getsockname()[1]}", timeout=1.0)  # answers: no error
+    probe("auto")  # nothing to probe: Ray finds it
+
+
+def test_ray_s_own_connection_errors_become_one_line_cluster_errors(monkeypatch) -> None:
+    import sys
+    import types
+
+    from squad.errors import ClusterError
+    from squad.raycluster import connect
+
+    def init(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.\n(more lines)")
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=init))
+    with pytest.raises(ClusterError, match="could not connect to the Ray cluster at 'auto'") as caught:
+        connect("auto")
+    assert "\n" not in str(caught.value) and "ray start --head" in str(caught.value)
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["--ray", "bogus:addr"], 2, "is not a Ray address"),
+    (["--ray", "http://x"], 2, "is not a Ray address"),
+    (["--ray", f"127.0.0.1:{_closed_port()}"], 1, "no Ray cluster (its GCS) answers"),
+])
+def test_cli_bad_ray_addresses_are_one_line_errors(tmp_path: Path, capsys, state, argv, code,  # noqa: F811
+                                                   says) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(flow=MAP))
+    got, out, err = squad(capsys, "run", recipe, "--quiet", *argv)
+    assert got == code and says in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# -- the launch settings, checked in the driver before the cluster (check_launch) ---------------------
+
+def test_an_unknown_model_fails_before_a_local_cluster_starts(tmp_path: Path, capsys, state,  # noqa: F811
+                                                              monkeypatch) -> None:
+    from squad.raycluster import LocalCluster
+
+    def start(self):
+        raise AssertionError("the cluster started")
+
+    monkeypatch.setattr(LocalCluster, "start", start)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(flow=MAP))
+    code, out, err = squad(capsys, "run", recipe, "--ray", "local", "--model", "nosuch")
+    assert code == 2 and "no model 'nosuch'" in err and "Traceback" not in err, err
+
+
+def test_check_launch_on_an_existing_cluster_checks_only_the_model(tmp_path: Path) -> None:
+    from squad.errors import UnknownModel
+    from squad.ray import check_launch
+
+    recipe = _recipe(tmp_path, MAP)
+    fanout = RayFanout(address="10.0.0.5:6379")
+    with pytest.raises(UnknownModel):  # no node resolves a bare name nothing knows
+        check_launch(recipe, recipe.engine_spec().but(model="nosuch"), fanout)
+    check_launch(recipe, recipe.engine_spec().but(model="/on/the/nodes/only.gguf"), fanout)  # left to the nodes
+    check_launch(recipe, recipe.engine_spec().but(model="hf:org/repo"), fanout)
+
+
+# -- a worker whose engine died (the actor's side, without Ray) --------------------------------------
+
+class _Session:
+    launcher = None
+
+    def __init__(self) -> None:
+        self.dead: str | None = None
+        self.chat = self
+
+    def exited(self) -> str | None:
+        return self.dead
+
+    async def engine_up(self) -> bool:
+        return self.dead is None
+
+
+class _FakeSquad:
+    """What _Worker.run uses of a squad: map, session, info."""
+
+    def __init__(self, error=None) -> None:
+        self.session, self.error = _Session(), error
+        self.info = type("Info", (), {"base_url": "http://127.0.0.1:1"})()
+
+    async def map(self, name, prompts, **kwargs):
+        return [AgentResult(agent=name, output="" if self.error else "ok", error=self.error, item=0)]
+
+
+@pytest.mark.parametrize("error_name", ["TruncatedStream", "CallTimeout"])
+def test_an_item_that_failed_because_the_engine_died_is_lost_with_its_worker(tmp_path: Path, error_name) -> None:
+    from anyio.from_thread import start_blocking_portal
+
+    import squad.errors as errors
+    from squad.errors import EngineGone
+    from squad.ray import _Worker
+
+    recipe = _recipe(tmp_path, MAP)
+    worker = _Worker(recipe, recipe.engine_spec(), "w0@127.0.0.1", 1.0)
+    error = getattr(errors, error_name)("connection to the engine dropped mid-answer", agent="echo")
+    with start_blocking_portal() as portal:
+        worker._portal, worker.squad = portal, _FakeSquad(error)  # type: ignore[assignment]
+        result, _ = worker.run(0, "echo", "Say a", fail_on=frozenset(), output_type=None)
+        assert result.error is error and worker.engine_lost is None  # the engine serves: the item's own failure
+        worker.squad.session.dead = "engine exited (signal 9 SIGKILL), log: x.log"
+        with pytest.raises(EngineGone, match="engine exited .signal 9 SIGKILL"):
+            worker.run(1, "echo", "Say b", fail_on=frozenset(), output_type=None)
+        worker.squad.error = None  # out of service: even an item that would succeed is sent elsewhere
+        with pytest.raises(EngineGone, match="its engine is gone"):
+            worker.run(2, "echo", "Say c", fail_on=frozenset(), output_type=None)
+
+
+def test_a_cut_stream_with_the_engine_not_answering_is_a_death(tmp_path: Path) -> None:
+    from anyio.from_thread import start_blocking_portal
+
+    from squad.errors import EngineGone, TruncatedStream
+    from squad.ray import _Worker
+
+    recipe = _recipe(tmp_path, MAP)
+    worker = _Worker(recipe, recipe.engine_spec(), "w0@127.0.0.1", 1.0)
+    fake = _FakeSquad(TruncatedStream("stream cut", agent="echo"))
+
+    async def down() -> bool:
+        return False
+
+    fake.session.engine_up = down  # type: ignore[method-assign]  # process alive, /health down (hung)
+    with start_blocking_portal() as portal:
+        worker._portal, worker.squad = portal, fake  # type: ignore[assignment]
+        with pytest.raises(EngineGone, match="does not answer"):
+            worker.run(0, "echo", "Say a", fail_on=frozenset(), output_type=None)

@@ -181,3 +181,76 @@ def test_a_killed_worker_s_items_finish_on_the_other(tmp_path: Path, ray_dir: st
     assert len(by_victim) + len([r for r in results if r.worker == survivor.id]) == 32  # none twice
     assert _gone([victim.engine_pid]) == []  # its engine died with it
     assert _gone([w.engine_pid for w in fanout.workers if w.engine_pid]) == []
+
+
+def test_a_killed_engine_s_items_finish_on_the_other_worker(tmp_path: Path, ray_dir: str) -> None:
+    """SIGKILL one worker's llama-server (not the worker) mid-run: the items it was answering
+    count as lost with their worker, run once more on the other, and the retries are stated."""
+    recipe = _recipe(tmp_path)
+    killed: list[int] = []
+
+    def on_item(result) -> None:  # kill w1's engine once w1 has served 3 items (2 more are in flight)
+        done.append(result)
+        victim = fanout.workers[1] if len(fanout.workers) == 2 else None
+        if victim is not None and not killed and len([r for r in done if r.worker == victim.id]) >= 3:
+            os.kill(victim.engine_pid, signal.SIGKILL)
+            killed.append(victim.engine_pid)
+
+    done: list = []
+    events: list = []
+    fanout = RayFanout(workers_per_node=2, temp_dir=ray_dir, on_item=on_item)
+    run = anyio.run(lambda: run_recipe(recipe, engine=_spec(recipe), ray=fanout, on_event=events.append))
+    survivor, victim = fanout.workers
+    assert killed == [victim.engine_pid]
+    results = _check_items(run, fanout)  # every item answered, in input order, once
+    retried = [r for r in results if r.retried]
+    assert retried and all(r.worker == survivor.id and f"worker {victim.id} lost" in r.retried
+                           and "engine" in r.retried for r in retried), [r.retried for r in retried]
+    lost = [e for e in events if isinstance(e, ItemLost)]
+    assert sorted(e.item for e in lost) == sorted(r.item for r in retried)
+    assert all(e.worker == victim.id and e.retry for e in lost)
+    by_victim = [r for r in results if r.worker == victim.id]
+    assert len(by_victim) >= 3 and len(by_victim) + len([r for r in results if r.worker == survivor.id]) == 32
+    assert _gone([w.engine_pid for w in fanout.workers if w.engine_pid]) == []
+
+
+def _descendants(proc: psutil.Popen) -> set[psutil.Process]:
+    try:
+        return set(psutil.Process(proc.pid).children(recursive=True))
+    except psutil.Error:
+        return set()
+
+
+@pytest.mark.parametrize("delay", [1.5, 4.0])  # the cluster starting; the workers and their engines starting
+def test_ctrl_c_while_a_local_cluster_starts_leaves_no_process(tmp_path: Path, delay: float,
+                                                               llama_server_path: Path,
+                                                               default_model_path: Path) -> None:
+    """`squad run --ray local` gets SIGINT while its cluster (or its workers) start: it exits 130
+    and every process it started (gcs_server, raylet, the ray:: agents and workers, their
+    llama-servers) is gone within a few seconds."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "fanout.yaml"
+    path.write_text(RECIPE)
+    env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state")}
+    proc = psutil.Popen([sys.executable, "-m", "squad", "run", str(path), "--ray", "local", "--ray-workers", "2",
+                         "--threads", "1", "--slots", "1", "--ctx", "512", "--model", str(default_model_path),
+                         "--llama-server", str(llama_server_path), "-q"],
+                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen: set[psutil.Process] = set()
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline:  # every process of the run, as it appears
+        seen |= _descendants(proc)
+        time.sleep(0.1)
+    seen |= _descendants(proc)
+    proc.send_signal(signal.SIGINT)
+    while proc.poll() is None:
+        seen |= _descendants(proc)
+        time.sleep(0.1)
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    names = {p.pid: p.name() for p in seen if p.is_running()}
+    left = _gone([p.pid for p in seen], timeout=5.0)
+    assert left == [], f"left after Ctrl-C: {[names.get(p) for p in left]}"

@@ -16,6 +16,7 @@ SquadError                         base of everything below
 │   └── EngineLost                 the engine was taken out of a squad's engines (it died); a call
 │                                  queued for it moves to another (:mod:`squad.engines`)
 ├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
+├── ClusterError (RuntimeError)    a Ray cluster (``--ray``) did not answer, refused, or did not start
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
 │   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
 └── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
@@ -51,6 +52,7 @@ __all__ = [
     "EngineGone",
     "EngineLost",
     "MCPServerError",
+    "ClusterError",
     "ModelError",
     "UnknownModel",
     "AgentRunError",
@@ -171,6 +173,11 @@ class MCPServerError(SquadError, RuntimeError):
         self.server = server
         self.stderr = stderr
         super().__init__(message)
+
+
+class ClusterError(SquadError, RuntimeError):
+    """A Ray cluster (``squad run --ray``) could not be reached, refused the connection, or a
+    local one did not start; the message gives the address and Ray's reason (:mod:`squad.raycluster`)."""
 
 
 class ModelError(SquadError, RuntimeError):

@@ -17,7 +17,13 @@ Where things run:
   worker, dispatched by :func:`squad.fanout.dispatch`: at most the worker's engine slots in
   flight per worker (and the step's ``concurrency`` in all), results in input order; the items
   a lost worker held (its actor, node or engine died) run once more elsewhere, and that is
-  stated in their results; an item that fails for its own reason is reported, not retried.
+  stated in their results (and by an ``item.lost`` event); an item that fails for its own reason
+  (the agent's error, an answer that missed its schema, a 400) is reported, not retried. A
+  worker's engine that dies is not restarted: the worker is taken out for the rest of the run,
+  and an item that failed because of it (:meth:`_Worker._engine_death`: the engine's process
+  ended, or a cut stream or lost connection and ``/health`` no longer answers) counts as lost
+  with its worker. Taking the worker out rather than restarting its engine keeps one rule for
+  every death (actor, node, engine) and never re-sends an item to a worker that just failed it.
   Each item's :class:`~squad.results.AgentResult` says which ``worker`` and ``engine`` served
   it (and ``retried``: why, when it was).
 - **every other step** (calls, parallel blocks, a map over the main agent, whose @mentions
@@ -42,18 +48,18 @@ later ones are dropped).
 No engine is left behind: a worker stops its engine when it is closed, and the engine is a
 child of the worker's process (:mod:`squad.engine.process`), so it also dies with an actor
 that is killed or crashes. :class:`RayFanout` closes every worker at the end of the run (also
-when the driver is interrupted: close, then ``ray.kill``), and shuts down a local cluster it
-started. A local cluster (no ``address``) runs on 127.0.0.1 only, its logs and sockets in
-``temp_dir``.
+when the driver is interrupted: close, then ``ray.kill``), and stops a local cluster it
+started, every process of it (:class:`squad.raycluster.LocalCluster`). A local cluster (no
+``address``) runs on 127.0.0.1 only, its logs and sockets in ``temp_dir``. The address, and the
+model and settings each worker will plan with (:func:`check_launch`), are checked before a
+cluster is started or connected to (:mod:`squad.raycluster`: which addresses, and their errors).
 """
 
 from __future__ import annotations
 
 import contextvars
-import logging
 import os
-import shutil
-import tempfile
+import sys
 import threading
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -63,7 +69,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iter
 
 import anyio
 
-from squad.errors import AgentRunError, EngineError, SquadError, UserError
+from squad.errors import AgentRunError, EngineError, EngineGone, SquadError, TruncatedStream, UserError
 from squad.events import (
     AgentStarted,
     ClusterConnected,
@@ -75,6 +81,7 @@ from squad.events import (
     emit_to,
 )
 from squad.fanout import RETRIES, Served, WorkerLost, dispatch
+from squad.raycluster import LocalCluster, check_address, connect
 from squad.results import AgentResult
 
 if TYPE_CHECKING:
@@ -84,13 +91,16 @@ if TYPE_CHECKING:
     from squad.runtime import Squad
     from squad.session import EngineSpec
 
-__all__ = ["RayFanout", "WorkerInfo", "run_on_ray", "needs_local", "require_ray", "INSTALL_HINT"]
+__all__ = ["RayFanout", "WorkerInfo", "run_on_ray", "check_launch", "needs_local", "require_ray", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install 'squad[ray]'"
 CLOSE_TIMEOUT = 60.0
 """Seconds a worker gets to stop its engine before its actor is killed (which kills the engine too)."""
 POLL_S = 0.5
 """Longest a worker's events call waits for an event before it answers with none (seconds)."""
+START_WAIT = 60.0
+"""Longest a run interrupted while its local cluster starts waits for ``ray.init`` to return
+before it stops the cluster anyway (seconds; it takes a few)."""
 FLUSH_TIMEOUT = 10.0
 """Longest the driver waits for an item's last events after its result came (seconds)."""
 
@@ -156,8 +166,6 @@ class RayFanout:
     on_item: Callable[[AgentResult], None] | None = None
     workers: list[WorkerInfo] = field(default_factory=list, init=False)
     notes: list[str] = field(default_factory=list, init=False)
-    _started: bool = field(default=False, init=False, repr=False)  # this run started the local cluster
-    _temp: str | None = field(default=None, init=False, repr=False)  # ... with its files here
 
     def __post_init__(self) -> None:
         if isinstance(self.workers_per_node, bool) or not isinstance(self.workers_per_node, int) \
@@ -180,21 +188,35 @@ class RayFanout:
         """Connect (or start a local cluster), start the workers for ``recipe`` with ``spec``
         (a launched engine: a ``url`` is an error), yield them; the workers' events, and the
         start's, go to ``sinks``. On exit stop every worker and its engine, and a local cluster
-        this started. Raises :class:`UserError` (no Ray, a ``url``), :class:`SquadError` when no
-        worker starts (with the first one's reason)."""
+        this started, every process of it (:class:`squad.raycluster.LocalCluster`; also when
+        cancelled while the cluster starts). Raises :class:`UserError` (no Ray, a ``url``, a
+        malformed address), :class:`~squad.errors.ClusterError` (the cluster does not answer or
+        did not start), :class:`SquadError` when no worker starts (with the first one's reason)."""
         if spec.url is not None:
             raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
+        check_address(self.address)
         sinks = list(sinks)
         emit_to(sinks, ClusterStarting(address=self.address))
-        ray = await anyio.to_thread.run_sync(self._connect)
-        started_here = self._started
+        cluster = None if self.address is not None else LocalCluster(
+            None if self.temp_dir is None else str(self.temp_dir), self.num_cpus or self.workers_per_node)
         failure: BaseException | None = None
+        connected = threading.Event()
+
+        def connect() -> Any:
+            try:
+                return self._connect(cluster)
+            finally:
+                connected.set()
+
         try:
+            ray = await anyio.to_thread.run_sync(connect)
             async with anyio.create_task_group() as feeds:  # one task per worker fetching its events
                 pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
                 try:
                     await pool.start(recipe, spec, self)
                     self.workers = [w.info for w in pool.workers]
+                    if cluster is not None:
+                        cluster.collect()  # the workers and their engines
                     yield pool
                 except BaseException as exc:  # noqa: BLE001 - raised below, as itself, not in a task group's group
                     failure = exc
@@ -205,40 +227,28 @@ class RayFanout:
             if failure is not None:
                 raise failure
         finally:
-            if started_here:
-                await anyio.to_thread.run_sync(ray.shutdown)
-                if self.temp_dir is None and self._temp is not None:  # Ray's logs and sockets of this run
-                    shutil.rmtree(self._temp, ignore_errors=True)
+            if cluster is not None:
+                with anyio.CancelScope(shield=True):
+                    # asyncio's Ctrl-C handler cancels natively, which does not wait for the thread: a cluster
+                    # still starting is let finish (seconds), so that ray.shutdown() knows all of it
+                    await anyio.to_thread.run_sync(connected.wait, START_WAIT)
+                    await anyio.to_thread.run_sync(cluster.stop)
 
-    def _connect(self) -> Any:
-        """``ray`` connected to the cluster (blocking). A local cluster gets the loopback
-        address only: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ray is imported) makes
-        Ray take 127.0.0.1 as the node's address and bind its servers there."""
-        if self.address is None:
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    def _connect(self, cluster: LocalCluster | None) -> Any:
+        """``ray`` connected to the cluster (blocking): ``cluster`` started, else the one at
+        ``address`` (:func:`squad.raycluster.connect`), unless this process is connected already."""
         # Ray's own SIGTERM handler prints a stack dump before squad's (stop the engines, exit 143)
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         require_ray()
-        import ray
-
-        self._started = False
-        if ray.is_initialized():
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():  # the caller connected this process: its cluster, not ours
+            if cluster is not None:
+                cluster.started = False
             return ray
-        quiet = dict(logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
-        if self.address is not None:
-            ray.init(address=self.address, **quiet)
-            return ray
-        temp = self._temp = str(self.temp_dir) if self.temp_dir is not None else tempfile.mkdtemp(prefix="squad-ray-")
-        ray.init(_node_ip_address="127.0.0.1", _temp_dir=temp, num_cpus=self.num_cpus or self.workers_per_node,
-                 **quiet)
-        self._started = True
-        node = ray.util.get_node_ip_address()
-        if node != "127.0.0.1":
-            ray.shutdown()
-            self._started = False
-            raise UserError(f"the local Ray cluster took the address {node}, not 127.0.0.1 (ray was imported before "
-                            "squad could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): set it in the environment")
-        return ray
+        if cluster is not None:
+            return cluster.start()
+        assert self.address is not None
+        return connect(self.address)
 
 
 class _Pool:
@@ -517,6 +527,8 @@ class _Worker:
         self._squad_cm: Any = None
         self.squad: "Squad | None" = None
         self.outbox = _Outbox(worker_id)
+        self.engine_lost: str | None = None
+        """Why this worker's engine died (it serves no item after that), else None."""
 
     def clock(self) -> tuple[float, float]:
         """This process's ``time.monotonic()`` and ``time.time()`` (the driver lines events up by them)."""
@@ -540,6 +552,7 @@ class _Worker:
         recipe = self.recipe
         squad = Squad(list(recipe.agents.values()), main=recipe.main, engine=self.spec, workload=recipe.workload(),
                       variables={"params": recipe.params}, mcp_servers=recipe.mcp_servers, on_event=self.outbox)
+        squad.session._restartable = False  # a worker whose engine dies is taken out, not restarted (module docstring)
         self._squad_cm = portal.wrap_async_context_manager(squad)
         self.squad = self._squad_cm.__enter__()
         info = self.squad.info
@@ -566,20 +579,51 @@ class _Worker:
             output_type: Any) -> tuple[AgentResult, int]:
         """Item ``index``: ``name`` on ``prompt`` (one ``Squad.map`` call); returns its result
         and how many events were emitted by then (its own among them). The agent's own failure
-        is in the result; an :class:`EngineError` (the engine is gone and could not be
-        restarted) raises."""
+        is in the result. Raises :class:`EngineGone` when the item failed because this worker's
+        engine died (:meth:`_engine_death`), and for every item after that: the driver takes
+        the worker out and runs the item elsewhere."""
         assert self.squad is not None and self._portal is not None
         squad = self.squad
+        if self.engine_lost is not None:
+            raise EngineGone(f"its engine is gone ({self.engine_lost})")
 
         async def one() -> AgentResult:
             _ITEM.set(index)  # this task's events, and its children's, are item index's
             [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type)
             return result
 
-        result = self._portal.call(one)
+        try:
+            result = self._portal.call(one)
+        except EngineError as exc:
+            self.engine_lost = self.engine_lost or self._portal.call(self._engine_death, exc) or str(exc)
+            raise
+        if result.error is not None and (why := self._portal.call(self._engine_death, result.error)) is not None:
+            self.engine_lost = self.engine_lost or why
+            raise EngineGone(f"{why} (the item failed with it: {type(result.error).__name__})")
         value = getattr(result.output_value, "model_dump", None)
         return replace(result, item=index, worker=self.id, engine=squad.info.base_url,
                        output_value=value(mode="json") if callable(value) else result.output_value), self.outbox.count
+
+    async def _engine_death(self, error: BaseException, settle: float = 1.0) -> str | None:
+        """Why this worker's engine is dead after an item failed with ``error``, or None when it
+        still serves (the item failed for its own reason). Dead: its process ended (waiting up
+        to ``settle`` seconds for one whose socket closed first), or ``error`` is a cut stream
+        or a lost connection and ``/health`` no longer answers (the rule of
+        :meth:`squad.engines.Router._death`)."""
+        assert self.squad is not None
+        session = self.squad.session
+        launcher = getattr(session, "launcher", None)
+        if launcher is not None:
+            with anyio.move_on_after(settle):
+                while launcher.running:
+                    await anyio.sleep(0.05)
+        if (why := session.exited()) is not None:
+            return why
+        if isinstance(error, (TruncatedStream, EngineGone)):
+            up = getattr(session.chat, "engine_up", None)
+            if up is not None and not await up():
+                return f"its engine does not answer after {type(error).__name__}: {error}"
+        return None
 
     def close(self) -> None:
         """Stop the engine (and the squad's MCP servers), then the event loop."""
@@ -636,14 +680,51 @@ def needs_local(recipe: "Recipe") -> bool:
     return local(recipe.flow)
 
 
+def check_launch(recipe: "Recipe", spec: "EngineSpec", fanout: RayFanout) -> None:
+    """Check in the driver, before any cluster starts or is connected to, what the workers'
+    planner would reject (blocking). Every node must have the model: a name squad's registry
+    knows is pulled on each node that lacks it; a file must be at that path on each node.
+
+    - a local cluster (this machine is its only node): the whole plan of one worker, for its
+      share of this machine's memory (:func:`squad.session.plan_engine`: the model, the pins,
+      the budgets); a known model not here yet is pulled now, once, not by each worker;
+    - an existing cluster: the model only, as this machine resolves it without pulling: a name
+      that neither the registry nor any store knows (nor a file) fails here; a path or store
+      reference not found here is left to the nodes, and so are the other settings, which
+      depend on each node's memory.
+
+    Raises :class:`~squad.errors.UnknownModel`, :class:`~squad.errors.PlanError`,
+    :class:`~squad.errors.ModelError`, :class:`UserError` (exit 2 from the CLI)."""
+    from squad.engine.registry import is_reference, resolve_model
+    from squad.errors import ModelError, UnknownModel
+    from squad.session import plan_engine
+
+    if fanout.address is None:
+        plan_engine(spec, recipe.workload(), share=fanout.share)
+        return
+    model = spec.model
+    try:
+        resolve_model(model, pull=False)
+    except UnknownModel:
+        name = str(model)
+        if is_reference(name) or "/" in name or name.endswith(".gguf"):
+            return  # may be on the nodes
+        raise
+    except ModelError:
+        return  # a known model not pulled here: each node pulls it
+
+
 async def run_on_ray(recipe: "Recipe", fanout: RayFanout, *, engine: "EngineSpec",
                      on_event: "EventSink | list[EventSink] | None" = None,
                      record: "RecipeRun | None" = None) -> "RecipeRun":
     """Run ``recipe``'s flow with its maps on Ray workers (rules in the module docstring);
     ``engine`` is the spec each worker launches (and the local engine, if a step needs one).
     Returns the :class:`~squad.recipes.run.RecipeRun` (``workers``: each worker's
-    :meth:`WorkerInfo.as_dict` and ``items``, the number of items it served). Raises as
-    :func:`squad.recipes.run.run_recipe`, and :class:`UserError` without Ray."""
+    :meth:`WorkerInfo.as_dict` and ``items``, the number of items it served). Checks the
+    address and the launch settings first (:func:`squad.raycluster.check_address`,
+    :func:`check_launch`). Raises as :func:`squad.recipes.run.run_recipe`, :class:`UserError`
+    without Ray or for a bad address or launch setting, :class:`~squad.errors.ClusterError`
+    when the cluster does not answer."""
     from squad.recipes.run import execute_flow, recipe_mcp
     from squad.runtime import Squad
 
@@ -652,6 +733,8 @@ async def run_on_ray(recipe: "Recipe", fanout: RayFanout, *, engine: "EngineSpec
     require_ray()
     if not isinstance(engine, EngineSpec):
         raise UserError("a Ray run launches an engine on each worker: give engine as an EngineSpec (a model and pins)")
+    check_address(fanout.address)
+    await anyio.to_thread.run_sync(check_launch, recipe, engine, fanout)
     sinks = [] if on_event is None else list(on_event) if isinstance(on_event, list) else [on_event]
     async with recipe_mcp(recipe) as servers, fanout.pool(recipe, engine, sinks) as pool, AsyncExitStack() as stack:
         local = None

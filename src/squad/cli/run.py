@@ -214,7 +214,8 @@ def run_command(
 def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None) -> Any:
     """``--ray ADDRESS`` / ``--ray-workers N`` as a :class:`squad.ray.RayFanout` (None without
     --ray), checked before anything starts. Raises :class:`UserError`: Ray not installed,
-    --ray-workers without --ray, --ray with --url."""
+    --ray-workers without --ray, --ray with --url, an address of no form Ray takes
+    (:func:`squad.raycluster.check_address`)."""
     if address is None:
         if workers is not None:
             raise UserError("--ray-workers sets the workers per node of a --ray run: add --ray ADDRESS (or 'local')")
@@ -222,10 +223,12 @@ def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None)
     if url is not None:
         raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
     from squad.ray import RayFanout, require_ray
+    from squad.raycluster import check_address
 
     require_ray()
     if address == "default":  # a bare --ray: Ray's own rule, $RAY_ADDRESS if set, else a cluster on this machine
         address = os.environ.get("RAY_ADDRESS") or "local"
+    check_address(address)
     return RayFanout(address=None if address == "local" else address, workers_per_node=workers or 1)
 
 
