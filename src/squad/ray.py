@@ -552,7 +552,7 @@ class _Worker:
         recipe = self.recipe
         squad = Squad(list(recipe.agents.values()), main=recipe.main, engine=self.spec, workload=recipe.workload(),
                       variables={"params": recipe.params}, mcp_servers=recipe.mcp_servers, on_event=self.outbox)
-        squad.session._restartable = False  # a worker whose engine dies is taken out, not restarted (module docstring)
+        squad.session.restart_on_death = False  # a worker whose engine dies is taken out, not restarted (module docstring)
         self._squad_cm = portal.wrap_async_context_manager(squad)
         self.squad = self._squad_cm.__enter__()
         info = self.squad.info

@@ -241,7 +241,9 @@ class EngineSession(AsyncResource):
         self._reload_lock = anyio.Lock()
         self._exit_reported: int | None = None  # pid of the engine process whose death was reported
         self._restarted_pid: int | None = None  # pid of the engine the last restart started
-        self.share, self._restartable = share, restart
+        self.share = share
+        self.restart_on_death = restart
+        """Restart a launched engine that dies (False: whoever holds the session takes it out); read on entry."""
 
     # -- what the runtime uses ---------------------------------------------------------------
 
@@ -298,7 +300,7 @@ class EngineSession(AsyncResource):
             info, reason = await self.launcher.start(), "launched"
         from squad.client import EngineClient
 
-        restart = self._restart if self.launcher is not None and self._restartable else None
+        restart = self._restart if self.launcher is not None and self.restart_on_death else None
         sink = self._emit if self._sinks else None  # nobody listens: events are not even built
         # an engine that admits on its own (a squad serve endpoint says so, F20) gets no second admission
         admission = None if spec.admits or info.admits else Admission.for_engine(info, on_event=sink)
