@@ -319,6 +319,16 @@ class _Session:
     async def engine_up(self) -> bool:
         return self.dead is None
 
+    async def death(self, error, *, settle: float = 0.5) -> str | None:
+        """EngineSession.death's rule over this fake's state."""
+        from squad.errors import TruncatedStream
+
+        if self.exited() is not None:
+            return self.exited()
+        if isinstance(error, TruncatedStream) and not await self.engine_up():
+            return f"not answering after a stream it served was cut ({error})"
+        return None
+
 
 class _FakeSquad:
     """What _Worker.run uses of a squad: map, session, info."""
@@ -370,5 +380,5 @@ def test_a_cut_stream_with_the_engine_not_answering_is_a_death(tmp_path: Path) -
     fake.session.engine_up = down  # type: ignore[method-assign]  # process alive, /health down (hung)
     with start_blocking_portal() as portal:
         worker._portal, worker.squad = portal, fake  # type: ignore[assignment]
-        with pytest.raises(EngineGone, match="does not answer"):
+        with pytest.raises(EngineGone, match="not answering after a stream it served was cut"):
             worker.run(0, "echo", "Say a", fail_on=frozenset(), output_type=None)

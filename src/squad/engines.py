@@ -255,17 +255,9 @@ class Router:
         return serving
 
     async def _death(self, member: _Member, exc: Exception) -> str | None:
-        """Why ``member`` is dead after ``exc``, or None when it still serves (the call's own failure)."""
-        if member.lost is not None:
-            return member.lost
-        if (why := member.exited()) is not None:
-            return why
-        if isinstance(exc, EngineGone):  # the client found /health down before raising it
-            return str(exc)
-        up = getattr(member.session.chat, "engine_up", None)
-        if up is not None and not await up():
-            return f"not answering after a stream it served was cut ({exc})"
-        return None
+        """Why ``member`` is dead after ``exc``, or None when it still serves (the call's own failure):
+        :meth:`squad.session.EngineSession.death`."""
+        return member.lost if member.lost is not None else await member.session.death(exc)
 
     def _lose(self, member: _Member, why: str) -> None:
         """Take ``member`` out: close its admission (its queued calls move), forget its conversations."""

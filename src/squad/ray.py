@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iter
 
 import anyio
 
-from squad.errors import AgentRunError, EngineError, EngineGone, SquadError, TruncatedStream, UserError
+from squad.errors import AgentRunError, EngineError, EngineGone, SquadError, UserError
 from squad.events import (
     AgentStarted,
     ClusterConnected,
@@ -606,24 +606,9 @@ class _Worker:
 
     async def _engine_death(self, error: BaseException, settle: float = 1.0) -> str | None:
         """Why this worker's engine is dead after an item failed with ``error``, or None when it
-        still serves (the item failed for its own reason). Dead: its process ended (waiting up
-        to ``settle`` seconds for one whose socket closed first), or ``error`` is a cut stream
-        or a lost connection and ``/health`` no longer answers (the rule of
-        :meth:`squad.engines.Router._death`)."""
+        still serves (the item failed for its own reason): :meth:`squad.session.EngineSession.death`."""
         assert self.squad is not None
-        session = self.squad.session
-        launcher = getattr(session, "launcher", None)
-        if launcher is not None:
-            with anyio.move_on_after(settle):
-                while launcher.running:
-                    await anyio.sleep(0.05)
-        if (why := session.exited()) is not None:
-            return why
-        if isinstance(error, (TruncatedStream, EngineGone)):
-            up = getattr(session.chat, "engine_up", None)
-            if up is not None and not await up():
-                return f"its engine does not answer after {type(error).__name__}: {error}"
-        return None
+        return await self.squad.session.death(error, settle=settle)
 
     def close(self) -> None:
         """Stop the engine (and the squad's MCP servers), then the event loop."""

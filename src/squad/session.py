@@ -394,6 +394,25 @@ class EngineSession(AsyncResource):
         ended by itself (reported as ``engine.exited``, once), else None."""
         return self._report_exit()
 
+    async def death(self, error: BaseException, *, settle: float = 0.5) -> str | None:
+        """Why this engine is dead after a call failed with ``error``, or None when it still
+        serves (the call failed for its own reason). Dead: the launched engine's process ended
+        (waiting up to ``settle`` seconds for one whose socket closed first); or ``error`` is
+        :class:`~squad.errors.EngineGone` (the client raises it only once ``/health`` is down) or a
+        cut stream (:class:`~squad.errors.TruncatedStream`) and ``/health`` no longer answers.
+        The one rule for several engines (:mod:`squad.engines`) and Ray workers (:mod:`squad.ray`)."""
+        from squad.errors import EngineGone, TruncatedStream
+
+        if self.launcher is not None and (why := await self._exited(settle)) is not None:
+            return why
+        if isinstance(error, EngineGone):
+            return str(error)
+        if isinstance(error, TruncatedStream):
+            up = getattr(self._chat, "engine_up", None)
+            if up is not None and not await up():
+                return f"not answering after a stream it served was cut ({error})"
+        return None
+
     def _report_exit(self) -> str | None:
         launcher = self.launcher
         status = launcher.exit_status() if launcher is not None else None
