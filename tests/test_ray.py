@@ -382,3 +382,13 @@ def test_a_cut_stream_with_the_engine_not_answering_is_a_death(tmp_path: Path) -
         worker._portal, worker.squad = portal, fake  # type: ignore[assignment]
         with pytest.raises(EngineGone, match="not answering after a stream it served was cut"):
             worker.run(0, "echo", "Say a", fail_on=frozenset(), output_type=None)
+
+
+def test_the_worker_actor_has_no_async_method() -> None:
+    """One ``async def`` method makes Ray run an actor as an asyncio actor, whose synchronous
+    methods then block its event loop: a worker would serve one item at a time, whatever its slots."""
+    import inspect
+
+    from squad.ray import _Worker
+
+    assert not [n for n, f in inspect.getmembers(_Worker, inspect.isfunction) if inspect.iscoroutinefunction(f)]

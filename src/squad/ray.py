@@ -58,6 +58,7 @@ cluster is started or connected to (:mod:`squad.raycluster`: which addresses, an
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import sys
 import threading
@@ -595,20 +596,22 @@ class _Worker:
         try:
             result = self._portal.call(one)
         except EngineError as exc:
-            self.engine_lost = self.engine_lost or self._portal.call(self._engine_death, exc) or str(exc)
+            self.engine_lost = self.engine_lost or self._engine_death(exc) or str(exc)
             raise
-        if result.error is not None and (why := self._portal.call(self._engine_death, result.error)) is not None:
+        if result.error is not None and (why := self._engine_death(result.error)) is not None:
             self.engine_lost = self.engine_lost or why
             raise EngineGone(f"{why} (the item failed with it: {type(result.error).__name__})")
         value = getattr(result.output_value, "model_dump", None)
         return replace(result, item=index, worker=self.id, engine=squad.info.base_url,
                        output_value=value(mode="json") if callable(value) else result.output_value), self.outbox.count
 
-    async def _engine_death(self, error: BaseException, settle: float = 1.0) -> str | None:
+    def _engine_death(self, error: BaseException, settle: float = 1.0) -> str | None:
         """Why this worker's engine is dead after an item failed with ``error``, or None when it
-        still serves (the item failed for its own reason): :meth:`squad.session.EngineSession.death`."""
-        assert self.squad is not None
-        return await self.squad.session.death(error, settle=settle)
+        still serves (the item failed for its own reason): :meth:`squad.session.EngineSession.death`.
+        Synchronous on purpose: one ``async def`` method makes Ray run the actor as an asyncio
+        actor, whose synchronous methods (``run``) then block its one event loop, one item at a time."""
+        assert self.squad is not None and self._portal is not None
+        return self._portal.call(functools.partial(self.squad.session.death, error, settle=settle))
 
     def close(self) -> None:
         """Stop the engine (and the squad's MCP servers), then the event loop."""
