@@ -392,3 +392,30 @@ def test_the_worker_actor_has_no_async_method() -> None:
     from squad.ray import _Worker
 
     assert not [n for n, f in inspect.getmembers(_Worker, inspect.isfunction) if inspect.iscoroutinefunction(f)]
+
+
+def test_a_cluster_that_never_answers_is_given_up_and_ctrl_c_does_not_wait(monkeypatch) -> None:
+    """``--ray HOST:PORT`` where something accepts connections but is not Ray: Ray retries
+    without end; squad gives up after CONNECT_TIMEOUT, and a cancel (Ctrl-C) does not wait."""
+    import threading
+    import time
+
+    import squad.ray as squad_ray
+    from squad.errors import ClusterError
+
+    forever = threading.Event()
+    monkeypatch.setattr(squad_ray.RayFanout, "_connect", lambda self, cluster: forever.wait(60))
+    monkeypatch.setattr(squad_ray, "CONNECT_TIMEOUT", 0.3)
+    fanout = RayFanout(address="127.0.0.1:6379")
+    with pytest.raises(ClusterError, match="no Ray cluster answered at '127.0.0.1:6379' within 0 s"):
+        anyio.run(fanout._connect_existing)
+    monkeypatch.setattr(squad_ray, "CONNECT_TIMEOUT", 60)
+
+    async def cancelled() -> float:
+        start = time.monotonic()
+        with anyio.move_on_after(0.2):
+            await fanout._connect_existing()
+        return time.monotonic() - start
+
+    assert anyio.run(cancelled) < 5
+    forever.set()

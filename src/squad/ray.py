@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Collection, Iter
 
 import anyio
 
-from squad.errors import AgentRunError, EngineError, EngineGone, SquadError, UserError
+from squad.errors import AgentRunError, ClusterError, EngineError, EngineGone, SquadError, UserError
 from squad.events import (
     AgentStarted,
     ClusterConnected,
@@ -104,6 +104,12 @@ START_WAIT = 60.0
 before it stops the cluster anyway (seconds; it takes a few)."""
 FLUSH_TIMEOUT = 10.0
 """Longest the driver waits for an item's last events after its result came (seconds)."""
+
+CONNECT_TIMEOUT = 30.0
+"""Seconds squad waits for ``ray.init`` to connect to an existing cluster (``--ray ADDRESS``). A
+port that accepts connections but is not a Ray GCS makes Ray retry without end; past this squad
+gives up with :class:`~squad.errors.ClusterError` (the connecting thread is a daemon: it never
+holds up the exit)."""
 
 
 def require_ray() -> None:
@@ -210,7 +216,7 @@ class RayFanout:
                 connected.set()
 
         try:
-            ray = await anyio.to_thread.run_sync(connect)
+            ray = await (anyio.to_thread.run_sync(connect) if cluster is not None else self._connect_existing())
             async with anyio.create_task_group() as feeds:  # one task per worker fetching its events
                 pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
                 try:
@@ -234,6 +240,32 @@ class RayFanout:
                     # still starting is let finish (seconds), so that ray.shutdown() knows all of it
                     await anyio.to_thread.run_sync(connected.wait, START_WAIT)
                     await anyio.to_thread.run_sync(cluster.stop)
+
+    async def _connect_existing(self) -> Any:
+        """:meth:`_connect` to the cluster at ``address`` in a daemon thread, given up after
+        :data:`CONNECT_TIMEOUT` seconds or when cancelled (Ctrl-C) without waiting for Ray."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target() -> None:
+            try:
+                box["ray"] = self._connect(None)
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's task
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name="squad-ray-connect", daemon=True).start()
+        with anyio.move_on_after(CONNECT_TIMEOUT):
+            while not done.is_set():
+                await anyio.sleep(0.05)
+        if not done.is_set():
+            raise ClusterError(f"no Ray cluster answered at {self.address!r} within {CONNECT_TIMEOUT:.0f} s: something "
+                               "accepts connections there, but not as a Ray cluster; give its GCS address (port "
+                               "6379 by default, `ray status` on a node shows it), or 'local' for one on this machine")
+        if "error" in box:
+            raise box["error"]
+        return box["ray"]
 
     def _connect(self, cluster: LocalCluster | None) -> Any:
         """``ray`` connected to the cluster (blocking): ``cluster`` started, else the one at
