@@ -39,3 +39,29 @@ def test_a_malformed_url_is_a_clear_error_everywhere(url, says, capsys):
 def test_good_urls_pass_as_written(url):
     assert check_engine_url(url) == url
     assert EngineSpec(url=url).url == url
+
+
+@pytest.mark.parametrize("a, b", [
+    ("http://127.0.0.1:8080", "http://127.1:8080"),
+    ("http://127.0.0.1:8080", "http://0.0.0.0:8080"),
+    ("http://127.0.0.1:8080", "http://[::ffff:127.0.0.1]:8080"),
+    ("http://127.0.0.1:8080", "HTTP://LocalHost:8080/v1/"),
+    ("http://[::1]:8080", "http://localhost:8080"),
+])
+def test_spellings_of_this_machine_are_one_engine(a, b):
+    from squad.engine.urls import engine_key
+
+    assert engine_key(a) == engine_key(b)
+
+
+def test_other_addresses_stay_other_engines():
+    from squad.engine.urls import engine_key
+
+    assert engine_key("http://127.0.0.2:8080") != engine_key("http://127.0.0.1:8080")
+    assert engine_key("http://10.0.0.1:8080") != engine_key("http://127.0.0.1:8080")
+
+
+def test_the_scheme_may_be_upper_case_and_another_scheme_gets_a_sound_hint():
+    assert check_engine_url("HTTP://127.0.0.1:8080") == "HTTP://127.0.0.1:8080"
+    with pytest.raises(ValueError, match=r"e\.g\. http://127\.0\.0\.1:1'?$"):
+        check_engine_url("ftp://127.0.0.1:1")

@@ -381,7 +381,10 @@ def _summary(rows: list[Any], result: "RecipeRun", lost: "Sequence[dict[str, Any
     elif result.info is not None:
         which = f" {result.info.base_url} (the one left)" if lost else ""
         err_console.print(f"engine{_esc(which)}: {result.info.slots} slots sharing a pool of {result.info.pool:,} "
-                          f"tokens, {result.info.n_ctx:,} per request (read back from /props)")
+                          f"tokens, {result.info.n_ctx:,} per request (" + (
+                              "read back from /props)" if result.info.kind in ("llama.cpp", "squad-serve")
+                              else f"as the {result.info.kind} server reported them or squad assumed: "
+                                   "squad engine info --url shows where each came from)"))
     for e in lost:
         err_console.print(f"[yellow]engine {_esc(e['engine'])} lost at {e['t']:.1f}s:[/] {_esc(e['reason'])}",
                           soft_wrap=True)

@@ -14,9 +14,10 @@ def check_engine_url(url: object) -> str:
     1..65535 and a well-formed host (an IPv6 address in brackets). Raises ``ValueError`` saying
     what is wrong and how to write it."""
     text = str(url)
-    if not text.startswith(("http://", "https://")):
+    if not text.lower().startswith(("http://", "https://")):
+        bare = text.split("://", 1)[-1].removeprefix("//") or "127.0.0.1:8080"
         raise ValueError(f"url {text!r}: write the engine's address with its scheme, http://HOST:PORT, "
-                         f"e.g. http://{text.removeprefix('//') or '127.0.0.1:8080'}")
+                         f"e.g. http://{bare}")
     try:
         parts = urlsplit(text)
         port = parts.port
@@ -48,10 +49,28 @@ def engine_key(url: str) -> str:
     except ValueError:
         return url.strip()
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower().rstrip(".")
-    if host in _LOOPBACK or host.endswith(".localhost"):
+    if host in _LOOPBACK or host.endswith(".localhost") or _this_machine(host):
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
     port = port or _DEFAULT_PORTS.get(scheme)
     path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
     return f"{scheme}://{host}{f':{port}' if port else ''}{path}"
+
+
+def _this_machine(host: str) -> bool:
+    """True for 127.0.0.1 whatever its spelling: shorthand (``127.1``), ``::1``, the IPv4-mapped
+    form (``::ffff:127.0.0.1``), and ``0.0.0.0``/``::`` (a connection to them reaches this machine).
+    Other 127.x addresses are other addresses (a server may bind each)."""
+    import ipaddress
+    import socket
+
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.inet_aton(host))  # 127.1, 0x7f.1: inet_aton's IPv4 shorthand
+        except OSError:
+            return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_unspecified or str(ip) in ("127.0.0.1", "::1")  # 127.0.0.2 is another address
