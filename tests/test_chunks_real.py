@@ -41,7 +41,9 @@ def test_review_recipe_reads_a_long_file_in_chunks(capsys, tmp_path, llama_serve
         trace = (tmp_path / "t.jsonl").read_text(errors="replace") if (tmp_path / "t.jsonl").exists() else ""
         pytest.fail(f"squad run exited {code_}\n{err[-3000:]}\n{trace[-3000:]}")
     data = json.loads(out)
-    assert not data["errors"] and "AdmissionError" not in out
+    # errors are looked for where squad reports them, not as words in the answers: the file under
+    # review is squad's own source, which the model may echo ("from squad.errors import AdmissionError")
+    assert not data["errors"] and all(step.get("error") is None for step in data["steps"].values())
     assert data["output"].strip()
     n = len(pieces)
     for name in ("security", "style", "tests"):
