@@ -6,10 +6,11 @@ request with ``Context size has been exceeded.`` (``docs/llama-server.md``). So 
 call is sent it reserves ``prompt tokens + max_tokens`` here, and waits while either all
 slots are taken or the reservation does not fit what is left of the pool.
 
-Queue order: lower ``priority`` number first, FIFO among equals, and **no barging**: the
-head of the queue is never overtaken by a smaller request that would fit now. The runtime
-gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes to
-the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
+Queue order is a :class:`~squad.queue_policy.QueuePolicy` (``queue=``): by default lower
+``priority`` number first, FIFO among equals, and **no barging** (``fifo``); ``backfill`` and
+``program`` let a call that fits pass a head that does not, a bounded number of times. The
+runtime gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes
+to the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
 
 Events (:mod:`squad.events`): :class:`~squad.events.CallQueued`,
 :class:`~squad.events.CallAdmitted`, :class:`~squad.events.CallReleased`, each carrying the
@@ -30,6 +31,7 @@ import anyio
 from squad.engine.llama import round_ctx
 from squad.errors import AdmissionError, EngineLost
 from squad.events import CallAdmitted, CallQueued, CallReleased, Event, EventSink, Origin
+from squad.queue_policy import QueuePolicy, queue_policy
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
@@ -62,10 +64,6 @@ class _Waiter:
     granted: anyio.Event = field(default_factory=anyio.Event)
     error: AdmissionError | EngineLost | None = None
 
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.reservation.priority, self.seq)
-
 
 def _limit_note(info: "EngineInfo") -> str:
     if info.truncates:
@@ -85,11 +83,15 @@ class Admission:
     - ``engine``: the engine id its events carry (its base URL).
     - ``limit_note``: why the per-request limit matters for this engine, added to the error for
       a request above it (e.g. Ollama truncates such a prompt silently).
+    - ``queue``: the order of waiting calls, a :class:`~squad.queue_policy.QueuePolicy` or its
+      name (``fifo`` default, ``backfill``, ``program``); ``ValueError`` for an unknown name.
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
-                 on_event: EventSink | None = None, engine: str | None = None, limit_note: str = "") -> None:
+                 on_event: EventSink | None = None, engine: str | None = None, limit_note: str = "",
+                 queue: "str | QueuePolicy | None" = None) -> None:
         self._check_shape(slots, pool)
+        self.queue: QueuePolicy = queue_policy(queue)
         self.limit_note = limit_note
         self.slots, self.pool, self.per_request_limit = slots, pool, per_request_limit
         self._on_event = on_event
@@ -97,7 +99,6 @@ class Admission:
         self._running: dict[int, Reservation] = {}  # slot -> reservation
         self._reserved = 0  # sum of the running reservations' tokens
         self._free: list[int] = list(range(slots))  # free slot numbers, a min-heap
-        self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
         self._held = False
@@ -105,12 +106,13 @@ class Admission:
         """Set by :meth:`close`: the engine was lost; every reservation fails with it."""
 
     @classmethod
-    def for_engine(cls, info: "EngineInfo", *, on_event: EventSink | None = None) -> "Admission":
+    def for_engine(cls, info: "EngineInfo", *, on_event: EventSink | None = None,
+                   queue: "str | QueuePolicy | None" = None) -> "Admission":
         """Admission for an engine as it reported itself: its slots, its pool, and each
         request kept under the per-slot context ``info.n_ctx`` (which is below the pool when
         KV is not unified, or when one slot is capped at the training context)."""
         return cls(info.slots, info.pool, per_request_limit=info.n_ctx, on_event=on_event, engine=info.base_url,
-                   limit_note=_limit_note(info))
+                   limit_note=_limit_note(info), queue=queue)
 
     def adopt(self, info: "EngineInfo") -> None:
         """Take a reloaded engine's slots and pool (see :meth:`resize`)."""
@@ -133,6 +135,10 @@ class Admission:
     def queued(self) -> list[str]:
         """Agents waiting, in the order they will be admitted."""
         return [w.reservation.agent for w in self._waiters]
+
+    @property
+    def _waiters(self) -> list[_Waiter]:
+        return self.queue.ordered()  # type: ignore[return-value]
 
     @property
     def queued_tokens(self) -> int:
@@ -177,17 +183,17 @@ class Admission:
         self.check(tokens, agent=origin)
         waiter = _Waiter(Reservation(origin=origin, tokens=tokens, priority=priority, call=call), next(self._seq))
         started = time.monotonic()
-        self._enqueue(waiter)
+        self.queue.add(waiter)
         self._dispatch()
         if not waiter.granted.is_set():
-            position = self._waiters.index(waiter) if waiter in self._waiters else 0
+            waiting = self._waiters
+            position = waiting.index(waiter) if waiter in waiting else 0
             self._emit(CallQueued, waiter.reservation, tokens=tokens, position=position,
                        in_flight=self.in_flight, pool_used=self.reserved)
             try:
                 await waiter.granted.wait()
             except BaseException:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                if self.queue.remove(waiter):
                     self._dispatch()  # the head may have changed
                 else:
                     self._release(waiter.reservation, started)
@@ -240,7 +246,7 @@ class Admission:
                 self.check(waiter.reservation.tokens, agent=waiter.reservation.agent)
             except AdmissionError as exc:
                 waiter.error = exc
-                self._waiters.remove(waiter)
+                self.queue.remove(waiter)
                 waiter.granted.set()
         self.resume()
 
@@ -250,8 +256,8 @@ class Admission:
         self.closed = lost
         for waiter in self._waiters:
             waiter.error = lost
+            self.queue.remove(waiter)
             waiter.granted.set()
-        self._waiters.clear()
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -260,17 +266,16 @@ class Admission:
         if slots < 1 or pool < 1:
             raise ValueError(f"admission needs at least one slot and a positive pool, got slots={slots} pool={pool}")
 
-    def _enqueue(self, waiter: _Waiter) -> None:
-        index = next((i for i, w in enumerate(self._waiters) if w.key > waiter.key), len(self._waiters))
-        self._waiters.insert(index, waiter)
+    def _fits(self, reservation: Reservation) -> bool:
+        return self._reserved + reservation.tokens <= self.pool
 
     def _dispatch(self) -> None:
-        """Grant waiters from the head while the head fits; never let a later one barge."""
-        while self._waiters and not self._held and self.closed is None:
-            head = self._waiters[0]
-            if not self._free or self._reserved + head.reservation.tokens > self.pool:
+        """Grant the waiters the queue policy picks while a slot is free and they fit."""
+        while self._free and not self._held and self.closed is None:
+            head = self.queue.pick(self._fits)
+            if head is None:
                 return
-            self._waiters.pop(0)
+            assert isinstance(head, _Waiter)
             slot = heapq.heappop(self._free)
             head.reservation.slot = slot
             self._running[slot] = head.reservation
@@ -284,8 +289,10 @@ class Admission:
         self._reserved -= reservation.tokens
         if reservation.slot < self.slots:
             heapq.heappush(self._free, reservation.slot)
+        held_s = time.monotonic() - since
+        self.queue.served(reservation, held_s)
         self._emit(CallReleased, reservation, tokens=reservation.tokens, slot=reservation.slot,
-                   held_s=time.monotonic() - since, in_flight=self.in_flight, pool_used=self.reserved)
+                   held_s=held_s, in_flight=self.in_flight, pool_used=self.reserved)
         self._dispatch()
         if not self._running:
             for idle in self._idle:

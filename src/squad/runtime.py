@@ -111,6 +111,8 @@ class Squad:
     :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every agent's instructions template.
     ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
     a launched engine with more slots (otherwise they queue in squad, with an event).
+    ``queue`` orders the calls waiting for admission (:mod:`squad.queue_policy`: ``fifo``
+    default, ``backfill``, ``program``).
     ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
     asked once more without tools. ``max_sub_depth`` (default 2) and ``max_sub_calls``
     (default 8) bound the sub-agent tool calls (``ask_<name>``) of one run (see the module
@@ -151,6 +153,7 @@ class Squad:
         max_tool_rounds: int = 4,
         max_sub_depth: int = MAX_SUB_DEPTH,
         max_sub_calls: int = MAX_SUB_CALLS,
+        queue: str | None = None,
         **renamed: Any,
     ) -> None:
         if renamed:
@@ -169,6 +172,12 @@ class Squad:
         if engine is not None and any(v is not None for v in short.values()):
             given = ", ".join(k for k, v in short.items() if v is not None)
             raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
+        if queue is not None:
+            if isinstance(engine, EngineSpec):
+                engine = engine.but(queue=queue)
+            elif engine is not None or engines is not None:
+                raise UserError("queue= orders the calls of the engine squad opens from short forms; for engine= "
+                                "or engines= give EngineSpec(..., queue=...) instead")
         self.workload: Node = workload or default_workload(self.agents, self.main)
         self.variables = dict(variables or {})
         self.replan = replan
@@ -186,7 +195,8 @@ class Squad:
         if engines is not None or isinstance(engine, (list, tuple)):
             self.session = _several(engine, engines, short, self.workload, sink)
         else:
-            self.session = EngineSession(engine if engine is not None else EngineSpec(**short),  # type: ignore[arg-type]
+            self.session = EngineSession(engine if engine is not None else  # type: ignore[arg-type]
+                                         EngineSpec(**short, queue=queue or "fifo"),
                                          self.workload, on_event=sink)
         self._open = False
         self._operations = Operations()

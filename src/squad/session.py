@@ -69,6 +69,9 @@ class EngineSpec:
     the engine at ``url`` admits on its own (a proxy in front of llama-server that queues by
     slots and KV pool itself), so squad sends without reserving.
 
+    ``queue``: the order of calls waiting for admission (:mod:`squad.queue_policy`: ``fifo``
+    default, ``backfill``, ``program``).
+
     ``request_timeout`` (seconds) bounds one call end to end, and the engine's own ``-to``
     is set above it. ``load_timeout`` (seconds): how long a launched engine may take to load the
     model (None: 60 s + 60 s per GiB of model file). Raises :class:`UserError` for a bad
@@ -90,8 +93,13 @@ class EngineSpec:
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
     gpu_layers: int | str | None = None
+    queue: str = "fifo"
 
     def __post_init__(self) -> None:
+        from squad.queue_policy import QUEUE_POLICIES
+
+        if self.queue not in QUEUE_POLICIES:
+            raise UserError(f"queue must be one of {', '.join(QUEUE_POLICIES)}, got {self.queue!r}")
         for name in ("slots", "ctx", "threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -303,7 +311,8 @@ class EngineSession(AsyncResource):
         restart = self._restart if self.launcher is not None and self.restart_on_death else None
         sink = self._emit if self._sinks else None  # nobody listens: events are not even built
         # an engine that admits on its own (a squad serve endpoint says so, F20) gets no second admission
-        admission = None if spec.admits or info.admits else Admission.for_engine(info, on_event=sink)
+        admission = None if spec.admits or info.admits else Admission.for_engine(info, on_event=sink,
+                                                                                      queue=spec.queue)
         client = EngineClient(info, admission=admission, request_timeout=spec.request_timeout, on_event=sink,
                               restart=restart, gone_reason=self._exited if self.launcher is not None else None)
         self._chat, self._owns_chat = client, True

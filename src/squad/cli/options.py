@@ -15,14 +15,14 @@ import typer
 from squad.engine.llama import MAX_SLOTS
 
 __all__ = ["OPTION_NAMES", "model", "param", "slots", "ctx", "ctk", "ctv", "llama_server", "threads", "port", "url",
-           "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp", "gpu_layers",
+           "api_key", "as_json", "out", "load_timeout", "request_timeout", "check_mcp", "gpu_layers", "queue",
            "parse_gpu_layers"]
 
 OPTION_NAMES: dict[str, str | None] = {
     # the engine: the same names as far as possible as llama-server's own short flags
     "--model": "-m", "--slots": "-np", "--ctx": "-c", "--ctk": None, "--ctv": None, "--threads": "-t",
     "--llama-server": None, "--port": None, "--url": None, "--api-key": None, "--load-timeout": None,
-    "--request-timeout": None, "--gpu-layers": "-ngl",
+    "--request-timeout": None, "--gpu-layers": "-ngl", "--queue": None,
     # serve
     "--host": None, "--engine-api-key": None, "--default-max-tokens": None, "--replan-interval": None,
     "--watch": None,
@@ -144,6 +144,23 @@ def request_timeout() -> Any:
     return typer.Option("--request-timeout", min=1, show_default=False,
                         help="Seconds one model call may take end to end, queueing excluded (default: 600 s); "
                              "raise it for long prompts on a slow or busy CPU.")
+
+
+def queue() -> Any:
+    """``--queue POLICY``: the order of calls waiting for admission (:mod:`squad.queue_policy`)."""
+    return typer.Option("--queue", show_default=False, metavar="fifo|backfill|program", callback=_check_queue,
+                        help="Order of calls waiting for a slot or pool room: fifo (default: priority, then "
+                             "arrival, no call passes the head), backfill (a call that fits may pass a head that "
+                             "does not, a bounded number of times) or program (the program that has held the "
+                             "engine least goes first, with backfill).")
+
+
+def _check_queue(value: str | None) -> str | None:
+    from squad.queue_policy import QUEUE_POLICIES
+
+    if value is None or value.lower() in QUEUE_POLICIES:
+        return None if value is None else value.lower()
+    raise typer.BadParameter(f"{value!r} is not a queue policy: use one of {', '.join(QUEUE_POLICIES)}")
 
 
 def port(help: str) -> Any:

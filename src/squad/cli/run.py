@@ -108,6 +108,7 @@ def run_command(
     trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
+    queue: Annotated[Optional[str], options.queue()] = None,
     otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="[ADDRESS]", show_default=False, help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster on 127.0.0.1; a bare --ray uses $RAY_ADDRESS if set, else 'local'. Each node runs --ray-workers workers, each with its own llama-server planned for its share of the node's memory; items go to workers as their engine slots free up, results come back in input order, an item whose worker dies is run once more on another. Other steps (calls, parallel blocks, maps of the main agent) run here on a local engine, launched only if the recipe has one.")] = None,
     ray_workers: Annotated[Optional[int], typer.Option("--ray-workers", min=1, show_default=False, help="With --ray: workers per node (default 1), each planning for 1/N of the node's memory.")] = None,
@@ -152,8 +153,8 @@ def run_command(
     # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
     specs = ([engine_spec(None, url=u, api_key=api_key, **overrides) for u in url] if url else
              recipe_engine_specs(loaded, **overrides))
-    if request_timeout is not None:
-        specs = [s.but(request_timeout=request_timeout) for s in specs]
+    if request_timeout is not None or queue is not None:
+        specs = [s.but(request_timeout=request_timeout, queue=queue) for s in specs]
     spec = specs[0]
     launching = any(s.url is None for s in specs)
     check_state_dirs(*(ENGINE_STATE if launching else ()), *(("traces",) if trace is None else ()))
@@ -413,6 +414,7 @@ def chat_command(
                                          "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
+    queue: Annotated[Optional[str], options.queue()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
     from squad.chatloop import chat_loop
@@ -424,8 +426,8 @@ def chat_command(
     agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
-    if request_timeout is not None:
-        spec = spec.but(request_timeout=request_timeout)
+    if request_timeout is not None or queue is not None:
+        spec = spec.but(request_timeout=request_timeout, queue=queue)
     if url is None:
         check_state_dirs(*ENGINE_STATE)
     view = LiveView(console=err_console, live=False)

@@ -47,6 +47,7 @@ def serve_command(
     = False,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
+    queue: Annotated[Optional[str], options.queue()] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) in front of
     llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
@@ -64,8 +65,8 @@ def serve_command(
         check_state_dirs(*ENGINE_STATE)
     spec = engine_spec(url=url, api_key=engine_api_key, model=model, slots=slots, ctx=ctx, cache_type_k=ctk,
                        cache_type_v=ctv, binary=llama_server, threads=threads, load_timeout=load_timeout)
-    if request_timeout is not None:
-        spec = spec.but(request_timeout=request_timeout)
+    if request_timeout is not None or queue is not None:
+        spec = spec.but(request_timeout=request_timeout, queue=queue)
     if host not in LOOPBACK:
         err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
                           "(they still need the key)")

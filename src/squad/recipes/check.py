@@ -168,10 +168,12 @@ class _Loader:
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
             cache_type=spec.engine.cache_type,
             gpu_layers=spec.engine.gpu_layers,
+            queue=spec.engine.queue,
         )
         engines = tuple(EngineSettings(
             slots=None if e.slots == "auto" else e.slots, ctx=None if e.ctx == "auto" else e.ctx,
             cache_type=e.cache_type, gpu_layers=e.gpu_layers, url=e.url, api_key=e.api_key, threads=e.threads,
+            queue=e.queue,
             model=self._model(e.model, ("engines", i, "model")) if e.model is not None else None,
         ) for i, e in enumerate(spec.engines or ()))
         recipe = Recipe(

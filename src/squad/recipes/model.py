@@ -58,6 +58,7 @@ class EngineSettings:
     api_key: str | None = field(default=None, repr=False)
     model: str | None = None
     threads: int | None = None
+    queue: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ class Recipe:
 
         e = self.engine
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
-                          gpu_layers=e.gpu_layers)
+                          gpu_layers=e.gpu_layers, queue=e.queue or "fifo")
 
     def engine_specs(self) -> list["EngineSpec"]:
         """The engines this recipe runs on: one spec per item of ``engines:`` (a launched one's
@@ -177,9 +178,11 @@ class Recipe:
 
         if not self.engines:
             return [self.engine_spec()]
-        return [EngineSpec(url=e.url, api_key=e.api_key, slots=e.slots, ctx=e.ctx) if e.url is not None else
+        queue = self.engine.queue or "fifo"  # engine: queue applies to every engine unless an item sets its own
+        return [EngineSpec(url=e.url, api_key=e.api_key, slots=e.slots, ctx=e.ctx, queue=e.queue or queue)
+                if e.url is not None else
                 EngineSpec(model=e.model or self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
-                           gpu_layers=e.gpu_layers, threads=e.threads)
+                           gpu_layers=e.gpu_layers, threads=e.threads, queue=e.queue or queue)
                 for e in self.engines]
 
     def workload(self) -> Node:

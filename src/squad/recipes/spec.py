@@ -38,6 +38,8 @@ class EngineSection(_Strict):
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
+    queue: Literal["fifo", "backfill", "program"] | None = None
+    """The order of calls waiting for admission (:mod:`squad.queue_policy`; None: ``fifo``)."""
 
     @model_validator(mode="before")
     @classmethod
