@@ -25,7 +25,7 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import hand_engine, md_table  # noqa: E402
+from _common import MODEL, hand_engine, md_table  # noqa: E402
 
 LONG_TEXT = " ".join(f"Line {i}: the committee reviewed the budget, the schedule and the open risks." for i in range(50))
 
@@ -81,9 +81,9 @@ async def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     n_short, long_tokens, short_tokens = (6, 120, 16) if args.quick else (12, 300, 24)
     rows = []
-    async with hand_engine(["-c", "8192", "-np", "4", "--kv-unified"]) as big:
+    async with hand_engine(["-m", str(MODEL), "-c", "8192", "-np", "4", "--kv-unified"]) as big:
         bound = await _workload(big.base_url, big.api_key, "fifo", n_short, long_tokens, short_tokens)
-    async with hand_engine(["-c", "2048", "-np", "4", "--kv-unified"]) as eng:
+    async with hand_engine(["-m", str(MODEL), "-c", "2048", "-np", "4", "--kv-unified"]) as eng:
         for policy in ("fifo", "backfill", "program"):
             r = await _workload(eng.base_url, eng.api_key, policy, n_short, long_tokens, short_tokens)
             rows.append([policy, f"{r['makespan']:.1f}", f"{r['makespan'] / bound['makespan']:.2f}",
