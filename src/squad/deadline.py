@@ -296,12 +296,14 @@ class CallWatch:
         self.engine._changed()
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
-        now = self.engine.clock()
+    def _passed(self, now: float) -> str | None:
+        """Which deadline has passed at ``now``: ``"bound"``, ``"stall"`` or None."""
         if now >= self.bound:
-            self.fired = "bound"
-        elif now >= self.last + self.window():
-            self.fired = "stall"
+            return "bound"
+        return "stall" if now >= self.last + self.window() else None
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.fired = self._passed(self.engine.clock())
         self.engine.active.discard(self)
         self.engine._changed()
         assert self.scope is not None
@@ -333,7 +335,7 @@ class CallWatch:
                 f"was stopped; {tail}. {measured}; {state}. Raise --request-timeout, or leave it unset so squad derives "
                 "each call's deadline from the engine's measured speed; or shorten the prompt or lower max_tokens",
                 agent=agent)
-        if self.fired == "stall":
+        if (self.fired or self._passed(now)) == "stall":
             quiet = now - self.last
             return CallTimeout(
                 f"agent '{agent}': no progress from the engine for {quiet:,.0f} s (its window: {self.window():,.0f} s); "
