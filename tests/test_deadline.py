@@ -76,6 +76,9 @@ async def test_no_progress_window_covers_one_batch_at_the_measured_speed():
     speed = EngineSpeed(prefill=15.0, decode=4.0, prefill_samples=1, decode_samples=1)
     engine, clock = _engine(speed, no_progress_floor=10, margin=3, n_batch=2048)
     big, small = engine.watch(3478, 512), engine.watch(100, 512)
+    # an engine that has sent no progress chunk: the whole prompt may pass in silence
+    assert big.window() == pytest.approx(3 * (3478 / 15 + 1 / 4))
+    big.progress({"total": 3478, "cache": 0, "processed": 0, "time_ms": 0})
     # prefill: one batch (at most the prompt) and the first token
     assert big.window() == pytest.approx(3 * (2048 / 15 + 1 / 4))
     assert small.window() == pytest.approx(3 * (100 / 15 + 1 / 4))

@@ -8,7 +8,8 @@ stopped when either passes:
   start, a ``prompt_progress`` chunk nor a token). llama-server reports prompt progress only
   per batch of :data:`~squad.engine.llama.N_BATCH` tokens, so the window is
   ``margin × (one batch ÷ prefill speed)`` (or ``margin ÷ decode speed`` between tokens), at
-  least ``no_progress_floor``;
+  least ``no_progress_floor``; on an engine that has sent no progress chunk yet (another kind,
+  an older build) the window before the first token covers the whole prompt;
 - the **overall bound**: ``margin × (prompt ÷ prefill speed + max_tokens ÷ decode speed)``, at
   least ``floor``, at most :data:`~squad.engine.llama.LONGEST_CALL_S` (the engine's ``-to`` is
   above it, F04); prompt progress and tokens re-estimate (only ever extend) it from the speed
@@ -161,6 +162,9 @@ class EngineDeadlines:
         self.speed = speed or EngineSpeed()
         self.clock = clock
         self.active: set[CallWatch] = set()
+        self.reports_progress = False
+        """True once the engine sent a ``prompt_progress`` chunk (then a batch, not the whole
+        prompt, is the longest silence before the first token)."""
 
     def watch(self, prompt: int, max_tokens: int) -> "CallWatch":
         """The watch for one attempt of ``prompt`` counted tokens and ``max_tokens``."""
@@ -236,7 +240,8 @@ class CallWatch:
         speed = self.engine.speed  # the slower of this call's own and the engine's average
         prefill, decode = min(self.prefill, speed.prefill), min(self.decode, speed.decode)
         if self.generated == 0:
-            chunk = p.n_batch if shared else min(p.n_batch, max(1, self.prompt - self.processed))
+            left = max(1, self.prompt - self.processed)
+            chunk = (p.n_batch if shared else min(p.n_batch, left)) if self.engine.reports_progress else left
             work = chunk / prefill + 1 / decode
         else:
             work = 1 / decode + (p.n_batch / prefill if shared else 0)
@@ -258,6 +263,7 @@ class CallWatch:
         total, cache = int(_num(prompt_progress.get("total"))), int(_num(prompt_progress.get("cache")))
         processed, ms = int(_num(prompt_progress.get("processed"))), _num(prompt_progress.get("time_ms"))
         self.progress_chunks += 1
+        self.engine.reports_progress = True
         if total > 0:
             self.prompt = total
         self.cache, self.processed = cache, max(self.processed, processed)
