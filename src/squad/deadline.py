@@ -136,7 +136,8 @@ class EngineSpeed:
             name, _, value = line.partition(" ")
             if name in ("llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds"):
                 found[name] = _num(value.strip())
-        prefill, decode = found.get("llamacpp:prompt_tokens_seconds", 0), found.get("llamacpp:predicted_tokens_seconds", 0)
+        prefill = found.get("llamacpp:prompt_tokens_seconds", 0)
+        decode = found.get("llamacpp:predicted_tokens_seconds", 0)
         if not (prefill > 0 and decode > 0):
             return False
         self.prefill, self.decode, self.source = prefill, decode, "the engine's /metrics"
@@ -145,8 +146,9 @@ class EngineSpeed:
     def describe(self, prompt: int, max_tokens: int) -> str:
         """``prefill at 15 tok/s: 3,478 prompt tokens need ~232 s; decode at 4.0 tok/s: 512
         tokens need ~128 s (measured)``."""
-        return (f"prefill at {_rate(self.prefill)} tok/s: {prompt:,} prompt tokens need ~{prompt / self.prefill:,.0f} s; "
-                f"decode at {_rate(self.decode)} tok/s: max_tokens {max_tokens:,} need ~{max_tokens / self.decode:,.0f} s "
+        prefill_s, decode_s = prompt / self.prefill, max_tokens / self.decode
+        return (f"prefill at {_rate(self.prefill)} tok/s: {prompt:,} prompt tokens need ~{prefill_s:,.0f} s; "
+                f"decode at {_rate(self.decode)} tok/s: max_tokens {max_tokens:,} need ~{decode_s:,.0f} s "
                 f"({self.source})")
 
 
@@ -337,14 +339,15 @@ class CallWatch:
         tail = "it is not resent unchanged (F04)"
         if p.request_timeout is not None:
             return CallTimeout(
-                f"agent '{agent}': the call took longer than its fixed {p.request_timeout:,.0f} s (request_timeout) and "
-                f"was stopped; {tail}. {measured}; {state}. Raise --request-timeout, or leave it unset so squad derives "
-                "each call's deadline from the engine's measured speed; or shorten the prompt or lower max_tokens",
-                agent=agent)
+                f"agent '{agent}': the call took longer than its fixed {p.request_timeout:,.0f} s (request_timeout) "
+                f"and was stopped; {tail}. {measured}; {state}. Raise --request-timeout, or leave it unset so squad "
+                "derives each call's deadline from the engine's measured speed; or shorten the prompt or lower "
+                "max_tokens", agent=agent)
         if (self.fired or self._passed(now)) == "stall":
             quiet = now - self.last
             return CallTimeout(
-                f"agent '{agent}': no progress from the engine for {quiet:,.0f} s (its window: {self.window():,.0f} s); "
+                f"agent '{agent}': no progress from the engine for {quiet:,.0f} s "
+                f"(its window: {self.window():,.0f} s); "
                 f"{state}; {measured}. The call was stopped; {tail}. Check that the engine still runs and is not "
                 "starved of CPU (its log; fewer slots or other work on the machine), or pass --request-timeout SECONDS "
                 "to replace the derived deadlines with one fixed deadline", agent=agent)
