@@ -110,6 +110,17 @@ async def test_progress_extends_the_bound_and_the_error_says_what_was_measured()
     assert "not resent unchanged" in message
 
 
+def test_time_in_an_endpoints_own_queue_is_not_the_calls_work():
+    """squad serve admits on its own: until it answers, only the longest-call cap applies."""
+    engine, clock = _engine(floor=60, no_progress_floor=10)
+    watch = engine.watch(100, 10, queued_upstream=True)
+    assert watch.deadline() == clock.now + LONGEST_CALL_S
+    clock.now += 900  # queued behind other clients
+    watch.started()
+    assert watch.sent == clock.now and watch.bound == clock.now + watch.overall()
+    assert watch.deadline() == min(watch.bound, clock.now + watch.window())
+
+
 def test_fixed_deadline_message_names_the_override():
     engine, clock = _engine(request_timeout=600)
     message = str(engine.watch(3478, 512).error("r"))

@@ -455,7 +455,7 @@ class EngineClient:
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
         async with admitted as reservation:
-            with self.deadlines.watch(prompt, req.max_tokens) as watch:
+            with self.deadlines.watch(prompt, req.max_tokens, queued_upstream=self.admission is None) as watch:
                 try:
                     result = await self._stream(call, reservation, watch)
                 except InnocentOverflow as exc:

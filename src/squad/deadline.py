@@ -168,9 +168,11 @@ class EngineDeadlines:
         """True once the engine sent a ``prompt_progress`` chunk (then a batch, not the whole
         prompt, is the longest silence before the first token)."""
 
-    def watch(self, prompt: int, max_tokens: int) -> "CallWatch":
-        """The watch for one attempt of ``prompt`` counted tokens and ``max_tokens``."""
-        return CallWatch(self, prompt, max_tokens)
+    def watch(self, prompt: int, max_tokens: int, *, queued_upstream: bool = False) -> "CallWatch":
+        """The watch for one attempt of ``prompt`` counted tokens and ``max_tokens``.
+        ``queued_upstream``: the endpoint admits on its own (squad serve) and may hold the request
+        in its queue before answering, so the derived deadlines count from its answer."""
+        return CallWatch(self, prompt, max_tokens, queued_upstream=queued_upstream)
 
     def _changed(self) -> None:
         for w in self.active:
@@ -186,6 +188,8 @@ class CallWatch:
     engine: EngineDeadlines
     prompt: int
     max_tokens: int
+    queued_upstream: bool = False
+    began: bool = False
     sent: float = 0.0
     last: float = 0.0
     last_what: str = "the request was sent"
@@ -251,12 +255,18 @@ class CallWatch:
 
     def deadline(self) -> float:
         """The clock time at which the call is stopped unless it makes progress first."""
+        if self.queued_upstream and not self.began and self.policy.request_timeout is None:
+            return self.sent + self.policy.longest  # waiting in the endpoint's own queue
         return min(self.bound, self.last + self.window())
 
     # -- feeding it -------------------------------------------------------------------------
 
     def started(self) -> None:
         """The engine answered with its headers: a slot took the request."""
+        if self.queued_upstream and not self.began and self.policy.request_timeout is None:
+            self.sent = self.engine.clock()  # the endpoint's queue is not this call's work
+            self.bound = self.sent + self.overall()
+        self.began = True
         self._moved("the engine started the request")
 
     def progress(self, prompt_progress: Mapping[str, Any]) -> None:
@@ -306,6 +316,8 @@ class CallWatch:
 
     def _passed(self, now: float) -> str | None:
         """Which deadline has passed at ``now``: ``"bound"``, ``"stall"`` or None."""
+        if now >= self.deadline() and self.deadline() == self.sent + self.policy.longest:
+            return "bound"
         if now >= self.bound:
             return "bound"
         return "stall" if now >= self.last + self.window() else None
