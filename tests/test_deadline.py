@@ -84,8 +84,8 @@ async def test_no_progress_window_covers_one_batch_at_the_measured_speed():
     assert small.window() == pytest.approx(3 * (100 / 15 + 1 / 4))
     with big:  # another call in flight: its batches delay this one's tokens
         small.token()
-        assert small.window() == pytest.approx(3 * (1 / 4 + 2048 / 15))
-    assert small.window() == max(10, 3 * (1 / 4))
+        assert small.window() == pytest.approx(3 * (8 / 4 + 2048 / 15))
+    assert small.window() == 10  # 3 x 8 tokens at 4 tok/s is below the floor
 
 
 @pytest.mark.anyio

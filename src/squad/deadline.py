@@ -7,7 +7,8 @@ stopped when either passes:
 - **no progress** for :meth:`CallWatch.window` seconds: nothing arrived (neither the slot's
   start, a ``prompt_progress`` chunk nor a token). llama-server reports prompt progress only
   per batch of :data:`~squad.engine.llama.N_BATCH` tokens, so the window is
-  ``margin × (one batch ÷ prefill speed)`` (or ``margin ÷ decode speed`` between tokens), at
+  ``margin × (one batch ÷ prefill speed)`` (or ``margin ×`` :data:`DECODE_WINDOW_TOKENS` ``÷
+  decode speed`` between tokens: on a busy CPU single token gaps vary a lot), at
   least ``no_progress_floor``; on an engine that has sent no progress chunk yet (another kind,
   an older build) the window before the first token covers the whole prompt;
 - the **overall bound**: ``margin × (prompt ÷ prefill speed + max_tokens ÷ decode speed)``, at
@@ -46,6 +47,10 @@ DEFAULT_DECODE_TPS = 2.0
 
 ALPHA = 0.3
 """Weight of the newest call in the speed averages (EWMA)."""
+
+DECODE_WINDOW_TOKENS = 8
+"""Tokens' time (at the slower of the call's and the engine's decode speed) the no-progress window
+covers between tokens: measured on a 2-core CPU at load 17, one gap was 3x the average token time."""
 
 MIN_PREFILL_SAMPLE = 32
 """Fewer new prompt tokens than this (a cached prompt) say little about prefill speed: skipped."""
@@ -250,7 +255,7 @@ class CallWatch:
             chunk = (p.n_batch if shared else min(p.n_batch, left)) if self.engine.reports_progress else left
             work = chunk / prefill + 1 / decode
         else:
-            work = 1 / decode + (p.n_batch / prefill if shared else 0)
+            work = DECODE_WINDOW_TOKENS / decode + (p.n_batch / prefill if shared else 0)
         return max(p.no_progress_floor, p.margin * work)
 
     def deadline(self) -> float:
