@@ -20,6 +20,12 @@ Every wait is jittered (:data:`WAITS`), so processes sharing an engine never ret
 Nothing else is retried: not a prompt too long, a budget, reasoning that ran out,
 another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
 
+Deadlines (:mod:`squad.deadline`): each attempt is stopped when nothing arrives for a window
+derived from the engine's measured speed, or when it passes an overall bound estimated from
+its counted prompt and ``max_tokens`` (at least a floor); a fixed ``request_timeout`` replaces
+both. llama-server is asked for ``return_progress``, so prompt processing counts as progress;
+each finished call's ``timings`` update the engine's speeds.
+
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
 frees the slot.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -53,13 +60,13 @@ from tenacity.wait import wait_base
 from squad.admission import Admission, Reservation
 from squad.chat import ChatRequest, ChatResult
 from squad.counting import PromptCounter
+from squad.deadline import CallWatch, Deadlines, EngineDeadlines, EngineSpeed
 from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
 from squad.engine.llama import CONTEXT_EXCEEDED, round_ctx
 from squad.errors import (
     AdmissionError,
     AgentRunError,
-    CallTimeout,
     ContextExceeded,
     EngineError,
     EngineGone,
@@ -97,6 +104,12 @@ KEEPALIVE_S = 2.0
 
 COUNT_CACHE = 4096
 """Prompt counts remembered (least recently used dropped first)."""
+
+AUX_TIMEOUT_S = 600.0
+"""Seconds a token count or ``/health`` request may take when call deadlines are derived."""
+
+PROGRESS_KINDS = ("llama.cpp", "squad-serve")
+"""Engine kinds asked for ``return_progress`` (llama-server's prompt-progress chunks)."""
 
 COUNT_ATTEMPTS = 4
 """Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
@@ -142,7 +155,10 @@ class EngineClient:
     - ``admission``: shared admission; ``"auto"`` (default) builds it from what the engine
       reported; None sends without reserving (an engine that admits on its own, a proxy)
       (not unified KV: each request is also kept under ``n_ctx``).
-    - ``request_timeout``: seconds one attempt may take end to end (F04: never resent).
+    - ``request_timeout``: a fixed deadline in seconds for one attempt (F04: never resent);
+      None (default): derived per call from the work and the engine's speed (:mod:`squad.deadline`).
+    - ``deadlines``: the policy of derived deadlines (floor, no-progress floor, margin);
+      ``request_timeout`` given overrides its fixed deadline.
     - ``restart``: called once when the engine is gone (e.g. ``Launcher.restart``).
     - ``gone_reason``: asked when a call fails because the engine stopped answering or cut
       its stream; a text such as ``"engine exited (signal 9 SIGKILL), log: PATH"`` is added
@@ -159,15 +175,23 @@ class EngineClient:
         engine: EngineInfo,
         *,
         admission: "Admission | None | Literal['auto']" = "auto",
-        request_timeout: float = 600.0,
+        request_timeout: float | None = None,
         on_event: EventSink | None = None,
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
         gone_reason: Callable[[], Awaitable[str | None]] | None = None,
         load_deadline: float = 120.0,
         max_attempts: int = 3,
         counter: "TokenCounter | None | Literal['auto']" = "auto",
+        deadlines: Deadlines | None = None,
     ) -> None:
-        self.request_timeout, self.load_deadline, self.max_attempts = request_timeout, load_deadline, max_attempts
+        policy = deadlines or Deadlines()
+        if request_timeout is not None:
+            policy = dataclasses.replace(policy, request_timeout=request_timeout)
+        self.deadlines = EngineDeadlines(policy)
+        """This engine's deadline policy, measured speed and calls in flight."""
+        self.request_timeout = policy.longest_call
+        """Seconds the longest attempt may take (the fixed deadline, else the derived ones' cap)."""
+        self.load_deadline, self.max_attempts = load_deadline, max_attempts
         self._on_event, self._restart, self._gone_reason = on_event, restart, gone_reason
         self._retired: list[Any] = []
         self._engine = engine
@@ -188,6 +212,8 @@ class EngineClient:
         if (info.base_url, info.api_key) != (self._engine.base_url, self._engine.api_key):
             self._retired += [self._openai, self._http]
             self._connect(info)
+        if info.model_path != self._engine.model_path:  # another model: its speed is not known yet
+            self.deadlines.speed = EngineSpeed()
         self._engine = info
 
     def _connect(self, info: EngineInfo) -> None:
@@ -196,12 +222,14 @@ class EngineClient:
         # (cpp-httplib's default is 5 s, as httpx's is), so a call never reuses a socket the
         # engine is closing at that moment ("Server disconnected" before the first token).
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S)
+        # squad's own deadlines (squad.deadline) fire first: the SDK's are only a backstop
+        backstop = self.request_timeout + 30.0
         self._openai = openai.AsyncOpenAI(base_url=info.base_url + "/v1", api_key=key, max_retries=0,
-                                          timeout=self.request_timeout,
-                                          http_client=openai.DefaultAsyncHttpxClient(limits=limits,
-                                                                                     timeout=self.request_timeout))
+                                          timeout=backstop,
+                                          http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=backstop))
         self._http = httpx.AsyncClient(base_url=info.base_url, headers={"Authorization": f"Bearer {key}"},
-                                       timeout=httpx.Timeout(self.request_timeout, connect=10.0), limits=limits)
+                                       timeout=httpx.Timeout(self.deadlines.policy.request_timeout or AUX_TIMEOUT_S,
+                                                             connect=10.0), limits=limits)
 
     async def aclose(self) -> None:
         """Close every connection this client opened."""
@@ -220,8 +248,14 @@ class EngineClient:
 
     async def prepare(self) -> None:
         """Load the local token counter for the engine's model (:class:`~squad.counting.PromptCounter`);
-        :meth:`count` does it on first use; the session does it at open so no call waits."""
+        :meth:`count` does it on first use; the session does it at open so no call waits.
+        Also starts the engine's speed from its ``/metrics`` when it has served calls before."""
         await self.counter.prepare()
+        if self._engine.kind == "llama.cpp":
+            with contextlib.suppress(httpx.HTTPError):
+                r = await self._http.get("/metrics", timeout=5.0)
+                if r.status_code == 200:
+                    self.deadlines.speed.seed(r.text)
 
     async def count(self, messages: list[dict], tools: list[dict] | None = None) -> int:
         """Exact prompt tokens for ``messages`` (+ ``tools``), as ``/v1/chat/completions/input_tokens``
@@ -265,7 +299,7 @@ class EngineClient:
                 with attempt:
                     return await self._http.post(path, json=body)
         except httpx.TimeoutException as exc:
-            raise EngineError(f"{path} timed out after {self.request_timeout} s") from exc
+            raise EngineError(f"{path} timed out after {self._http.timeout.read} s") from exc
         except httpx.TransportError as exc:
             raise EngineGone(f"engine at {self._engine.base_url} is not answering ({exc!r}) "
                              f"after {COUNT_ATTEMPTS} attempts") from exc
@@ -421,16 +455,15 @@ class EngineClient:
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
         async with admitted as reservation:
-            with anyio.move_on_after(self.request_timeout) as deadline:
+            with self.deadlines.watch(prompt, req.max_tokens, queued_upstream=self.admission is None) as watch:
                 try:
-                    result = await self._stream(call, reservation)
+                    result = await self._stream(call, reservation, watch)
                 except InnocentOverflow as exc:
                     call.held = max(call.held, exc.reserved)
                     raise
-            if deadline.cancelled_caught:
-                raise CallTimeout(
-                    f"agent '{agent}': the call took longer than {self.request_timeout:.0f} s and was stopped; it is not "
-                    "resent unchanged: raise request_timeout, shorten the prompt or lower max_tokens", agent=agent)
+            if watch.expired:
+                raise watch.error(agent)
+        self.deadlines.speed.observe(result.timings.engine)
         result.reserved_tokens, result.slot = need, reservation.slot
         result.timings.queued_s = reservation.queued_s
         if local and result.usage is not None:
@@ -439,7 +472,7 @@ class EngineClient:
                 self._on_event(EngineWarning(engine=self._engine.base_url, warning=warning))
         return result
 
-    async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
+    async def _stream(self, call: _Call, reservation: Reservation, watch: CallWatch) -> ChatResult:
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         if req.tools and req.tool_choice:
@@ -450,17 +483,26 @@ class EngineClient:
             kwargs["response_format"] = req.response_format
         if self.admission is None:  # the endpoint admits (squad serve): say who asks, and how urgently
             kwargs["extra_headers"] = {"X-Squad-Client": agent, "X-Squad-Priority": str(req.priority)}
+        extra = dict(req.sampling or {})
+        if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.deadline)
+            extra.setdefault("return_progress", True)
         sent = time.monotonic()
         got = StreamAssembly()
         try:
             stream = await self._openai.chat.completions.create(
                 model=self._engine.model_alias or "default", messages=self._messages(req), max_tokens=req.max_tokens,
-                stream=True, stream_options={"include_usage": True}, extra_body=dict(req.sampling or {}), **kwargs)
+                stream=True, stream_options={"include_usage": True}, extra_body=extra, **kwargs)
         except openai.APIError as exc:
             raise self._classify(exc, agent, started=False) from exc
+        watch.started()
         try:
             async for chunk in stream:
-                if got.add(chunk, req.on_delta) and got.first_at is None:
+                produced = got.add(chunk, req.on_delta)
+                if produced:
+                    watch.token()
+                elif isinstance(progress := (chunk.model_extra or {}).get("prompt_progress"), dict):
+                    watch.progress(progress)
+                if produced and got.first_at is None:
                     got.first_at = time.monotonic()
                     self._emit(CallFirstToken, call, ttft_s=got.first_at - sent, slot=reservation.slot)
         except openai.APIError as exc:

@@ -72,8 +72,10 @@ class EngineSpec:
     ``queue``: the order of calls waiting for admission (:mod:`squad.queue_policy`: ``fifo``
     default, ``backfill``, ``program``).
 
-    ``request_timeout`` (seconds) bounds one call end to end, and the engine's own ``-to``
-    is set above it. ``load_timeout`` (seconds): how long a launched engine may take to load the
+    ``request_timeout`` (seconds) fixes one deadline for every call; None (default) derives each
+    call's from its prompt, ``max_tokens`` and the engine's measured speed, and stops a call only
+    when it stops making progress or passes that estimate (:mod:`squad.deadline`). The engine's
+    own ``-to`` is set above either. ``load_timeout`` (seconds): how long a launched engine may take to load the
     model (None: 60 s + 60 s per GiB of model file). Raises :class:`UserError` for a bad
     combination or cache type.
     """
@@ -88,7 +90,7 @@ class EngineSpec:
     url: str | None = None
     api_key: str | None = None
     admits: bool = False
-    request_timeout: float = 600.0
+    request_timeout: float | None = None
     load_timeout: float | None = None
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
@@ -107,7 +109,8 @@ class EngineSpec:
         if self.gpu_layers is not None and self.gpu_layers != "all" and (
                 isinstance(self.gpu_layers, bool) or not isinstance(self.gpu_layers, int) or self.gpu_layers < 0):
             raise UserError(f"gpu_layers must be a number of layers (0 = none) or 'all', got {self.gpu_layers!r}")
-        if not isinstance(self.request_timeout, (int, float)) or self.request_timeout <= 0:
+        if self.request_timeout is not None and (isinstance(self.request_timeout, bool) or not isinstance(
+                self.request_timeout, (int, float)) or not self.request_timeout > 0):
             raise UserError(f"request_timeout must be a positive number of seconds, got {self.request_timeout!r}")
         if self.load_timeout is not None and (isinstance(self.load_timeout, bool) or not isinstance(
                 self.load_timeout, (int, float)) or not self.load_timeout > 0):

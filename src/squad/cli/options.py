@@ -142,8 +142,9 @@ def load_timeout() -> Any:
 def request_timeout() -> Any:
     """``--request-timeout SECONDS``: how long one model call may take end to end."""
     return typer.Option("--request-timeout", min=1, show_default=False,
-                        help="Seconds one model call may take end to end, queueing excluded (default: 600 s); "
-                             "raise it for long prompts on a slow or busy CPU.")
+                        help="A fixed deadline in seconds for every model call, queueing excluded. Default: "
+                             "derived per call from its prompt, max_tokens and the engine's measured speed; a "
+                             "call is stopped only when no progress arrives or it far exceeds that estimate.")
 
 
 def queue() -> Any:

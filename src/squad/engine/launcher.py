@@ -62,7 +62,7 @@ def build_args(
     plan: EnginePlan,
     *,
     port: int,
-    request_timeout: float = 600.0,
+    request_timeout: float | None = None,
     threads: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
@@ -132,7 +132,8 @@ class Launcher(AsyncResource):
     - ``binary``: llama-server path (None → ``squad.engine.binary`` resolution).
     - ``threads``: ``-t`` (None → llama-server's default).
     - ``load_timeout``: seconds to wait out 503 ``Loading model`` (None → 60 s + 60 s/GiB).
-    - ``request_timeout``: squad's per-request deadline in seconds; the engine's ``-to`` is above it.
+    - ``request_timeout``: squad's fixed per-request deadline in seconds (None: derived per call,
+      :mod:`squad.deadline`); the engine's ``-to`` is above it.
     - ``log_dir``: where engine logs go (None → ``state_dir()/logs``).
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
       no PDEATHSIG, no pid file; the guard watches it only until :meth:`detach` (squad killed
@@ -152,7 +153,7 @@ class Launcher(AsyncResource):
         binary: Path | str | None = None,
         threads: int | None = None,
         load_timeout: float | None = None,
-        request_timeout: float = 600.0,
+        request_timeout: float | None = None,
         log_dir: Path | None = None,
         extra_args: Sequence[str] = (),
         port: int | None = None,

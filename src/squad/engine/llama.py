@@ -40,6 +40,8 @@ __all__ = [
     "kv_row_bytes",
     "server_args",
     "launch_args",
+    "N_BATCH",
+    "LONGEST_CALL_S",
 ]
 
 MAX_SLOTS = 8
@@ -59,6 +61,17 @@ HOST = "127.0.0.1"
 CONTEXT_EXCEEDED = "Context size has been exceeded."
 """llama-server's message when the unified KV pool is exhausted by the requests running
 together (``tools/server/server-context.cpp``); every processing slot gets it."""
+
+N_BATCH = 2048
+"""llama-server's default logical batch (``-b``, ``common/common.h``): one ``llama_decode`` takes
+at most this many tokens of all slots together, and a streaming request with
+``return_progress: true`` gets a ``prompt_progress`` chunk (``total``, ``cache``, ``processed``,
+``time_ms``) when its slot starts and after each such batch (``server-context.cpp``,
+``send_partial_response``). So no chunk arrives for up to one batch's time."""
+
+LONGEST_CALL_S = 14_400.0
+"""The most seconds squad lets one call take when its deadline is derived from the engine's
+speed (:mod:`squad.deadline`); the engine's ``-to`` is set above it (field case F04)."""
 
 #: Bytes per KV element by cache type: ggml block bytes / block elements
 #: (``ggml/src/ggml.c`` type traits). These are exactly the types llama-server b11434 takes
@@ -161,15 +174,17 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
     return args
 
 
-def launch_args(*, port: int, request_timeout: float, threads: int | None = None,
+def launch_args(*, port: int, request_timeout: float | None, threads: int | None = None,
                 extra_args: Sequence[str] = ()) -> list[str]:
     """The arguments of one launch: bind to ``127.0.0.1:port``, ``--metrics``, ``-to``, ``-t``.
 
     ``-to`` (the server's read/write timeout, seconds; default 3600) is set above squad's own
-    ``request_timeout`` so squad's deadline always fires first (field case F04). The API key
+    ``request_timeout`` (None: deadlines derived from the engine's speed, at most
+    :data:`LONGEST_CALL_S`) so squad's deadline always fires first (field case F04). The API key
     is not here: it goes in the environment (``LLAMA_API_KEY``), never argv.
     """
-    args = ["--host", HOST, "--port", str(port), "--metrics", "-to", str(max(1, math.ceil(request_timeout)) + 10)]
+    longest = LONGEST_CALL_S if request_timeout is None else request_timeout
+    args = ["--host", HOST, "--port", str(port), "--metrics", "-to", str(max(1, math.ceil(longest)) + 10)]
     if threads is not None:
         args += ["-t", str(threads)]
     return [*args, *extra_args]

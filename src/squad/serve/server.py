@@ -93,7 +93,7 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
     async with _session(engine, on_event) as session:
         spec = session.spec
         gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
-                          request_timeout=spec.request_timeout if spec else 600.0, on_event=on_event)
+                          request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event)
         config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
         server = _Server(config)

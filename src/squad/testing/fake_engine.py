@@ -61,7 +61,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError("squad.testing needs the 'testing' extra: pip install 'squad[testing]'") from exc
 
 from squad.engine.info import EngineInfo
-from squad.engine.llama import CONTEXT_EXCEEDED
+from squad.engine.llama import CONTEXT_EXCEEDED, N_BATCH
 from squad.testing.counting import count_tokens
 from squad.testing.generation import Reply, _Failed, _Run, _Slot, _Truncated
 
@@ -80,7 +80,9 @@ class FakeEngine:
 
     Arguments: ``slots`` (parallel slots), ``n_ctx`` (unified pool and per-slot context, in
     tokens), ``api_key`` (bearer key or None), ``load_time`` (seconds of 503 after start),
-    ``token_delay`` (seconds per generated token), ``n_ctx_train`` (reported in /v1/models).
+    ``token_delay`` (seconds per generated token), ``prompt_delay`` (seconds per prompt token of
+    prefill, processed ``n_batch`` tokens at a time: with ``return_progress`` a streaming request
+    gets llama-server's ``prompt_progress`` chunks), ``n_ctx_train`` (reported in /v1/models).
 
     Recorded (read them from the test): ``requests`` (chat bodies seen), ``max_processing``
     (most slots busy at once), ``max_held`` (most pool cells held at once), ``overflows``
@@ -98,8 +100,11 @@ class FakeEngine:
         token_delay: float = 0.0,
         n_ctx_train: int = 8192,
         model_path: str = "/fake/SmolLM2-135M-Instruct.Q4_1.gguf",
+        prompt_delay: float = 0.0,
+        n_batch: int = N_BATCH,
     ) -> None:
         self.slots, self.n_ctx, self.api_key = slots, n_ctx, api_key
+        self.prompt_delay, self.n_batch = prompt_delay, n_batch
         self.load_time, self.token_delay, self.n_ctx_train, self.model_path = load_time, token_delay, n_ctx_train, model_path
         self.responder: Callable[[dict], Reply] | None = None
         self.requests: list[dict] = []

@@ -39,6 +39,9 @@ class Reply:
     - ``status``: answer with this HTTP status and a llama-server error body, nothing else
       (503 → ``Loading model``, 500 → ``error_message``, 400, ...).
     - ``token_delay``: seconds before each token (overrides the engine's default).
+    - ``prompt_delay``: seconds per prompt token of prefill (overrides the engine's default).
+    - ``stall_after=K``: after K token chunks send nothing more and keep the slot until the
+      client closes the stream (a hung engine); 0: right after the prompt is processed.
     """
 
     content: str | None = None
@@ -50,6 +53,8 @@ class Reply:
     error_message: str = CONTEXT_EXCEEDED
     status: int | None = None
     token_delay: float | None = None
+    prompt_delay: float | None = None
+    stall_after: int | None = None
 
 
 class _Failed(Exception):
@@ -123,14 +128,42 @@ class _Run:
             return tokens[:room], [], "length"
         return tokens, r.tool_calls or [], None
 
+    def _progress(self, processed: int) -> dict:
+        """llama-server's prompt-progress chunk (``return_progress``): a role delta with
+        ``prompt_progress`` {total, cache, processed, time_ms}."""
+        ms = int((time.monotonic() - self.t0) * 1000)
+        return self._choice({"role": "assistant", "content": None}) | {
+            "prompt_progress": {"total": self.n_prompt, "cache": 0, "processed": processed, "time_ms": ms}}
+
+    async def _prefill(self) -> AsyncIterator[dict]:
+        """Process the prompt one batch (``fe.n_batch`` tokens) at a time, ``prompt_delay`` s per
+        token; with ``return_progress`` in a streaming body, a progress chunk at the start and
+        after each batch, as llama-server sends them."""
+        fe, r = self.fe, self.reply
+        per_token = fe.prompt_delay if r.prompt_delay is None else r.prompt_delay
+        progress = bool(self.body.get("stream") and self.body.get("return_progress"))
+        if progress:
+            yield self._progress(0)
+        done = 0
+        while per_token and done < self.n_prompt:
+            step = min(fe.n_batch, self.n_prompt - done)
+            await anyio.sleep(step * per_token)
+            done += step
+            if progress:
+                yield self._progress(done)
+
     async def chunks(self) -> AsyncIterator[dict]:
         fe, slot, r = self.fe, self.slot, self.reply
         delay = fe.token_delay if r.token_delay is None else r.token_delay
         tokens, tool_calls, forced = self._plan()
         slot.n_remain = len(tokens)
         fe._charge(slot, self.n_prompt)  # prefill
+        async for progress in self._prefill():
+            yield progress
         started = False
         for i, (kind, word) in enumerate(tokens):
+            if r.stall_after is not None and i >= r.stall_after:
+                await anyio.sleep_forever()
             if r.truncate_after is not None and i >= r.truncate_after:
                 raise _Truncated
             if r.error_after is not None and i >= r.error_after:
