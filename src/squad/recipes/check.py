@@ -92,7 +92,9 @@ def _override(model: str) -> str | None:
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
     """Run every check on the recipe at ``path`` without parameter values (defaults only) or
     a model call. Returns the warnings; raises :class:`RecipeError` for the first error."""
-    return _Loader(Path(path)).load({}, require_params=False).warnings
+    loader = _Loader(Path(path))
+    loader.pinned_ctx_only = True  # no --ctx can override the recipe's engine.ctx here
+    return loader.load({}, require_params=False).warnings
 
 
 def load_agents(path: Path | str) -> dict[str, Agent]:
@@ -115,6 +117,7 @@ class _Loader:
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
+        self.pinned_ctx_only = False
 
     def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None,
              default_model: str | None = None) -> Recipe:
@@ -163,6 +166,8 @@ class _Loader:
                     f"parameter '{name}' is declared but no template uses it; use {{{{ params.{name} }}}} or remove it",
                     file=located.file, line=line, column=column, field=f"params.{name}"))
         self._check_budgets(model, agents, raw_agents)
+        if self.pinned_ctx_only:
+            self._check_pinned_ctx(spec.engine.ctx, agents, raw_agents)
         engine = EngineSettings(
             slots=None if spec.engine.slots == "auto" else spec.engine.slots,
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
@@ -273,6 +278,8 @@ class _Loader:
                         "SERVER.TOOL", (*base, "tools", i))
                 if split_ref(tool)[0] not in servers:
                     raise src.error(unknown_server(name, tool, servers), (*base, "tools", i))
+        for name, agent in agents.items():
+            self._distinct_tool_names(agent, raw[name])
         cycle = find_cycle(agents)
         if cycle:
             last, closing = cycle[-2], cycle[-1]
@@ -292,6 +299,27 @@ class _Loader:
         except UserError as exc:
             raise RecipeError(str(exc), file=str(self.path)) from None
         return agents
+
+    @staticmethod
+    def _distinct_tool_names(agent: Agent, entry: tuple[dict, Located, Path_]) -> None:
+        """Two tools of ``agent`` the model would see under one name, found without starting a
+        server: ``a.search`` and ``b.search``, ``x.get-item`` and ``y.get_item``, an MCP tool named
+        like one of its ``ask_<name>`` sub-agent tools. An error at the second one's line
+        (``SERVER.*`` is checked once the server lists its tools)."""
+        from squad.mcp import model_name
+
+        _, src, base = entry
+        seen: dict[str, str] = {f"ask_{n}": f"its sub-agent tool for '{n}'" for n in agent.agents} \
+            if agent.sub_agent_tools else {}
+        for i, ref in enumerate(agent.tools):
+            if not is_mcp_ref(ref) or split_ref(ref)[1] == "*":
+                continue
+            shown = model_name(split_ref(ref)[1])
+            if shown in seen and seen[shown] != ref:
+                raise src.error(f"agent '{agent.name}' gets two tools named '{shown}': {seen[shown]} and {ref} (the "
+                                "model sees a tool by its own name, without the server); list only one of them in its "
+                                "tools", (*base, "tools", i))
+            seen.setdefault(shown, ref)
 
     def build_mcp(self, raw: Mapping[str, dict[str, Any]]) -> tuple[MCPServer, ...]:
         """The ``mcp:`` servers, checked (a stdio server's ``cwd`` is relative to the recipe,
@@ -351,6 +379,22 @@ class _Loader:
             f"unknown model '{model}'{did}; use default, a known name ({', '.join(known_models())}), "
             "a path to a .gguf file or a store reference (hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], "
             "lmstudio:PUBLISHER/MODEL)", where)
+
+    def _check_pinned_ctx(self, ctx: Any, agents: Mapping[str, Agent], raw: Mapping) -> None:
+        """An agent whose ``max_tokens`` alone fills the pinned ``engine.ctx`` has calls that can
+        never fit (a prompt needs room too): an error at its ``max_tokens``."""
+        if not isinstance(ctx, int) or isinstance(ctx, bool):
+            return
+        from squad.planner import round_ctx
+
+        room = round_ctx(ctx)
+        for name, agent in agents.items():
+            if agent.max_tokens is not None and agent.max_tokens >= room:
+                _, src, base = raw[name]
+                raise src.error(
+                    f"max_tokens {agent.max_tokens:,} fills the whole context the recipe pins (engine.ctx {ctx:,}, "
+                    f"{room:,} tokens after llama.cpp's rounding), so no call of agent '{name}' can ever fit with its "
+                    f"prompt; lower max_tokens below {room:,} or raise engine.ctx", (*base, "max_tokens"))
 
     def _check_budgets(self, model: str | None, agents: Mapping[str, Agent], raw: Mapping) -> None:
         trained = n_ctx_train(model)

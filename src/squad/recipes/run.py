@@ -150,15 +150,17 @@ async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
     Raises :class:`~squad.errors.MCPServerError` for a server that does not start, and
     :class:`RecipeError` at the agent's ``tools`` entry for a tool its server does not have.
     """
-    from squad.mcp import MCPServers
+    from squad.mcp import MCPServers, is_mcp_ref
     from squad.recipes.budgets import plan_budgets
 
     async with MCPServers(recipe.mcp_servers) as servers:
         if recipe.mcp_servers:
             specs = {}
             for agent in recipe.agents.values():
+                subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
                 try:
-                    specs[agent.name] = [t.spec() for t in servers.tools_for(agent).values()]
+                    specs[agent.name] = [t.spec() for t in servers.tools_for(
+                        agent, taken=[t for t in agent.tools if not is_mcp_ref(t)] + subs).values()]
                 except UserError as exc:
                     raise _at_tool(recipe, agent.name, exc) from None
             unset = {n for n, p in recipe.param_specs.items() if p.required and recipe.params.get(n) is None}
@@ -168,9 +170,19 @@ async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
 
 def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
     """``exc`` (about one of ``agent``'s MCP tools) at that tool's place in the recipe."""
-    for (name, ref), loc in recipe.tool_locs.items():
-        if name == agent and f"lists tool {ref!r}" in str(exc):
-            return RecipeError(str(exc), **loc)
+    text = str(exc)
+    found = [(ref, loc) for (name, ref), loc in recipe.tool_locs.items() if name == agent]
+    for ref, loc in found:
+        if f"lists tool {ref!r}" in text:
+            return RecipeError(text, **loc)
+    if "gets two tools named" in text:  # at the second of the two (the one listed later)
+        server_tool = text.rsplit(" and ", 1)[-1].split(";")[0].strip()
+        for ref, loc in reversed(found):
+            server = ref.split(".", 1)[0]
+            if ref == server_tool or (ref.endswith(".*") and server_tool.startswith(f"{server}.")):
+                return RecipeError(text, **loc)
+        if found:
+            return RecipeError(text, **found[-1][1])
     return RecipeError(str(exc), file=str(recipe.path))
 
 
