@@ -444,17 +444,17 @@ def _why_not_text(item: Any) -> str:
     shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(item))
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     if isinstance(item, jinja2.runtime.Macro):
-        return f"it is the macro '{item.name}' itself ({shown}), not its text; call it: {item.name}()"
+        return f"it is the macro '{item.name}' itself ({shown}), not its text; write {item.name}() to call it"
     if isinstance(item, type):
         return f"it is the class {item.__name__!r} itself ({shown}), not a value; call it or drop it"
     if isinstance(item, _GENERATED):
         return (f"it is a lazy sequence ({type(item).__name__}, printed as {shown}), not its items; "
-                "end the expression with | list, or | join(', ') for text")
+                "add | list at the end of the expression, or | join(', ') for text")
     if callable(item) and not isinstance(item, (jinja2.runtime.TemplateReference, jinja2.runtime.LoopContext)):
         name = getattr(item, "__name__", None)
         what = f"the function or method {name!r}" if name else f"a callable {type(item).__name__} object"
         return f"it is {what} itself ({shown}), not its result; call it: add ()"
-    return (f"it is jinja's internal {type(item).__name__} object, which would be sent as {shown}; print a value "
+    return (f"it is jinja's internal {type(item).__name__} object, which would be sent as {shown}; use a value "
             "instead (params.NAME, steps.ID.output, item, loop.index)")
 
 

@@ -53,7 +53,7 @@ def plan_command(
     if recipe is not None:
         from squad.recipes import load_recipe
 
-        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
         if loaded.mcp_servers:
             _mcp(loaded, check_mcp)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads

@@ -146,7 +146,7 @@ def run_command(
     _check_outputs(recipe, out, trace)
     check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
-    loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+    loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
                      cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
     # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
@@ -421,7 +421,7 @@ def chat_command(
 
     from squad.dirs import ENGINE_STATE, check_state_dirs
 
-    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
+    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model, ctx)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     if request_timeout is not None:
@@ -460,7 +460,8 @@ def _read_prompt() -> str:
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
+                 param: list[str], model: str | None = None,
+                 ctx: int | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
     """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
@@ -471,7 +472,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
     base, servers = None, ()
     if recipe is not None:
-        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}

@@ -58,7 +58,8 @@ _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.output
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
-                require_params: bool = True, model: str | None = None, default_model: str | None = None) -> Recipe:
+                require_params: bool = True, model: str | None = None, default_model: str | None = None,
+                ctx: int | None = None) -> Recipe:
     """Load and check the recipe at ``path`` with parameter values ``params`` (strings as
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
@@ -69,10 +70,13 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
     relative to the working directory, as ``--model`` gives it) replaces the recipe's model
     before anything is counted, so ``auto`` budgets follow the model that will really run.
     ``default_model`` is used when neither ``model`` nor the recipe names one (the command line
-    passes the config file's model, :mod:`squad.config`). Raises :class:`RecipeError`.
+    passes the config file's model, :mod:`squad.config`). ``ctx``: a context given on the
+    command line (``--ctx``), which replaces the recipe's ``engine.ctx`` in the checks of what
+    can fit. Raises :class:`RecipeError`.
     """
-    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model,
-                                    default_model=default_model)
+    loader = _Loader(Path(path))
+    loader.ctx_override = ctx
+    return loader.load(params or {}, require_params=require_params, model=model, default_model=default_model)
 
 
 def _override(model: str) -> str | None:
@@ -92,9 +96,7 @@ def _override(model: str) -> str | None:
 def validate_recipe(path: Path | str) -> list[RecipeWarning]:
     """Run every check on the recipe at ``path`` without parameter values (defaults only) or
     a model call. Returns the warnings; raises :class:`RecipeError` for the first error."""
-    loader = _Loader(Path(path))
-    loader.pinned_ctx_only = True  # no --ctx can override the recipe's engine.ctx here
-    return loader.load({}, require_params=False).warnings
+    return _Loader(Path(path)).load({}, require_params=False).warnings
 
 
 def load_agents(path: Path | str) -> dict[str, Agent]:
@@ -117,7 +119,7 @@ class _Loader:
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
-        self.pinned_ctx_only = False
+        self.ctx_override: int | None = None
 
     def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None,
              default_model: str | None = None) -> Recipe:
@@ -166,7 +168,7 @@ class _Loader:
                     f"parameter '{name}' is declared but no template uses it; use {{{{ params.{name} }}}} or remove it",
                     file=located.file, line=line, column=column, field=f"params.{name}"))
         self._check_budgets(model, agents, raw_agents)
-        if self.pinned_ctx_only:
+        if self.ctx_override is None:  # a --ctx replaces the recipe's pin (the runtime checks that one)
             self._check_pinned_ctx(spec.engine.ctx, agents, raw_agents)
         engine = EngineSettings(
             slots=None if spec.engine.slots == "auto" else spec.engine.slots,
@@ -317,7 +319,7 @@ class _Loader:
             shown = model_name(split_ref(ref)[1])
             if shown in seen and seen[shown] != ref:
                 raise src.error(f"agent '{agent.name}' gets two tools named '{shown}': {seen[shown]} and {ref} (the "
-                                "model sees a tool by its own name, without the server); list only one of them in its "
+                                "model sees a tool by its own name, without the server); keep only one of them in its "
                                 "tools", (*base, "tools", i))
             seen.setdefault(shown, ref)
 
