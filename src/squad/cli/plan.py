@@ -71,7 +71,7 @@ def plan_command(
         if backend != "attached":
             raise UserError("--url is for an attached engine: add --backend attached")
         the_plan = _check_engine(the_plan, url, api_key)
-    the_plan = _never_fit(the_plan, rows)
+    the_plan = _never_fit(the_plan, rows, loaded.warnings if recipe is not None else ())
     binary = _binary(spec.binary)
     if as_json:
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
@@ -84,10 +84,13 @@ def plan_command(
         render_plan(the_plan, console, binary)
 
 
-def _never_fit(the_plan: "EnginePlan", rows: Any) -> "EnginePlan":
+def _never_fit(the_plan: "EnginePlan", rows: Any, recipe_warnings: Any = ()) -> "EnginePlan":
     """``the_plan`` with a warning for each step whose counted prompt + max_tokens is more than
-    one request may hold: that call can never fit, whatever waits (say what to change)."""
+    one request may hold (that call can never fit, whatever waits: say what to change), and
+    for each map step known to have no items (:class:`~squad.recipes.model.EmptyMapWarning`)."""
     import dataclasses
+
+    from squad.recipes.model import EmptyMapWarning
 
     room = the_plan.per_slot_ctx or the_plan.n_ctx
     found = []
@@ -99,6 +102,7 @@ def _never_fit(the_plan: "EnginePlan", rows: Any) -> "EnginePlan":
                          f"fit, squad would refuse it; raise the context to {need:,} or more (--ctx, or engine: ctx: "
                          f"in the recipe), or lower max_tokens of agent {r.agent!r} to {max(1, room - r.prompt):,} "
                          "or shorten its prompt")
+    found += [str(w) for w in recipe_warnings if isinstance(w, EmptyMapWarning)]
     if not found:
         return the_plan
     return dataclasses.replace(the_plan, warnings=tuple(found) + the_plan.warnings)

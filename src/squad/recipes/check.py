@@ -45,7 +45,7 @@ from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_ser
 from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
-from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
+from squad.recipes.model import EmptyMapWarning, EngineSettings, Recipe, RecipeWarning, Step
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import AnyValue, check_template, mark_tags, render_template, template_paths
@@ -189,6 +189,8 @@ class _Loader:
             reads=tuple(self.reads), context_limit=n_ctx_train(model),
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
+        for step, why in recipe.empty_maps(unset):  # known now: a map over no items is an empty answer
+            self.warnings.append(_empty_map_warning(step, why, located, given))
         self._render_all(recipe, raw_agents, unset)
         check_prompts(recipe, unset=unset)
         plan_budgets(recipe, unset=unset)
@@ -534,6 +536,9 @@ class _Loader:
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
+        if spec.kind == "map":  # where the map: reference is, for a warning about its items
+            map_line, map_column = self.located.where((*path, "map"))
+            loc.update(map_line=map_line, map_column=map_column, map_field=field_path((*path, "map")))
         schema = None if spec.schema_ is None else self._check_schema(spec.schema_, (*path, "schema"))
         if schema is not None:
             self.with_schema[sid] = (spec.kind, schema)
@@ -668,6 +673,20 @@ def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], loc
         else:
             values[name] = [] if spec.type == "list" else None
     return values
+
+
+def _empty_map_warning(step: Step, why: str, located: Located, given: Mapping[str, Any]) -> EmptyMapWarning:
+    """The warning for map ``step`` whose input is known to be empty (:meth:`Recipe.no_items`)."""
+    name = step.over[1]
+    origin = "as given" if name in given else "its default"
+    handling = step.non_answers.get(Outcome.EMPTY, "mark")
+    effect = {"mark": "passed on as [empty answer]", "fail": "a failure (the run fails there)",
+              "accept": "passed on as empty text"}[handling]
+    return EmptyMapWarning(
+        f"map step '{step.id}' has no items to run ({why}, {origin}): it will be an empty answer, {effect} "
+        f"(non_answers.empty: {handling}); pass items with -p {name}=..., or give the parameter a default "
+        "with items", file=step.loc.get("file"), line=step.loc.get("map_line") or step.loc.get("line"),
+        column=step.loc.get("map_column") or step.loc.get("column"), field=step.loc.get("map_field"))
 
 
 def _tool_locs(raw: Mapping[str, tuple[dict, Located, Path_]]) -> dict[tuple[str, str], dict[str, Any]]:
