@@ -184,9 +184,34 @@ async def test_garbage_model_reports_start_error_with_log_tail(server_bin, tmp_p
         async with Launcher(real(bad, 1, 512), binary=server_bin, threads=THREADS):
             pytest.fail("must not start")
     err = exc.value
-    assert "exited (status" in str(err) and str(bad) in str(err)
+    assert "could not load the model" in str(err) and str(bad) in str(err) and "(status" in str(err)
+    assert "complete GGUF" in str(err)
     assert err.log_tail and Path(err.log_path).is_file()
     assert "gguf" in err.log_tail.lower() or "model" in err.log_tail.lower()
+
+
+@pytest.mark.anyio
+async def test_a_binary_missing_a_shared_library_is_blamed_on_the_binary(model_file, tmp_path, state_tmp):
+    """Issue 19: a real ELF program linked against a library that is gone (what a moved or
+    half-removed llama.cpp build looks like): the dynamic loader refuses it, exit 127; the error
+    names the library and the fix for the binary, never the model."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in binary")
+    (tmp_path / "ggmlx.c").write_text("int ggmlx(void) { return 0; }\n")
+    (tmp_path / "main.c").write_text("int ggmlx(void);\nint main(void) { return ggmlx(); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libggmlx.so"), str(tmp_path / "ggmlx.c")], check=True)
+    binary = tmp_path / "llama-server"
+    subprocess.run([cc, "-o", str(binary), str(tmp_path / "main.c"), f"-L{tmp_path}", "-lggmlx"], check=True)
+    (tmp_path / "libggmlx.so").unlink()
+    with pytest.raises(EngineStartError) as info:
+        async with Launcher(real(model_file, 1, 512), binary=binary, threads=THREADS):
+            pytest.fail("must not start")
+    text = str(info.value)
+    assert "cannot start (status 127)" in text and "libggmlx.so" in text
+    assert "The binary is at fault, not the model" in text and "GGUF" not in text
 
 
 @pytest.mark.engine
