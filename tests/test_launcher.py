@@ -327,6 +327,49 @@ async def test_a_port_in_use_is_refused_before_the_spawn(server_bin, model_file,
         assert launcher.pid is None
 
 
+@pytest.mark.anyio
+async def test_a_port_squad_picked_and_lost_is_picked_again_never_pass_another_port(model_file, tmp_path, state_tmp,
+                                                                                     monkeypatch):
+    """Issue 19 (C23): the user gave no port, so "pass another port" is advice they cannot take.
+    squad picks again; when every pick is taken, it says so without blaming the user's choice."""
+    socks = [socket.socket() for _ in range(3)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+    ports = iter([sock.getsockname()[1] for sock in socks])
+    monkeypatch.setattr(process, "free_port", lambda: next(ports))
+    spawned = []
+    monkeypatch.setattr(process, "spawn", lambda *a, **k: spawned.append(a) or pytest.fail("no spawn on a taken port"))
+    try:
+        with pytest.raises(EngineStartError) as info:
+            await Launcher(real(model_file, 1, 512), binary=sys.executable, threads=THREADS).start()
+    finally:
+        for sock in socks:
+            sock.close()
+    text = str(info.value)
+    assert "each free when squad picked it, were taken by another program" in text
+    assert "pass another port" not in text.lower() and info.value.port_taken
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_a_picked_port_taken_before_the_engine_binds_is_picked_again(server_bin, model_file, state_tmp,
+                                                                           monkeypatch):
+    """The real engine: the first port squad picks is taken by the time llama-server binds it
+    (its own bind error); squad starts it on the next pick."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        taken = sock.getsockname()[1]
+        picks = iter([taken])
+        real_free = process.free_port
+        monkeypatch.setattr(process, "free_port", lambda: next(picks, None) or real_free())
+        monkeypatch.setattr(process, "port_in_use", lambda port: False)  # taken after the check
+        async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as launcher:
+            assert launcher.base_url is not None and not launcher.base_url.endswith(f":{taken}")
+            assert launcher.info is not None and launcher.info.slots == 1
+
+
 @pytest.mark.engine
 @pytest.mark.anyio
 async def test_a_late_engine_does_not_adopt_the_server_already_answering(server_bin, model_file, tmp_path, state_tmp,

@@ -136,11 +136,13 @@ class EngineBuildError(EngineError):
 
 class EngineStartError(EngineError):
     """llama-server could not start: it exited before it was ready (``log_tail`` holds its last
-    log lines), or its port is taken by another program."""
+    log lines), or its port is taken by another program (``port_taken``)."""
 
-    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None) -> None:
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None,
+                 port_taken: bool = False) -> None:
         self.log_tail = log_tail
         self.log_path = log_path
+        self.port_taken = port_taken
         super().__init__(message)
 
 

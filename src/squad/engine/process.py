@@ -209,6 +209,7 @@ def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> En
             f"pass another port, or none so squad picks a free one; full log: {log_path}",
             log_tail=tail,
             log_path=str(log_path),
+            port_taken=True,
         )
     fix_binary = (f"rebuild it (`squad engine install --force`) or pass a llama-server that runs here "
                   f"(--llama-server PATH or SQUAD_LLAMA_SERVER); `{binary} --version` shows the same failure")
