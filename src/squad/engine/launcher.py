@@ -26,6 +26,8 @@ pid files the next launch reaps are the last resort. How, and what each guarante
 
 from __future__ import annotations
 
+import dataclasses
+
 import secrets
 import subprocess
 import time
@@ -183,6 +185,7 @@ class Launcher(AsyncResource):
         self.loading_polls = 0
         """How many 503 ``Loading model`` answers the last start waited out."""
         self._proc: subprocess.Popen | None = None
+        self._binary: Path | None = None
         self._pidfile: Path | None = None
         self._lock = anyio.Lock()  # one start/stop/reload at a time
         self._starts = 0  # starts that completed (lets concurrent restarts coalesce)
@@ -211,7 +214,7 @@ class Launcher(AsyncResource):
             return self.info
         if not self.detached:
             await anyio.to_thread.run_sync(process.reap_stale_engines)
-        binary = _resolve_binary(self._binary_arg)
+        binary = self._binary = _resolve_binary(self._binary_arg)
         if self.port is not None:
             return await self._start_on(binary, self.port)
         taken: list[int] = []
@@ -316,8 +319,12 @@ class Launcher(AsyncResource):
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
         check_applied(self.plan, total_slots=state.total_slots, n_ctx=state.n_ctx, n_ctx_train=state.n_ctx_train)
-        return state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
+        from squad.engine.binary import known_build
+
+        info = state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
                           requested_ctx=self.plan.n_ctx)
+        build = known_build(info.build_info, self._binary)  # squad's own build reports b0-unknown
+        return info if build == info.build_info else dataclasses.replace(info, build_info=build)
 
     async def reload(
         self,
