@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -275,3 +276,21 @@ def test_a_detached_child_is_guarded_until_it_is_let_go(tmp_path):
     finally:
         _kill(child, proc.pid)
         proc.wait()
+
+
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_an_interrupt_while_the_command_line_imports_is_quiet(tmp_path, sig, code, said):
+    """Issue 19: Ctrl-C (or SIGTERM) in the first second, while Python still imports squad's
+    command line, exits 130 (143) with one line, never a traceback. The signal is sent at
+    several moments; the command (``squad plan --agents``) needs no engine."""
+    env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state")}
+    for delay in (0.1, 0.3, 0.6):
+        proc = subprocess.Popen([sys.executable, "-m", "squad", "plan", "--agents", "a:100"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        if proc.returncode not in (0, -sig):  # 0: it finished first; -sig: before Python ran squad's code
+            assert proc.returncode == code and err.strip().splitlines()[-1].startswith(said), (proc.returncode, err)
