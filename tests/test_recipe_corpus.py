@@ -174,7 +174,7 @@ CORPUS = [
     ('only_separator.yaml', 1, None, "the file holds only '---' and comments: there is no recipe in it"),
     ('null_value.yaml', 5, 'agents.a.max_tokens', 'expected a whole number, got no value (~, null and nothing after the colon all mean none); write the value or remove the key to use its default'),
     ('null_required.yaml', 6, 'main', 'expected text, got no value (~, null and nothing after the colon all mean none); write the value'),
-    ('include_directory.yaml', 3, 'include[0]', 'is a directory; name an agents file (.yaml) in it'),
+    ('include_directory.yaml', 3, 'include[0]', 'is a directory; give the path of an agents file (.yaml) in it'),
     ('max_tokens_fills_ctx.yaml', 6, 'agents.a.max_tokens', 'max_tokens 400 fills the whole context the recipe pins (engine.ctx 256'),
 ]
 

@@ -127,4 +127,4 @@ def test_an_agents_file_s_include_errors_name_their_line(tmp_path, include, line
     err = info.value
     where = "b.yaml" if "cycle" in says else "a.yaml"
     assert Path(err.file).name == where and err.line == line and err.field == "include[0]", str(err)
-    assert says in err.problem and any(w in err.problem for w in ("remove", "fix the path", "name an agents file"))
+    assert says in err.problem and any(w in err.problem for w in ("remove", "fix the path", "give the path of an agents file"))
