@@ -57,8 +57,8 @@ flow:
 def write(tmp_path: Path, *, over: str = "params.items", split: str = "", setting: str = "") -> Path:
     (tmp_path / "notes.txt").write_text("one\ntwo\n", encoding="utf-8")
     path = tmp_path / "r.yaml"
-    path.write_text(RECIPE.replace("MAP", over).replace("    SPLIT\n", f"    split: {split}\n" + ("    chunk_tokens: 200\n" if split == "chunks" else "")
-                                         if split else "")
+    chunking = "    chunk_tokens: 200\n" if split == "chunks" else ""
+    path.write_text(RECIPE.replace("MAP", over).replace("    SPLIT\n", f"    split: {split}\n{chunking}" if split else "")
                     .replace("SETTING\n", f"{setting}\n" if setting else ""), encoding="utf-8")
     return path
 
@@ -128,8 +128,8 @@ async def test_accept_passes_empty_text_without_a_warning(tmp_path):
 
 
 async def test_a_map_over_an_earlier_steps_empty_output(tmp_path):
-    text = RECIPE.replace("flow:\n", "flow:\n  - id: listing\n    agent: writer\n    prompt: \"List {{ params.code }}\"\n"
-                          "    non_answers: {empty: accept}\n")
+    text = RECIPE.replace("flow:\n", "flow:\n  - id: listing\n    agent: writer\n"
+                          "    prompt: \"List {{ params.code }}\"\n    non_answers: {empty: accept}\n")
     path = tmp_path / "r.yaml"
     path.write_text(text.replace("MAP", "steps.listing.output").replace("    SPLIT\n", "").replace("SETTING\n", ""),
                     encoding="utf-8")
@@ -177,7 +177,8 @@ def test_validate_warns_of_an_empty_default_and_not_of_a_required_param(tmp_path
     path.write_text(path.read_text().replace("default: [a, b]", "default: []"), encoding="utf-8")
     [warning] = [w for w in validate_recipe(path) if isinstance(w, EmptyMapWarning)]
     assert warning.line == 13 and warning.field == "flow[0].map" and "its default" in str(warning)
-    path.write_text(path.read_text().replace("{type: list, default: []}", "{type: list, required: true}"), encoding="utf-8")
+    path.write_text(path.read_text().replace("{type: list, default: []}", "{type: list, required: true}"),
+                    encoding="utf-8")
     assert not [w for w in validate_recipe(path) if isinstance(w, EmptyMapWarning)]  # unknown until -p
     assert not [w for w in load_recipe(path, {"items": "a"}).warnings if isinstance(w, EmptyMapWarning)]
 

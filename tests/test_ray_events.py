@@ -168,8 +168,8 @@ def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeyp
         assert f"worker {w}: engine {u} ready at" in text and f"served {served[w]} item(s)" in text
 
 
-def test_each_item_s_own_messages_name_its_driver_index_not_0(tmp_path: Path, engines, monkeypatch, capsys,  # noqa: F811
-                                                               state) -> None:
+def test_each_item_s_own_messages_name_its_driver_index_not_0(tmp_path: Path, engines,  # noqa: F811
+                                                               monkeypatch) -> None:
     """Issue 19: a worker runs each item as a map of one prompt; what the worker itself writes
     about the item (its error, the events' labels, the trace summary) names the item by the
     driver's index: echo[3], never echo[0] for every item."""

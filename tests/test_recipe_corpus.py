@@ -6,7 +6,8 @@ Kinds covered: YAML syntax and strictness, unknown keys, strict types (F21), par
 names and structure, map steps, agents/@mentions/cycles, template errors only rendering finds
 (F19), resource bombs (F18), bad model files (F19), template internals that would be sent as
 an object's repr (``{{ self }}``, ``loop``, a method not called, a generator), empty files,
-keys with no value (``~``), duplicate MCP tool names, a ``max_tokens`` that fills a pinned ctx. Each file is checked with a time limit
+keys with no value (``~``), duplicate MCP tool names, a ``max_tokens`` that fills a pinned
+ctx, an include of a directory. Each file is checked with a time limit
 (pytest-timeout); the CLI run of the whole corpus goes through a subprocess with a timeout.
 """
 

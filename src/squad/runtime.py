@@ -495,8 +495,9 @@ class Squad:
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
+            item = first_item + i if items else None
             return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                        cancel_reason=reason, origin=self._origin(agent, parent, first_item + i if items else None),
+                                        cancel_reason=reason, origin=self._origin(agent, parent, item),
                                         record=record, fail_on=fail_on, output=output)
 
         return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)

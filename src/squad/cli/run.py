@@ -126,8 +126,8 @@ def _error_json(exc: BaseException, recipe: Path | None) -> dict[str, Any]:
         detail.update({k: getattr(error, k, None) for k in ("file", "line", "column", "field")})
         detail["problem"] = error.problem
     return {"ok": False, "recipe": kept.get("recipe"), "file": str(recipe) if recipe is not None else None,
-            "error": detail, "failed": message, "output": None, "finished": kept.get("finished", {}), "errors": kept.get("errors", []),
-            "warnings": kept.get("warnings", [])}
+            "error": detail, "failed": message, "output": None, "finished": kept.get("finished", {}),
+            "errors": kept.get("errors", []), "warnings": kept.get("warnings", [])}
 
 
 @app.command("run")

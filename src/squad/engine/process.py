@@ -218,8 +218,8 @@ def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> En
     if _NO_LIBRARY in tail or code in (126, 127):
         line = next((ln for ln in tail.splitlines() if _NO_LIBRARY in ln or "not found" in ln), _reason(tail))
         return EngineStartError(
-            f"llama-server at {binary} cannot start ({ended}): {_PREFIX.sub('', line).strip()}. The binary is at fault, "
-            f"not the model (it never read {model}): {fix_binary}; full log: {log_path}",
+            f"llama-server at {binary} cannot start ({ended}): {_PREFIX.sub('', line).strip()}. The binary is at "
+            f"fault, not the model (it never read {model}): {fix_binary}; full log: {log_path}",
             log_tail=tail, log_path=str(log_path))
     if model_failed is None and (not tail.strip() or (crashed and not _MODEL_STARTED.search(tail))):
         what = (f"crashed ({ended}) before it read the model" if crashed else

@@ -234,8 +234,9 @@ class _Loader:
                 chain = " -> ".join(p.name for p in [*stack[stack.index(target):], target])
                 raise located.error(f"include cycle: {chain}; remove one of these includes", ("include", i))
             if target.is_dir():
-                raise located.error(f"included path {here / rel} is a directory; give the path of an agents file (.yaml) in it "
-                                    f"(paths are relative to {Path(located.file).name})", ("include", i))
+                raise located.error(f"included path {here / rel} is a directory; give the path of an agents file "
+                                    f"(.yaml) in it (paths are relative to {Path(located.file).name})",
+                                    ("include", i))
             if not target.is_file():
                 raise located.error(f"included file not found: {here / rel}; fix the path (relative to {Path(located.file).name})", ("include", i))
             sub = read_yaml(target, shown=str(Path(located.file).parent / rel))
