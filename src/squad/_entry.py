@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     """Install the early handlers, import the command line, run it (:func:`squad.cli.main`)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # an ignored signal stays ignored (a background job)
-                signal.signal(sig, _early)
+            current = signal.getsignal(sig)
+            if current is not signal.SIG_IGN and not getattr(current, "squad_early", False):  # an ignored signal
+                signal.signal(sig, _early)  # stays ignored (a background job); the console script's stays
         except ValueError:  # not the main thread: an embedding caller's signals stay theirs
             break
     from squad.cli import main as run
