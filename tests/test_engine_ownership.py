@@ -456,7 +456,7 @@ def test_a_directory_as_binary_or_model_is_a_clear_error(tmp_path):
     (tmp_path / "models" / "a.gguf").write_bytes(b"GGUF")
     as_model = _cli("models", "info", str(tmp_path / "models"))
     said = " ".join(as_model.stderr.split())
-    assert as_model.returncode == 1 and "is a directory: pass one of a.gguf inside it" in said
+    assert as_model.returncode == 2 and "is a directory: pass one of a.gguf inside it" in said
     assert "Traceback" not in said
 
 

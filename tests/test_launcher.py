@@ -184,9 +184,34 @@ async def test_garbage_model_reports_start_error_with_log_tail(server_bin, tmp_p
         async with Launcher(real(bad, 1, 512), binary=server_bin, threads=THREADS):
             pytest.fail("must not start")
     err = exc.value
-    assert "exited (status" in str(err) and str(bad) in str(err)
+    assert "could not load the model" in str(err) and str(bad) in str(err) and "(status" in str(err)
+    assert "complete GGUF" in str(err)
     assert err.log_tail and Path(err.log_path).is_file()
     assert "gguf" in err.log_tail.lower() or "model" in err.log_tail.lower()
+
+
+@pytest.mark.anyio
+async def test_a_binary_missing_a_shared_library_is_blamed_on_the_binary(model_file, tmp_path, state_tmp):
+    """Issue 19: a real ELF program linked against a library that is gone (what a moved or
+    half-removed llama.cpp build looks like): the dynamic loader refuses it, exit 127; the error
+    names the library and the fix for the binary, never the model."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the stand-in binary")
+    (tmp_path / "ggmlx.c").write_text("int ggmlx(void) { return 0; }\n")
+    (tmp_path / "main.c").write_text("int ggmlx(void);\nint main(void) { return ggmlx(); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libggmlx.so"), str(tmp_path / "ggmlx.c")], check=True)
+    binary = tmp_path / "llama-server"
+    subprocess.run([cc, "-o", str(binary), str(tmp_path / "main.c"), f"-L{tmp_path}", "-lggmlx"], check=True)
+    (tmp_path / "libggmlx.so").unlink()
+    with pytest.raises(EngineStartError) as info:
+        async with Launcher(real(model_file, 1, 512), binary=binary, threads=THREADS):
+            pytest.fail("must not start")
+    text = str(info.value)
+    assert "cannot start (status 127)" in text and "libggmlx.so" in text
+    assert "The binary is at fault, not the model" in text and "GGUF" not in text
 
 
 @pytest.mark.engine
@@ -300,6 +325,49 @@ async def test_a_port_in_use_is_refused_before_the_spawn(server_bin, model_file,
         with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is in use"):
             await launcher.start()
         assert launcher.pid is None
+
+
+@pytest.mark.anyio
+async def test_a_port_squad_picked_and_lost_is_picked_again_never_pass_another_port(model_file, tmp_path, state_tmp,
+                                                                                     monkeypatch):
+    """Issue 19 (C23): the user gave no port, so "pass another port" is advice they cannot take.
+    squad picks again; when every pick is taken, it says so without blaming the user's choice."""
+    socks = [socket.socket() for _ in range(3)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+    ports = iter([sock.getsockname()[1] for sock in socks])
+    monkeypatch.setattr(process, "free_port", lambda: next(ports))
+    spawned = []
+    monkeypatch.setattr(process, "spawn", lambda *a, **k: spawned.append(a) or pytest.fail("no spawn on a taken port"))
+    try:
+        with pytest.raises(EngineStartError) as info:
+            await Launcher(real(model_file, 1, 512), binary=sys.executable, threads=THREADS).start()
+    finally:
+        for sock in socks:
+            sock.close()
+    text = str(info.value)
+    assert "each free when squad picked it, were taken by another program" in text
+    assert "pass another port" not in text.lower() and info.value.port_taken
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_a_picked_port_taken_before_the_engine_binds_is_picked_again(server_bin, model_file, state_tmp,
+                                                                           monkeypatch):
+    """The real engine: the first port squad picks is taken by the time llama-server binds it
+    (its own bind error); squad starts it on the next pick."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        taken = sock.getsockname()[1]
+        picks = iter([taken])
+        real_free = process.free_port
+        monkeypatch.setattr(process, "free_port", lambda: next(picks, None) or real_free())
+        monkeypatch.setattr(process, "port_in_use", lambda port: False)  # taken after the check
+        async with Launcher(real(model_file, 1, 512), binary=server_bin, threads=THREADS) as launcher:
+            assert launcher.base_url is not None and not launcher.base_url.endswith(f":{taken}")
+            assert launcher.info is not None and launcher.info.slots == 1
 
 
 @pytest.mark.engine

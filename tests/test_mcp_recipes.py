@@ -90,6 +90,27 @@ async def test_a_tool_the_server_lacks_is_an_error_at_the_agents_tools_entry(tmp
     assert "MCP server 't' has no tool 'ecco'; did you mean 't.echo'?" in info.value.problem
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("tools", [
+    "      - t.*\n      - u.echo\n",  # a whole server beside one tool of another
+    "      - t.echo\n      - u.*\n",
+    "      - t.dotted.name\n      - u.*\n",
+])
+async def test_two_tools_with_one_name_once_the_servers_list_them_are_an_error_at_the_line(tmp_path, tools):
+    """Issue 19: what only the servers' lists show (``SERVER.*``) is checked when they start, at
+    the line of the second entry; what the names show is found by validate (the corpus)."""
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: r\nmcp:\n  t:\n    command: python\n    args: [{SERVER}]\n"
+                    f"  u:\n    command: python\n    args: [{SERVER}]\n"
+                    f"agents:\n  a:\n    tools:\n{tools}main: a\nflow:\n  - prompt: hi\n")
+    recipe = load_recipe(path)
+    with pytest.raises(RecipeError) as info:
+        async with recipe_mcp(recipe):
+            pass
+    assert "gets two tools named" in info.value.problem and "list only one of them" in info.value.problem
+    assert info.value.line == 13 and info.value.field == "agents.a.tools[1]"
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """Budgets counted with the fake's counter, which counts tool definitions (the built-in

@@ -263,3 +263,22 @@ def test_a_recipe_names_a_model_by_reference(tmp_path, default_model_path, capsy
     later.write_text("name: later\nmodel: hf:org/not-cached-GGUF:Q4_K_M\n" + body)
     code, out, err = run_cli(capsys, "recipes", "validate", later)
     assert code == 0, err
+
+
+def test_offline_with_other_quants_cached_lists_them_and_how_to_pick_one(tmp_path, default_model_path):
+    """Issue 19: the repository is cached, only not in the quantization asked for (or the
+    default one): the error lists what is cached and the reference that picks it."""
+    repo = "bartowski/SmolLM2-135M-Instruct-GGUF"
+    hf_cache(tmp_path / "hf", repo, {"SmolLM2-135M-Instruct-Q4_1.gguf": default_model_path,
+                                     "SmolLM2-135M-Instruct-Q8_0.gguf": default_model_path, "README.md": CARD})
+    for ref in (f"hf:{repo}", f"hf:{repo}:Q2_K"):
+        with pytest.raises(ModelError) as info:
+            resolve_model(ref)  # offline (the fixture)
+        text = str(info.value)
+        assert "not in the Hugging Face cache" in text and "HF_HUB_OFFLINE is set" in text
+        assert f"SmolLM2-135M-Instruct-Q4_1.gguf (hf:{repo}:Q4_1)" in text
+        assert f"SmolLM2-135M-Instruct-Q8_0.gguf (hf:{repo}:Q8_0)" in text
+        assert f"-m hf:{repo}:Q4_1" in text
+        with pytest.raises(ModelError, match=rf"squad models pull .*, or run one the cache does hold of {repo}"):
+            resolve_model(ref, pull=False)
+    assert find_model(f"hf:{repo}:Q8_0", pull=False).path.name == "SmolLM2-135M-Instruct-Q8_0.gguf"  # as told

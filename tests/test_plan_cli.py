@@ -185,3 +185,20 @@ def test_plan_of_a_recipe_with_several_engines_shows_each_with_its_memory_share(
     code, out, err = squad(capsys, "plan", path, "-p", "diff=x")
     assert code == 0, err
     assert "engine 2 of 3: launched" in out and "50% of" in out
+
+
+def test_a_call_that_can_never_fit_says_so_and_what_to_change(capsys, model, tmp_path):
+    """Issue 19: a step whose counted prompt + max_tokens is above what one request may hold
+    is not "some wait"; a max_tokens that fills the recipe's own pinned ctx is a recipe error."""
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nagents:\n  a: {instructions: You write., max_tokens: 250}\nmain: a\n"
+                    "flow:\n  - id: story\n    prompt: Write a long story about a river and a town.\n")
+    data = run_json(capsys, "plan", str(path), "--model", model, "--ctx", "256")
+    [step] = [w for w in data["warnings"] if w.startswith("step 'story'")]
+    assert "can never fit" in step and "lower max_tokens of agent 'a'" in step and "--ctx" in step
+    assert not any("some wait" in w for w in data["warnings"])
+    path.write_text(path.read_text().replace("main: a\n", "main: a\nengine: {ctx: 256}\n").replace("250", "300"))
+    code, _, err = run(capsys, "plan", str(path), "--model", model)
+    assert code == 2 and "r.yaml:3" in err and "no call of agent 'a' can ever fit" in err
+    data = run_json(capsys, "plan", str(path), "--model", model, "--ctx", "1024")  # --ctx replaces the pin
+    assert data["n_ctx"] == 1024

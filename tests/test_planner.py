@@ -337,3 +337,15 @@ def test_kv_bytes_match_real_engine_log(llama_server_path, default_model_path, t
     mib, cells = float(match.group(1)), int(match.group(2))
     assert cells == p.n_ctx
     assert abs(p.kv_bytes - mib * MIB) <= 0.01 * MIB  # the log prints MiB with 2 decimals
+
+
+def test_a_budget_above_the_pinned_context_can_never_fit_and_the_warning_says_what_to_change():
+    """Issue 19: waiting never helps a call bigger than the whole context; 'some wait' is only
+    for budgets that each fit but not together."""
+    alone = mk(Sequence((Call("writer", 1024),)), pin_ctx=512)
+    [warning] = alone.warnings
+    assert "can never fit" in warning and "some wait" not in warning
+    assert "agent 'writer'" in warning and "--ctx 1024" in warning and "lower the budget or max_tokens" in warning
+    together = mk(Parallel((Call("a", 512), Call("b", 512))), pin_ctx=512)
+    assert any("some wait" in w for w in together.warnings)
+    assert not any("can never fit" in w for w in together.warnings)

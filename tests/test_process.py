@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -160,6 +161,55 @@ def test_start_error_says_the_port_is_taken(tmp_path):
 
 
 
+def _ended(tmp_path, script: str, log_text: str) -> tuple[subprocess.Popen, object]:
+    """A stand-in 'llama-server' (a shell script) that writes ``log_text`` to the log and then runs
+    ``script``; its start error."""
+    log = tmp_path / "e.log"
+    log.write_text(log_text)
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!/bin/sh\n{script}\n")
+    binary.chmod(0o755)
+    proc = subprocess.Popen([str(binary)])
+    proc.wait()
+    return proc, process.start_error(proc, "/models/m.gguf", log)
+
+
+LOADER_LINE = ("llama-server: error while loading shared libraries: libggml-base.so: cannot open shared object file: "
+               "No such file or directory\n")
+MODEL_LINES = ("0.00.100.000 I llama_model_loader: loaded meta data with 3 key-value pairs\n"
+               "0.00.100.100 E gguf_init_from_file_impl: invalid magic characters: 'this', expected 'GGUF'\n"
+               "0.00.100.200 E llama_model_load: error loading model: llama_model_loader: failed to load model from "
+               "/models/m.gguf\n0.00.100.300 E srv    load_model: failed to load model, '/models/m.gguf'\n")
+
+
+@pytest.mark.parametrize(("script", "log_text", "says"), [
+    ("exit 127", LOADER_LINE, "error while loading shared libraries: libggml-base.so"),
+    ("exit 127", "./wrapper.sh: 3: exec: /opt/llama/llama-server: not found\n", "not found"),
+    ("kill -SEGV $$", "", "crashed (signal 11 SIGSEGV) before it read the model"),
+    ("kill -ILL $$", "0.00.000.100 I build: 11434 (abc) with cc for x86_64-linux-gnu\n",
+     "crashed (signal 4 SIGILL) before it read the model"),
+    ("exit 1", "", "exited (status 1) without logging anything"),
+])
+def test_a_binary_that_cannot_start_is_not_blamed_on_the_model(tmp_path, script, log_text, says):
+    """Issue 19: exec errors, a missing shared library and a crash before the model is read are
+    the binary's fault; the error says so and how to get a working one."""
+    _, err = _ended(tmp_path, script, log_text)
+    text = str(err)
+    assert says in text, text
+    assert "GGUF" not in text
+    assert "not the model" in text or "not a problem of /models/m.gguf" in text
+    assert "squad engine install --force" in text and "--llama-server" in text
+
+
+def test_a_model_that_fails_to_load_is_blamed_on_the_model(tmp_path):
+    _, err = _ended(tmp_path, "exit 1", MODEL_LINES)
+    text = str(err)
+    assert "could not load the model /models/m.gguf (status 1)" in text
+    assert "invalid magic characters" in text and "complete GGUF file" in text
+    _, err = _ended(tmp_path, "kill -SEGV $$", MODEL_LINES[:60])  # a crash once loading started: the model's
+    assert "could not load" not in str(err) and "before it read the model" not in str(err)
+
+
 # --- squad's own death: the guard (squad.children) -------------------------------------------------
 
 _SQUAD = """
@@ -226,3 +276,25 @@ def test_a_detached_child_is_guarded_until_it_is_let_go(tmp_path):
     finally:
         _kill(child, proc.pid)
         proc.wait()
+
+
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_an_interrupt_while_the_command_line_imports_is_quiet(tmp_path, sig, code, said):
+    """Issue 19: Ctrl-C (or SIGTERM) in the first second, while Python still imports squad's
+    command line, exits 130 (143) with one line, never a traceback. The signal is sent at
+    several moments; the command (``squad plan --agents``) needs no engine."""
+    env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state")}
+    script = Path(sys.executable).with_name("squad")  # the console script, as a user runs it
+    command = [str(script)] if script.is_file() else [sys.executable, "-c", "import _squad_entry; _squad_entry.main()"]
+    for delay in (0.1, 0.2, 0.4, 0.7):
+        proc = subprocess.Popen([*command, "plan", "--agents", "a:100"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        if "Fatal Python error: init_" in err:  # the interpreter itself was still starting: no code of ours ran
+            continue
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        if proc.returncode not in (0, -sig):  # 0: it finished first; -sig: before Python ran any code of squad
+            assert proc.returncode == code and err.strip().splitlines()[-1].startswith(said), (proc.returncode, err)

@@ -9,7 +9,7 @@ EXPECTED = {
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
-    "PlanMismatch", "EngineGone", "EngineLost", "MCPServerError", "ClusterError", "ModelError", "UnknownModel", "MCPServer",
+    "PlanMismatch", "EngineGone", "EngineLost", "MCPServerError", "ClusterError", "ModelError", "UnknownModel", "BadModelFile", "MCPServer",
     "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
     "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "InvalidOutput", "AgentCancelled",
 }

@@ -87,12 +87,14 @@ def engines():
         anyio.run(fake.stop)
 
 
-def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch) -> tuple[list[Event], list, list]:
+def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch, *, max_tokens: int = 8,
+                          fail_on: tuple[str, ...] = ()) -> tuple[list[Event], list, list]:
     """The recipe's map over one in-process worker per fake engine, through the real pool
     (start, fetch, dispatch); returns the sinks' events, the results, and the number of
     events the sinks held when each result reached ``on_item``."""
     path = tmp_path / "r.yaml"
-    path.write_text(RECIPE)
+    path.write_text(RECIPE.replace("echo: {instructions: Repeat., max_tokens: 8}",
+                                   f"echo: {{instructions: Repeat., max_tokens: {max_tokens}}}"))
     recipe = load_recipe(path, {})
     monkeypatch.setattr(_Worker, "_share_memory", lambda self: 1 << 20)
     events: list[Event] = []
@@ -109,7 +111,7 @@ def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch) 
                     assert handle is not None
                     pool.workers.append(handle)
                 results = await pool.map("echo", [f"Say {w}" for w in "abcdef"], max_concurrency=None,
-                                         fail_on=(), output_type=None)
+                                         fail_on=fail_on, output_type=None)
             finally:
                 for worker in workers:
                     await anyio.to_thread.run_sync(worker.close)
@@ -164,6 +166,28 @@ def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeyp
     assert code == 0
     for w, u in urls.items():
         assert f"worker {w}: engine {u} ready at" in text and f"served {served[w]} item(s)" in text
+
+
+def test_each_item_s_own_messages_name_its_driver_index_not_0(tmp_path: Path, engines,  # noqa: F811
+                                                               monkeypatch) -> None:
+    """Issue 19: a worker runs each item as a map of one prompt; what the worker itself writes
+    about the item (its error, the events' labels, the trace summary) names the item by the
+    driver's index: echo[3], never echo[0] for every item."""
+    events, results, _ = _run_on_local_workers(tmp_path, engines, monkeypatch, max_tokens=1, fail_on=("truncated",))
+    assert [r.item for r in results] == list(range(6))
+    for r in results:
+        assert r.error is not None and f"agent 'echo[{r.item}]'" in str(r.error), str(r.error)
+    trace = tmp_path / "run.jsonl"
+    with JsonlTrace(trace) as sink:
+        for e in events:
+            sink(e)
+    loaded = load_trace(trace)
+    items = {e.conversation: e.item for e in loaded if isinstance(e, AgentStarted)}
+    finished = [e for e in loaded if isinstance(e, AgentFinished)]
+    assert sorted(items[e.conversation] for e in finished) == list(range(6))
+    for e in finished:  # the summary line the worker wrote names the item as the driver numbers it
+        assert e.summary.startswith(f"echo[{items[e.conversation]}]: truncated"), e.summary
+    assert sorted(summarize(loaded).agents) == [f"echo[{i}]" for i in range(6)]
 
 
 def test_outbox_tags_each_event_with_its_item_and_prefixes_ids() -> None:

@@ -4,7 +4,10 @@ recipe gives ONE clear error at its file:line, naming the field and how to fix i
 
 Kinds covered: YAML syntax and strictness, unknown keys, strict types (F21), parameters,
 names and structure, map steps, agents/@mentions/cycles, template errors only rendering finds
-(F19), resource bombs (F18), bad model files (F19). Each file is checked with a time limit
+(F19), resource bombs (F18), bad model files (F19), template internals that would be sent as
+an object's repr (``{{ self }}``, ``loop``, a method not called, a generator), empty files,
+keys with no value (``~``), duplicate MCP tool names, a ``max_tokens`` that fills a pinned
+ctx, an include of a directory. Each file is checked with a time limit
 (pytest-timeout); the CLI run of the whole corpus goes through a subprocess with a timeout.
 """
 
@@ -34,7 +37,7 @@ HELPERS = {
 """Files in the folder that are not broken recipes on their own, and why."""
 
 SYNTAX = {"bad_indent.yaml", "tab_indent.yaml", "unclosed_quote.yaml", "two_documents.yaml", "not_a_mapping.yaml",
-          "yaml11.yaml"}
+          "yaml11.yaml", "empty_file.yaml", "only_separator.yaml"}
 """Errors about the file as a whole, before any field exists: no field to name."""
 
 FIXES = ("did you mean", "add ", "remove", "write", "use ", "rename", "raise", "lower", "shorten", "fetch", "give ",
@@ -160,6 +163,20 @@ CORPUS = [
     ('unknown_top_key.yaml', 5, 'flwo', "unknown key 'flwo'"),
     ('wrong_type.yaml', 4, 'agents.a.budget', "expected auto or a whole number of tokens, got 'lots'"),
     ('yaml11.yaml', 1, None, 'recipes are read as YAML 1.2'),
+    ('mcp_duplicate_tool.yaml', 11, 'agents.a.tools[1]', "agent 'a' gets two tools named 'search': web.search and docs.search (t"),
+    ('mcp_tool_like_ask.yaml', 8, 'agents.lead.tools[0]', "agent 'lead' gets two tools named 'ask_helper': its sub-agent tool for"),
+    ('template_self.yaml', 6, 'flow[0].prompt', "does not give text: it is jinja's internal TemplateReference object, which would be sent as <TemplateReference None>"),
+    ('template_method_not_called.yaml', 8, 'flow[0].prompt', "does not give text: it is the function or method 'upper' itself"),
+    ('template_generator.yaml', 8, 'flow[0].prompt', 'does not give text: it is a lazy sequence (generator'),
+    ('template_loop_object.yaml', 8, 'flow[0].prompt', "does not give text: it is jinja's internal LoopContext object"),
+    ('template_macro_object.yaml', 6, 'flow[0].prompt', "does not give text: it is the macro 'm' itself"),
+    ('template_class_in_instructions.yaml', 4, 'agents.a.instructions', "does not give text: it is the class 'dict' itself"),
+    ('empty_file.yaml', 1, None, 'the file is empty: there is no recipe in it'),
+    ('only_separator.yaml', 1, None, "the file holds only '---' and comments: there is no recipe in it"),
+    ('null_value.yaml', 5, 'agents.a.max_tokens', 'expected a whole number, got no value (~, null and nothing after the colon all mean none); write the value or remove the key to use its default'),
+    ('null_required.yaml', 6, 'main', 'expected text, got no value (~, null and nothing after the colon all mean none); write the value'),
+    ('include_directory.yaml', 3, 'include[0]', 'is a directory; give the path of an agents file (.yaml) in it'),
+    ('max_tokens_fills_ctx.yaml', 6, 'agents.a.max_tokens', 'max_tokens 400 fills the whole context the recipe pins (engine.ctx 256'),
 ]
 
 

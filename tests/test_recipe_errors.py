@@ -107,3 +107,24 @@ def test_engines_items_are_urls_or_launch_settings():
     assert [(s.url, s.slots, s.model, s.threads) for s in specs] == [
         ("http://127.0.0.1:8080", None, None, None), ("http://127.0.0.1:8081", 16, None, None),
         (None, 2, "smollm2-135m", 1)]
+
+
+@pytest.mark.parametrize("include, line, says", [
+    ("[b.yaml]", 1, "include cycle: a.yaml -> b.yaml -> a.yaml"),
+    ("[nope.yaml]", 1, "included file not found"),
+    ("\n  - sub", 2, "is a directory"),
+])
+def test_an_agents_file_s_include_errors_name_their_line(tmp_path, include, line, says):
+    """Issue 19: include cycles, missing files and directories are errors at the include entry,
+    for a recipe and for an agents file (`squad chat --agent-file`) alike."""
+    from squad.recipes import load_agents
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.yaml").write_text(f"include: {include}\nagents:\n  x: {{instructions: hi}}\n")
+    (tmp_path / "b.yaml").write_text("include: [a.yaml]\nagents:\n  y: {instructions: hi}\n")
+    with pytest.raises(RecipeError) as info:
+        load_agents(tmp_path / "a.yaml")
+    err = info.value
+    where = "b.yaml" if "cycle" in says else "a.yaml"
+    assert Path(err.file).name == where and err.line == line and err.field == "include[0]", str(err)
+    assert says in err.problem and any(w in err.problem for w in ("remove", "fix the path", "give the path of an agents file"))

@@ -221,6 +221,30 @@ def test_a_model_file_that_is_not_a_complete_gguf_is_found_at_validate(tmp_path,
     check_gguf(tmp_path / "ok.gguf")  # the complete file passes
 
 
+@pytest.mark.parametrize("make", [
+    lambda p, raw: p.mkdir(),
+    lambda p, raw: p.write_bytes(b""),
+    lambda p, raw: p.write_bytes(b"PK\x03\x04" + raw[4:]),
+    lambda p, raw: p.write_bytes(raw[:100]),
+    lambda p, raw: p.write_bytes(raw[:-40]),
+], ids=["directory", "empty", "not-gguf", "cut-in-metadata", "cut-in-tensors"])
+def test_a_broken_model_file_is_bad_input_from_a_recipe_and_from_dash_m(tmp_path, make, capsys, monkeypatch):
+    """Issue 19: a corrupt model is the user's input whichever way it is named: exit 2, one line,
+    before any engine starts, from a recipe's model: and from -m on run, plan and models info."""
+    from cli_support import squad
+
+    monkeypatch.setenv("SQUAD_LLAMA_SERVER", "/nonexistent/llama-server")  # nothing may start
+    raw = tiny(tmp_path / "ok.gguf").read_bytes()
+    make(tmp_path / "bad.gguf", raw)
+    by_recipe = write(tmp_path, recipe(extra="model: bad.gguf\n"))
+    plain = write(tmp_path, recipe(), name="plain.yaml")
+    for argv in (["run", by_recipe], ["run", plain, "-m", tmp_path / "bad.gguf"],
+                 ["plan", plain, "-m", tmp_path / "bad.gguf"], ["models", "info", tmp_path / "bad.gguf"]):
+        code, _, err = squad(capsys, *argv)
+        assert code == 2, (argv, err)
+        assert "bad.gguf" in err and "Traceback" not in err and "llama-server" not in err.split("error:")[0]
+
+
 def test_the_real_model_file_is_complete_and_a_cut_copy_is_not(default_model_path, tmp_path):
     check_gguf(default_model_path)
     cut = tmp_path / "cut.gguf"

@@ -114,6 +114,13 @@ def test_engine_start_status_stop(server_bin, model_file, state_tmp):
         info = json.loads(status.stdout)
         assert (info["slots"], info["n_ctx"], info["kv_unified"], info["busy_slots"]) == (2, 1024, True, 0)
         assert info["api_key"] is None  # never printed
+        from squad.engine.binary import read_build_info
+
+        built = read_build_info(server_bin)
+        if built:  # squad's own build reports b0-unknown in /props; squad knows which sdist it built (issue 19)
+            assert info["build_info"] == built["llama_cpp_tag"], info["build_info"]
+            shown = squad("engine", "status", env=env)
+            assert f"build        {built['llama_cpp_tag']}" in shown.stdout and "b0-unknown" not in shown.stdout
         by_url = squad("engine", "status", "--url", record["url"], "--json", env=env)
         assert by_url.returncode == 0, by_url.stderr  # the recorded key is used for that URL
         attached = anyio.run(attach, record["url"])

@@ -1,3 +1,3 @@
-from squad.cli import main
+from squad._entry import main
 
 main()

@@ -18,7 +18,8 @@ SquadError                         base of everything below
 ├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
 ├── ClusterError (RuntimeError)    a Ray cluster (``--ray``) did not answer, refused, or did not start
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
-│   └── UnknownModel (+UserError)  a model name that is neither a known name nor a file
+│   ├── UnknownModel (+UserError)  a model name that is neither a known name nor a file
+│   └── BadModelFile (+UserError)  a model file that is not a complete GGUF (empty, truncated, not GGUF)
 └── AgentRunError (RuntimeError)   one agent call failed; carries the agent name
     ├── AdmissionError             the call can never fit (pool or the agent's budget)
     ├── ContextExceeded            the engine said "Context size has been exceeded."
@@ -55,6 +56,7 @@ __all__ = [
     "ClusterError",
     "ModelError",
     "UnknownModel",
+    "BadModelFile",
     "AgentRunError",
     "AdmissionError",
     "ContextExceeded",
@@ -134,11 +136,13 @@ class EngineBuildError(EngineError):
 
 class EngineStartError(EngineError):
     """llama-server could not start: it exited before it was ready (``log_tail`` holds its last
-    log lines), or its port is taken by another program."""
+    log lines), or its port is taken by another program (``port_taken``)."""
 
-    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None) -> None:
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None,
+                 port_taken: bool = False) -> None:
         self.log_tail = log_tail
         self.log_path = log_path
+        self.port_taken = port_taken
         super().__init__(message)
 
 
@@ -186,6 +190,12 @@ class ModelError(SquadError, RuntimeError):
 
 class UnknownModel(ModelError, UserError):
     """The model asked for is neither a known name nor an existing file (bad input: exit 2)."""
+
+
+class BadModelFile(ModelError, UserError):
+    """The model file given is not a complete GGUF file llama.cpp can read: a directory, empty,
+    not GGUF, truncated, damaged, an unsupported GGUF version (bad input: exit 2, from a recipe
+    and from ``-m`` alike)."""
 
 
 class AgentRunError(SquadError, RuntimeError):

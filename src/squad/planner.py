@@ -380,7 +380,14 @@ def _context(timeline: tuple[Stage, ...], at_once: int, pin_ctx: int | None, not
     ctx_stage, needed = _context_need(timeline, at_once)
     if pin_ctx is not None:
         notes.reason(f"context {pin_ctx:,}: pinned by you")
-        if needed > round_ctx(pin_ctx):
+        biggest = max((c for st in timeline for c in st.calls + st.unbounded), key=_budget, default=None)
+        if biggest is not None and _budget(biggest) > round_ctx(pin_ctx):
+            need = _budget(biggest)
+            notes.warn(f"agent {biggest.agent!r} may need up to its budget of {need:,} tokens in one call, more than "
+                       f"the whole context {round_ctx(pin_ctx):,}: such a call can never fit, however long it waits "
+                       f"(squad refuses it); use --ctx {round_ctx(need)} (or engine: ctx: in the recipe), or lower "
+                       f"the budget or max_tokens of agent {biggest.agent!r} to fit {round_ctx(pin_ctx):,}")
+        elif needed > round_ctx(pin_ctx):
             notes.warn(f"context {round_ctx(pin_ctx):,} is below the {needed:,} tokens that the agents "
                        f"at {_where(ctx_stage)} may hold together: the pool can overflow; squad admits "
                        f"requests only while they fit, so some wait; use --ctx {round_ctx(needed)} or "

@@ -521,7 +521,7 @@ class _Outbox:
         item = self._items.get(event.conversation or "")
         named = {k: self.prefix + v for k in ("conversation", "parent", "call") if (v := getattr(event, k))}
         if isinstance(event, AgentStarted) and event.item is not None and item is not None:
-            named["item"] = item  # the worker's map of one prompt numbers it 0
+            named["item"] = item  # the driver's index (the worker's map numbers it so too: first_item)
         placed = replace(event, worker=self.worker, engine=event.engine or self.engine, **named)
         with self._cond:
             self._events.append((item, placed))
@@ -622,7 +622,7 @@ class _Worker:
 
         async def one() -> AgentResult:
             _ITEM.set(index)  # this task's events, and its children's, are item index's
-            [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type)
+            [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type, first_item=index)
             return result
 
         try:

@@ -410,16 +410,20 @@ class Squad:
         check: bool = False,
         fail_on: Collection[Outcome | str] = (),
         output_type: Any = None,
+        first_item: int = 0,
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
         more than the engine's slots in flight); results in input order, each with its
-        ``item`` index (events and views name it ``name[i]``). See :meth:`parallel` (``output_type`` too)."""
+        ``item`` index (events, errors and views name it ``name[i]``), counted from
+        ``first_item`` (a part of a larger map, e.g. one item a Ray worker runs). See
+        :meth:`parallel` (``output_type`` too)."""
         self._require_open()
         pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
-                                           items=True, fail_on=failing, output=output_schema(output_type))
+                                           items=True, fail_on=failing, output=output_schema(output_type),
+                                           first_item=first_item)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -493,15 +497,17 @@ class Squad:
         items: bool = False,
         fail_on: frozenset[Outcome] = frozenset(),
         output: OutputSchema | None = None,
+        first_item: int = 0,
     ) -> list[AgentResult]:
-        """``items``: the pairs are map items; conversation ``i`` carries ``item=i``; ``output``
-        replaces each agent's own output schema."""
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
+        ``output`` replaces each agent's own output schema."""
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
+            item = first_item + i if items else None
             return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                        cancel_reason=reason, origin=self._origin(agent, parent, i if items else None),
+                                        cancel_reason=reason, origin=self._origin(agent, parent, item),
                                         record=record, fail_on=fail_on, output=output)
 
         return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)

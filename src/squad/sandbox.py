@@ -55,7 +55,7 @@ import jinja2
 from jinja2 import nodes, pass_context
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
-__all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT",
+__all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT", "not_text",
            "MAX_VALUE", "MAX_STEPS", "MAX_INT_DIGITS"]
 
 MAX_VALUE = 1_000_000
@@ -210,6 +210,7 @@ def _check_binop(op: str, left: Any, right: Any, meter: Meter) -> None:
     if op == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
         meter.check(len(left) + len(right), f"{expr} joining two values")
     if op == "%" and isinstance(left, str):
+        _refuse_internal(right, "a value formatted with '%'")
         meter.check(_format_size(left, right, meter), f"{expr} formatting")
 
 
@@ -280,12 +281,17 @@ _WALKING = {"batch", "dictsort", "groupby", "join", "list", "map", "max", "min",
 _FLATTENING = {"string", "tojson", "pprint", "urlize", "xmlattr", "format", "urlencode"}
 """Filters that turn a whole value into text: its flat size is checked first."""
 
+_TO_TEXT = {"string", "format", "indent", "center", "wordwrap", "trim", "title", "upper", "lower", "capitalize"}
+"""Filters that print their input's ``str()``: an object that is not data is refused first."""
+
 
 def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` (a built-in filter) with its arguments checked and its cost charged."""
 
     def check(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any], meter: Meter) -> None:
         meter.step()
+        if name in _TO_TEXT:
+            _refuse_internal(value, f"the '{name}' filter's input")
         if name in _WALKING and isinstance(value, (list, tuple, dict, set)):
             meter.step(len(value))
         if name in _FLATTENING and not isinstance(value, str):
@@ -320,8 +326,9 @@ def _guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         def join(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> str:
             meter = _meter()
             meter.step()
-            return func(eval_ctx, _checked_join(str(d), value if attribute is None else list(value), meter), d,
-                        attribute)
+            items = _checked_join(str(d), value if attribute is None else list(value), meter)
+            _refuse_internal(items, "an item the 'join' filter joins")
+            return func(eval_ctx, items, d, attribute)
         return join
 
     if name == "sum":
@@ -383,6 +390,8 @@ def _concat(context: Any, parts: list[Any]) -> str:
     meter = _meter()
     meter.step()
     meter.check(flat_size(parts, meter.max_value), "'~'")
+    for part in parts:
+        _refuse_internal(part, "a part joined with '~'")
     return "".join(str(p) for p in parts)
 
 
@@ -392,6 +401,67 @@ def _out(context: Any, value: Any) -> Any:
     meter = _meter()
     meter.write(flat_size(value, meter.max_chars - meter.written + 1))
     return value
+
+
+@pass_context
+def _out_value(context: Any, value: Any) -> Any:
+    """Every ``{{ ... }}`` output: refused when it is not data (:func:`not_text`), then counted."""
+    _refuse_internal(value, "{{ ... }}")
+    return _out(context, value)
+
+
+_PLAIN = (str, int, float, type(None))
+_HOLDERS = (list, tuple, dict, set, frozenset)
+_GENERATED = (types.GeneratorType, range, type({}.items()), type({}.keys()), type({}.values()), map, filter, zip,
+              enumerate, reversed)
+_MAX_WALK = 10_000
+"""Items of a list or mapping :func:`not_text` looks into (a larger value is data in any case)."""
+
+
+def not_text(value: Any) -> str | None:
+    """Why ``value`` would reach a prompt as a Python object's repr rather than as data (a
+    jinja internal such as ``self`` or ``loop``, a function or method not called, a class, a
+    generator from ``map``/``select``, a ``range``), with the fix; None for text, numbers,
+    booleans, None and lists or mappings of those."""
+    stack, seen = [value], 0
+    while stack and seen < _MAX_WALK:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, (*_PLAIN, jinja2.Undefined)):  # an undefined one fails as undefined when printed
+            continue
+        if isinstance(item, Mapping) and isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+            continue
+        if isinstance(item, _HOLDERS):
+            stack.extend(item)
+            continue
+        return _why_not_text(item)
+    return None
+
+
+def _why_not_text(item: Any) -> str:
+    shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(item))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    if isinstance(item, jinja2.runtime.Macro):
+        return f"it is the macro '{item.name}' itself ({shown}), not its text; write {item.name}() to call it"
+    if isinstance(item, type):
+        return f"it is the class {item.__name__!r} itself ({shown}), not a value; call it or drop it"
+    if isinstance(item, _GENERATED):
+        return (f"it is a lazy sequence ({type(item).__name__}, printed as {shown}), not its items; "
+                "add | list at the end of the expression, or | join(', ') for text")
+    if callable(item) and not isinstance(item, (jinja2.runtime.TemplateReference, jinja2.runtime.LoopContext)):
+        name = getattr(item, "__name__", None)
+        what = f"the function or method {name!r}" if name else f"a callable {type(item).__name__} object"
+        return f"it is {what} itself ({shown}), not its result; call it: add ()"
+    return (f"it is jinja's internal {type(item).__name__} object, which would be sent as {shown}; use a value "
+            "instead (params.NAME, steps.ID.output, item, loop.index)")
+
+
+def _refuse_internal(value: Any, what: str) -> None:
+    problem = not_text(value)
+    if problem is not None:
+        raise TemplateLimit(f"{what} does not give text: {problem}")
 
 
 _MACRO_STEPS = 4
@@ -417,7 +487,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.globals.pop("lipsum", None)
         self.globals["range"] = _range
         self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
-        self.filters.update({_LOOP: _loop, _CONCAT: _concat, _TEXT: _out, OUT: _out})
+        self.filters.update({_LOOP: _loop, _CONCAT: _concat, _TEXT: _out, OUT: _out_value})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         meter = _meter()

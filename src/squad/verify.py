@@ -142,7 +142,7 @@ async def verify_engine(info: EngineInfo, *, parallel: int = 4, ctx: int = 8192,
     report = VerifyReport(
         base_url=info.base_url,
         model=str(state.props.get("model_path", "")),
-        build_info=str(state.props.get("build_info", "")),
+        build_info=info.build_info if info.launched and info.build_info else str(state.props.get("build_info", "")),
         ctx_asked=ctx,
         parallel=parallel,
         n_ctx=state.n_ctx,

@@ -87,9 +87,13 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
+        if getattr(previous, "squad_early", False):
+            previous = signal.SIG_DFL
     except ValueError:  # not the main thread (an embedding caller): signals stay theirs
         previous = on_sigterm
     try:
+        if getattr(signal.getsignal(signal.SIGINT), "squad_early", False):  # squad._entry's, during imports
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is KeyboardInterrupt
         app(args=_optional_values(sys.argv[1:] if argv is None else list(argv)))  # typer exits on usage errors
     except KeyboardInterrupt:
         sys.exit(_interrupted(terminated, ""))

@@ -183,6 +183,7 @@ def engine_status(
 
         api_key = api_key_for(url, api_key)
     info, busy = anyio.run(lambda: _status(url, api_key))
+    info = _own_build(info, saved.pid if saved else None)
     warning = pool_warning(info)
     if as_json:
         out = {**asdict(info), "api_key": None, "chat_template": info.template_name, "busy_slots": busy,
@@ -209,6 +210,46 @@ def engine_status(
     console.print(f"template     {info.template_name}")
     if warning:
         err_console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _own_build(info: EngineInfo, pid: int | None) -> EngineInfo:
+    """``info`` with the build squad knows for an engine it built: llama-server built from the
+    source package reports ``b0-unknown``; the binary's ``squad-build.json`` says ``b11434``.
+    The binary is found from the engine's pid (the one ``squad engine start`` saved, else the
+    process listening on the URL's port on this machine)."""
+    import dataclasses
+
+    from squad.engine.binary import engine_binary_of, known_build
+
+    if info.kind not in ("llama.cpp", "squad-serve") or known_build(info.build_info, None) != info.build_info \
+            or not info.build_info:
+        return info  # a build it names itself (or a kind that reports none)
+    if pid is None:
+        pid = _listening_pid(info.base_url)
+    binary = engine_binary_of(pid) if pid is not None else None
+    build = known_build(info.build_info, binary)
+    if build == info.build_info:
+        return info
+    version = build if info.version == info.build_info else info.version
+    return dataclasses.replace(info, build_info=build, version=version)
+
+
+def _listening_pid(url: str) -> int | None:
+    """The pid of the local process listening on ``url``'s port, when ``url`` is on this machine
+    and the system tells (psutil); else None."""
+    from urllib.parse import urlsplit
+
+    import psutil
+
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
+        return None
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    return next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == parts.port
+                 and c.pid), None)
 
 
 async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None]:

@@ -53,7 +53,7 @@ def plan_command(
     if recipe is not None:
         from squad.recipes import load_recipe
 
-        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
         if loaded.mcp_servers:
             _mcp(loaded, check_mcp)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads
@@ -71,6 +71,7 @@ def plan_command(
         if backend != "attached":
             raise UserError("--url is for an attached engine: add --backend attached")
         the_plan = _check_engine(the_plan, url, api_key)
+    the_plan = _never_fit(the_plan, rows, loaded.warnings if recipe is not None else ())
     binary = _binary(spec.binary)
     if as_json:
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
@@ -81,6 +82,30 @@ def plan_command(
         if rows:
             _render_steps(rows)
         render_plan(the_plan, console, binary)
+
+
+def _never_fit(the_plan: "EnginePlan", rows: Any, recipe_warnings: Any = ()) -> "EnginePlan":
+    """``the_plan`` with a warning for each step whose counted prompt + max_tokens is more than
+    one request may hold (that call can never fit, whatever waits: say what to change), and
+    for each map step known to have no items (:class:`~squad.recipes.model.EmptyMapWarning`)."""
+    import dataclasses
+
+    from squad.recipes.model import EmptyMapWarning
+
+    room = the_plan.per_slot_ctx or the_plan.n_ctx
+    found = []
+    for r in rows:
+        need = r.prompt + r.max_tokens
+        if need > room and not r.estimated:
+            found.append(f"step {r.step!r} (agent {r.agent!r}) needs {need:,} tokens in one call (prompt {r.prompt:,} "
+                         f"+ max_tokens {r.max_tokens:,}), more than the {room:,} one request may hold: it can never "
+                         f"fit, squad would refuse it; raise the context to {need:,} or more (--ctx, or engine: ctx: "
+                         f"in the recipe), or lower max_tokens of agent {r.agent!r} to {max(1, room - r.prompt):,} "
+                         "or shorten its prompt")
+    found += [str(w) for w in recipe_warnings if isinstance(w, EmptyMapWarning)]
+    if not found:
+        return the_plan
+    return dataclasses.replace(the_plan, warnings=tuple(found) + the_plan.warnings)
 
 
 def _several(specs: list[Any], workload: Node | None, *, as_json: bool, reads: Any, rows: Any) -> None:

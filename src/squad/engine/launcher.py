@@ -26,6 +26,8 @@ pid files the next launch reaps are the last resort. How, and what each guarante
 
 from __future__ import annotations
 
+import dataclasses
+
 import secrets
 import subprocess
 import time
@@ -114,6 +116,11 @@ def default_load_timeout(model: Path | str) -> float:
     return 60.0 + 60.0 * size / _GIB
 
 
+_PICKS = 3
+"""Free ports squad tries in turn when another program takes the one it picked before the
+engine binds it."""
+
+
 def _resolve_binary(explicit: Path | str | None) -> Path:
     from squad.engine.binary import resolve_llama_server
 
@@ -179,6 +186,7 @@ class Launcher(AsyncResource):
         self.loading_polls = 0
         """How many 503 ``Loading model`` answers the last start waited out."""
         self._proc: subprocess.Popen | None = None
+        self._binary: Path | None = None
         self._pidfile: Path | None = None
         self._lock = anyio.Lock()  # one start/stop/reload at a time
         self._starts = 0  # starts that completed (lets concurrent restarts coalesce)
@@ -207,13 +215,27 @@ class Launcher(AsyncResource):
             return self.info
         if not self.detached:
             await anyio.to_thread.run_sync(process.reap_stale_engines)
-        binary = _resolve_binary(self._binary_arg)
-        port = self.port or process.free_port()
+        binary = self._binary = _resolve_binary(self._binary_arg)
+        if self.port is not None:
+            return await self._start_on(binary, self.port)
+        taken: list[int] = []
+        for _ in range(_PICKS):  # a port squad picked can be taken before the engine binds it: pick again
+            port = process.free_port()
+            try:
+                return await self._start_on(binary, port)
+            except EngineStartError as exc:
+                if not exc.port_taken:
+                    raise
+                taken.append(port)
+        raise EngineStartError(
+            f"ports {', '.join(map(str, taken))} on 127.0.0.1, each free when squad picked it, were taken by another "
+            "program before the engine could listen there; something on this machine is grabbing free ports: run "
+            "again, or pass a port you reserve for the engine (--port)", port_taken=True)
+
+    async def _start_on(self, binary: Path, port: int) -> EngineInfo:
+        """Start the engine on ``port`` (given by the caller, or picked free by squad)."""
         if process.port_in_use(port):  # never adopt a server squad did not start (F15)
-            raise EngineStartError(
-                f"port {port} on 127.0.0.1 is in use by another program: pass another port, or none "
-                "so squad picks a free one"
-            )
+            raise EngineStartError(self._port_message(port, "is in use by another program"), port_taken=True)
         self.base_url = f"http://127.0.0.1:{port}"
         logs = self.log_dir or state_dir() / "logs"
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
@@ -273,12 +295,18 @@ class Launcher(AsyncResource):
         if right.status_code == 401:
             raise self._not_ours(port, pid, "it refuses this launch's API key")
 
-    @staticmethod
-    def _not_ours(port: int, pid: int, why: str) -> EngineStartError:
-        return EngineStartError(
-            f"port {port} on 127.0.0.1 is in use by another program: a server answered there, but not from the "
-            f"llama-server squad started (pid {pid}; {why}). Pass another port, or none so squad picks a free one"
-        )
+    def _not_ours(self, port: int, pid: int, why: str) -> EngineStartError:
+        return EngineStartError(self._port_message(
+            port, f"is in use by another program: a server answered there, but not from the llama-server squad "
+                  f"started (pid {pid}; {why})"), port_taken=True)
+
+    def _port_message(self, port: int, what: str) -> str:
+        """``port ... {what}`` and the fix: another port for a port the caller gave; for one squad
+        picked itself (it was free a moment ago), a start that picks again."""
+        if self.port is not None:
+            return f"port {port} on 127.0.0.1 {what}: pass another port, or none so squad picks a free one"
+        return (f"port {port} on 127.0.0.1, which squad picked because it was free, {what}; squad picks another "
+                "port and starts again")
 
     def exit_status(self) -> str | None:
         """How the engine process ended (``"signal 9 SIGKILL"``, ``"status 1"``) once it ended by
@@ -292,8 +320,12 @@ class Launcher(AsyncResource):
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
         check_applied(self.plan, total_slots=state.total_slots, n_ctx=state.n_ctx, n_ctx_train=state.n_ctx_train)
-        return state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
+        from squad.engine.binary import known_build
+
+        info = state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
                           requested_ctx=self.plan.n_ctx)
+        build = known_build(info.build_info, self._binary)  # squad's own build reports b0-unknown
+        return info if build == info.build_info else dataclasses.replace(info, build_info=build)
 
     async def reload(
         self,

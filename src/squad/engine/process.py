@@ -181,29 +181,63 @@ def describe_exit(returncode: int | None) -> str:
     return f"status {returncode}"
 
 
+_NO_LIBRARY = "error while loading shared libraries"
+"""The dynamic loader's line when the binary needs a library it cannot find (exit 127)."""
+_MODEL_FAILED = re.compile(r"(error loading model|failed to load model|model loading error|gguf_init_from_file|"
+                           r"invalid magic|unknown model architecture|failed to read|tensor .* data is not within)",
+                           re.IGNORECASE)
+"""Lines llama.cpp logs when it has the model file and cannot load it (llama_model_load,
+gguf_init_from_file_impl, common_init_from_params, server load_model)."""
+_MODEL_STARTED = re.compile(r"(llama_model_load|llama_model_loader|load_model|loading model|gguf)", re.IGNORECASE)
+"""Lines that show the engine got as far as reading the model."""
+_CRASH = {signal.SIGSEGV, signal.SIGILL, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE}
+
+
 def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> EngineStartError:
-    """The :class:`EngineStartError` for an engine that exited while loading ``model``: the
-    first error-like line of its log, a hint (the port is taken, not a llama-server, or the
-    model), the log tail and path."""
+    """The :class:`EngineStartError` for an engine that exited before it was ready, read from
+    its log: the port is taken; the *binary* cannot start (a missing shared library, exit
+    126/127 from a wrapper that cannot run it, a crash before the model is touched, nothing
+    logged at all); or the *model* failed to load (llama.cpp's own model-loading errors). Each
+    with its first error-like line, the fix for that cause, the log tail and path."""
     tail = log_tail(log_path)
+    binary = proc.args[0] if isinstance(proc.args, list) else proc.args
+    code = proc.returncode
+    ended = describe_exit(code)
     if _BIND_FAILED in tail:  # llama.cpp tools/server/server.cpp, when the port is taken (F15)
         return EngineStartError(
             f"llama-server could not listen: {_reason(tail)}. The port is in use by another program: "
             f"pass another port, or none so squad picks a free one; full log: {log_path}",
             log_tail=tail,
             log_path=str(log_path),
+            port_taken=True,
         )
-    if not tail.strip():  # it never got as far as logging: not a working llama-server at all
-        hint = (f"{proc.args[0] if isinstance(proc.args, list) else proc.args} printed nothing: check that it "
-                "is llama-server (`squad engine info`, or --llama-server / SQUAD_LLAMA_SERVER)")
-    else:
-        hint = "Check that the model is a complete GGUF file llama.cpp supports"
+    fix_binary = (f"rebuild it (`squad engine install --force`) or pass a llama-server that runs here "
+                  f"(--llama-server PATH or SQUAD_LLAMA_SERVER); `{binary} --version` shows the same failure")
+    model_failed = next((line for line in tail.splitlines() if _MODEL_FAILED.search(line)), None)
+    crashed = code is not None and code < 0 and -code in {int(s) for s in _CRASH}
+    if _NO_LIBRARY in tail or code in (126, 127):
+        line = next((ln for ln in tail.splitlines() if _NO_LIBRARY in ln or "not found" in ln), _reason(tail))
+        return EngineStartError(
+            f"llama-server at {binary} cannot start ({ended}): {_PREFIX.sub('', line).strip()}. The binary is at "
+            f"fault, not the model (it never read {model}): {fix_binary}; full log: {log_path}",
+            log_tail=tail, log_path=str(log_path))
+    if model_failed is None and (not tail.strip() or (crashed and not _MODEL_STARTED.search(tail))):
+        what = (f"crashed ({ended}) before it read the model" if crashed else
+                f"exited ({ended}) without logging anything")
+        return EngineStartError(
+            f"llama-server at {binary} {what}: the binary does not run on this machine or is not llama-server, "
+            f"not a problem of {model}; {fix_binary}; full log: {log_path}",
+            log_tail=tail, log_path=str(log_path))
+    if model_failed is not None:
+        return EngineStartError(
+            f"llama-server could not load the model {model} ({ended}): {_PREFIX.sub('', model_failed).strip()}. "
+            f"Check that the model is a complete GGUF file llama.cpp supports (fetch or copy it again, or pick "
+            f"another); full log: {log_path}",
+            log_tail=tail, log_path=str(log_path))
     return EngineStartError(
-        f"llama-server exited ({describe_exit(proc.returncode)}) while loading {model}: {_reason(tail)}. "
-        f"{hint}; full log: {log_path}",
-        log_tail=tail,
-        log_path=str(log_path),
-    )
+        f"llama-server exited ({ended}) while starting with {model}: {_reason(tail)}. The log shows no "
+        f"model-loading error: read it to see whether the binary or the model is at fault; full log: {log_path}",
+        log_tail=tail, log_path=str(log_path))
 
 
 # --- stopping: the process group, as for every child squad starts (squad.children) ----------------

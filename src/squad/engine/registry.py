@@ -34,7 +34,7 @@ from squad.dirs import cache_dir
 from squad.engine import pypi
 from squad.engine.facts import is_gguf
 from squad.engine.stores import StoredModel, model_bytes
-from squad.errors import ModelError, UnknownModel
+from squad.errors import BadModelFile, ModelError, UnknownModel
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -265,11 +265,12 @@ def find_model(
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.gguf"))[:5]
         hint = f"one of {', '.join(found)}" if found else "a .gguf file"
-        raise ModelError(f"model {str(model)!r} is a directory: pass {hint} inside it, or a known name "
+        raise BadModelFile(f"model {str(model)!r} is a directory: pass {hint} inside it, or a known name "
                          f"({', '.join(_REGISTRY)})")
     if path.is_file():
         if not is_gguf(path):
-            raise ModelError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+            raise BadModelFile(f"{path} is not a GGUF file (it does not start with b'GGUF'); give the path of a .gguf "
+                               "model")
         return StoredModel(str(path), "file", path, model_bytes(path))
     raise UnknownModel(_unknown(str(model)))
 

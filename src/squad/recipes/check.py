@@ -45,7 +45,7 @@ from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_ser
 from squad.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
-from squad.recipes.model import EngineSettings, Recipe, RecipeWarning, Step
+from squad.recipes.model import EmptyMapWarning, EngineSettings, Recipe, RecipeWarning, Step
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import AnyValue, check_template, mark_tags, render_template, template_paths
@@ -58,7 +58,8 @@ _MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.output
 
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
-                require_params: bool = True, model: str | None = None, default_model: str | None = None) -> Recipe:
+                require_params: bool = True, model: str | None = None, default_model: str | None = None,
+                ctx: int | None = None) -> Recipe:
     """Load and check the recipe at ``path`` with parameter values ``params`` (strings as
     given with ``-p name=value``; a list parameter may also get a list of strings).
 
@@ -69,10 +70,13 @@ def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None =
     relative to the working directory, as ``--model`` gives it) replaces the recipe's model
     before anything is counted, so ``auto`` budgets follow the model that will really run.
     ``default_model`` is used when neither ``model`` nor the recipe names one (the command line
-    passes the config file's model, :mod:`squad.config`). Raises :class:`RecipeError`.
+    passes the config file's model, :mod:`squad.config`). ``ctx``: a context given on the
+    command line (``--ctx``), which replaces the recipe's ``engine.ctx`` in the checks of what
+    can fit. Raises :class:`RecipeError`.
     """
-    return _Loader(Path(path)).load(params or {}, require_params=require_params, model=model,
-                                    default_model=default_model)
+    loader = _Loader(Path(path))
+    loader.ctx_override = ctx
+    return loader.load(params or {}, require_params=require_params, model=model, default_model=default_model)
 
 
 def _override(model: str) -> str | None:
@@ -115,6 +119,7 @@ class _Loader:
         self.warnings: list[RecipeWarning] = []
         self.used_params: set[str] = set()
         self.reads: list[tuple[str, str]] = []
+        self.ctx_override: int | None = None
 
     def load(self, given: Mapping[str, Any], *, require_params: bool, model: str | None = None,
              default_model: str | None = None) -> Recipe:
@@ -163,6 +168,8 @@ class _Loader:
                     f"parameter '{name}' is declared but no template uses it; use {{{{ params.{name} }}}} or remove it",
                     file=located.file, line=line, column=column, field=f"params.{name}"))
         self._check_budgets(model, agents, raw_agents)
+        if self.ctx_override is None:  # a --ctx replaces the recipe's pin (the runtime checks that one)
+            self._check_pinned_ctx(spec.engine.ctx, agents, raw_agents)
         engine = EngineSettings(
             slots=None if spec.engine.slots == "auto" else spec.engine.slots,
             ctx=None if spec.engine.ctx == "auto" else spec.engine.ctx,
@@ -184,6 +191,8 @@ class _Loader:
             reads=tuple(self.reads), context_limit=n_ctx_train(model),
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
+        for step, why in recipe.empty_maps(unset):  # known now: a map over no items is an empty answer
+            self.warnings.append(_empty_map_warning(step, why, located, given))
         self._render_all(recipe, raw_agents, unset)
         check_prompts(recipe, unset=unset)
         plan_budgets(recipe, unset=unset)
@@ -226,6 +235,10 @@ class _Loader:
             if target in stack:
                 chain = " -> ".join(p.name for p in [*stack[stack.index(target):], target])
                 raise located.error(f"include cycle: {chain}; remove one of these includes", ("include", i))
+            if target.is_dir():
+                raise located.error(f"included path {here / rel} is a directory; give the path of an agents file "
+                                    f"(.yaml) in it (paths are relative to {Path(located.file).name})",
+                                    ("include", i))
             if not target.is_file():
                 raise located.error(f"included file not found: {here / rel}; fix the path (relative to {Path(located.file).name})", ("include", i))
             sub = read_yaml(target, shown=str(Path(located.file).parent / rel))
@@ -275,6 +288,8 @@ class _Loader:
                         "SERVER.TOOL", (*base, "tools", i))
                 if split_ref(tool)[0] not in servers:
                     raise src.error(unknown_server(name, tool, servers), (*base, "tools", i))
+        for name, agent in agents.items():
+            self._distinct_tool_names(agent, raw[name])
         cycle = find_cycle(agents)
         if cycle:
             last, closing = cycle[-2], cycle[-1]
@@ -294,6 +309,27 @@ class _Loader:
         except UserError as exc:
             raise RecipeError(str(exc), file=str(self.path)) from None
         return agents
+
+    @staticmethod
+    def _distinct_tool_names(agent: Agent, entry: tuple[dict, Located, Path_]) -> None:
+        """Two tools of ``agent`` the model would see under one name, found without starting a
+        server: ``a.search`` and ``b.search``, ``x.get-item`` and ``y.get_item``, an MCP tool named
+        like one of its ``ask_<name>`` sub-agent tools. An error at the second one's line
+        (``SERVER.*`` is checked once the server lists its tools)."""
+        from squad.mcp import model_name
+
+        _, src, base = entry
+        seen: dict[str, str] = {f"ask_{n}": f"its sub-agent tool for '{n}'" for n in agent.agents} \
+            if agent.sub_agent_tools else {}
+        for i, ref in enumerate(agent.tools):
+            if not is_mcp_ref(ref) or split_ref(ref)[1] == "*":
+                continue
+            shown = model_name(split_ref(ref)[1])
+            if shown in seen and seen[shown] != ref:
+                raise src.error(f"agent '{agent.name}' gets two tools named '{shown}': {seen[shown]} and {ref} (the "
+                                "model sees a tool by its own name, without the server); keep only one of them in its "
+                                "tools", (*base, "tools", i))
+            seen.setdefault(shown, ref)
 
     def build_mcp(self, raw: Mapping[str, dict[str, Any]]) -> tuple[MCPServer, ...]:
         """The ``mcp:`` servers, checked (a stdio server's ``cwd`` is relative to the recipe,
@@ -353,6 +389,22 @@ class _Loader:
             f"unknown model '{model}'{did}; use default, a known name ({', '.join(known_models())}), "
             "a path to a .gguf file or a store reference (hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], "
             "lmstudio:PUBLISHER/MODEL)", where)
+
+    def _check_pinned_ctx(self, ctx: Any, agents: Mapping[str, Agent], raw: Mapping) -> None:
+        """An agent whose ``max_tokens`` alone fills the pinned ``engine.ctx`` has calls that can
+        never fit (a prompt needs room too): an error at its ``max_tokens``."""
+        if not isinstance(ctx, int) or isinstance(ctx, bool):
+            return
+        from squad.planner import round_ctx
+
+        room = round_ctx(ctx)
+        for name, agent in agents.items():
+            if agent.max_tokens is not None and agent.max_tokens >= room:
+                _, src, base = raw[name]
+                raise src.error(
+                    f"max_tokens {agent.max_tokens:,} fills the whole context the recipe pins (engine.ctx {ctx:,}, "
+                    f"{room:,} tokens after llama.cpp's rounding), so no call of agent '{name}' can ever fit with its "
+                    f"prompt; lower max_tokens below {room:,} or raise engine.ctx", (*base, "max_tokens"))
 
     def _check_budgets(self, model: str | None, agents: Mapping[str, Agent], raw: Mapping) -> None:
         trained = n_ctx_train(model)
@@ -490,6 +542,9 @@ class _Loader:
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
+        if spec.kind == "map":  # where the map: reference is, for a warning about its items
+            map_line, map_column = self.located.where((*path, "map"))
+            loc.update(map_line=map_line, map_column=map_column, map_field=field_path((*path, "map")))
         schema = None if spec.schema_ is None else self._check_schema(spec.schema_, (*path, "schema"))
         if schema is not None:
             self.with_schema[sid] = (spec.kind, schema)
@@ -624,6 +679,20 @@ def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], loc
         else:
             values[name] = [] if spec.type == "list" else None
     return values
+
+
+def _empty_map_warning(step: Step, why: str, located: Located, given: Mapping[str, Any]) -> EmptyMapWarning:
+    """The warning for map ``step`` whose input is known to be empty (:meth:`Recipe.no_items`)."""
+    name = step.over[1]
+    origin = "as given" if name in given else "its default"
+    handling = step.non_answers.get(Outcome.EMPTY, "mark")
+    effect = {"mark": "passed on as [empty answer]", "fail": "a failure (the run fails there)",
+              "accept": "passed on as empty text"}[handling]
+    return EmptyMapWarning(
+        f"map step '{step.id}' has no items to run ({why}, {origin}): it will be an empty answer, {effect} "
+        f"(non_answers.empty: {handling}); pass items with -p {name}=..., or give the parameter a default "
+        "with items", file=step.loc.get("file"), line=step.loc.get("map_line") or step.loc.get("line"),
+        column=step.loc.get("map_column") or step.loc.get("column"), field=step.loc.get("map_field"))
 
 
 def _tool_locs(raw: Mapping[str, tuple[dict, Located, Path_]]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -120,6 +120,12 @@ def read_yaml(path: Path, *, shown: str | None = None) -> Located:
         ) from None
     except YAMLError as exc:
         raise RecipeError(f"YAML syntax: {exc}", file=name) from None
+    if not documents or (len(documents) == 1 and _blank(documents[0])):
+        dashes = any(line.strip() in ("---", "...") for line in text.splitlines())
+        what = ("holds only '---'" + (" and comments" if "#" in text else "") if dashes
+                else "holds only comments" if text.strip() else "is empty")
+        raise RecipeError(f"the file {what}: there is no recipe in it; write one (name, agents, main and flow, "
+                          "see docs/recipes.md), or check that this is the file you meant", file=name, line=1)
     if len(documents) != 1 or documents[0] is None:
         raise RecipeError("expected exactly one YAML document holding a mapping; keep one (remove the '---' "
                           "separators and what follows)", file=name, line=1)
@@ -128,6 +134,11 @@ def read_yaml(path: Path, *, shown: str | None = None) -> Located:
     if not isinstance(located.data, dict):
         raise located.error("the file must be a mapping (key: value lines) at the top level", ())
     return located
+
+
+def _blank(node: Node | None) -> bool:
+    """A document with nothing in it (only ``---`` or comments): None or an empty plain null."""
+    return node is None or (isinstance(node, ScalarNode) and _tag(node) == "null" and node.value in ("", "~", "null"))
 
 
 class _Builder:
@@ -267,6 +278,8 @@ def pydantic_error(
         limit = (err.get("ctx") or {}).get(_BOUND_KEYS[kind])
         return located.error(f"must be {_BOUNDS[kind]} {limit}, got {given!r}; write a number {_BOUNDS[kind]} {limit}", loc)
     message = _EXPECTED.get(kind) or err["msg"].removeprefix("Value error, ")
+    if given is None and "got None" in message or (given is None and kind in _EXPECTED):
+        return located.error(_no_value(message, loc, model, base), loc)
     if kind in _EXPECTED and kind != "missing" and not isinstance(given, (dict, list)):
         message += f", got {given!r}"
         if isinstance(given, bool) and kind in ("int_type", "float_type"):
@@ -280,6 +293,32 @@ def pydantic_error(
     return located.error(message, loc)
 
 
+def _no_value(expected: str, loc: Path_, model: type[BaseModel] | None, base: Path_) -> str:
+    """The message for a key written with no value (``key: ~``, ``key: null``, ``key:``)."""
+    info = _field_at(model, loc[len(base):]) if model is not None else None
+    optional = info is not None and not info.is_required()
+    none = "got no value (~, null and nothing after the colon all mean none)"
+    if "got None" in expected:  # a message of squad's own, which already says what to write
+        return expected.replace("got None", none) + ("; or remove the key to use its default" if optional else "")
+    return f"{expected}, {none}; write the value" + (" or remove the key to use its default" if optional else "")
+
+
+def _field_at(model: type[BaseModel], loc: Path_) -> Any:
+    """The pydantic ``FieldInfo`` of the last key of ``loc`` (a path inside ``model``'s data), or None."""
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    names = _fields_at(model, tuple(loc[:-1]))
+    if loc[-1] not in names:
+        return None
+    current: Any = _model_at(model, tuple(loc[:-1]))
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return None
+    for name, info in current.model_fields.items():
+        if (info.alias or name) == loc[-1]:
+            return info
+    return None
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -290,6 +329,14 @@ def _is_number(text: str) -> bool:
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
     """Field names of the (nested) pydantic model found by following ``loc`` from ``model``."""
+    current = _model_at(model, loc)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return {info.alias or name for name, info in current.model_fields.items()}
+    return set()
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The (nested) type found by following ``loc`` from ``model``."""
     import typing
 
     current: Any = model
@@ -310,6 +357,4 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
             if not options:
                 break
             current = options[0]
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return {info.alias or name for name, info in current.model_fields.items()}
-    return set()
+    return current

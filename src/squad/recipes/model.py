@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from squad.mcp import MCPServer
     from squad.session import EngineSpec
 
-__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "StepBudget"]
+__all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "EmptyMapWarning", "StepBudget"]
 
 
 class RecipeWarning(UserWarning):
@@ -43,6 +43,11 @@ class RecipeWarning(UserWarning):
                  column: int | None = None, field: str | None = None) -> None:
         self.problem, self.file, self.line, self.column, self.field = problem, file, line, column, field
         super().__init__(str(RecipeError(problem, file=file, line=line, column=column, field=field)))
+
+
+class EmptyMapWarning(RecipeWarning):
+    """A map step whose input is known to be empty before the run (an empty list or text
+    parameter, an empty file): the step will be an empty answer (:meth:`Recipe.no_items`)."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,42 @@ class Recipe:
                 raise RecipeError(f"{what} is JSON but not a list", **_file_loc(step.loc))
             return [v if isinstance(v, str) else json.dumps(v) for v in value]
         return _lines(text)
+
+    def no_items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
+        """Why map ``step`` has no items, when it is known to have none: its parameter's value
+        (an empty list, empty or blank text, an empty file) or the output of an earlier step in
+        ``outputs``; None when it has items or the input is not known yet (a required
+        parameter without a value, a step that has not run)."""
+        if step.kind != "map":
+            return None
+        source, name = step.over[0], step.over[1]
+        if source == "params":
+            value = self.params.get(name)
+            if value is None:
+                return None
+        elif outputs is None or name not in outputs:
+            return None
+        if self.items(step, outputs or {}):
+            return None
+        if source == "steps":
+            what = "outputs" if len(step.over) > 2 and step.over[2] == "outputs" else "output"
+            return f"step '{name}''s {what} gives no items" + (f" (split: {step.split})" if step.split else "")
+        spec = self.param_specs[name]
+        if isinstance(value, list):
+            return f"parameter '{name}' is an empty list"
+        text = str(value)
+        if spec.type == "file":
+            return f"the file given for parameter '{name}' is empty" if not text else \
+                f"the file given for parameter '{name}' holds only blank lines"
+        return f"parameter '{name}' is empty text" if not text.strip() else \
+            f"parameter '{name}' gives no items (split: {step.split})"
+
+    def empty_maps(self, unset: "set[str] | frozenset[str]" = frozenset()) -> list[tuple[Step, str]]:
+        """``(step, why)`` of every map step whose items are known before the run to be none
+        (:meth:`no_items` with the parameter values; ``unset``: required parameters without a
+        value yet, not known); ``squad plan`` and validate warn of them."""
+        return [(s, why) for s in self.steps_by_id().values()
+                if not (s.over[:1] == ("params",) and s.over[1] in unset) and (why := self.no_items(s)) is not None]
 
     def check_output(self, text: str) -> Any:
         """Parse ``text`` as JSON and validate it against ``output_schema``; returns the value.

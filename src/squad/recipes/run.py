@@ -150,15 +150,17 @@ async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
     Raises :class:`~squad.errors.MCPServerError` for a server that does not start, and
     :class:`RecipeError` at the agent's ``tools`` entry for a tool its server does not have.
     """
-    from squad.mcp import MCPServers
+    from squad.mcp import MCPServers, is_mcp_ref
     from squad.recipes.budgets import plan_budgets
 
     async with MCPServers(recipe.mcp_servers) as servers:
         if recipe.mcp_servers:
             specs = {}
             for agent in recipe.agents.values():
+                subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
                 try:
-                    specs[agent.name] = [t.spec() for t in servers.tools_for(agent).values()]
+                    specs[agent.name] = [t.spec() for t in servers.tools_for(
+                        agent, taken=[t for t in agent.tools if not is_mcp_ref(t)] + subs).values()]
                 except UserError as exc:
                     raise _at_tool(recipe, agent.name, exc) from None
             unset = {n for n, p in recipe.param_specs.items() if p.required and recipe.params.get(n) is None}
@@ -168,9 +170,19 @@ async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
 
 def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
     """``exc`` (about one of ``agent``'s MCP tools) at that tool's place in the recipe."""
-    for (name, ref), loc in recipe.tool_locs.items():
-        if name == agent and f"lists tool {ref!r}" in str(exc):
-            return RecipeError(str(exc), **loc)
+    text = str(exc)
+    found = [(ref, loc) for (name, ref), loc in recipe.tool_locs.items() if name == agent]
+    for ref, loc in found:
+        if f"lists tool {ref!r}" in text:
+            return RecipeError(text, **loc)
+    if "gets two tools named" in text:  # at the second of the two (the one listed later)
+        server_tool = text.rsplit(" and ", 1)[-1].split(";")[0].strip()
+        for ref, loc in reversed(found):
+            server = ref.split(".", 1)[0]
+            if ref == server_tool or (ref.endswith(".*") and server_tool.startswith(f"{server}.")):
+                return RecipeError(text, **loc)
+        if found:
+            return RecipeError(text, **found[-1][1])
     return RecipeError(str(exc), file=str(recipe.path))
 
 
@@ -296,6 +308,9 @@ async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, p
 
 async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
     items = recipe.items(step, run.steps)
+    if not items:
+        _empty_map(recipe, squad, step, run)
+        return
     extra = {"chunks": len(items)} if step.split == "chunks" else {}
     prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i, **extra)
                for i, item in enumerate(items)]
@@ -338,6 +353,37 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
                           "outcome": (Outcome.FAILED if error else worst(outcomes)).value}
     if step.schema is not None:  # each item's answer as its value (None where it failed)
         run.steps[step.id]["value"] = [_plain(v) for v in values]
+
+
+def _empty_map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
+    """A map over no items: an empty answer (:mod:`squad.outcome`), never blank text passed on
+    unmarked. A row in the run table (outcome ``empty``), and as ``non_answers.empty`` says:
+    ``mark`` (the default) passes ``[empty answer]`` on with a warning, ``fail`` fails the step
+    (:class:`~squad.errors.IncompleteAnswer`), ``accept`` passes ``""`` on."""
+    from squad.errors import IncompleteAnswer
+
+    why = recipe.no_items(step, run.steps) or "it gave no items"
+    handling = step.non_answers.get(Outcome.EMPTY, "mark")
+    source = ".".join(step.over)
+    fix = (f"pass items with -p {step.over[1]}=..." if step.over[0] == "params"
+           else f"check step '{step.over[1]}', whose output it maps over")
+    problem = f"map step '{step.id}' over {source} has no items ({why}), so there is no answer; {fix}"
+    result = AgentResult(agent=step.agent, output="")
+    run.results.append((step.id, result))
+    if handling == "fail":
+        result.error = IncompleteAnswer(problem, agent=step.agent, outcome=Outcome.EMPTY.value)
+    if handling != "accept":
+        effect = "the step fails" if handling == "fail" else f"it is passed on marked {marked(Outcome.EMPTY, '')}"
+        warning = f"{problem}; {effect} (non_answers.empty: {handling})"
+        run.warnings.append((step.id, warning))
+        squad.emit(StepWarning(agent=step.agent, conversation=None, step=step.id, label=step.agent,
+                               outcome=Outcome.EMPTY.value, handling=handling, warning=warning))
+    if result.error is not None:
+        raise result.error
+    text = "" if handling == "accept" else marked(Outcome.EMPTY, "")
+    run.steps[step.id] = {"output": text, "outputs": [], "error": None, "outcome": Outcome.EMPTY.value}
+    if step.schema is not None:
+        run.steps[step.id]["value"] = []
 
 
 def _check_inputs(step: Step, run: RecipeRun) -> None:
