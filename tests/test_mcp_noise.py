@@ -87,7 +87,8 @@ async def test_a_server_that_only_prints_fails_saying_what_it_wrote(capfd):
         async with MCPServers([noisy("only", start_timeout=10)]):
             pass
     text = str(info.value)
-    assert text.startswith("MCP server 'noisy' (python ") and "did not start: no answer within start_timeout=10 s" in text
+    assert text.startswith("MCP server 'noisy' (python ")
+    assert "did not start: no answer within start_timeout=10 s" in text
     assert f"it wrote text that is not MCP to stdout (2 lines), first {BANNER}" in text
     assert "make the server write its logs and banners to stderr" in text
     no_traceback(capfd)
@@ -179,3 +180,34 @@ def test_squad_run_says_it_in_one_line_live_and_in_the_summary(capsys, tmp_path,
     else:  # the live line and the summary's, each one line naming the server and the text
         assert len(said) == 2 and all("MCP server 'noisy'" in line and BANNER in line for line in said), err
 
+
+
+# --- content that is not text: described with its MIME type, URI and size, never dumped -------------------------
+
+CONTENT = MCPServer(name="c", command="python", args=(str(Path(__file__).parent / "mcp_content_server.py"),))
+
+
+async def test_content_that_is_not_text_is_described_not_dumped():
+    async with MCPServers([CONTENT]) as servers:
+        tools = servers.tools["c"]
+        got = {name: (await tools[name].call("{}")).text for name in ("picture", "sound", "blob", "note", "link")}
+    assert got == {
+        "picture": "a caption\n[image: image/png, 1,000 bytes, not shown]",
+        "sound": "[audio: audio/wav, 7 bytes, not shown]",
+        "blob": "[resource: file:///data/logo.png, image/png, 1,000 bytes, binary, not shown]",
+        "note": "[resource: file:///notes/1.txt, text/plain]\nbuy tea",
+        "link": "[resource link: file:///reports/q3.pdf, application/pdf, 48,213 bytes]",
+    }
+
+
+def test_what_a_server_leaves_out_is_said_so():
+    import mcp_types as types
+
+    from squad.mcp import result_text
+
+    blob = types.BlobResourceContents(uri="s3://bucket/" + "k" * 300, blob="AAAA")
+    link = types.ResourceLink(type="resource_link", uri="db://rows/7", name="row 7")
+    result = types.CallToolResult(content=[types.EmbeddedResource(type="resource", resource=blob), link])
+    lines = result_text(result).splitlines()
+    assert lines[0] == f"[resource: s3://bucket/{'k' * 188}..., type not given, 3 bytes, binary, not shown]"
+    assert lines[1] == "[resource link: db://rows/7 (row 7), type not given]"

@@ -589,23 +589,52 @@ def unknown_tool(agent: str, ref: str, tools: Sequence[str]) -> str:
 
 
 def result_text(result: Any) -> str:
-    """A ``CallToolResult`` as the text the model reads: its text blocks (and text resources)
-    joined by newlines, other blocks as ``[image: image/png]``-style notes; the structured
-    content as JSON when there is no text."""
-    parts: list[str] = []
-    for block in result.content or ():
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind == "resource" and hasattr(block.resource, "text"):
-            parts.append(block.resource.text)
-        elif kind == "resource_link":
-            parts.append(f"[resource: {block.uri}]")
-        else:
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', None) or 'binary'}]")
+    """A ``CallToolResult`` as the text the model reads: its text blocks and text resources
+    (after a ``[resource: URI, MIME]`` line) joined by newlines; content that is not text
+    (images, audio, binary resources, resource links) described, never dumped:
+    ``[image: image/png, 1,000 bytes, not shown]``,
+    ``[resource: file:///logo.png, image/png, 1,000 bytes, binary, not shown]``,
+    ``[resource link: file:///q3.pdf (q3.pdf), application/pdf, 48,213 bytes]``.
+    The structured content as JSON when there is no block."""
+    parts = [_block_text(block) for block in result.content or ()]
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, default=str)
     return "\n".join(parts)
+
+
+def _block_text(block: Any) -> str:
+    kind = getattr(block, "type", "") or "content"
+    if kind == "text":
+        return str(block.text)
+    if kind == "resource":
+        res = block.resource
+        if isinstance(getattr(res, "text", None), str):
+            return f"[{_about('resource', res.uri, res.mime_type)}]\n{res.text}"
+        size = _decoded_size(getattr(res, "blob", None))
+        return f"[{_about('resource', res.uri, res.mime_type, size)}, binary, not shown]"
+    if kind == "resource_link":
+        name = getattr(block, "name", None)
+        uri = f"{block.uri} ({name})" if name and not str(block.uri).endswith(name) else block.uri
+        return f"[{_about('resource link', uri, block.mime_type, getattr(block, 'size', None))}]"
+    size = _decoded_size(getattr(block, "data", None))
+    return f"[{_about(kind, None, getattr(block, 'mime_type', None), size)}, not shown]"
+
+
+def _about(kind: str, uri: Any, mime: str | None, size: int | None = None) -> str:
+    """``kind: URI, MIME, N bytes`` with what is known (URIs past 200 characters cut)."""
+    said = [str(uri) if len(str(uri)) <= 200 else str(uri)[:200] + "..."] if uri is not None else []
+    said.append(mime or "type not given")
+    if size is not None:
+        said.append(f"{size:,} bytes")
+    return f"{kind}: {', '.join(said)}"
+
+
+def _decoded_size(data: Any) -> int | None:
+    """Bytes a base64 text decodes to (None for no text)."""
+    if not isinstance(data, str):
+        return None
+    body = "".join(data.split()).rstrip("=")
+    return len(body) * 3 // 4
 
 
 def stderr_tail(stderr: IO[str] | None, lines: int = _STDERR_TAIL) -> str:
