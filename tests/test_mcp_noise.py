@@ -211,3 +211,14 @@ def test_what_a_server_leaves_out_is_said_so():
     lines = result_text(result).splitlines()
     assert lines[0] == f"[resource: s3://bucket/{'k' * 188}..., type not given, 3 bytes, binary, not shown]"
     assert lines[1] == "[resource link: db://rows/7 (row 7), type not given]"
+
+
+@pytest.mark.parametrize("command", [["recipes", "validate", "--check-mcp"], ["plan", "--check-mcp"]])
+def test_check_mcp_says_it_in_one_line(capsys, tmp_path, state, command):  # noqa: F811
+    path = tmp_path / "noisy.yaml"
+    path.write_text(RECIPE.format(server=json.dumps(str(NOISY))), encoding="utf-8")
+    code, out, err = squad(capsys, *command, path)
+    assert code == 0, err
+    said = [line for line in (out + err).splitlines() if "wrote text that is not MCP" in line]
+    assert len(said) == 1 and "MCP server 'noisy'" in said[0] and BANNER in said[0], out + err
+    assert "Traceback" not in out + err and "Failed to parse" not in out + err
