@@ -300,7 +300,10 @@ class _Connection:
         self.exited: str | None = None
 
     def wrote_noise(self, line: str) -> None:
-        """A stdout line that is not MCP: the first is warned about, the others counted."""
+        """A stdout line that is not MCP: the first is warned about, the others counted (a blank
+        line is skipped without a word)."""
+        if not line.strip():
+            return
         self.noise_lines += 1
         if self.noise is not None:
             return
