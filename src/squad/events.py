@@ -65,6 +65,8 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
                               reason, retry: it runs again on another worker); the events of that
                               lost attempt do not count in the summary (:mod:`squad.summary`)
 ``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
+``mcp.warning``               an MCP server wrote non-MCP text to stdout or exited mid-run (server,
+                              problem: ``stdout`` or ``exited``, warning: the line shown)
 ``step.warning``              a recipe step produced a non-answer (step, label, outcome,
                               handling, warning: the line naming the step and the fix)
 ============================  ==================================================================
@@ -115,6 +117,7 @@ __all__ = [
     "OutputRetried",
     "AnswerCut",
     "StepWarning",
+    "MCPWarning",
     "ClusterStarting",
     "ClusterConnected",
     "WorkerStarted",
@@ -473,6 +476,18 @@ class StepWarning(Event):
     label: str
     outcome: str
     handling: str
+    warning: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MCPWarning(Event):
+    """MCP server ``server`` (:mod:`squad.mcp`) did what the user should know: ``problem`` is
+    ``stdout`` (it wrote a line that is not MCP to stdout, skipped; once per server) or
+    ``exited`` (its process ended mid-run); ``warning`` is the line shown."""
+
+    kind: ClassVar[str] = "mcp.warning"
+    server: str
+    problem: str
     warning: str
 
 

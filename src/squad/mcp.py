@@ -14,6 +14,11 @@
 - :class:`MCPServers` opens a squad's servers (one after another, each within its
   ``start_timeout`` seconds), lists their tools and closes them. A server that does not start
   is an :class:`~squad.errors.MCPServerError` naming it, with the end of its stderr.
+- A stdio server writes only MCP messages to stdout. A line that is not one (a banner, a
+  ``print``) is skipped, never shown as the SDK's traceback: squad warns once per server
+  (:class:`~squad.events.MCPWarning`, ``stdout``) quoting its first bytes, and names it in the
+  error of a server that then does not start. A stdio server whose process ends mid-run is
+  warned about too (``exited``); its later calls fail.
 - A call (:meth:`MCPTool.call`) never raises for the model's or the server's faults:
   arguments that are not a JSON object or miss the tool's schema, a tool error
   (``isError``), a call past the server's ``timeout`` seconds and a server that died all come
@@ -31,10 +36,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import re
 import sys
 import tempfile
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +50,9 @@ import anyio
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from squad import children
+from squad.engine.process import describe_exit
 from squad.errors import MCPServerError, UserError
+from squad.events import EventSink, MCPWarning, emit_to
 from squad.tools import Tool, ToolOutcome
 
 if TYPE_CHECKING:
@@ -60,6 +68,9 @@ _PYTHON = ("python", "python3")
 
 _STDERR_TAIL = 20
 """Lines of a server's stderr quoted in an error."""
+
+_NOISE_SHOWN = 80
+"""Characters of a non-MCP stdout line quoted in a warning."""
 
 
 def _not_a_template(text: str) -> str:
@@ -211,14 +222,47 @@ class MCPTool(Tool):
 
 # --- open servers -------------------------------------------------------------------------------
 
-_SPAWNED: ContextVar[list[int] | None] = ContextVar("squad_mcp_spawned", default=None)
-"""Process ids the SDK's stdio transport spawned while the current server was opening."""
+_OPENING: ContextVar["_Connection | None"] = ContextVar("squad_mcp_opening", default=None)
+"""The server being opened. Set while the SDK's stdio transport starts, so its spawn and the
+tasks it starts (its stdout reader) see which server they serve."""
+
+
+class _StdoutNoise(logging.Filter):
+    """Takes the SDK's record of a stdout line that is not MCP (logged with its traceback by
+    ``mcp.client.stdio``, from the server's reader task) off the log and gives the line to the
+    server's :class:`_Connection`; records of servers squad did not open pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        connection = _OPENING.get()
+        if connection is None or not isinstance(exc, ValueError):
+            return True
+        connection.wrote_noise(_bad_line(exc))
+        return False
+
+
+def _bad_line(exc: ValueError) -> str:
+    """The line a parse error was about (pydantic keeps it as the error's input)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        found = [e.get("input") for e in errors()]
+        if found and isinstance(found[0], str):
+            return found[0]
+        if found:
+            return json.dumps(found[0], default=str)
+    return str(exc)
 
 
 def _hook_spawn() -> None:
     """Make the SDK's stdio spawn join :mod:`squad.children` (module docstring): each server
-    process group is adopted by the guard as it starts and recorded for :func:`children.stop_group`."""
+    process group is adopted by the guard as it starts and recorded for :func:`children.stop_group`;
+    its process is kept to notice an exit mid-run. Also takes non-MCP stdout lines off the SDK's
+    log (:class:`_StdoutNoise`)."""
     from mcp.client import stdio
+
+    logger = logging.getLogger(stdio.__name__)
+    if not any(isinstance(f, _StdoutNoise) for f in logger.filters):
+        logger.addFilter(_StdoutNoise())
 
     spawn = getattr(stdio, "_create_platform_compatible_process", None)
     if spawn is None:
@@ -230,9 +274,10 @@ def _hook_spawn() -> None:
     async def adopted(*args: Any, **kwargs: Any) -> Any:
         process = await spawn(*args, **kwargs)
         children.adopt(process.pid)  # its own session: pid == process group id
-        pids = _SPAWNED.get()
-        if pids is not None:
-            pids.append(process.pid)
+        connection = _OPENING.get()
+        if connection is not None:
+            connection.pids.append(process.pid)
+            connection.process = process
         return process
 
     adopted.squad_hook = True  # type: ignore[attr-defined]
@@ -240,11 +285,52 @@ def _hook_spawn() -> None:
 
 
 class _Connection:
-    """One open server: its client, its tools by remote name, its process group, its stderr."""
+    """One open server: its client, its tools by remote name, its process group and process,
+    its stderr, the non-MCP lines it wrote to stdout (``noise``: the first, ``noise_lines``:
+    how many) and how it exited mid-run (``exited``, or None)."""
 
-    def __init__(self, server: MCPServer, client: Any, stderr: IO[str] | None, pids: list[int]) -> None:
-        self.server, self.client, self.stderr, self.pids = server, client, stderr, pids
+    def __init__(self, server: MCPServer, stderr: IO[str] | None, warn: "Callable[[str, str, str], None]") -> None:
+        self.server, self.stderr, self._warn = server, stderr, warn
+        self.client: Any = None
+        self.pids: list[int] = []
+        self.process: Any = None
         self.tools: dict[str, MCPTool] = {}
+        self.noise: str | None = None
+        self.noise_lines = 0
+        self.exited: str | None = None
+
+    def wrote_noise(self, line: str) -> None:
+        """A stdout line that is not MCP: the first is warned about, the others counted (a blank
+        line is skipped without a word)."""
+        if not line.strip():
+            return
+        self.noise_lines += 1
+        if self.noise is not None:
+            return
+        self.noise = line
+        self._warn(self.server.name, "stdout",
+                   f"MCP server '{self.server.name}' wrote text that is not MCP to stdout: {self.noise_quote()}; "
+                   "squad skipped it (a stdio server may write only MCP messages to stdout: send its logs and "
+                   "banners to stderr)")
+
+    def noise_quote(self) -> str:
+        """The first non-MCP line's first bytes, quoted (``'Starting...'``)."""
+        line = (self.noise or "").strip()
+        return repr(line if len(line) <= _NOISE_SHOWN else line[:_NOISE_SHOWN] + "...")
+
+    async def watch_exit(self, closing: anyio.Event) -> None:
+        """Wait for the server's process to end; an end before ``closing`` is set is warned about."""
+        if self.process is None:
+            return
+        code = await self.process.wait()
+        if closing.is_set():
+            return
+        self.exited = describe_exit(code)
+        tail = stderr_tail(self.stderr, 3)
+        said = f"; its stderr ends: {' | '.join(tail.splitlines())}" if tail else ""
+        self._warn(self.server.name, "exited",
+                   f"MCP server '{self.server.name}' exited mid-run ({self.exited}): calls of its tools fail from "
+                   f"now on{said}")
 
     async def list_tools(self) -> None:
         cursor = None
@@ -270,7 +356,8 @@ class _Connection:
         except Exception as exc:  # noqa: BLE001 - a broken server is the tool's result, never a crash
             tail = stderr_tail(self.stderr)
             more = f"; its stderr ends: {tail}" if tail else ""
-            return ToolOutcome(tool.name, f"error: {what} failed: {_describe(exc)}{more}", ok=False)
+            gone = f" (the server exited mid-run, {self.exited})" if self.exited else ""
+            return ToolOutcome(tool.name, f"error: {what} failed: {_describe(exc)}{gone}{more}", ok=False)
         text = result_text(result)
         if result.is_error:
             return ToolOutcome(tool.name, f"error: {text or 'the tool reported an error'}", ok=False)
@@ -292,6 +379,9 @@ class MCPServers:
     ``tools[name]``: the tools of server ``name`` by their names on the server, once open.
     Raises :class:`UserError` for two servers with one name, :class:`MCPServerError` on entry
     for a server that does not start.
+
+    ``warnings``: the :class:`~squad.events.MCPWarning` events so far (a server's non-MCP
+    stdout, an exit mid-run); :meth:`listen` sends them, and each later one, to a sink.
     """
 
     def __init__(self, servers: Sequence[MCPServer] = ()) -> None:
@@ -302,8 +392,27 @@ class MCPServers:
             seen.add(server.name)
         self.servers: dict[str, MCPServer] = {s.name: s for s in servers}
         self._connections: dict[str, _Connection] = {}
+        self._opening: _Connection | None = None
         self._group: Any = None
         self._closing = anyio.Event()
+        self.warnings: list[MCPWarning] = []
+        self._sinks: list[EventSink] = []
+
+    def listen(self, sink: EventSink) -> None:
+        """Give ``sink`` the warnings so far and each later one (until :meth:`unlisten`)."""
+        self._sinks.append(sink)
+        for event in self.warnings:
+            emit_to([sink], event)
+
+    def unlisten(self, sink: EventSink) -> None:
+        """Stop giving warnings to ``sink``."""
+        if sink in self._sinks:
+            self._sinks.remove(sink)
+
+    def _warn(self, server: str, problem: str, warning: str) -> None:
+        event = MCPWarning(server=server, problem=problem, warning=warning)
+        self.warnings.append(event)
+        emit_to(list(self._sinks), event)
 
     @property
     def names(self) -> list[str]:
@@ -328,11 +437,13 @@ class MCPServers:
         self._group = group
         try:
             for server in self.servers.values():
+                self._opening = None
                 try:
                     with anyio.fail_after(server.start_timeout):
                         self._connections[server.name] = await group.start(self._serve, server)
                 except TimeoutError:
-                    raise _failed(server, None, f"no answer within start_timeout={server.start_timeout:g} s") from None
+                    raise _failed(server, None, f"no answer within start_timeout={server.start_timeout:g} s",
+                                  self._opening) from None
         except BaseException:
             await self.aclose()
             raise
@@ -359,7 +470,6 @@ class MCPServers:
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
-        pids: list[int] = []
         with contextlib.ExitStack() as files:
             stderr: IO[str] | None = None
             if server.command is not None:
@@ -367,29 +477,35 @@ class MCPServers:
                 stderr = files.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))
                 argv = server.argv()
                 params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(server.env) or None,
-                                               cwd=server.cwd)
+                                               cwd=server.cwd, encoding_error_handler="replace")  # bytes that are
+                # not UTF-8 make a line that is not MCP (warned about), not a reader that stops
                 transport: Any = stdio_client(params, errlog=stderr)
             else:
                 transport = streamable_http_client(server.url or "")
-            connection = _Connection(server, Client(transport), stderr, pids)
-            token = _SPAWNED.set(pids)
+            connection = self._opening = _Connection(server, stderr, self._warn)
+            connection.client = Client(transport)
+            token = _OPENING.set(connection)  # the SDK's reader task keeps it: noise is the server's
             reported = False
             try:
                 try:
                     async with connection.client:
-                        _SPAWNED.reset(token)
+                        _OPENING.reset(token)
                         await connection.list_tools()
                         task_status.started(connection)
                         reported = True
-                        await self._closing.wait()
+                        async with anyio.create_task_group() as watch:
+                            watch.start_soon(connection.watch_exit, self._closing)
+                            await self._closing.wait()
+                            watch.cancel_scope.cancel()
                 except OSError as exc:
                     if reported:
                         return
-                    raise _failed(server, stderr, f"cannot run {server.argv()[0]!r}: {exc.strerror or exc}") from None
+                    raise _failed(server, stderr, f"cannot run {server.argv()[0]!r}: {exc.strerror or exc}",
+                                  connection) from None
                 except Exception as exc:  # noqa: BLE001 - the SDK's errors, often in exception groups
                     if reported:
                         return
-                    raise _failed(server, stderr, _describe(exc)) from None
+                    raise _failed(server, stderr, _describe(exc), connection) from None
             finally:
                 await connection.sweep()
 
@@ -441,12 +557,20 @@ class MCPServers:
         return out
 
 
-def _failed(server: MCPServer, stderr: IO[str] | None, why: str) -> MCPServerError:
-    """The error of a server that did not start, with the end of its stderr."""
+def _failed(server: MCPServer, stderr: IO[str] | None, why: str,
+            connection: "_Connection | None" = None) -> MCPServerError:
+    """The error of a server that did not start, with the end of its stderr and, when it wrote
+    to stdout what is not MCP, that text (the likely reason)."""
     tail = stderr_tail(stderr)
     stated = f"\nits stderr ends:\n{tail}" if tail else ("\nit wrote nothing to stderr" if stderr else "")
     fix = ("check the command and run it yourself to see it start" if server.url is None
            else "check that the server is running and the url ends with its MCP path (often /mcp)")
+    if connection is not None and connection.noise is not None:
+        lines = f" ({connection.noise_lines} lines)" if connection.noise_lines > 1 else ""
+        why += (f"; it wrote text that is not MCP to stdout{lines}, first {connection.noise_quote()}, where only "
+                "MCP messages may go")
+        fix = ("make the server write its logs and banners to stderr (or turn them off with its own flag), "
+               "then run it again")
     return MCPServerError(f"MCP server '{server.name}' ({server.where()}) did not start: {why}; {fix}{stated}",
                           server=server.name, stderr=tail)
 
@@ -468,23 +592,52 @@ def unknown_tool(agent: str, ref: str, tools: Sequence[str]) -> str:
 
 
 def result_text(result: Any) -> str:
-    """A ``CallToolResult`` as the text the model reads: its text blocks (and text resources)
-    joined by newlines, other blocks as ``[image: image/png]``-style notes; the structured
-    content as JSON when there is no text."""
-    parts: list[str] = []
-    for block in result.content or ():
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind == "resource" and hasattr(block.resource, "text"):
-            parts.append(block.resource.text)
-        elif kind == "resource_link":
-            parts.append(f"[resource: {block.uri}]")
-        else:
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', None) or 'binary'}]")
+    """A ``CallToolResult`` as the text the model reads: its text blocks and text resources
+    (after a ``[resource: URI, MIME]`` line) joined by newlines; content that is not text
+    (images, audio, binary resources, resource links) described, never dumped:
+    ``[image: image/png, 1,000 bytes, not shown]``,
+    ``[resource: file:///logo.png, image/png, 1,000 bytes, binary, not shown]``,
+    ``[resource link: file:///q3.pdf (q3.pdf), application/pdf, 48,213 bytes]``.
+    The structured content as JSON when there is no block."""
+    parts = [_block_text(block) for block in result.content or ()]
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, default=str)
     return "\n".join(parts)
+
+
+def _block_text(block: Any) -> str:
+    kind = getattr(block, "type", "") or "content"
+    if kind == "text":
+        return str(block.text)
+    if kind == "resource":
+        res = block.resource
+        if isinstance(getattr(res, "text", None), str):
+            return f"[{_about('resource', res.uri, res.mime_type)}]\n{res.text}"
+        size = _decoded_size(getattr(res, "blob", None))
+        return f"[{_about('resource', res.uri, res.mime_type, size)}, binary, not shown]"
+    if kind == "resource_link":
+        name = getattr(block, "name", None)
+        uri = f"{block.uri} ({name})" if name and not str(block.uri).endswith(name) else block.uri
+        return f"[{_about('resource link', uri, block.mime_type, getattr(block, 'size', None))}]"
+    size = _decoded_size(getattr(block, "data", None))
+    return f"[{_about(kind, None, getattr(block, 'mime_type', None), size)}, not shown]"
+
+
+def _about(kind: str, uri: Any, mime: str | None, size: int | None = None) -> str:
+    """``kind: URI, MIME, N bytes`` with what is known (URIs past 200 characters cut)."""
+    said = [str(uri) if len(str(uri)) <= 200 else str(uri)[:200] + "..."] if uri is not None else []
+    said.append(mime or "type not given")
+    if size is not None:
+        said.append(f"{size:,} bytes")
+    return f"{kind}: {', '.join(said)}"
+
+
+def _decoded_size(data: Any) -> int | None:
+    """Bytes a base64 text decodes to (None for no text)."""
+    if not isinstance(data, str):
+        return None
+    body = "".join(data.split()).rstrip("=")
+    return len(body) * 3 // 4
 
 
 def stderr_tail(stderr: IO[str] | None, lines: int = _STDERR_TAIL) -> str:

@@ -223,11 +223,13 @@ class Squad:
     async def __aenter__(self) -> "Squad":
         if self._own_mcp:
             await self.mcp.__aenter__()  # before the engine: a server that fails costs no model load
+        self.mcp.listen(self._emit)  # its warnings so far (a server's stdout noise) and later ones (an exit)
         try:
             self._mcp_tools = {a.name: self.mcp.tools_for(a, taken=self._other_tool_names(a))
                                for a in self.agents.values() if self.mcp}
             await self.session.__aenter__()
         except BaseException:
+            self.mcp.unlisten(self._emit)
             if self._own_mcp:
                 await self.mcp.aclose()
             raise
@@ -236,6 +238,7 @@ class Squad:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.mcp.unlisten(self._emit)
         self.cancel("the squad is closing")
         self._open = False
         try:

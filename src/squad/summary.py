@@ -37,6 +37,7 @@ from squad.events import (
     Event,
     ItemLost,
     WorkerStarted,
+    MCPWarning,
     StepWarning,
     OutputRetried,
     ToolLimited,
@@ -205,7 +206,8 @@ class TraceSummary:
     duration_s: float
     events: int
     warnings: list[str] = field(default_factory=list)
-    """Recipe steps' warnings (``step.warning``: a non-answer, naming the step and the fix)."""
+    """Recipe steps' warnings (``step.warning``: a non-answer, naming the step and the fix) and
+    MCP servers' (``mcp.warning``: stdout noise, an exit mid-run)."""
     lost: list[EngineLoss] = field(default_factory=list)
     """Engines taken out mid-run (several engines, :mod:`squad.engines`)."""
 
@@ -278,7 +280,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
                                     engine=ev.engine))
         elif isinstance(ev, EngineLost):
             lost.append(EngineLoss(t=t, engine=ev.engine, reason=ev.reason, remaining=ev.remaining))
-        elif isinstance(ev, StepWarning):
+        elif isinstance(ev, (StepWarning, MCPWarning)):
             warnings.append(ev.warning)
         elif isinstance(ev, ItemLost):
             _item_lost(agent(item_label(ev.agent or "?", ev.item)), ev, t)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence, get_type_hints
+from typing import Annotated, Any, Awaitable, Callable, Mapping, Sequence, get_type_hints
 
 import anyio
 import docstring_parser
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (BaseModel, ConfigDict, Field, PydanticInvalidForJsonSchema, PydanticSchemaGenerationError,
+                      PydanticUserError, ValidationError, create_model)
 
 from squad.errors import UserError
 
@@ -55,25 +56,18 @@ class Tool:
     ) -> "Tool":
         """Build a tool from ``fn``'s signature, type hints and docstring.
 
-        Raises :class:`UserError` for ``*args``/``**kwargs`` parameters or a bad name.
-        Parameters without a type hint accept any JSON value.
+        Raises :class:`UserError` for ``*args``/``**kwargs`` parameters, a parameter type
+        pydantic cannot describe as JSON schema, or a bad name. Parameters without a type hint
+        accept any JSON value. Every pydantic constraint (``Annotated[..., Field(...)]``,
+        ``x: int = Field(ge=1)``, ``conlist``, ``constr``, nested models, enums, ``Literal``)
+        is in :meth:`parameters` and checked before the function is called.
         """
         tool_name = name or fn.__name__
         if not tool_name or not set(tool_name) <= _NAME_OK:
             raise UserError(f"tool name {tool_name!r}: use letters, digits, '_' or '-'")
         doc = docstring_parser.parse(inspect.getdoc(fn) or "")
-        param_docs = {p.arg_name: p.description for p in doc.params}
-        hints = get_type_hints(fn)
-        fields: dict[str, Any] = {}
-        for param in inspect.signature(fn).parameters.values():
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise UserError(f"tool {tool_name!r}: *args/**kwargs cannot be described to a model")
-            annotation = hints.get(param.name, Any)
-            default = ... if param.default is param.empty else param.default
-            fields[param.name] = (annotation, Field(default, description=param_docs.get(param.name)))
-        args_model = create_model(
-            f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields
-        )
+        param_docs = {p.arg_name: p.description for p in doc.params if p.description}
+        args_model = _args_model(fn, tool_name, param_docs)
         text = description
         if text is None:
             text = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
@@ -143,6 +137,38 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     if fn is None:
         return lambda f: Tool.from_function(f, name=name, description=description)
     return Tool.from_function(fn, name=name, description=description)
+
+
+def _args_model(fn: Callable[..., Any], tool_name: str, param_docs: Mapping[str, str]) -> type[BaseModel]:
+    """The pydantic model of ``fn``'s arguments, built by pydantic from the signature as a class
+    body would be: ``Annotated[...]`` metadata (``Field``, ``conlist``, ``constr``) is kept
+    (``include_extras``), a ``Field(...)`` default is the field itself (its constraints and its
+    default, or required), and a docstring description is added only where the parameter has none.
+    Raises :class:`UserError` for ``*args``/``**kwargs``."""
+    hints = get_type_hints(fn, include_extras=True)
+    params = list(inspect.signature(fn).parameters.values())
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise UserError(f"tool {tool_name!r}: *args/**kwargs cannot be described to a model")
+
+    def build(docs: Mapping[str, str]) -> type[BaseModel]:
+        fields: dict[str, Any] = {}
+        for param in params:
+            annotation = hints.get(param.name, Any)
+            if param.name in docs:  # first in the metadata, so the parameter's own Field wins
+                annotation = Annotated[annotation, Field(description=docs[param.name])]
+            fields[param.name] = (annotation, ... if param.default is param.empty else param.default)
+        try:
+            built = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+            built.model_json_schema()  # a type without a JSON schema fails here, not at the first request
+            return built
+        except (PydanticSchemaGenerationError, PydanticInvalidForJsonSchema, PydanticUserError, TypeError) as exc:
+            raise UserError(f"tool {tool_name!r}: its parameters cannot be described to a model: {exc}") from None
+
+    model = build({})
+    missing = {name: text for name, text in param_docs.items()
+               if name in model.model_fields and model.model_fields[name].description is None}
+    return build(missing) if missing else model
 
 
 def _as_text(value: Any) -> str:

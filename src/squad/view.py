@@ -12,7 +12,8 @@ Agent states: ``started`` (running, no engine call yet), ``waiting`` (in squad's
 queue: no slot or no room in the pool), ``prefill`` (admitted, no token yet), ``generating``
 (tokens arriving), ``idle`` (between calls), ``retrying`` (a call failed and will be resent), ``done``, and
 the non-answers of :mod:`squad.outcome`: ``truncated`` (stopped at max_tokens), ``empty``, ``failed``,
-``cancelled``. Warnings (the engine's, and a recipe step's non-answer with its fix) are printed
+``cancelled``. Warnings (the engine's, a recipe step's non-answer with its fix, an MCP server's
+stdout noise or exit mid-run) are printed
 as ``warning: ...`` lines in both modes.
 
 With several engines (:mod:`squad.engines`) the status line shows each engine's busy slots (a
@@ -57,6 +58,7 @@ from squad.events import (
     EngineWarning,
     Event,
     ItemLost,
+    MCPWarning,
     StepWarning,
     OutputRetried,
     ToolLimited,
@@ -484,7 +486,8 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, OutputRetried, StepWarning)):
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, OutputRetried, StepWarning,
+                                              MCPWarning)):
                 found = (event.warnings if isinstance(event, EnginePlanned) else  # warnings, both modes
                          [event.message] if isinstance(event, (ToolLimited, OutputRetried)) else [event.warning])
                 for warning in found:

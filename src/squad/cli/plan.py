@@ -158,8 +158,9 @@ def _mcp(loaded: Any, start: bool) -> None:
     from squad.recipes import recipe_mcp
 
     async def count() -> None:
-        async with recipe_mcp(loaded):
-            pass
+        async with recipe_mcp(loaded) as servers:
+            for w in servers.warnings:  # a server's stdout noise
+                err_console.print(f"warning: {w.warning}", markup=False, highlight=False, soft_wrap=True)
 
     anyio.run(count)
 

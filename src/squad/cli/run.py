@@ -82,6 +82,7 @@ def _check_mcp(loaded: Any) -> list[str]:
                 users = [f"{agent}: {', '.join(names)}" for agent, names in used.items() if names]
                 lines.append(f"mcp {name}: {len(tools)} tool(s) ({', '.join(tools) or 'none'}); "
                              f"used by {'; '.join(users) or 'no agent'}")
+            lines += [f"warning: {w.warning}" for w in servers.warnings]
         return lines
 
     return anyio.run(check)
@@ -208,12 +209,15 @@ def run_command(
     trace_path = trace or default_trace_path()
     record = RecipeRun(output="")  # filled as steps finish: kept when a later step fails
     lost: list[dict[str, Any]] = []  # engines taken out mid-run (several engines), for the summary
+    mcp_warnings: list[str] = []  # an MCP server's stdout noise or exit mid-run, for the summary
     start: list[float] = []  # the first event's time: seconds counted as the live view and the trace count them
 
     def note_lost(event: Any) -> None:
         start[:] = start or [event.t]
         if event.kind == "engine.lost":
             lost.append({"engine": event.engine, "t": round(event.t - start[0], 2), "reason": event.reason})
+        elif event.kind == "mcp.warning":
+            mcp_warnings.append(event.warning)
 
     exporting = _otel_export(otel, loaded.name, spec)
 
@@ -242,7 +246,7 @@ def run_command(
             "ok": not result.errors, "recipe": loaded.name, "output": result.output, "value": result.value,
             "steps": result.steps, "agents": rows, "errors": result.errors, "notes": result.notes,
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
-            "engine": _engine_json(result.info), "engines_lost": lost,
+            "engine": _engine_json(result.info), "engines_lost": lost, "mcp_warnings": mcp_warnings,
             **({"workers": result.workers} if fanout is not None else {}),
         }, indent=2, default=str)
         typer.echo(text)
@@ -254,6 +258,8 @@ def run_command(
     _write_out(out, result.output)
     if not quiet:
         _summary(rows, result, lost)
+        for warning in mcp_warnings:  # said live too; again below the table, where a long run ends
+            err_console.print(f"[yellow]warning[/] {_esc(warning)}", soft_wrap=True)
         err_console.print(f"trace: {_esc(str(trace_path))}  (squad trace show / squad trace plot)")
     if result.errors:
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
