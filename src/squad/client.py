@@ -21,7 +21,9 @@ Nothing else is retried: not a prompt too long, a budget, reasoning that ran out
 another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
 
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
-frees the slot.
+frees the slot; a call that ends before its answer was read to the end (cancelled, timed out,
+connection broken) keeps its reservation until the engine's ``/slots`` shows the slot free
+(:func:`squad.settle.until_engine_free`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from squad.errors import (
     SquadError,
     TruncatedStream,
 )
+from squad.settle import EngineSlots, Ending, until_engine_free
 from squad.events import (
     CallFailed,
     CallFinished,
@@ -175,6 +178,8 @@ class EngineClient:
                                             else admission)  # type: ignore[assignment]
         self.counter = PromptCounter(engine.model_path, self._count_remote, counter, template=engine.chat_template)
         self._connect(engine)
+        self.slots = EngineSlots(lambda: self._http)
+        """The engine's ``/slots``, read to release a call that ended early only once its slot is free."""
 
     # -- engine and connections ---------------------------------------------------------
 
@@ -205,6 +210,7 @@ class EngineClient:
 
     async def aclose(self) -> None:
         """Close every connection this client opened."""
+        self.slots.close()
         for c in [self._openai, self._http, *self._retired]:
             with anyio.CancelScope(shield=True):
                 await c.close() if isinstance(c, openai.AsyncOpenAI) else await c.aclose()
@@ -420,10 +426,12 @@ class EngineClient:
         admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
-        async with admitted as reservation:
+        sink = self._on_event
+        async with admitted as reservation, until_engine_free(self.admission, reservation, self.slots,
+                                                              on_event=sink) as ending:
             with anyio.move_on_after(self.request_timeout) as deadline:
                 try:
-                    result = await self._stream(call, reservation)
+                    result = await self._stream(call, reservation, ending)
                 except InnocentOverflow as exc:
                     call.held = max(call.held, exc.reserved)
                     raise
@@ -439,7 +447,7 @@ class EngineClient:
                 self._on_event(EngineWarning(engine=self._engine.base_url, warning=warning))
         return result
 
-    async def _stream(self, call: _Call, reservation: Reservation) -> ChatResult:
+    async def _stream(self, call: _Call, reservation: Reservation, ending: Ending) -> ChatResult:
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         if req.tools and req.tool_choice:
@@ -452,18 +460,25 @@ class EngineClient:
             kwargs["extra_headers"] = {"X-Squad-Client": agent, "X-Squad-Priority": str(req.priority)}
         sent = time.monotonic()
         got = StreamAssembly()
+        ending.sent()
         try:
             stream = await self._openai.chat.completions.create(
                 model=self._engine.model_alias or "default", messages=self._messages(req), max_tokens=req.max_tokens,
                 stream=True, stream_options={"include_usage": True}, extra_body=dict(req.sampling or {}), **kwargs)
         except openai.APIError as exc:
+            if isinstance(exc, openai.APIStatusError):  # the engine answered: its task is over
+                ending.done()
             raise self._classify(exc, agent, started=False) from exc
+        ending.started()
         try:
             async for chunk in stream:
                 if got.add(chunk, req.on_delta) and got.first_at is None:
                     got.first_at = time.monotonic()
                     self._emit(CallFirstToken, call, ttft_s=got.first_at - sent, slot=reservation.slot)
+            ending.done()
         except openai.APIError as exc:
+            if not isinstance(exc, openai.APIConnectionError):  # an error frame: the engine ended the task
+                ending.done()
             raise self._classify(exc, agent, started=got.first_at is not None, partial=got.content) from exc
         finally:
             with anyio.CancelScope(shield=True):

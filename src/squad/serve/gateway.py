@@ -25,17 +25,19 @@ import itertools
 import json
 import secrets
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import httpx
 
-from squad.admission import Admission
+from squad.admission import Admission, Reservation
 from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 from squad.serve.status import Ledger, Live
+from squad.settle import EngineSlots, Ending, until_engine_free
 
 if TYPE_CHECKING:
     from squad.counting import PromptCounter
@@ -104,6 +106,9 @@ class Gateway:
         self._upstream_for: tuple[str, str | None] | None = None
         self._retired: list[httpx.AsyncClient] = []
         self._key = self.api_key.encode()
+        self.slots = EngineSlots(lambda: self.upstream)
+        """The engine's ``/slots``, read to release a request that ended on squad's side only once the
+        engine's slot is free (:func:`squad.settle.until_engine_free`)."""
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -137,7 +142,8 @@ class Gateway:
         return self._upstream
 
     async def aclose(self) -> None:
-        """Close the connections to the engine."""
+        """Close the connections to the engine (the engine stops what they asked)."""
+        self.slots.close()
         with anyio.CancelScope(shield=True):
             for client in [*self._retired, *([self._upstream] if self._upstream else [])]:
                 await client.aclose()
@@ -196,6 +202,13 @@ class Gateway:
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
 
+    def until_engine_free(self, held: Reservation) -> "AbstractAsyncContextManager[Ending]":
+        """Wrap the engine round trip of an admitted request (``held``) with this:
+        :func:`squad.settle.until_engine_free` on this gateway's engine. A request that ends on
+        squad's side before the engine's answer was read to its end (client gone, timeout, broken
+        connection) stays reserved until the engine's ``/slots`` shows its slot free."""
+        return until_engine_free(self.admission, held, self.slots, on_event=self.emit if self._sinks else None)
+
     # -- ASGI ------------------------------------------------------------------------------------
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -250,7 +263,8 @@ class Gateway:
                        "launched": self.session.launcher is not None,
                        "reasons": list(plan.reasons) if plan is not None else []},
             "admission": {"slots": admission.slots, "busy": admission.in_flight, "pool": admission.pool,
-                          "reserved": admission.reserved, "limit": admission.limit, "queued": len(admission.queued)},
+                          "reserved": admission.reserved, "settling": admission.settling, "limit": admission.limit,
+                          "queued": len(admission.queued)},
             "default_max_tokens": self.default_max_tokens,
             "reloading": self.reloading,
             **self.ledger.view(),
@@ -357,18 +371,20 @@ class _Relay:
         try:
             async with admission.reserve(demand.tokens, agent=origin, priority=live.priority, call=live.id) as held:
                 g.ledger.move(live, "running", slot=held.slot)
-                return await self._forward(send, content, held.queued_s)
+                async with g.until_engine_free(held) as ending:
+                    return await self._forward(send, content, held.queued_s, ending)
         except AdmissionError as exc:  # the engine was reloaded smaller while it waited
             await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
             return "refused"
 
-    async def _forward(self, send: Send, content: bytes, queued_s: float) -> str:
+    async def _forward(self, send: Send, content: bytes, queued_s: float, ending: Ending) -> str:
         g, live = self.g, self.live
         upstream = g.upstream
         request = upstream.build_request("POST", self.scope["path"], content=content,
                                          headers={"content-type": "application/json"},
                                          params=self.scope.get("query_string", b"").decode() or None)
         sent = time.monotonic()
+        ending.sent()
         try:
             try:
                 response = await upstream.send(request, stream=True)
@@ -381,6 +397,7 @@ class _Relay:
             await _json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
                                               "server_error"))
             return "failed"
+        ending.started()
         first, started = True, False
         try:
             headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
@@ -391,6 +408,7 @@ class _Relay:
                     first = False
                     self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            ending.done()  # the engine's answer was read to its end: its task is over
             await send({"type": "http.response.body", "body": b""})
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
