@@ -238,6 +238,60 @@ async def test_a_disconnect_mid_stream_frees_the_reservation_and_the_engine_slot
     assert status["running"] == [] and status["admission"]["busy"] == 0
 
 
+async def test_a_non_streamed_request_whose_client_leaves_stays_reserved_while_the_engine_works_on_it():
+    """The fake engine, like an engine that never notices a closed connection of a request it
+    does not stream, generates to max_tokens: squad's books keep the reservation (and the
+    request waiting behind it waits) until the engine's /slots shows the slot free."""
+    async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.01) as fe:
+        async with serving(spec(fe), port=0) as served, http(served) as client:
+            gateway = served.gateway
+            with anyio.move_on_after(0.3):  # leaves while the engine generates: the connection closes
+                await client.post("/v1/chat/completions", json={"messages": ask(3), "max_tokens": 300})
+            async with anyio.create_task_group() as tg:
+                after: list = []
+
+                async def next_one() -> None:
+                    r = await client.post("/v1/chat/completions", json={"messages": ask(2, "n"), "max_tokens": 5})
+                    after.append(r.status_code)
+
+                tg.start_soon(next_one)
+                seen = 0
+                while fe.completed == 0:  # the engine is still on the request whose client left
+                    books = gateway.status()["admission"]
+                    engine_busy = fe.processing
+                    if engine_busy and fe.completed == 0:
+                        seen += 1
+                        assert books["reserved"] > 0 and books["busy"] == 1, books
+                    await anyio.sleep(0.02)
+            assert seen > 0 and after == [200] and fe.max_processing == 1
+            await wait_for(lambda: gateway.admission.reserved == 0)
+            status = gateway.status()
+    assert status["clients"]["127.0.0.1"]["disconnected"] == 1 and status["admission"]["settling"] == 0
+
+
+async def test_squad_client_keeps_a_cancelled_calls_reservation_until_the_engine_slot_is_free():
+    """A call cancelled mid-stream (a fail-fast sibling, Ctrl-C, a deadline) is released by
+    squad's own client only once the engine's /slots shows no more slots processing than calls
+    squad still runs."""
+    from squad.chat import ChatRequest
+    from squad.client import EngineClient
+    from squad.events import Origin
+
+    async with FakeEngine(slots=2, n_ctx=1024, token_delay=0.02) as fe, EngineClient(fe.info, counter=None) as client:
+        started = anyio.Event()
+
+        def on_delta(*_):
+            started.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.complete, ChatRequest(Origin("a"), ask(3), 400, on_delta=on_delta))
+            await started.wait()
+            assert client.admission.reserved > 0
+            tg.cancel_scope.cancel()
+        assert client.admission.reserved == 0 and fe.processing == 0  # released after the engine let go
+    assert fe.disconnects == 1
+
+
 async def test_a_client_that_leaves_while_queued_leaves_the_queue():
     async with FakeEngine(slots=1, token_delay=0.02) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:
