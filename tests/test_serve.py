@@ -292,6 +292,33 @@ async def test_squad_client_keeps_a_cancelled_calls_reservation_until_the_engine
     assert fe.disconnects == 1
 
 
+async def test_n_completions_are_one_reservation_each_and_one_answer():
+    """n=3 on a 1-slot engine: three requests of n=1 reach the engine one at a time (each
+    reserved and released on its own), and the client gets one answer with choices 0..2 and the
+    usage summed, streamed or not."""
+    async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.002) as fe:
+        async with serving(spec(fe), port=0) as served, sdk(served) as client:
+            done = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=6, n=3)
+            assert [c.index for c in done.choices] == [0, 1, 2]
+            assert done.usage.completion_tokens == 18 and done.usage.prompt_tokens == 3 * count_tokens(ask(4))
+            stream = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=5, n=2, stream=True,
+                                                          stream_options={"include_usage": True})
+            texts: dict[int, str] = {}
+            usage = None
+            async for chunk in stream:
+                for c in chunk.choices:
+                    texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+                usage = chunk.usage or usage
+            assert sorted(texts) == [0, 1] and all(len(t.split()) == 5 for t in texts.values())
+            assert usage.completion_tokens == 10
+            await wait_for(lambda: served.gateway.admission.reserved == 0)
+        async with serving(spec(fe), port=0) as served, http(served) as raw:
+            for n in (0, "2", 500):
+                refused = await raw.post("/v1/chat/completions", json={"messages": ask(2), "max_tokens": 5, "n": n})
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+    assert len(fe.requests) == 5 and all("n" not in r for r in fe.requests) and fe.max_processing == 1
+
+
 async def test_a_client_that_leaves_while_queued_leaves_the_queue():
     async with FakeEngine(slots=1, token_delay=0.02) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:

@@ -4,7 +4,8 @@ that admits every generation request through squad's :class:`~squad.admission.Ad
 Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
 
 - generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
-  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``);
+  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``); a list of
+  prompts or ``n`` > 1 is one reservation per completion (:mod:`squad.serve.fanout`);
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
   ``/v1/chat/completions/input_tokens``;
@@ -15,7 +16,9 @@ One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
 0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
 when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
 once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
-connection is closed so llama-server frees the slot, and its reservation is released. Every
+connection is closed so llama-server stops the task, and its reservation is released once the
+engine's ``/slots`` shows the slot free (:func:`squad.settle.until_engine_free`: the engine
+notices a closed connection of a request it does not stream only at its next look, every 1 s). Every
 response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
 """
 
@@ -36,6 +39,7 @@ from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
 from squad.settle import EngineSlots, Ending, until_engine_free
 
@@ -174,8 +178,8 @@ class Gateway:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return len(prompt)
         if not isinstance(prompt, str):
-            raise Refused(400, "prompt must be one text (or one list of token ids): squad serve admits one "
-                               "prompt per request; send several requests instead", param="prompt")
+            raise Refused(400, f"prompt must be a text, a list of token ids, or a list of those, got "
+                               f"{type(prompt).__name__}", param="prompt")
         await self.counter.prepare()
         local = self.counter.local
         if local is not None:
@@ -356,6 +360,13 @@ class _Relay:
         """Admit, forward and relay; return the outcome for the ledger."""
         g, live = self.g, self.live
         admission = g.admission
+        try:
+            parts = split(self.body, self.kind)
+        except Refused as exc:
+            await _json(send, exc.status, exc.body)
+            return "refused"
+        if parts is not None:  # several prompts, or n > 1: one reservation per completion
+            return await fan_out(self, parts, send)
         try:
             demand = await demand_for(self.body, self.kind, g.count, limit=admission.limit,
                                       default_max_tokens=g.default_max_tokens)
