@@ -69,7 +69,6 @@ from squad.errors import (
     SquadError,
     TruncatedStream,
 )
-from squad.settle import EngineSlots, Ending, until_engine_free
 from squad.events import (
     CallFailed,
     CallFinished,
@@ -79,6 +78,7 @@ from squad.events import (
     Event,
     EventSink,
 )
+from squad.settle import CALL_SETTLE_TIMEOUT, EngineSlots, Ending, until_engine_free
 from squad.stream import (
     InnocentOverflow,
     Loading,
@@ -427,8 +427,8 @@ class EngineClient:
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
         sink = self._on_event
-        async with admitted as reservation, until_engine_free(self.admission, reservation, self.slots,
-                                                              on_event=sink) as ending:
+        async with admitted as reservation, until_engine_free(self.admission, reservation, self.slots, on_event=sink,
+                                                              timeout=CALL_SETTLE_TIMEOUT) as ending:
             with anyio.move_on_after(self.request_timeout) as deadline:
                 try:
                     result = await self._stream(call, reservation, ending)

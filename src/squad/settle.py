@@ -17,8 +17,8 @@ once the engine had time to notice: at once when it had started answering (its t
 running, it stops at its next write), else :data:`ENGINE_NOTICE_S` after the close (a request
 the engine had not picked up yet is picked up and stopped within it). An engine without
 ``/slots`` (vLLM, Ollama, SGLang, ...) gets :data:`ENGINE_NOTICE_S`. One that never shows the
-slot free (another program uses it directly) is given up on after :data:`SETTLE_TIMEOUT` with
-an ``engine.warning``. An engine that stopped answering holds nothing.
+slot free (another program uses it directly) is given up on after :data:`SETTLE_TIMEOUT`
+(:data:`CALL_SETTLE_TIMEOUT` for squad's own client) with an ``engine.warning``. An engine that stopped answering holds nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from squad.events import EngineWarning, EventSink
 if TYPE_CHECKING:
     from squad.admission import Admission, Reservation
 
-__all__ = ["EngineSlots", "Ending", "until_engine_free", "ENGINE_NOTICE_S", "SETTLE_TIMEOUT", "SETTLE_POLL_S"]
+__all__ = ["EngineSlots", "Ending", "until_engine_free", "ENGINE_NOTICE_S", "SETTLE_TIMEOUT", "CALL_SETTLE_TIMEOUT",
+           "SETTLE_POLL_S"]
 
 ENGINE_NOTICE_S = 1.5
 """Seconds llama-server may take to notice a closed connection of a request it is not streaming
@@ -46,6 +47,9 @@ SETTLE_POLL_S = 0.1
 """Seconds between ``/slots`` reads while a reservation settles."""
 SETTLE_TIMEOUT = 60.0
 """Seconds a settling reservation is kept at most (then released, with an ``engine.warning``)."""
+CALL_SETTLE_TIMEOUT = 10.0
+"""The same for squad's own client, whose cancelled call waits for it (a fail-fast sibling, Ctrl-C):
+llama-server lets go within about a second, so only an engine other programs also use waits this long."""
 READ_TIMEOUT = 5.0
 """Seconds for one ``/slots`` read."""
 
