@@ -436,3 +436,19 @@ def test_client_names_are_bounded_in_the_status_table():
     for i in range(MAX_CLIENTS + 10):
         ledger.counts(f"client-{i}").requests += 1
     assert len(ledger.clients) == MAX_CLIENTS + 1 and ledger.clients[OTHER_CLIENTS].requests == 10
+
+
+def test_a_request_for_several_completions_splits_in_openai_choice_order():
+    from squad.serve.fanout import MAX_PARTS, split
+
+    assert split({"prompt": ["a", "b"], "n": 2, "max_tokens": 3}, "completion") == [
+        {"prompt": p, "max_tokens": 3} for p in ("a", "a", "b", "b")]  # index = prompt x n + choice
+    assert split({"prompt": [[1, 2], [3]]}, "completion") == [{"prompt": [1, 2]}, {"prompt": [3]}]
+    assert split({"messages": ask(2), "n": 3}, "chat", "/v1/chat/completions") == [{"messages": ask(2)}] * 3
+    for one in ({"prompt": "a"}, {"prompt": [1, 2, 3]}, {"prompt": ["a"]}, {"prompt": "a", "n": 1}):
+        assert split(one, "completion") is None
+    for bad, path, word in (({"prompt": []}, "/v1/completions", "empty"), ({"n": 2.0}, "/v1/completions", "whole"),
+                            ({"prompt": ["a"] * (MAX_PARTS + 1)}, "/v1/completions", "at most"),
+                            ({"prompt": ["a", "b"]}, "/completion", "/v1/completions")):
+        with pytest.raises(Refused, match=word):
+            split(bad, "completion", path)

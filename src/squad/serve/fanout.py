@@ -28,16 +28,21 @@ from squad.serve.status import Live
 if TYPE_CHECKING:
     from squad.serve.gateway import Send, _Relay
 
-__all__ = ["split", "fan_out", "MAX_PARTS"]
+__all__ = ["split", "fan_out", "MAX_PARTS", "OPENAI_PATHS"]
 
 MAX_PARTS = 128
 """Most prompts × n one request may ask for."""
 
 
-def split(body: dict[str, Any], kind: Kind) -> list[dict[str, Any]] | None:
-    """The parts of ``body`` in choice order (each one prompt, ``n`` = 1), or None when it asks
-    for one completion. Raises :class:`Refused` (400) for a bad ``n``, an empty prompt list, or
-    more than :data:`MAX_PARTS` parts."""
+OPENAI_PATHS = ("/v1/completions", "/completions", "/v1/chat/completions", "/chat/completions")
+"""Where several completions are answered as one (OpenAI's shape); llama-server's own
+``/completion`` answers them in a shape of its own."""
+
+
+def split(body: dict[str, Any], kind: Kind, path: str = "/v1/completions") -> list[dict[str, Any]] | None:
+    """The parts of ``body`` (sent to ``path``) in choice order (each one prompt, ``n`` = 1), or
+    None when it asks for one completion. Raises :class:`Refused` (400) for a bad ``n``, an empty
+    prompt list, more than :data:`MAX_PARTS` parts, or several on llama-server's ``/completion``."""
     n = body.get("n", 1)
     if n is None:
         n = 1
@@ -49,6 +54,9 @@ def split(body: dict[str, Any], kind: Kind) -> list[dict[str, Any]] | None:
     count = len(prompts or [None]) * n
     if count == 1:
         return None
+    if path not in OPENAI_PATHS:
+        raise Refused(400, f"{path} with {count} completions in one request: send them to /v1/completions (squad "
+                           "serve answers a list of prompts and n there), or one request each", param="prompt")
     if count > MAX_PARTS:
         raise Refused(400, f"this request asks for {count} completions ({len(prompts or [None])} prompts × n={n}); "
                            f"squad serve takes at most {MAX_PARTS} in one request: send several requests", param="n")

@@ -361,7 +361,7 @@ class _Relay:
         g, live = self.g, self.live
         admission = g.admission
         try:
-            parts = split(self.body, self.kind)
+            parts = split(self.body, self.kind, self.scope["path"])
         except Refused as exc:
             await _json(send, exc.status, exc.body)
             return "refused"
