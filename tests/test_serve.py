@@ -239,9 +239,8 @@ async def test_a_disconnect_mid_stream_frees_the_reservation_and_the_engine_slot
 
 
 async def test_a_non_streamed_request_whose_client_leaves_stays_reserved_while_the_engine_works_on_it():
-    """The fake engine, like an engine that never notices a closed connection of a request it
-    does not stream, generates to max_tokens: squad's books keep the reservation (and the
-    request waiting behind it waits) until the engine's /slots shows the slot free."""
+    """squad's books keep the reservation of a request whose client left (and the request
+    waiting behind it waits) for as long as the engine's /slots shows the slot at work."""
     async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.01) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:
             gateway = served.gateway
@@ -452,3 +451,46 @@ def test_a_request_for_several_completions_splits_in_openai_choice_order():
                             ({"prompt": ["a", "b"]}, "/completion", "/v1/completions")):
         with pytest.raises(Refused, match=word):
             split(bad, "completion", path)
+
+
+def test_a_streamed_answer_is_put_together_as_the_answer_not_streamed():
+    """What llama-server streams for a request the client did not stream (squad serve sends it
+    streamed so the engine stops it when the client leaves) becomes the body it would have sent."""
+    from squad.serve.assemble import Assembly, streamed_upstream
+
+    assert streamed_upstream({"messages": [], "stream": False}) == {
+        "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    head = {"id": "chatcmpl-1", "created": 7, "model": "m", "system_fingerprint": "b0", "object": "chat.completion.chunk"}
+    lines = [
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"role": "assistant", "content": None}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"reasoning_content": "hm"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"content": "Hel"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"content": "lo"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":"}}]}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": " 1}"}}]}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}], "timings": {"predicted_n": 5}},
+        {**head, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}},
+    ]
+    got = Assembly()
+    for line in [f"data: {json.dumps(x)}" for x in lines] + ["", "data: [DONE]"]:
+        got.line(line)
+    status, body = got.answer()
+    assert status == 200 and got.done
+    assert body["object"] == "chat.completion" and body["id"] == "chatcmpl-1" and body["usage"]["total_tokens"] == 8
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"] == {
+        "role": "assistant", "content": "Hello", "reasoning_content": "hm",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}]}
+
+    text = Assembly()
+    for piece, reason in (("Once", None), (" upon", "length")):
+        text.chunk({"id": "cmpl-2", "object": "text_completion", "choices": [
+            {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}]})
+    assert text.answer()[1]["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]
+
+    broken = Assembly()
+    broken.line('data: {"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}')
+    assert broken.answer() == (500, {"error": {"code": 500, "message": "Context size has been exceeded.",
+                                               "type": "server_error"}})

@@ -22,6 +22,7 @@ import httpx
 
 from squad.errors import AdmissionError
 from squad.events import Origin
+from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 from squad.serve.status import Live
 
@@ -34,9 +35,9 @@ MAX_PARTS = 128
 """Most prompts × n one request may ask for."""
 
 
-OPENAI_PATHS = ("/v1/completions", "/completions", "/v1/chat/completions", "/chat/completions")
+OPENAI_PATHS = STREAMABLE_PATHS
 """Where several completions are answered as one (OpenAI's shape); llama-server's own
-``/completion`` answers them in a shape of its own."""
+``/completion`` and ``/completions`` answer them in a shape of their own."""
 
 
 def split(body: dict[str, Any], kind: Kind, path: str = "/v1/completions") -> list[dict[str, Any]] | None:
@@ -153,8 +154,9 @@ class _Fanout:
                     g.ledger.move(live, "running", slot=held.slot)
                 async with g.until_engine_free(held) as ending:
                     ending.sent()
+                    sent = part if self.stream else streamed_upstream(part)  # streamed: the engine stops it at once
                     request = g.upstream.build_request("POST", self.relay.scope["path"],
-                                                       content=json.dumps(part).encode(),
+                                                       content=json.dumps(sent).encode(),
                                                        headers={"content-type": "application/json"})
                     try:
                         response = await g.upstream.send(request, stream=True)
@@ -164,17 +166,23 @@ class _Fanout:
                         return
                     ending.started()
                     try:
-                        if response.status_code >= 400 or not self.stream:
+                        if response.status_code >= 400:
                             raw = await response.aread()
                             ending.done()
-                            body = _json_or_text(raw)
-                            if response.status_code >= 400:
-                                self._fail(response.status_code, body, scope)
+                            self._fail(response.status_code, _json_or_text(raw), scope)
+                        elif self.stream:
+                            await self._relay(index, response, scope)
+                            ending.done()
+                        else:
+                            got = Assembly()
+                            async for line in response.aiter_lines():
+                                got.line(line)
+                            ending.done()
+                            status, body = got.answer()
+                            if status != 200:
+                                self._fail(status, body, scope)
                             else:
                                 self._keep(index, body)
-                            return
-                        await self._relay(index, response, scope)
-                        ending.done()
                     except httpx.HTTPError as exc:
                         self._fail(502, error_body(502, f"the engine broke off: {exc!r}", "server_error"), scope)
                     finally:

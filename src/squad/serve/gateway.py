@@ -38,6 +38,7 @@ from squad.admission import Admission, Reservation
 from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
+from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
@@ -377,6 +378,8 @@ class _Relay:
         if demand.defaulted:
             self.body["max_tokens"] = demand.max_tokens
             content = json.dumps(self.body).encode()
+        if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
+            content = json.dumps(streamed_upstream(self.body)).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
         try:
@@ -409,6 +412,8 @@ class _Relay:
                                               "server_error"))
             return "failed"
         ending.started()
+        if self.assembled and response.status_code == 200:
+            return await self._assemble(send, response, queued_s, ending, sent)
         first, started = True, False
         try:
             headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
@@ -440,6 +445,41 @@ class _Relay:
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
 
+    @property
+    def assembled(self) -> bool:
+        """A request the client does not stream, sent to llama-server streamed and answered whole
+        (:mod:`squad.serve.assemble`)."""
+        return (not self.live.stream and self.scope["path"] in STREAMABLE_PATHS and self.g.engine.kind == "llama.cpp")
+
+    async def _assemble(self, send: Send, response: httpx.Response, queued_s: float, ending: Ending,
+                        sent: float) -> str:
+        got = Assembly()
+        try:
+            try:
+                async for line in response.aiter_lines():
+                    if not got.envelope and line.startswith("data: "):
+                        self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
+                    got.line(line)
+                ending.done()  # read to its end: the engine's task is over
+            except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
+                self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+                await _json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                return "failed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # on a disconnect too: the engine stops at its next token
+        status, body = got.answer()
+        if not got.done and status == 200:
+            status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
+        await _json(send, status, body, [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())])
+        if status != 200:
+            self._emit(CallFailed, error=f"HTTP {status}", message=str(body)[:200], attempts=1)
+            return "failed"
+        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None,
+                   slot=self.live.slot)
+        return "completed"
+
     def _emit(self, kind: type[Event], **data: Any) -> None:
         if self.g._sinks:
             self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
@@ -458,10 +498,11 @@ async def _read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-async def _json(send: Send, status: int, body: Any) -> None:
+async def _json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": data})
 
 
