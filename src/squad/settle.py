@@ -43,9 +43,11 @@ __all__ = ["EngineSlots", "Ending", "until_engine_free", "ENGINE_NOTICE_S", "SET
 ENGINE_NOTICE_S = 1.5
 """Seconds llama-server may take to notice a closed connection of a request it is not streaming
 (it looks every 1 s), plus a margin."""
-SETTLE_POLL_S = 0.2
-"""Seconds between ``/slots`` reads while a reservation settles (not much more often: each read
-wakes llama-server's HTTP threads that wait for a result, see :mod:`squad.serve.assemble`)."""
+SETTLE_POLL_S = 1.25
+"""Seconds between ``/slots`` reads while a reservation settles: more than a second, because each
+read wakes every llama-server HTTP thread waiting for a result and starts its 1 s wait again, and
+only a wait that runs out makes it look at its connection (:mod:`squad.serve.assemble`); reading
+more often kept a stalled engine from noticing clients that had left (measured)."""
 SETTLE_TIMEOUT = 60.0
 """Seconds a settling reservation is kept at most (then released, with an ``engine.warning``)."""
 CALL_SETTLE_TIMEOUT = 10.0
