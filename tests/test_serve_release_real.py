@@ -110,9 +110,9 @@ def never_free_while_busy(seen: list[tuple[dict, int]]) -> None:
     assert not wrong, wrong
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 async def test_a_hundred_clients_leaving_at_once_free_every_engine_slot_and_the_pool_fills_exactly_after(served):
-    async with httpx.AsyncClient(base_url=served, headers=HEADERS, timeout=300,
+    async with httpx.AsyncClient(base_url=served, headers=HEADERS, timeout=900,
                                  limits=httpx.Limits(max_connections=200)) as client:
         async def one(i: int) -> None:
             body = {"messages": [{"role": "user", "content": f"Tell story number {i}."}], "max_tokens": 400,
@@ -143,10 +143,16 @@ async def test_a_hundred_clients_leaving_at_once_free_every_engine_slot_and_the_
         status = (await client.get("/squad/status")).json()
         assert status["clients"]["127.0.0.1"]["disconnected"] >= 100, status["clients"]
 
-        # a burst that fills the pool exactly: SLOTS requests of POOL / SLOTS tokens each
+        # a burst that fills the pool exactly: SLOTS requests of POOL / SLOTS tokens each, mostly
+        # prompt (prefill is quick even on a loaded machine), a few generated tokens
         async def fill(i: int, got: list) -> None:
-            messages = [{"role": "user", "content": f"Write about the number {i} at length."}]
-            prompt = (await client.post("/v1/chat/completions/input_tokens", json={"messages": messages})).json()
+            words = [f"w{i}x{k}" for k in range(160)]
+            while True:
+                messages = [{"role": "user", "content": "Repeat: " + " ".join(words)}]
+                prompt = (await client.post("/v1/chat/completions/input_tokens", json={"messages": messages})).json()
+                if prompt["input_tokens"] <= POOL // SLOTS - 8:
+                    break
+                del words[-4:]
             body = {"messages": messages, "max_tokens": POOL // SLOTS - prompt["input_tokens"], "ignore_eos": True}
             r = await client.post("/v1/chat/completions", json=body)
             got.append((r.status_code, r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200
