@@ -2,11 +2,13 @@
 
 A request can end on squad's side while the engine still works on it: its client left, it was
 cancelled or timed out, the connection broke. squad then closes the connection, and llama-server
-(b11434) stops the task once it notices: a streamed answer at its next write, a request still in
-prefill or one not streamed at its next look at the socket, every ``HTTP_POLLING_SECONDS`` = 1 s
-(``server_response_reader::next`` in ``tools/server/server-queue.cpp`` calls ``should_stop``,
-cpp-httplib's ``is_socket_alive``: a zero-time ``select`` and a ``MSG_PEEK`` read). Until then the
-task holds its slot and its KV cells, so squad must go on counting them.
+(b11434) stops the task once it notices: a streamed answer at its next token (it looks at the
+socket before each one: cpp-httplib's ``is_socket_alive``, a zero-time ``select`` and a
+``MSG_PEEK`` read), otherwise only after a whole ``HTTP_POLLING_SECONDS`` = 1 s without any result
+of any task (``server_response::recv_with_timeout`` in ``tools/server/server-queue.cpp``), which
+is why squad serve streams every request from llama-server (:mod:`squad.serve.assemble`). The
+task is stopped between two decode steps. Until then it holds its slot and its KV cells, so squad
+must go on counting them.
 
 :func:`until_engine_free` wraps the part of a ``reserve()`` block that talks to the engine. A
 request that never reached the engine, or whose answer was read to its end (an error answer
