@@ -238,6 +238,86 @@ async def test_a_disconnect_mid_stream_frees_the_reservation_and_the_engine_slot
     assert status["running"] == [] and status["admission"]["busy"] == 0
 
 
+async def test_a_non_streamed_request_whose_client_leaves_stays_reserved_while_the_engine_works_on_it():
+    """squad's books keep the reservation of a request whose client left (and the request
+    waiting behind it waits) for as long as the engine's /slots shows the slot at work."""
+    async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.01) as fe:
+        async with serving(spec(fe), port=0) as served, http(served) as client:
+            gateway = served.gateway
+            with anyio.move_on_after(0.3):  # leaves while the engine generates: the connection closes
+                await client.post("/v1/chat/completions", json={"messages": ask(3), "max_tokens": 300})
+            async with anyio.create_task_group() as tg:
+                after: list = []
+
+                async def next_one() -> None:
+                    r = await client.post("/v1/chat/completions", json={"messages": ask(2, "n"), "max_tokens": 5})
+                    after.append(r.status_code)
+
+                tg.start_soon(next_one)
+                seen = 0
+                while fe.completed == 0:  # the engine is still on the request whose client left
+                    books = gateway.status()["admission"]
+                    engine_busy = fe.processing
+                    if engine_busy and fe.completed == 0:
+                        seen += 1
+                        assert books["reserved"] > 0 and books["busy"] == 1, books
+                    await anyio.sleep(0.02)
+            assert seen > 0 and after == [200] and fe.max_processing == 1
+            await wait_for(lambda: gateway.admission.reserved == 0)
+            status = gateway.status()
+    assert status["clients"]["127.0.0.1"]["disconnected"] == 1 and status["admission"]["settling"] == 0
+
+
+async def test_squad_client_keeps_a_cancelled_calls_reservation_until_the_engine_slot_is_free():
+    """A call cancelled mid-stream (a fail-fast sibling, Ctrl-C, a deadline) is released by
+    squad's own client only once the engine's /slots shows no more slots processing than calls
+    squad still runs."""
+    from squad.chat import ChatRequest
+    from squad.client import EngineClient
+    from squad.events import Origin
+
+    async with FakeEngine(slots=2, n_ctx=1024, token_delay=0.02) as fe, EngineClient(fe.info, counter=None) as client:
+        started = anyio.Event()
+
+        def on_delta(*_):
+            started.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.complete, ChatRequest(Origin("a"), ask(3), 400, on_delta=on_delta))
+            await started.wait()
+            assert client.admission.reserved > 0
+            tg.cancel_scope.cancel()
+        assert client.admission.reserved == 0 and fe.processing == 0  # released after the engine let go
+    assert fe.disconnects == 1
+
+
+async def test_n_completions_are_one_reservation_each_and_one_answer():
+    """n=3 on a 1-slot engine: three requests of n=1 reach the engine one at a time (each
+    reserved and released on its own), and the client gets one answer with choices 0..2 and the
+    usage summed, streamed or not."""
+    async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.002) as fe:
+        async with serving(spec(fe), port=0) as served, sdk(served) as client:
+            done = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=6, n=3)
+            assert [c.index for c in done.choices] == [0, 1, 2]
+            assert done.usage.completion_tokens == 18 and done.usage.prompt_tokens == 3 * count_tokens(ask(4))
+            stream = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=5, n=2, stream=True,
+                                                          stream_options={"include_usage": True})
+            texts: dict[int, str] = {}
+            usage = None
+            async for chunk in stream:
+                for c in chunk.choices:
+                    texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+                usage = chunk.usage or usage
+            assert sorted(texts) == [0, 1] and all(len(t.split()) == 5 for t in texts.values())
+            assert usage.completion_tokens == 10
+            await wait_for(lambda: served.gateway.admission.reserved == 0)
+        async with serving(spec(fe), port=0) as served, http(served) as raw:
+            for n in (0, "2", 500):
+                refused = await raw.post("/v1/chat/completions", json={"messages": ask(2), "max_tokens": 5, "n": n})
+                assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+    assert len(fe.requests) == 5 and all("n" not in r for r in fe.requests) and fe.max_processing == 1
+
+
 async def test_a_client_that_leaves_while_queued_leaves_the_queue():
     async with FakeEngine(slots=1, token_delay=0.02) as fe:
         async with serving(spec(fe), port=0) as served, http(served) as client:
@@ -355,3 +435,62 @@ def test_client_names_are_bounded_in_the_status_table():
     for i in range(MAX_CLIENTS + 10):
         ledger.counts(f"client-{i}").requests += 1
     assert len(ledger.clients) == MAX_CLIENTS + 1 and ledger.clients[OTHER_CLIENTS].requests == 10
+
+
+def test_a_request_for_several_completions_splits_in_openai_choice_order():
+    from squad.serve.fanout import MAX_PARTS, split
+
+    assert split({"prompt": ["a", "b"], "n": 2, "max_tokens": 3}, "completion") == [
+        {"prompt": p, "max_tokens": 3} for p in ("a", "a", "b", "b")]  # index = prompt x n + choice
+    assert split({"prompt": [[1, 2], [3]]}, "completion") == [{"prompt": [1, 2]}, {"prompt": [3]}]
+    assert split({"messages": ask(2), "n": 3}, "chat", "/v1/chat/completions") == [{"messages": ask(2)}] * 3
+    for one in ({"prompt": "a"}, {"prompt": [1, 2, 3]}, {"prompt": ["a"]}, {"prompt": "a", "n": 1}):
+        assert split(one, "completion") is None
+    for bad, path, word in (({"prompt": []}, "/v1/completions", "empty"), ({"n": 2.0}, "/v1/completions", "whole"),
+                            ({"prompt": ["a"] * (MAX_PARTS + 1)}, "/v1/completions", "at most"),
+                            ({"prompt": ["a", "b"]}, "/completion", "/v1/completions")):
+        with pytest.raises(Refused, match=word):
+            split(bad, "completion", path)
+
+
+def test_a_streamed_answer_is_put_together_as_the_answer_not_streamed():
+    """What llama-server streams for a request the client did not stream (squad serve sends it
+    streamed so the engine stops it when the client leaves) becomes the body it would have sent."""
+    from squad.serve.assemble import Assembly, streamed_upstream
+
+    assert streamed_upstream({"messages": [], "stream": False}) == {
+        "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    head = {"id": "chatcmpl-1", "created": 7, "model": "m", "system_fingerprint": "b0", "object": "chat.completion.chunk"}
+    lines = [
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"role": "assistant", "content": None}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"reasoning_content": "hm"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"content": "Hel"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"content": "lo"}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":"}}]}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": " 1}"}}]}}]},
+        {**head, "choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {}}], "timings": {"predicted_n": 5}},
+        {**head, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}},
+    ]
+    got = Assembly()
+    for line in [f"data: {json.dumps(x)}" for x in lines] + ["", "data: [DONE]"]:
+        got.line(line)
+    status, body = got.answer()
+    assert status == 200 and got.done
+    assert body["object"] == "chat.completion" and body["id"] == "chatcmpl-1" and body["usage"]["total_tokens"] == 8
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"] == {
+        "role": "assistant", "content": "Hello", "reasoning_content": "hm",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}]}
+
+    text = Assembly()
+    for piece, reason in (("Once", None), (" upon", "length")):
+        text.chunk({"id": "cmpl-2", "object": "text_completion", "choices": [
+            {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}]})
+    assert text.answer()[1]["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]
+
+    broken = Assembly()
+    broken.line('data: {"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}')
+    assert broken.answer() == (500, {"error": {"code": 500, "message": "Context size has been exceeded.",
+                                               "type": "server_error"}})

@@ -51,6 +51,9 @@ class Reservation:
     slot: int = -1
     queued_s: float = 0.0
     call: str | None = None
+    settling: bool = False
+    """Its request has ended on squad's side but the engine may still work on it: still counted
+    until :func:`squad.settle.until_engine_free` sees the engine's slot free."""
 
     @property
     def agent(self) -> str:
@@ -125,6 +128,13 @@ class Admission:
     def in_flight(self) -> int:
         """Calls admitted and not yet released."""
         return len(self._running)
+
+    @property
+    def settling(self) -> int:
+        """Calls in flight whose request has ended on squad's side while the engine may still work
+        on it (:func:`squad.settle.until_engine_free`): still counted in :attr:`in_flight` and
+        :attr:`reserved`."""
+        return sum(1 for r in self._running.values() if r.settling)
 
     @property
     def reserved(self) -> int:

@@ -27,7 +27,9 @@ both. llama-server is asked for ``return_progress``, so prompt processing counts
 each finished call's ``timings`` update the engine's speeds.
 
 Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
-frees the slot.
+frees the slot; a call that ends before its answer was read to the end (cancelled, timed out,
+connection broken) keeps its reservation until the engine's ``/slots`` shows the slot free
+(:func:`squad.settle.until_engine_free`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ from squad.events import (
     Event,
     EventSink,
 )
+from squad.settle import CALL_SETTLE_TIMEOUT, EngineSlots, Ending, until_engine_free
 from squad.stream import (
     InnocentOverflow,
     Loading,
@@ -199,6 +202,8 @@ class EngineClient:
                                             else admission)  # type: ignore[assignment]
         self.counter = PromptCounter(engine.model_path, self._count_remote, counter, template=engine.chat_template)
         self._connect(engine)
+        self.slots = EngineSlots(lambda: self._http)
+        """The engine's ``/slots``, read to release a call that ended early only once its slot is free."""
 
     # -- engine and connections ---------------------------------------------------------
 
@@ -233,6 +238,7 @@ class EngineClient:
 
     async def aclose(self) -> None:
         """Close every connection this client opened."""
+        self.slots.close()
         for c in [self._openai, self._http, *self._retired]:
             with anyio.CancelScope(shield=True):
                 await c.close() if isinstance(c, openai.AsyncOpenAI) else await c.aclose()
@@ -454,10 +460,12 @@ class EngineClient:
         admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
-        async with admitted as reservation:
+        sink = self._on_event
+        async with admitted as reservation, until_engine_free(self.admission, reservation, self.slots, on_event=sink,
+                                                              timeout=CALL_SETTLE_TIMEOUT) as ending:
             with self.deadlines.watch(prompt, req.max_tokens, queued_upstream=self.admission is None) as watch:
                 try:
-                    result = await self._stream(call, reservation, watch)
+                    result = await self._stream(call, reservation, watch, ending)
                 except InnocentOverflow as exc:
                     call.held = max(call.held, exc.reserved)
                     raise
@@ -472,7 +480,7 @@ class EngineClient:
                 self._on_event(EngineWarning(engine=self._engine.base_url, warning=warning))
         return result
 
-    async def _stream(self, call: _Call, reservation: Reservation, watch: CallWatch) -> ChatResult:
+    async def _stream(self, call: _Call, reservation: Reservation, watch: CallWatch, ending: Ending) -> ChatResult:
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         if req.tools and req.tool_choice:
@@ -488,13 +496,17 @@ class EngineClient:
             extra.setdefault("return_progress", True)
         sent = time.monotonic()
         got = StreamAssembly()
+        ending.sent()
         try:
             stream = await self._openai.chat.completions.create(
                 model=self._engine.model_alias or "default", messages=self._messages(req), max_tokens=req.max_tokens,
                 stream=True, stream_options={"include_usage": True}, extra_body=extra, **kwargs)
         except openai.APIError as exc:
+            if isinstance(exc, openai.APIStatusError):  # the engine answered: its task is over
+                ending.done()
             raise self._classify(exc, agent, started=False) from exc
         watch.started()
+        ending.started()
         try:
             async for chunk in stream:
                 produced = got.add(chunk, req.on_delta)
@@ -505,7 +517,10 @@ class EngineClient:
                 if produced and got.first_at is None:
                     got.first_at = time.monotonic()
                     self._emit(CallFirstToken, call, ttft_s=got.first_at - sent, slot=reservation.slot)
+            ending.done()
         except openai.APIError as exc:
+            if not isinstance(exc, openai.APIConnectionError):  # an error frame: the engine ended the task
+                ending.done()
             raise self._classify(exc, agent, started=got.first_at is not None, partial=got.content) from exc
         finally:
             with anyio.CancelScope(shield=True):

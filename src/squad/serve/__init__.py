@@ -7,6 +7,9 @@ it reaches llama-server, so requests running together never exceed its slots or 
 
 - :mod:`squad.serve.gateway`: the ASGI app (routes, key, relay, ``/squad/status``);
 - :mod:`squad.serve.demand`: one request's reservation (prompt + max_tokens) or its 400;
+- :mod:`squad.serve.fanout`: a list of prompts or ``n`` > 1, one reservation per completion;
+- :mod:`squad.serve.assemble`: a request not streamed is streamed from llama-server (so it stops
+  when the client leaves) and answered whole;
 - :mod:`squad.serve.status`: live requests and per-client counts;
 - :mod:`squad.serve.replan`: ``--slots auto`` re-planning at quiet moments;
 - :mod:`squad.serve.server`: engine session + uvicorn (:func:`serving`).

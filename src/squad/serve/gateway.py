@@ -4,7 +4,8 @@ that admits every generation request through squad's :class:`~squad.admission.Ad
 Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
 
 - generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
-  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``);
+  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``); a list of
+  prompts or ``n`` > 1 is one reservation per completion (:mod:`squad.serve.fanout`);
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
   ``/v1/chat/completions/input_tokens``;
@@ -15,7 +16,9 @@ One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
 0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
 when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
 once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
-connection is closed so llama-server frees the slot, and its reservation is released. Every
+connection is closed so llama-server stops the task, and its reservation is released once the
+engine's ``/slots`` shows the slot free (:func:`squad.settle.until_engine_free`: the engine
+notices a closed connection of a request it does not stream only at its next look, every 1 s). Every
 response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
 """
 
@@ -25,17 +28,21 @@ import itertools
 import json
 import secrets
 import time
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import httpx
 
-from squad.admission import Admission
+from squad.admission import Admission, Reservation
 from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
+from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
 from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
+from squad.settle import EngineSlots, Ending, until_engine_free
 
 if TYPE_CHECKING:
     from squad.counting import PromptCounter
@@ -104,6 +111,9 @@ class Gateway:
         self._upstream_for: tuple[str, str | None] | None = None
         self._retired: list[httpx.AsyncClient] = []
         self._key = self.api_key.encode()
+        self.slots = EngineSlots(lambda: self.upstream)
+        """The engine's ``/slots``, read to release a request that ended on squad's side only once the
+        engine's slot is free (:func:`squad.settle.until_engine_free`)."""
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -137,7 +147,8 @@ class Gateway:
         return self._upstream
 
     async def aclose(self) -> None:
-        """Close the connections to the engine."""
+        """Close the connections to the engine (the engine stops what they asked)."""
+        self.slots.close()
         with anyio.CancelScope(shield=True):
             for client in [*self._retired, *([self._upstream] if self._upstream else [])]:
                 await client.aclose()
@@ -168,8 +179,8 @@ class Gateway:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return len(prompt)
         if not isinstance(prompt, str):
-            raise Refused(400, "prompt must be one text (or one list of token ids): squad serve admits one "
-                               "prompt per request; send several requests instead", param="prompt")
+            raise Refused(400, f"prompt must be a text, a list of token ids, or a list of those, got "
+                               f"{type(prompt).__name__}", param="prompt")
         await self.counter.prepare()
         local = self.counter.local
         if local is not None:
@@ -195,6 +206,13 @@ class Gateway:
 
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
+
+    def until_engine_free(self, held: Reservation) -> "AbstractAsyncContextManager[Ending]":
+        """Wrap the engine round trip of an admitted request (``held``) with this:
+        :func:`squad.settle.until_engine_free` on this gateway's engine. A request that ends on
+        squad's side before the engine's answer was read to its end (client gone, timeout, broken
+        connection) stays reserved until the engine's ``/slots`` shows its slot free."""
+        return until_engine_free(self.admission, held, self.slots, on_event=self.emit if self._sinks else None)
 
     # -- ASGI ------------------------------------------------------------------------------------
 
@@ -250,7 +268,8 @@ class Gateway:
                        "launched": self.session.launcher is not None,
                        "reasons": list(plan.reasons) if plan is not None else []},
             "admission": {"slots": admission.slots, "busy": admission.in_flight, "pool": admission.pool,
-                          "reserved": admission.reserved, "limit": admission.limit, "queued": len(admission.queued)},
+                          "reserved": admission.reserved, "settling": admission.settling, "limit": admission.limit,
+                          "queued": len(admission.queued)},
             "default_max_tokens": self.default_max_tokens,
             "reloading": self.reloading,
             **self.ledger.view(),
@@ -343,6 +362,13 @@ class _Relay:
         g, live = self.g, self.live
         admission = g.admission
         try:
+            parts = split(self.body, self.kind, self.scope["path"])
+        except Refused as exc:
+            await _json(send, exc.status, exc.body)
+            return "refused"
+        if parts is not None:  # several prompts, or n > 1: one reservation per completion
+            return await fan_out(self, parts, send)
+        try:
             demand = await demand_for(self.body, self.kind, g.count, limit=admission.limit,
                                       default_max_tokens=g.default_max_tokens)
         except Refused as exc:
@@ -352,23 +378,27 @@ class _Relay:
         if demand.defaulted:
             self.body["max_tokens"] = demand.max_tokens
             content = json.dumps(self.body).encode()
+        if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
+            content = json.dumps(streamed_upstream(self.body)).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
         try:
             async with admission.reserve(demand.tokens, agent=origin, priority=live.priority, call=live.id) as held:
                 g.ledger.move(live, "running", slot=held.slot)
-                return await self._forward(send, content, held.queued_s)
+                async with g.until_engine_free(held) as ending:
+                    return await self._forward(send, content, held.queued_s, ending)
         except AdmissionError as exc:  # the engine was reloaded smaller while it waited
             await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
             return "refused"
 
-    async def _forward(self, send: Send, content: bytes, queued_s: float) -> str:
+    async def _forward(self, send: Send, content: bytes, queued_s: float, ending: Ending) -> str:
         g, live = self.g, self.live
         upstream = g.upstream
         request = upstream.build_request("POST", self.scope["path"], content=content,
                                          headers={"content-type": "application/json"},
                                          params=self.scope.get("query_string", b"").decode() or None)
         sent = time.monotonic()
+        ending.sent()
         try:
             try:
                 response = await upstream.send(request, stream=True)
@@ -381,6 +411,9 @@ class _Relay:
             await _json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
                                               "server_error"))
             return "failed"
+        ending.started()
+        if self.assembled and response.status_code == 200:
+            return await self._assemble(send, response, queued_s, ending, sent)
         first, started = True, False
         try:
             headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
@@ -391,6 +424,7 @@ class _Relay:
                     first = False
                     self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            ending.done()  # the engine's answer was read to its end: its task is over
             await send({"type": "http.response.body", "body": b""})
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
@@ -411,6 +445,41 @@ class _Relay:
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
 
+    @property
+    def assembled(self) -> bool:
+        """A request the client does not stream, sent to llama-server streamed and answered whole
+        (:mod:`squad.serve.assemble`)."""
+        return (not self.live.stream and self.scope["path"] in STREAMABLE_PATHS and self.g.engine.kind == "llama.cpp")
+
+    async def _assemble(self, send: Send, response: httpx.Response, queued_s: float, ending: Ending,
+                        sent: float) -> str:
+        got = Assembly()
+        try:
+            try:
+                async for line in response.aiter_lines():
+                    if not got.envelope and line.startswith("data: "):
+                        self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
+                    got.line(line)
+                ending.done()  # read to its end: the engine's task is over
+            except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
+                self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+                await _json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                return "failed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # on a disconnect too: the engine stops at its next token
+        status, body = got.answer()
+        if not got.done and status == 200:
+            status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
+        await _json(send, status, body, [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())])
+        if status != 200:
+            self._emit(CallFailed, error=f"HTTP {status}", message=str(body)[:200], attempts=1)
+            return "failed"
+        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None,
+                   slot=self.live.slot)
+        return "completed"
+
     def _emit(self, kind: type[Event], **data: Any) -> None:
         if self.g._sinks:
             self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
@@ -429,10 +498,11 @@ async def _read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-async def _json(send: Send, status: int, body: Any) -> None:
+async def _json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
     await send({"type": "http.response.body", "body": data})
 
 
