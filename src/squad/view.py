@@ -60,6 +60,7 @@ from squad.events import (
     StepWarning,
     OutputRetried,
     ToolLimited,
+    ToolTruncated,
     WorkerFailed,
     WorkerStarted,
     item_label,
@@ -484,9 +485,11 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, OutputRetried, StepWarning)):
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, ToolTruncated, OutputRetried,
+                                              StepWarning)):
                 found = (event.warnings if isinstance(event, EnginePlanned) else  # warnings, both modes
-                         [event.message] if isinstance(event, (ToolLimited, OutputRetried)) else [event.warning])
+                         [event.message] if isinstance(event, (ToolLimited, ToolTruncated, OutputRetried))
+                         else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"

@@ -1,0 +1,248 @@
+"""Tool results are held to the room an agent has left (squad.toolroom): cut visibly or
+failed by choice, never an AdmissionError. The model is the HTTP fake (FakeEngine: one word
+is one token) behind squad's real client, which refuses any call over the agent's budget;
+MCP tools come from squad's own test server (tests/mcp_server.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from squad.agent import Agent
+from squad.chat import ChatResult, ToolCall
+from squad.errors import ToolResultTooLarge
+from squad.events import ToolTruncated
+from squad.mcp import MCPServer
+from squad.runtime import Squad
+from squad.summary import summarize
+from squad.testing import FakeEngine, Reply, ScriptedEngine
+from squad.testing.counting import count_tokens
+from squad.tools import tool
+from squad.toolroom import CUT_MARK
+from squad.view import ViewState
+
+pytestmark = pytest.mark.anyio
+SERVER = Path(__file__).parent / "mcp_server.py"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def words(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))
+
+
+def text_of(chars: int) -> str:
+    """About ``chars`` characters of words (the fake counts one token per word)."""
+    return words(chars // 3 + 1)[:chars]
+
+
+SIZE = {"n": 0}
+
+
+@tool
+def fetch(page: str) -> str:
+    """Fetch a page.
+
+    Args:
+        page: its name
+    """
+    return text_of(SIZE["n"])
+
+
+def call_then_answer(name: str, args: dict) -> list[Reply]:
+    return [Reply(tool_calls=[{"name": name, "arguments": json.dumps(args)}]), Reply(content="done")]
+
+
+def fits(fe: FakeEngine, budget: int, max_tokens: int) -> None:
+    for body in fe.requests:
+        assert count_tokens(body["messages"], body.get("tools")) + max_tokens <= budget
+
+
+@pytest.mark.parametrize("budget", [512, 4096])
+@pytest.mark.parametrize("chars", [40, 600, 3_000, 50_000])
+async def test_a_function_tool_result_of_any_size_fits_or_is_cut_visibly(budget, chars):
+    SIZE["n"] = chars
+    events = []
+    agent = Agent(name="reader", tools=["fetch"], budget=budget, max_tokens=32)
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.script(*call_then_answer("fetch", {"page": "home"}))
+        async with Squad([agent], engine=fe.info, tools=[fetch], on_event=events.append) as sq:
+            result = await sq.run("read the home page")
+        assert result.output == "done" and result.ok
+        fits(fe, budget, 32)
+        sent = next(m for m in fe.requests[1]["messages"] if m["role"] == "tool")["content"]
+    cuts = [e for e in events if isinstance(e, ToolTruncated)]
+    whole = text_of(chars)
+    if sent == whole:
+        assert not cuts  # fits: passed whole, no event
+        return
+    assert len(cuts) == 1 and cuts[0].tool == "fetch" and cuts[0].result_chars == len(whole)
+    dropped = len(whole) - cuts[0].kept_chars
+    assert sent.endswith(CUT_MARK.format(tool="fetch", dropped=dropped, total=len(whole)))
+    assert whole.startswith(sent.rsplit("\n", 1)[0]) if cuts[0].kept_chars else True
+    assert cuts[0].budget == budget and "fetch" in cuts[0].message and f"{len(whole):,} characters" in cuts[0].message
+    assert any("tool 'fetch'" in n for n in result.main.notes)  # the run's notes (squad run prints them)
+
+
+async def test_small_and_large_budgets_cut_differently_and_large_keeps_more():
+    SIZE["n"] = 50_000
+    kept = {}
+    for budget in (512, 4096):
+        events = []
+        async with FakeEngine(slots=1, n_ctx=8192) as fe:
+            fe.script(*call_then_answer("fetch", {"page": "p"}))
+            agent = Agent(name="reader", tools=["fetch"], budget=budget, max_tokens=32)
+            async with Squad([agent], engine=fe.info, tools=[fetch], on_event=events.append) as sq:
+                await sq.run("read it")
+        (cut,) = [e for e in events if isinstance(e, ToolTruncated)]
+        assert cut.kept_tokens <= cut.room_tokens < budget
+        kept[budget] = cut.kept_tokens
+    assert kept[4096] > 5 * kept[512] > 0
+
+
+async def test_an_auto_budget_is_bounded_by_the_engine_context():
+    SIZE["n"] = 50_000
+    events = []
+    async with FakeEngine(slots=1, n_ctx=2048) as fe:
+        fe.script(*call_then_answer("fetch", {"page": "p"}))
+        async with Squad([Agent(name="reader", tools=["fetch"], max_tokens=32)], engine=fe.info, tools=[fetch],
+                         on_event=events.append) as sq:
+            result = await sq.run("read it")
+        assert result.output == "done"
+        fits(fe, 2048, 32)
+    assert [e.budget for e in events if isinstance(e, ToolTruncated)] == [2048]
+
+
+async def test_several_results_of_one_round_share_the_room():
+    @tool
+    def short() -> str:
+        """A short answer."""
+        return "just a few words here"
+
+    SIZE["n"] = 20_000
+    events = []
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.script(Reply(tool_calls=[{"name": "fetch", "arguments": '{"page": "a"}'}, {"name": "short", "arguments": "{}"},
+                                    {"name": "fetch", "arguments": '{"page": "b"}'}]), Reply(content="done"))
+        agent = Agent(name="reader", tools=["fetch", "short"], budget=1024, max_tokens=32)
+        async with Squad([agent], engine=fe.info, tools=[fetch, short], on_event=events.append) as sq:
+            await sq.run("read both")
+        fits(fe, 1024, 32)
+        results = [m["content"] for m in fe.requests[1]["messages"] if m["role"] == "tool"]
+    assert results[1] == "just a few words here"  # the short one is whole
+    cuts = [e for e in events if isinstance(e, ToolTruncated)]
+    assert [c.tool for c in cuts] == ["fetch", "fetch"]
+    assert abs(cuts[0].kept_tokens - cuts[1].kept_tokens) <= 2  # equal shares
+
+
+async def test_later_rounds_keep_room_and_the_loop_closes_when_none_is_left():
+    SIZE["n"] = 50_000
+    events = []
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.responder = lambda body: (Reply(tool_calls=[{"name": "fetch", "arguments": '{"page": "x"}'}])
+                                     if body.get("tools") else Reply(content="answer"))
+        agent = Agent(name="reader", tools=["fetch"], budget=768, max_tokens=32)
+        async with Squad([agent], engine=fe.info, tools=[fetch], on_event=events.append) as sq:
+            result = await sq.run("keep reading")
+        assert result.output == "answer" and result.ok
+        fits(fe, 768, 32)
+        assert fe.requests[-1].get("tools") is None  # the last round offers none: the model answers
+    cuts = [e for e in events if isinstance(e, ToolTruncated)]
+    assert cuts and cuts[-1].tools_closed
+
+
+async def test_fail_mode_fails_the_turn_with_a_fix_the_user_can_apply():
+    SIZE["n"] = 50_000
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.script(*call_then_answer("fetch", {"page": "p"}))
+        agent = Agent(name="reader", tools=["fetch"], budget=512, max_tokens=32, tool_results="fail")
+        async with Squad([agent], engine=fe.info, tools=[fetch]) as sq:
+            with pytest.raises(ToolResultTooLarge) as caught:
+                await sq.run("read it")
+    assert caught.value.tool == "fetch" and caught.value.agent == "reader"
+    message = str(caught.value)
+    assert "tool 'fetch' returned 50,000 characters" in message and "tool_results: cut" in message
+    assert "shorten the prompt" not in message
+
+
+@pytest.mark.parametrize("trained", [2048, 8192])
+async def test_fail_mode_never_suggests_a_budget_above_the_training_context(trained):
+    SIZE["n"] = 12_000  # ~1,800 tokens: a budget of ~3,000 would hold it
+    async with FakeEngine(slots=1, n_ctx=8192, n_ctx_train=trained) as fe:
+        fe.script(*call_then_answer("fetch", {"page": "p"}))
+        agent = Agent(name="reader", tools=["fetch"], budget=1024, max_tokens=32, tool_results="fail")
+        async with Squad([agent], engine=fe.info, tools=[fetch]) as sq:
+            with pytest.raises(ToolResultTooLarge) as caught:
+                await sq.run("read it")
+    message = str(caught.value)
+    assert "return less" in message
+    if trained == 2048:
+        assert "raise agents.reader.budget" not in message
+    else:
+        budget = int(message.split("raise agents.reader.budget to ")[1].split(",")[0] + message.split(
+            "raise agents.reader.budget to ")[1].split(",")[1][:3])
+        assert 2048 < budget <= trained
+
+
+@pytest.mark.parametrize("chars", [30, 3_000, 50_000])
+async def test_an_mcp_tool_result_is_cut_the_same_way(chars):
+    events = []
+    server = MCPServer(name="t", command="python", args=(str(SERVER),))
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.script(*call_then_answer("big", {"chars": chars}))
+        agent = Agent(name="reader", tools=["t.big"], budget=512, max_tokens=32)
+        async with Squad([agent], engine=fe.info, mcp_servers=[server], on_event=events.append) as sq:
+            result = await sq.run("get it")
+        assert result.output == "done"
+        fits(fe, 512, 32)
+        sent = next(m for m in fe.requests[1]["messages"] if m["role"] == "tool")["content"]
+    cuts = [e for e in events if isinstance(e, ToolTruncated)]
+    if chars <= 30:
+        assert not cuts and len(sent) == chars
+    else:
+        assert [c.tool for c in cuts] == ["big"] and cuts[0].result_chars == chars
+        assert "[squad cut this result of tool 'big'" in sent
+
+
+async def test_the_view_and_the_summary_say_which_tool_was_cut():
+    SIZE["n"] = 3_000
+    events = []
+    async with FakeEngine(slots=1, n_ctx=8192) as fe:
+        fe.script(*call_then_answer("fetch", {"page": "p"}))
+        agent = Agent(name="reader", tools=["fetch"], budget=512, max_tokens=32)
+        async with Squad([agent], engine=fe.info, tools=[fetch], on_event=events.append) as sq:
+            await sq.run("read it")
+    from io import StringIO
+
+    from rich.console import Console
+
+    from squad.view import LiveView
+
+    out = StringIO()
+    with LiveView(True, console=Console(file=out, width=300), live=False) as view:
+        for e in events:
+            view(e)
+    assert "warning: agent 'reader': the result of tool 'fetch' (3,000 characters" in out.getvalue()
+    notes = [n for a in summarize(events).agents.values() for n in a.notes]
+    assert any("tool 'fetch'" in n for n in notes)
+    assert ViewState  # the state applies the event without error (it went through view above)
+
+
+async def test_scripted_engine_rounds_never_exceed_the_budget():
+    """The same rule on the in-process fake: every request it gets fits the budget."""
+    SIZE["n"] = 10_000
+    engine = ScriptedEngine(ChatResult(content="", tool_calls=[ToolCall("a", "fetch", '{"page": "x"}')],
+                                       finish_reason="tool_calls"),
+                            ChatResult(content="", tool_calls=[ToolCall("b", "fetch", '{"page": "y"}')],
+                                       finish_reason="tool_calls"), "ok")
+    async with Squad([Agent(name="r", tools=["fetch"], budget=600, max_tokens=20)], engine=engine,
+                     tools=[fetch]) as sq:
+        result = await sq.run("go")
+    assert result.output == "ok"
+    for req in engine.requests:
+        assert count_tokens(req.messages, req.tools) + req.max_tokens <= 600
