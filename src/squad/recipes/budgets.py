@@ -275,6 +275,7 @@ def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset(),
         return
     for name in recipe.planned:  # planned before: count again from auto
         recipe.agents[name] = recipe.agents[name].model_copy(update={"budget": "auto"})
+    recipe.warnings[:] = [w for w in recipe.warnings if not isinstance(w, ToolRoundsWarning)]  # said again if still so
     extra = {name: list(specs) for name, specs in (tools or {}).items()}
     rows: list[StepBudget] = []
     outputs: dict[str, dict[str, Any]] = {}
@@ -410,6 +411,10 @@ def tool_rounds(agent: Agent, has_more_tools: bool = False) -> int:
     return (agent.max_tool_rounds or MAX_TOOL_ROUNDS) if has else 0
 
 
+class ToolRoundsWarning(RecipeWarning):
+    """A budget that cannot hold an agent's tool rounds (made again each time budgets are planned)."""
+
+
 def _rounds_warning(step: Step, agent: Agent, need: int, rounds: int, budget: int, trained: int | None) -> RecipeWarning:
     """A budget that holds the prompt and the answer but not every tool round: results get cut."""
     per = agent.max_tokens + TOOL_RESULT_TOKENS
@@ -422,7 +427,7 @@ def _rounds_warning(step: Step, agent: Agent, need: int, rounds: int, budget: in
                  else f"lower agents.{agent.name}.max_tokens")
     why = (f"the model's training context of {trained:,}" if agent.fixed_budget is None and trained is not None
            else f"its budget of {budget:,}")
-    return RecipeWarning(
+    return ToolRoundsWarning(
         f"step '{step.id}' (agent '{agent.name}'): its {rounds} tool round(s) need ~{need + rounds * per:,} tokens "
         f"(prompt and answer {need:,} + {rounds} x ({agent.max_tokens} for a call + {TOOL_RESULT_TOKENS} for its "
         f"results)), more than {why} holds; room is left for {fits} round(s), later results are cut to what is left "
