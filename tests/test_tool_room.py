@@ -246,3 +246,88 @@ async def test_scripted_engine_rounds_never_exceed_the_budget():
     assert result.output == "ok"
     for req in engine.requests:
         assert count_tokens(req.messages, req.tools) + req.max_tokens <= 600
+
+
+# --- auto budgets plan every tool round (squad.recipes.budgets) --------------------------------
+
+
+def clock_recipe(tmp_path: Path, *, extra: str = "", max_tokens: int = 96) -> Path:
+    """The field case's shape: an MCP agent in two steps, the second using the first's output."""
+    path = tmp_path / "clock.yaml"
+    path.write_text(
+        "name: clock\n"
+        f"mcp:\n  t:\n    command: python\n    args: [{json.dumps(str(SERVER))}]\n"
+        "agents:\n  clock:\n    instructions: You answer with your tools.\n"
+        f"    max_tokens: {max_tokens}\n    tools: [t.echo, t.big]\n{extra}"
+        "main: clock\nflow:\n"
+        "  - id: now\n    agent: clock\n    prompt: Echo the word tick.\n"
+        "  - id: say\n    agent: clock\n    prompt: 'Say this in one sentence: {{ steps.now.output }}'\n")
+    return path
+
+
+async def plan_with_mcp(path: Path):
+    from squad.recipes import load_recipe, recipe_mcp
+
+    recipe = load_recipe(path)
+    async with recipe_mcp(recipe):
+        pass
+    return recipe
+
+
+async def test_an_auto_budget_holds_every_tool_round_with_the_tool_schemas(default_model_path, tmp_path):
+    from squad.recipes.budgets import TOOL_RESULT_TOKENS
+
+    recipe = await plan_with_mcp(clock_recipe(tmp_path))
+    rows = [r for r in recipe.budgets if r.agent == "clock"]
+    assert {r.tool_rounds for r in rows} == {4}
+    for r in rows:
+        assert r.tool_tokens == 4 * (96 + TOOL_RESULT_TOKENS)
+        assert r.budget >= r.prompt + 96 + r.tool_tokens  # the whole loop, not only the first round
+    assert recipe.agents["clock"].fixed_budget == max(r.budget for r in rows)
+    assert not [w for w in recipe.warnings if "tool round" in str(w)]
+
+
+async def test_max_tool_rounds_plans_fewer_rounds(default_model_path, tmp_path):
+    full = await plan_with_mcp(clock_recipe(tmp_path))
+    one = await plan_with_mcp(clock_recipe(tmp_path, extra="    max_tool_rounds: 1\n"))
+    assert {r.tool_rounds for r in one.budgets} == {1}
+    assert one.agents["clock"].fixed_budget < full.agents["clock"].fixed_budget
+
+
+async def test_a_fixed_budget_that_cannot_hold_the_rounds_is_warned_with_fixes_that_apply(default_model_path,
+                                                                                           tmp_path):
+    recipe = await plan_with_mcp(clock_recipe(tmp_path, extra="    budget: 1024\n"))
+    warned = [str(w) for w in recipe.warnings if "tool round" in str(w)]
+    assert len(warned) == 2  # one per step, said once although planned twice (before and with MCP)
+    assert "clock.yaml:" in warned[0] and "room is left for" in warned[0]
+    budget = int(re.search(r"raise agents\.clock\.budget to ([\d,]+\d)", warned[0]).group(1).replace(",", ""))
+    assert 1024 < budget <= 8192  # the model's training context
+    assert "agents.clock.max_tool_rounds:" in warned[0]
+
+
+async def test_rounds_above_the_training_context_warn_without_an_impossible_budget(default_model_path, tmp_path):
+    recipe = await plan_with_mcp(clock_recipe(tmp_path, max_tokens=1800))
+    warned = [str(w) for w in recipe.warnings if "tool round" in str(w)]
+    assert warned and all("training context of 8,192" in w for w in warned)
+    assert not any("raise agents.clock.budget" in w for w in warned)
+    assert all("max_tool_rounds: " in w for w in warned)
+    assert recipe.agents["clock"].fixed_budget == 8192
+
+
+def test_plan_and_validate_with_check_mcp_show_the_rounds_and_warn(default_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from squad.cli import app
+
+    path = clock_recipe(tmp_path, extra="    budget: 1024\n")
+    runner = CliRunner()
+    validate = runner.invoke(app, ["recipes", "validate", "--check-mcp", str(path)])
+    assert validate.exit_code == 0, validate.output
+    assert "tool round(s) need" in validate.output and "OK" in validate.output
+    plan = runner.invoke(app, ["plan", "--check-mcp", str(path), "--json"])
+    assert plan.exit_code == 0, plan.output
+    data = json.loads(plan.stdout[plan.stdout.index("{"):])
+    assert {s["tool_rounds"] for s in data["steps"]} == {4}
+    assert any("tool round(s) need" in w for w in data["recipe_warnings"])
+    shown = runner.invoke(app, ["plan", "--check-mcp", str(clock_recipe(tmp_path))])
+    assert "tool rounds" in shown.output and "4 x 352" in shown.output
