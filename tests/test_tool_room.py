@@ -331,3 +331,23 @@ def test_plan_and_validate_with_check_mcp_show_the_rounds_and_warn(default_model
     assert any("tool round(s) need" in w for w in data["recipe_warnings"])
     shown = runner.invoke(app, ["plan", "--check-mcp", str(clock_recipe(tmp_path))])
     assert "tool rounds" in shown.output and "4 x 352" in shown.output
+
+
+def test_binary_mcp_content_is_described_not_dumped():
+    import base64
+
+    import mcp.types as t
+
+    from squad.mcp import result_text
+
+    blob = base64.b64encode(b"x" * 1000).decode()
+    result = t.CallToolResult(content=[
+        t.TextContent(type="text", text="see attached"),
+        t.EmbeddedResource(type="resource", resource=t.BlobResourceContents(
+            uri="file:///a.pdf", mime_type="application/pdf", blob=blob)),
+        t.ImageContent(type="image", data=base64.b64encode(b"y" * 77).decode(), mime_type="image/png"),
+        t.ResourceLink(type="resource_link", name="b", uri="file:///b.txt", mime_type="text/plain", size=12)])
+    assert result_text(result).splitlines() == [
+        "see attached", "[resource: file:///a.pdf, application/pdf, 1,000 bytes]", "[image: image/png, 77 bytes]",
+        "[resource link: file:///b.txt, text/plain, 12 bytes]"]
+    assert blob not in result_text(result)

@@ -478,13 +478,24 @@ def result_text(result: Any) -> str:
             parts.append(block.text)
         elif kind == "resource" and hasattr(block.resource, "text"):
             parts.append(block.resource.text)
-        elif kind == "resource_link":
-            parts.append(f"[resource: {block.uri}]")
-        else:
-            parts.append(f"[{kind}: {getattr(block, 'mime_type', None) or 'binary'}]")
+        else:  # binary: described (kind, URI, MIME type, size), never dumped into the prompt
+            parts.append(_described(kind, block))
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, default=str)
     return "\n".join(parts)
+
+
+def _described(kind: str, block: Any) -> str:
+    """A non-text content block as ``[image: image/png, 12,345 bytes]`` or
+    ``[resource: file:///a.bin, application/pdf, 2,048 bytes]`` (base64 data: its decoded size)."""
+    inner = getattr(block, "resource", block)  # an embedded resource holds its contents
+    data = getattr(inner, "blob", None) or getattr(block, "data", None)
+    size = (len(data) * 3 // 4 - data[-2:].count("=")) if isinstance(data, str) else getattr(block, "size", None)
+    facts = [str(x) for x in (getattr(inner, "uri", None), getattr(inner, "mime_type", None)) if x]
+    if isinstance(size, int):
+        facts.append(f"{size:,} bytes")
+    label = {"resource_link": "resource link"}.get(kind, kind)
+    return f"[{label}: {', '.join(facts) or 'binary'}]"
 
 
 def stderr_tail(stderr: IO[str] | None, lines: int = _STDERR_TAIL) -> str:
