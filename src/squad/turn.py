@@ -227,14 +227,15 @@ async def run_turn(
                 tool_log.append((call.name, call.arguments, text))
                 on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
                                     call=reply.call, tool=call.name, ok=outcome.ok))
+            closed = not fitted.tools_open and round_no + 1 < max_tool_rounds  # room ran out before the rounds
             for cut in fitted.cuts:
-                message = truncated_message(agent.name, cut, closed=not fitted.tools_open and round_no + 1 < max_tool_rounds)
+                message = truncated_message(agent.name, cut, closed=closed)
                 notes.append(message)
                 on_event(ToolTruncated(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
                                        call=reply.call, tool=cut.tool, result_chars=cut.result_chars,
                                        kept_chars=cut.kept_chars, result_tokens=cut.result_tokens,
                                        kept_tokens=cut.kept_tokens, room_tokens=cut.room_tokens, budget=cut.limit,
-                                       tools_closed=not fitted.tools_open, message=message))
+                                       tools_closed=closed, message=message))
             continue
         break
     value, text = None, reply.content or ""

@@ -173,9 +173,10 @@ def _render_reads(reads: Any) -> None:
 def _render_steps(rows: Any) -> None:
     from rich.table import Table
 
-    table = Table(title="budgets per step (prompt counted with the model's tokenizer; ~ = estimated with "
-                        "earlier outputs at their max_tokens)")
     tools = any(r.tool_rounds for r in rows)
+    table = Table(title="budgets per step (prompt counted with the model's tokenizer; ~ = estimated with "
+                        "earlier outputs at their max_tokens" + ("; tool rounds: rounds x (max_tokens for a call + "
+                                                                  "results)" if tools else "") + ")")
     for name in ("step", "agent", "prompt", "max_tokens", *(("tool rounds",) if tools else ()), "budget"):
         table.add_column(name, justify="left" if name in ("step", "agent") else "right")
     for r in rows:
