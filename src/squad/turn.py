@@ -27,10 +27,10 @@ from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.errors import InvalidOutput, UserError
 from squad.events import EventSink, Origin, OutputRetried, ToolCalled, ToolTruncated
+from squad.handback import TextCounter
 from squad.mcp import is_mcp_ref, split_ref
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.structured import OutputInvalid, OutputSchema, retry_message
-from squad.handback import TextCounter
 from squad.toolroom import Cut, fit_results, request_limit
 from squad.tools import Tool, run_tool_calls
 
@@ -215,27 +215,9 @@ async def run_turn(
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
                 for c in wanted
             ]})
-            outcomes = await run_tool_calls(tools, wanted)
-            fitted = await fit_results(
-                chat, ([{"role": "system", "content": system}] if system else []) + convo,
-                [(c.id, c.name, o.text) for c, o in zip(wanted, outcomes)], limit=limit, max_tokens=agent.max_tokens,
-                tools=specs if round_no + 1 < max_tool_rounds else None, agent=agent.name, mode=agent.tool_results,
-                trained=getattr(chat.engine, "n_ctx_train", None), count_text=counter)
-            tools_open = fitted.tools_open
-            for call, outcome, text in zip(wanted, outcomes, fitted.texts):
-                convo.append({"role": "tool", "tool_call_id": call.id, "content": text})
-                tool_log.append((call.name, call.arguments, text))
-                on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
-                                    call=reply.call, tool=call.name, ok=outcome.ok))
-            closed = not fitted.tools_open and round_no + 1 < max_tool_rounds  # room ran out before the rounds
-            for cut in fitted.cuts:
-                message = truncated_message(agent.name, cut, closed=closed)
-                notes.append(message)
-                on_event(ToolTruncated(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
-                                       call=reply.call, tool=cut.tool, result_chars=cut.result_chars,
-                                       kept_chars=cut.kept_chars, result_tokens=cut.result_tokens,
-                                       kept_tokens=cut.kept_tokens, room_tokens=cut.room_tokens, budget=cut.limit,
-                                       tools_closed=closed, message=message))
+            tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
+                                        offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit,
+                                        count_text=counter, tool_log=tool_log, notes=notes, on_event=on_event)
             continue
         break
     value, text = None, reply.content or ""
@@ -252,6 +234,35 @@ async def run_turn(
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
         max_tokens=agent.max_tokens, notes=[*notes, *(rerun_note(c) for c in calls if c.rerun_from)], engine=reply.engine,
     )
+
+
+async def _results(chat: ChatEngine, agent: Agent, origin: Origin, reply: ChatResult, wanted: Sequence[Any],
+                   tools: Mapping[str, Tool], convo: list[dict[str, Any]], *, system: str,
+                   offer: list[dict[str, Any]] | None, limit: int, count_text: TextCounter,
+                   tool_log: list[tuple[str, str, str]], notes: list[str], on_event: EventSink) -> bool:
+    """Run the ``wanted`` calls of ``reply``, fit their results to the room left
+    (:func:`squad.toolroom.fit_results`; ``offer``: the tools the next round would offer) and
+    append them to ``convo``, with ``tool.called`` and ``tool.truncated`` events. Returns whether
+    the next round still offers tools."""
+    outcomes = await run_tool_calls(tools, wanted)
+    fitted = await fit_results(
+        chat, ([{"role": "system", "content": system}] if system else []) + convo,
+        [(c.id, c.name, o.text) for c, o in zip(wanted, outcomes)], limit=limit, max_tokens=agent.max_tokens,
+        tools=offer, agent=agent.name, mode=agent.tool_results,
+        trained=getattr(chat.engine, "n_ctx_train", None), count_text=count_text)
+    ids = dict(agent=origin.agent, conversation=origin.conversation, parent=origin.parent, call=reply.call)
+    for call, outcome, text in zip(wanted, outcomes, fitted.texts):
+        convo.append({"role": "tool", "tool_call_id": call.id, "content": text})
+        tool_log.append((call.name, call.arguments, text))
+        on_event(ToolCalled(**ids, tool=call.name, ok=outcome.ok))
+    closed = offer is not None and not fitted.tools_open  # room ran out before the rounds did
+    for cut in fitted.cuts:
+        message = truncated_message(agent.name, cut, closed=closed)
+        notes.append(message)
+        on_event(ToolTruncated(**ids, tool=cut.tool, result_chars=cut.result_chars, kept_chars=cut.kept_chars,
+                               result_tokens=cut.result_tokens, kept_tokens=cut.kept_tokens,
+                               room_tokens=cut.room_tokens, budget=cut.limit, tools_closed=closed, message=message))
+    return fitted.tools_open
 
 
 def truncated_message(agent: str, cut: Cut, *, closed: bool) -> str:
