@@ -351,3 +351,25 @@ def test_binary_mcp_content_is_described_not_dumped():
         "see attached", "[resource: file:///a.pdf, application/pdf, 1,000 bytes]", "[image: image/png, 77 bytes]",
         "[resource link: file:///b.txt, text/plain, 12 bytes]"]
     assert blob not in result_text(result)
+
+
+async def test_a_result_that_fits_only_without_another_round_is_kept_whole_and_the_tools_close():
+    from squad.toolroom import fit_results
+
+    chat = ScriptedEngine()
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "fetch", "arguments": "{}"}}]}]
+    frame = count_tokens([*messages, {"role": "tool", "tool_call_id": "a", "content": ""}])
+    text = words(100)
+    limit = 32 + frame + 4 + 100  # exactly room for the result when no further round is offered
+    fitted = await fit_results(chat, messages, [("a", "fetch", text)], limit=limit, max_tokens=32,
+                               tools=[fetch.spec()], agent="r")
+    assert fitted.texts == [text] and not fitted.cuts and not fitted.tools_open
+    roomy = await fit_results(chat, messages, [("a", "fetch", text)], limit=limit + 500, max_tokens=32,
+                              tools=[fetch.spec()], agent="r")
+    assert roomy.texts == [text] and roomy.tools_open  # room for another round: tools stay offered
+    cut = await fit_results(chat, messages, [("a", "fetch", words(2000))], limit=limit + 500, max_tokens=32,
+                            tools=[fetch.spec()], agent="r")
+    assert cut.cuts and cut.tools_open  # cut, leaving room for one more round
+    assert count_tokens([*messages, {"role": "tool", "tool_call_id": "a", "content": cut.texts[0]}],
+                        [fetch.spec()]) + 32 + 32 + 48 <= limit + 500

@@ -5,9 +5,9 @@ request fits the agent's budget (its fixed or planned one, else the context one 
 use): room = budget − ``max_tokens`` − the next request without the results (system, history,
 the call, the tool definitions it offers), counted exactly (:meth:`~squad.chat.ChatEngine.count`).
 While more tool rounds may follow, the results leave room for one more of them
-(``max_tokens`` for the call + :data:`RESULT_FLOOR`); when that would leave the results less
-than :data:`RESULT_FLOOR` tokens each, the next round offers no tools (the model answers with
-what it has) and the results get all the room. Several results of one round share the room
+(``max_tokens`` for the call + :data:`RESULT_FLOOR`); when the results fit whole only without
+that room, or it would leave them less than :data:`RESULT_FLOOR` tokens each, the next round
+offers no tools (the model answers with what it has) and the results get all the room. Several results of one round share the room
 equally (one shorter than its share keeps all of it and leaves the rest to the others). A cut
 result keeps its longest prefix that fits and ends with :data:`CUT_MARK`, which names the
 tool and what was dropped; :class:`Cut` records it (the caller emits ``tool.truncated``).
@@ -117,13 +117,17 @@ async def fit_results(
         return limit - max_tokens - used - keep - CUT_RESERVE * n
 
     sizes = [await _size(t, limit, count) for t in texts]
+
+    def fit(room: int) -> bool:
+        return all(s is not None for s in sizes) and sum(s for s in sizes if s is not None) <= room
+
     offer = tools
     room = await room_for(offer)
-    whole = all(s is not None for s in sizes) and sum(s for s in sizes if s is not None) <= room
-    if offer and not whole and room < RESULT_FLOOR * n:
-        offer = None  # no room for another round: the model answers with what these results give
-        room = await room_for(None)
-        whole = all(s is not None for s in sizes) and sum(s for s in sizes if s is not None) <= room
+    whole = fit(room)
+    if offer and not whole:
+        last = await room_for(None)  # no further round: the model answers with what these results give
+        if fit(last) or room < RESULT_FLOOR * n:
+            offer, room, whole = None, last, fit(last)
     if whole:
         return Fitted(texts, [], offer is not None)
     if mode == "fail":
