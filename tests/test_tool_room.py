@@ -373,3 +373,14 @@ async def test_a_result_that_fits_only_without_another_round_is_kept_whole_and_t
     assert cut.cuts and cut.tools_open  # cut, leaving room for one more round
     assert count_tokens([*messages, {"role": "tool", "tool_call_id": "a", "content": cut.texts[0]}],
                         [fetch.spec()]) + 32 + 32 + 48 <= limit + 500
+
+
+@pytest.mark.parametrize("trained", [512, 8192])
+async def test_an_over_budget_call_never_suggests_a_budget_above_the_training_context(trained):
+    from squad.errors import AdmissionError
+
+    async with FakeEngine(slots=1, n_ctx=8192, n_ctx_train=trained) as fe:
+        async with Squad([Agent(name="a", budget=400, max_tokens=32)], engine=fe.info) as sq:
+            with pytest.raises(AdmissionError) as caught:
+                await sq.run(words(600))
+    assert ("raise its budget to" in str(caught.value)) is (trained == 8192)
