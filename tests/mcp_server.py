@@ -61,6 +61,12 @@ def dotted() -> str:
     return "dotted"
 
 
+@server.tool()
+def big(chars: int) -> str:
+    """Words, about ``chars`` characters of them (a result larger than an agent's room)."""
+    return " ".join(f"w{i}" for i in range(chars // 3 + 1))[:chars]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int)

@@ -10,7 +10,7 @@ EXPECTED = {
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
     "PlanMismatch", "EngineGone", "EngineLost", "MCPServerError", "ClusterError", "ModelError", "UnknownModel", "BadModelFile", "MCPServer",
-    "AgentRunError", "AdmissionError", "ContextExceeded", "PromptTooLong", "TruncatedStream",
+    "AgentRunError", "AdmissionError", "ToolResultTooLarge", "ContextExceeded", "PromptTooLong", "TruncatedStream",
     "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "InvalidOutput", "AgentCancelled",
 }
 

@@ -38,6 +38,12 @@ Fields and units:
 - ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
   starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
   defaults 2 levels and 8 calls); None = the squad's.
+- ``tool_results``: what happens to a tool result (function or MCP) larger than the room its
+  budget has left (:mod:`squad.toolroom`): ``"cut"`` (default) keeps what fits and ends it with
+  a marker naming the tool and what was dropped (a ``tool.truncated`` event, a warning), the
+  step goes on; ``"fail"`` fails the turn with :class:`~squad.errors.ToolResultTooLarge`.
+- ``max_tool_rounds``: model rounds of one turn that may call tools, after which it must answer
+  (None = the squad's, default 4); an ``auto`` budget in a recipe plans room for each round.
 """
 
 from __future__ import annotations
@@ -110,6 +116,9 @@ class Agent(BaseModel):
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
                                       description="sub-agent tool calls in a run it starts")
+    tool_results: Literal["cut", "fail"] = Field(default="cut", description="a tool result over the room left: cut or fail")
+    max_tool_rounds: int | None = Field(default=None, ge=1, strict=True,
+                                        description="model rounds of one turn that may call tools")
 
     @field_validator("output_type", mode="before")
     @classmethod

@@ -450,10 +450,13 @@ class EngineClient:
         # bounds the reservation and the engine's own limit, but would refuse calls that fit.
         estimated = not local and self._engine.count_with == "estimate"
         if req.budget is not None and need > req.budget and not estimated:
-            fixes = [f"raise its budget to {round_ctx(need)}"]
+            trained = self._engine.n_ctx_train  # never a budget the model cannot hold
+            fixes = [f"raise its budget to {round_ctx(need)}"] if not trained or round_ctx(need) <= trained else []
             if prompt < req.budget:
                 fixes.append(f"lower max_tokens to {req.budget - prompt}")
-            fixes.append("shorten the prompt or the history it is given")
+            fixes.append("lower its max_tool_rounds (tool results are cut to fit, the rounds still add up)"
+                         if any(m.get("role") == "tool" for m in req.messages) else
+                         "shorten the prompt or the history it is given")
             raise AdmissionError(
                 f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {req.max_tokens}) but its budget "
                 f"is {req.budget}: " + ", or ".join(fixes), agent=agent)

@@ -28,6 +28,7 @@ SquadError                         base of everything below
     ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
     ├── CallTimeout                the call passed its deadline; never resent unchanged
     ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
+    ├── ToolResultTooLarge         a tool result does not fit the agent's budget (tool_results: fail)
     ├── InvalidOutput              an answer that missed its output schema twice; keeps the raw text
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
 ```
@@ -59,6 +60,7 @@ __all__ = [
     "BadModelFile",
     "AgentRunError",
     "AdmissionError",
+    "ToolResultTooLarge",
     "ContextExceeded",
     "PromptTooLong",
     "TruncatedStream",
@@ -208,6 +210,15 @@ class AgentRunError(SquadError, RuntimeError):
 
 class AdmissionError(AgentRunError):
     """The call can never be admitted: it alone exceeds the pool or its agent's budget."""
+
+
+class ToolResultTooLarge(AgentRunError):
+    """A tool result does not fit the room the agent's budget has left and the agent's
+    ``tool_results`` is ``fail`` (or not even the cut note fits); ``tool`` names the tool."""
+
+    def __init__(self, message: str, *, agent: str | None = None, tool: str = "") -> None:
+        self.tool = tool
+        super().__init__(message, agent=agent)
 
 
 class ContextExceeded(AgentRunError):

@@ -53,6 +53,9 @@ The kinds (``Event.kind``), all emitted by squad, and nothing else:
 ``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
                               limit: ``depth`` or ``calls``, value, message); once per limit
                               per run
+``tool.truncated``            a tool result was cut to fit the agent's budget (tool, result_chars,
+                              kept_chars, result_tokens, kept_tokens, room_tokens, budget,
+                              tools_closed: the next round offers no tools, message)
 ``output.retried``            an answer missed its output schema and was asked once more
                               (problem, message; :mod:`squad.structured`)
 ``cluster.starting``          a Ray run starts a local cluster or connects to one (address: None
@@ -114,6 +117,7 @@ __all__ = [
     "CallMoved",
     "ToolCalled",
     "ToolLimited",
+    "ToolTruncated",
     "OutputRetried",
     "AnswerCut",
     "StepWarning",
@@ -448,6 +452,26 @@ class ToolLimited(Event):
     tool: str
     limit: str
     value: int
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolTruncated(Event):
+    """A result of ``tool`` (the name the model called) was cut to fit ``agent``'s ``budget``
+    (tokens): ``result_chars`` long (``result_tokens``, None when too long to count), of which
+    ``kept_chars`` (``kept_tokens``) reached the model, ending with a marker; ``room_tokens``:
+    the room the round's results had; ``tools_closed``: the next round offers no tools (no room
+    for another); ``message`` says so for people (views print it as a warning)."""
+
+    kind: ClassVar[str] = "tool.truncated"
+    tool: str
+    result_chars: int
+    kept_chars: int
+    result_tokens: int | None
+    kept_tokens: int
+    room_tokens: int
+    budget: int
+    tools_closed: bool = False
     message: str = ""
 
 

@@ -72,6 +72,7 @@ from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result
 from squad.engines import EngineGroup
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
+from squad.toolroom import MAX_TOOL_ROUNDS
 from squad.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
 from squad.workload import Call, Delegate, Node, Parallel
 
@@ -150,7 +151,7 @@ class Squad:
         tools: Sequence[Tool] = (),
         mcp_servers: Sequence[MCPServer] | MCPServers = (),
         variables: Mapping[str, Any] | None = None,
-        max_tool_rounds: int = 4,
+        max_tool_rounds: int = MAX_TOOL_ROUNDS,
         max_sub_depth: int = MAX_SUB_DEPTH,
         max_sub_calls: int = MAX_SUB_CALLS,
         queue: str | None = None,
@@ -584,7 +585,7 @@ class Squad:
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
         result = await run_turn(self.chat, self._resolved(agent), origin, system=self._system(agent, variables), prompt=prompt,
                                 history=history, tools=tools, priority=priority,
-                                max_tool_rounds=self.max_tool_rounds, on_event=self._emit,
+                                max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,
                                 output=output or agent.output_type)
         result.subs, result.notes = subs, [*notes, *result.notes]
         return result

@@ -41,6 +41,7 @@ from squad.events import (
     StepWarning,
     OutputRetried,
     ToolLimited,
+    ToolTruncated,
     item_label,
 )
 from squad.outcome import worst
@@ -124,7 +125,8 @@ class AgentSummary:
     errors: list[str] = field(default_factory=list)
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
-    """What the run said of it that is not a failure (``tool.limited``: a sub-agent call refused)."""
+    """What the run said of it that is not a failure (``tool.limited``: a sub-agent call refused;
+    ``tool.truncated``: a tool result cut to fit its budget)."""
     engines: list[str] = field(default_factory=list)
     """The engines its calls went to (base URLs), in order."""
 
@@ -289,7 +291,7 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
         elif isinstance(ev, AgentStarted):
             a = agent(who(ev))
             a.started = t if a.started is None else a.started
-        elif isinstance(ev, (ToolLimited, OutputRetried)):
+        elif isinstance(ev, (ToolLimited, ToolTruncated, OutputRetried)):
             agent(who(ev)).notes.append(ev.message)
         elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
             _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()

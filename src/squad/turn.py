@@ -3,7 +3,11 @@
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
 when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
-round offers no tools, so the model must answer. The agent's ``tool_choice`` applies to the
+round offers no tools, so the model must answer. Each round's results are fitted to the room
+the agent's budget has left (:func:`squad.toolroom.fit_results`: cut with a marker and a
+``tool.truncated`` event, or :class:`~squad.errors.ToolResultTooLarge` with
+``tool_results: fail``); when no room is left for another tool round, the next one offers no
+tools. The agent's ``tool_choice`` applies to the
 first round only (:func:`forced_choice`); later rounds are ``auto``. The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
 
@@ -22,10 +26,12 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.errors import InvalidOutput, UserError
-from squad.events import EventSink, Origin, OutputRetried, ToolCalled
+from squad.events import EventSink, Origin, OutputRetried, ToolCalled, ToolTruncated
+from squad.handback import TextCounter
 from squad.mcp import is_mcp_ref, split_ref
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.structured import OutputInvalid, OutputSchema, retry_message
+from squad.toolroom import Cut, fit_results, request_limit
 from squad.tools import Tool, run_tool_calls
 
 __all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
@@ -191,8 +197,12 @@ async def run_turn(
         calls.append(reply)
         return reply
 
+    limit = request_limit(chat, agent.fixed_budget)
+    counter = TextCounter(chat)
+    notes: list[str] = []
+    tools_open = True
     for round_no in range(max_tool_rounds + 1):
-        offer = specs if round_no < max_tool_rounds else None
+        offer = specs if round_no < max_tool_rounds and tools_open else None
         choice = None
         if offer and round_no == 0:
             offer, choice = forced_choice(agent, tools, offer)
@@ -205,12 +215,9 @@ async def run_turn(
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
                 for c in wanted
             ]})
-            outcomes = await run_tool_calls(tools, wanted)
-            for call, outcome in zip(wanted, outcomes):
-                convo.append({"role": "tool", "tool_call_id": call.id, "content": outcome.text})
-                tool_log.append((call.name, call.arguments, outcome.text))
-                on_event(ToolCalled(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
-                                    call=reply.call, tool=call.name, ok=outcome.ok))
+            tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
+                                        offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit,
+                                        count_text=counter, tool_log=tool_log, notes=notes, on_event=on_event)
             continue
         break
     value, text = None, reply.content or ""
@@ -225,8 +232,47 @@ async def run_turn(
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
-        max_tokens=agent.max_tokens, notes=[rerun_note(c) for c in calls if c.rerun_from], engine=reply.engine,
+        max_tokens=agent.max_tokens, notes=[*notes, *(rerun_note(c) for c in calls if c.rerun_from)], engine=reply.engine,
     )
+
+
+async def _results(chat: ChatEngine, agent: Agent, origin: Origin, reply: ChatResult, wanted: Sequence[Any],
+                   tools: Mapping[str, Tool], convo: list[dict[str, Any]], *, system: str,
+                   offer: list[dict[str, Any]] | None, limit: int, count_text: TextCounter,
+                   tool_log: list[tuple[str, str, str]], notes: list[str], on_event: EventSink) -> bool:
+    """Run the ``wanted`` calls of ``reply``, fit their results to the room left
+    (:func:`squad.toolroom.fit_results`; ``offer``: the tools the next round would offer) and
+    append them to ``convo``, with ``tool.called`` and ``tool.truncated`` events. Returns whether
+    the next round still offers tools."""
+    outcomes = await run_tool_calls(tools, wanted)
+    fitted = await fit_results(
+        chat, ([{"role": "system", "content": system}] if system else []) + convo,
+        [(c.id, c.name, o.text) for c, o in zip(wanted, outcomes)], limit=limit, max_tokens=agent.max_tokens,
+        tools=offer, agent=agent.name, mode=agent.tool_results,
+        trained=getattr(chat.engine, "n_ctx_train", None), count_text=count_text)
+    ids = dict(agent=origin.agent, conversation=origin.conversation, parent=origin.parent, call=reply.call)
+    for call, outcome, text in zip(wanted, outcomes, fitted.texts):
+        convo.append({"role": "tool", "tool_call_id": call.id, "content": text})
+        tool_log.append((call.name, call.arguments, text))
+        on_event(ToolCalled(**ids, tool=call.name, ok=outcome.ok))
+    closed = offer is not None and not fitted.tools_open  # room ran out before the rounds did
+    for cut in fitted.cuts:
+        message = truncated_message(agent.name, cut, closed=closed)
+        notes.append(message)
+        on_event(ToolTruncated(**ids, tool=cut.tool, result_chars=cut.result_chars, kept_chars=cut.kept_chars,
+                               result_tokens=cut.result_tokens, kept_tokens=cut.kept_tokens,
+                               room_tokens=cut.room_tokens, budget=cut.limit, tools_closed=closed, message=message))
+    return fitted.tools_open
+
+
+def truncated_message(agent: str, cut: Cut, *, closed: bool) -> str:
+    """The warning for a tool result cut to fit ``agent``'s budget (``closed``: no room was left
+    for another tool round, so the model answers next)."""
+    size = f"{cut.result_tokens:,} tokens" if cut.result_tokens is not None else f"over {cut.limit:,} tokens"
+    then = "; no room is left for another tool round, so the model answers now" if closed else ""
+    return (f"agent '{agent}': the result of tool '{cut.tool}' ({cut.result_chars:,} characters, {size}) was cut to "
+            f"{cut.kept_chars:,} characters ({cut.kept_tokens:,} tokens) to fit the {cut.room_tokens:,} tokens its "
+            f"budget of {cut.limit:,} had left; the model was told what was dropped{then}")
 
 
 def rerun_note(reply: ChatResult) -> str:

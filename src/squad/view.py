@@ -62,6 +62,7 @@ from squad.events import (
     StepWarning,
     OutputRetried,
     ToolLimited,
+    ToolTruncated,
     WorkerFailed,
     WorkerStarted,
     item_label,
@@ -486,10 +487,11 @@ class LiveView:
                 text = self.state.line(event)
                 if text is not None:
                     self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, OutputRetried, StepWarning,
-                                              MCPWarning)):
+            if self.on and isinstance(event, (EnginePlanned, EngineWarning, ToolLimited, ToolTruncated, OutputRetried,
+                                              StepWarning, MCPWarning)):
                 found = (event.warnings if isinstance(event, EnginePlanned) else  # warnings, both modes
-                         [event.message] if isinstance(event, (ToolLimited, OutputRetried)) else [event.warning])
+                         [event.message] if isinstance(event, (ToolLimited, ToolTruncated, OutputRetried))
+                         else [event.warning])
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"

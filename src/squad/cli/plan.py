@@ -49,7 +49,7 @@ def plan_command(
     if (recipe is None) == (agents is None):
         raise UserError("give a recipe file, or --agents NAME:BUDGET,... for a quick workload (not both)")
     workload: Node | None
-    base, rows, reads = None, (), ()
+    base, rows, reads, warned = None, (), (), []
     if recipe is not None:
         from squad.recipes import load_recipe
 
@@ -57,6 +57,7 @@ def plan_command(
         if loaded.mcp_servers:
             _mcp(loaded, check_mcp)
         workload, base, rows, reads = loaded.workload(), loaded.engine_spec(), loaded.budgets, loaded.reads
+        warned = [str(w) for w in loaded.warnings]
     else:
         calls = parse_agents(agents or "")
         workload = Parallel(calls) if parallel else Sequence(calls)
@@ -75,12 +76,13 @@ def plan_command(
     binary = _binary(spec.binary)
     if as_json:
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
-                               **plan_json(the_plan, binary)}, indent=2))
+                               "recipe_warnings": warned, **plan_json(the_plan, binary)}, indent=2))
     else:
         if reads:
             _render_reads(reads)
         if rows:
             _render_steps(rows)
+        _render_warnings(warned)
         render_plan(the_plan, console, binary)
 
 
@@ -166,10 +168,22 @@ def _mcp(loaded: Any, start: bool) -> None:
 
 
 def step_budgets_json(rows: Any) -> list[dict[str, Any]]:
-    """Per step and agent: counted prompt tokens, whether estimated, max_tokens, budget."""
+    """Per step and agent: counted prompt tokens, whether estimated, max_tokens, the tool rounds
+    planned and their tokens, budget."""
     return [{"step": r.step, "agent": r.agent, "prompt_tokens": r.prompt, "estimated": r.estimated,
-             "max_tokens": r.max_tokens, "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto"}
+             "max_tokens": r.max_tokens, "tool_rounds": r.tool_rounds, "tool_tokens": r.tool_tokens,
+             "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto"}
             for r in rows]
+
+
+def _render_warnings(warnings: list[str]) -> None:
+    """The recipe's warnings (e.g. a budget that cannot hold its tool rounds)."""
+    from rich.markup import escape
+
+    from squad.cli._app import err_console
+
+    for warning in warnings:
+        err_console.print(f"[yellow]warning[/] {escape(warning)}", soft_wrap=True)
 
 
 def _render_reads(reads: Any) -> None:
@@ -185,12 +199,16 @@ def _render_reads(reads: Any) -> None:
 def _render_steps(rows: Any) -> None:
     from rich.table import Table
 
+    tools = any(r.tool_rounds for r in rows)
     table = Table(title="budgets per step (prompt counted with the model's tokenizer; ~ = estimated with "
-                        "earlier outputs at their max_tokens)")
-    for name in ("step", "agent", "prompt", "max_tokens", "budget"):
+                        "earlier outputs at their max_tokens" + ("; tool rounds: rounds x (max_tokens for a call + "
+                                                                  "results)" if tools else "") + ")")
+    for name in ("step", "agent", "prompt", "max_tokens", *(("tool rounds",) if tools else ()), "budget"):
         table.add_column(name, justify="left" if name in ("step", "agent") else "right")
     for r in rows:
-        table.add_row(r.step, r.agent, ("~" if r.estimated else "") + f"{r.prompt:,}", str(r.max_tokens),
+        rounds = ((f"{r.tool_rounds} x {r.tool_tokens // r.tool_rounds:,} = {r.tool_tokens:,}" if r.tool_rounds
+                   else "-"),) if tools else ()
+        table.add_row(r.step, r.agent, ("~" if r.estimated else "") + f"{r.prompt:,}", str(r.max_tokens), *rounds,
                       f"{r.budget:,}" + (" (fixed)" if r.fixed else " (auto)"))
     console.print(table)
 

@@ -22,7 +22,11 @@ they are skipped and the planner and the client check again at run time.
   tokens (a parallel block's or a map's: the sum over its children or items). The agent's
   budget = max over its steps of (prompt + max_tokens + headroom), rounded up to 256 and
   capped by the training context, with headroom = :func:`headroom` (10 %, at least 64
-  tokens) for follow-up turns and tool rounds. An answer held to a schema (a step's
+  tokens) for follow-up turns. An agent with tools also gets room for each tool round it may
+  take (its ``max_tool_rounds``, default 4): ``max_tokens`` for the call and
+  :data:`TOOL_RESULT_TOKENS` for its results (a larger result is cut at run time, :mod:`squad.toolroom`);
+  when that cannot fit (capped by the training context, or a fixed budget) a
+  :class:`~squad.recipes.model.RecipeWarning` says how many rounds fit and what to set. An answer held to a schema (a step's
   ``schema``, an agent's ``output_type``) also keeps room to be asked once more: its
   ``max_tokens`` again plus :data:`squad.structured.RETRY_TOKENS`.
 
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
     from squad.engine.tokens import GGUFCounter
 
 __all__ = ["model_file", "n_ctx_train", "check_prompts", "plan_budgets", "headroom", "HEADROOM_SHARE",
+           "TOOL_RESULT_TOKENS", "tool_rounds",
            "HEADROOM_MIN", "BYTES_PER_TOKEN"]
 
 HEADROOM_SHARE = 0.10
@@ -270,6 +275,7 @@ def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset(),
         return
     for name in recipe.planned:  # planned before: count again from auto
         recipe.agents[name] = recipe.agents[name].model_copy(update={"budget": "auto"})
+    recipe.warnings[:] = [w for w in recipe.warnings if not isinstance(w, ToolRoundsWarning)]  # said again if still so
     extra = {name: list(specs) for name, specs in (tools or {}).items()}
     rows: list[StepBudget] = []
     outputs: dict[str, dict[str, Any]] = {}
@@ -333,13 +339,18 @@ def _plan_step(recipe: Recipe, step: Step, counter: "GGUFCounter", trained: int 
             need += who.max_tokens + RETRY_TOKENS  # room to ask once more: the missed answer + the error
         if trained is not None and need > trained and not est:
             raise _too_large(step, who, prompt, trained)
-        budget = round_ctx(need + headroom(need))
+        rounds = tool_rounds(who, bool(extra.get(name)))
+        loop = rounds * (who.max_tokens + TOOL_RESULT_TOKENS)  # each round: a call, then its results
+        budget = round_ctx(need + loop + headroom(need + loop))
         if trained is not None:
             budget = min(budget, trained)
         if who.fixed_budget is not None:
             budget = who.fixed_budget
         rows.append(StepBudget(step=step.id, agent=name, prompt=prompt, max_tokens=who.max_tokens, budget=budget,
-                               estimated=est, fixed=who.fixed_budget is not None))
+                               estimated=est, fixed=who.fixed_budget is not None, tool_rounds=rounds,
+                               tool_tokens=loop))
+        if rounds and need + loop > budget and not (trained is not None and need > trained):
+            _warn_once(recipe, _rounds_warning(step, who, need, rounds, budget, trained))
         if trained is not None and need > trained and est:
             recipe.warnings.append(RecipeWarning(
                 f"step '{step.id}' (agent '{name}') may need ~{need:,} tokens (estimated with earlier outputs at "
@@ -383,6 +394,50 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
             continue
         out.append((who.name, prompt + allowance))
     return out
+
+
+TOOL_RESULT_TOKENS = 256
+"""Tokens an ``auto`` budget plans for the results of each tool round (on top of ``max_tokens``
+for the call); a larger result is cut to the room left at run time (:mod:`squad.toolroom`)."""
+
+
+def tool_rounds(agent: Agent, has_more_tools: bool = False) -> int:
+    """The tool rounds an ``auto`` budget plans for ``agent``: its ``max_tool_rounds`` (else the
+    squad's default, :data:`squad.toolroom.MAX_TOOL_ROUNDS`) when it has tools (its ``tools``,
+    sub-agents as tools, or ``has_more_tools``), else 0."""
+    from squad.toolroom import MAX_TOOL_ROUNDS
+
+    has = bool(agent.tools) or (agent.sub_agent_tools and bool(agent.agents)) or has_more_tools
+    return (agent.max_tool_rounds or MAX_TOOL_ROUNDS) if has else 0
+
+
+class ToolRoundsWarning(RecipeWarning):
+    """A budget that cannot hold an agent's tool rounds (made again each time budgets are planned)."""
+
+
+def _rounds_warning(step: Step, agent: Agent, need: int, rounds: int, budget: int, trained: int | None) -> RecipeWarning:
+    """A budget that holds the prompt and the answer but not every tool round: results get cut."""
+    per = agent.max_tokens + TOOL_RESULT_TOKENS
+    fits = max(0, (budget - need) // per)
+    wanted = round_ctx(need + rounds * per + headroom(need + rounds * per))
+    fixes = []
+    if agent.fixed_budget is not None and (trained is None or wanted <= trained):
+        fixes.append(f"raise agents.{agent.name}.budget to {wanted:,}")
+    fixes.append(f"set agents.{agent.name}.max_tool_rounds: {max(1, fits)}" if fits < rounds
+                 else f"lower agents.{agent.name}.max_tokens")
+    why = (f"the model's training context of {trained:,}" if agent.fixed_budget is None and trained is not None
+           else f"its budget of {budget:,}")
+    return ToolRoundsWarning(
+        f"step '{step.id}' (agent '{agent.name}'): its {rounds} tool round(s) need ~{need + rounds * per:,} tokens "
+        f"(prompt and answer {need:,} + {rounds} x ({agent.max_tokens} for a call + {TOOL_RESULT_TOKENS} for its "
+        f"results)), more than {why} holds; room is left for {fits} round(s), later results are cut to what is left "
+        f"(tool_results: cut) or fail the step (tool_results: fail): " + ", or ".join(fixes), **_loc(step))
+
+
+def _warn_once(recipe: Recipe, warning: RecipeWarning) -> None:
+    """Add ``warning`` unless the same one is there (budgets are planned again once MCP tools are known)."""
+    if str(warning) not in {str(w) for w in recipe.warnings}:
+        recipe.warnings.append(warning)
 
 
 TOOL_WORDS_TOKENS = 128

@@ -110,7 +110,7 @@ class StepBudget:
       definitions, and for a main agent that @mentions sub-agents the sum of their
       ``max_tokens`` for the handed-back answers); ``estimated`` when an earlier step's output
       (or a hand-back) is in it, stood in for by that step's ``max_tokens`` worth of tokens.
-    - ``budget``: what this step asks of the agent: prompt + ``max_tokens`` + headroom,
+    - ``budget``: what this step asks of the agent: prompt + ``max_tokens`` + its tool rounds + headroom,
       rounded up to 256 and capped by the training context; for a fixed budget, that budget.
     """
 
@@ -121,6 +121,10 @@ class StepBudget:
     budget: int
     estimated: bool = False
     fixed: bool = False
+    tool_rounds: int = 0
+    """Tool rounds planned (the agent's ``max_tool_rounds`` when it has tools, else 0)."""
+    tool_tokens: int = 0
+    """Tokens planned for them: ``tool_rounds`` x (``max_tokens`` + results allowance)."""
 
 
 @dataclass
