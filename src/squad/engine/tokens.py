@@ -76,7 +76,7 @@ from typing import Any, Protocol, runtime_checkable
 from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
 from squad.errors import ModelError, SquadError
 
-__all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model"]
+__all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model", "offline_counting", "special_tokens"]
 
 
 class NotExact(SquadError):
@@ -253,7 +253,11 @@ class GGUFCounter:
                 if m.get(key) and key in self._src and not (key == "tool_calls" and self._exact_tools):
                     raise NotExact(f"the chat template renders {key}")
             if m.get("tool_calls") and self._exact_tools:
-                msg["tool_calls"] = [_call_json(c) for c in m["tool_calls"]]
+                # llama.cpp's caps probe finds that squad's template reads an object's arguments
+                # (``supports_object_arguments``), so the server parses each call's argument text
+                # and the template re-serializes it (workaround::func_args_not_string):
+                # '{"q":"x"}' is rendered as '{"q": "x"}'
+                msg["tool_calls"] = [_call_json(c, object_arguments=True) for c in m["tool_calls"]]
             out.append(msg)
         if not self.supports_system_role and out and out[0]["role"] == "system":
             first = out.pop(0)
@@ -299,6 +303,51 @@ def counter_for_model(path: str | Path, *, template: str | None = None) -> GGUFC
         if counter is None or template is None or template == counter._meta.template:
             return counter
         return _with_template(counter, template)
+
+
+def offline_counting(path: str | Path, *, template: str | None = None) -> tuple[bool, str]:
+    """``(exact, why)``: whether prompts for this model (and engine template) are counted exactly
+    offline, and what is asked of the engine instead (``why``: the reason when not exact; for an
+    exact counter, the request classes that still go to the engine, or ``""``). Raises
+    ``ModelError`` like :func:`counter_for_model`."""
+    counter = counter_for_model(path, template=template)
+    if counter is None:
+        p = Path(path).expanduser()
+        stat = p.stat()
+        key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        record = _load_entry(cache_entry("tokenizers", key), key) or {}
+        why = record.get("unsupported")
+        if not why and template is not None and any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
+            why = "the engine special-cases this chat template"
+        return False, str(why or "the chat template cannot be rendered here")
+    src = counter._src
+    if counter._exact_tools:
+        return True, ""
+    asked = [what for what, word in (("tools", "tools"), ("tool calls", "tool_calls"),
+                                     ("reasoning in the history", "reasoning_content")) if word in src]
+    return True, (f"requests with {', '.join(asked)} are asked of the engine" if asked else "")
+
+
+def special_tokens(path: str | Path) -> frozenset[str]:
+    """The text of every control, user-defined or unknown token of the model's vocabulary (the
+    tokens special-token text in a prompt becomes). Cached per file version in
+    ``cache_dir()/special-tokens/``. Raises ``ModelError`` for a missing or unreadable file."""
+    p = Path(path).expanduser()
+    try:
+        stat = p.stat()
+    except OSError:
+        raise ModelError(f"{p}: no such model file") from None
+    key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    entry = cache_entry("special-tokens", key)
+    record = read_entry(entry, key, _CACHE_VERSION)
+    if record is None or not isinstance(record.get("tokens"), list):
+        fields = read_fields(p)
+        tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
+        found = [] if tokens is None or types is None else [
+            t for t, kind in zip(tokens.contents(), types.contents()) if kind in _GGUF_SPECIAL_TYPES]
+        record = {"version": _CACHE_VERSION, "key": key, "tokens": found}
+        write_entry(entry, record)
+    return frozenset(record["tokens"])
 
 
 @functools.lru_cache(maxsize=8)
@@ -414,13 +463,36 @@ def _load_entry(entry: Path, key: dict) -> dict | None:
     return record
 
 
-def _call_json(call: Any) -> dict[str, Any]:
-    """A tool call as the server passes it to the template: name and the arguments' text."""
+def _call_json(call: Any, *, object_arguments: bool = False) -> dict[str, Any]:
+    """A tool call as the server passes it to the template: name and the arguments' text, or
+    (``object_arguments``, a template llama.cpp finds reading them as an object) the parsed
+    arguments. Raises :class:`NotExact` for arguments that are not a JSON string (the server
+    refuses text it cannot parse)."""
     fn = call.get("function", call) if isinstance(call, dict) else {}
-    args = fn.get("arguments", "")
+    args: Any = fn.get("arguments", "")
     if not isinstance(args, str):
         raise NotExact("tool call arguments that are not a JSON string")
-    return {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}, "id": call.get("id", "")}
+    if object_arguments:
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise NotExact("tool call arguments that are not JSON (the engine refuses them)") from None
+        if isinstance(args, float) or _has_float(args):
+            raise NotExact("tool call arguments with a real number (the engine's number formatting is not reproduced)")
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def _shipped(template: str) -> bool:
