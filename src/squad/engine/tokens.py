@@ -106,6 +106,21 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
                                 "minerva-7b", "mellum2")},
 }
 
+# Pre-tokenizers whose one regex replaces GPT-2's (llm_tokenizer_bpe): the regex, whether whole
+# pieces found in the vocabulary skip the merges (llama.cpp ``ignore_merges``), and llama.cpp's
+# add_bos default when the file has no ``tokenizer.ggml.add_bos_token`` (src/llama-vocab.cpp).
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                           r"|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN35 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_FULL_REGEX: dict[str, tuple[str, bool, bool]] = {
+    **{p: (_LLAMA3, True, True) for p in ("llama3", "llama-v3", "llama-bpe")},
+    **{p: (_QWEN2, False, False) for p in ("qwen2", "deepseek-r1-qwen")},
+    "qwen35": (_QWEN35, False, False),
+}
+
 # Substrings by which common_chat_try_specialized_template (common/chat.cpp) picks a hand-written
 # format, or that make the server's prompt depend on its reasoning analysis.
 _SPECIAL_TEMPLATE_MARKERS = (
@@ -364,7 +379,7 @@ def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
 
 
 _lock = threading.Lock()
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -403,7 +418,7 @@ def _build_record(path: Path, key: dict) -> dict:
     model, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
     template = get("tokenizer.chat_template")
     why = None
-    if model != "gpt2" or pre not in _PRE_SPLITS:
+    if model != "gpt2" or (pre not in _PRE_SPLITS and pre not in _FULL_REGEX):
         why = f"tokenizer {model!r}/{pre!r} is not mapped"
     elif not template or template == "chatml":
         why = "no chat template in the file (the engine falls back to its built-in chatml)"
@@ -411,8 +426,9 @@ def _build_record(path: Path, key: dict) -> dict:
         why = "the engine special-cases this chat template"
     if why:
         return {**base, "unsupported": why}
+    full = _FULL_REGEX.get(pre)
     tok = _build_tokenizer(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type"),
-                           get("tokenizer.ggml.merges"), _PRE_SPLITS[pre])
+                           get("tokenizer.ggml.merges"), _PRE_SPLITS.get(pre, ()), full=full)
     bos_id, eos_id = get("tokenizer.ggml.bos_token_id"), get("tokenizer.ggml.eos_token_id")
 
     def piece(token_id: int | None) -> str:
@@ -421,15 +437,16 @@ def _build_record(path: Path, key: dict) -> dict:
     meta = _Meta(
         template=template, bos_token=piece(bos_id), eos_token=piece(eos_id),
         bos_id=None if bos_id is None else int(bos_id), eos_id=None if eos_id is None else int(eos_id),
-        # llama.cpp's defaults for these pre-tokenizers when the keys are absent: neither
-        add_bos=bool(get("tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp's defaults when the keys are absent: no EOS; BOS only for the Llama 3 family
+        add_bos=bool(get("tokenizer.ggml.add_bos_token", bool(full and full[2]))),
         add_eos=bool(get("tokenizer.ggml.add_eos_token", False)),
         has_tool_use_template=get("tokenizer.chat_template.tool_use") is not None,
     )
     return {**base, "tokenizer": tok.to_str(), "meta": asdict(meta)}
 
 
-def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], splits: tuple[str, ...]) -> Any:
+def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], splits: tuple[str, ...],
+                     full: tuple[str, bool, bool] | None = None) -> Any:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -444,10 +461,16 @@ def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], spl
     for merge in merges:  # llama.cpp splits at the first space after position 0
         cut = merge.find(" ", 1)
         pairs.append((merge[:cut], merge[cut + 1:]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)])
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                               ignore_merges=bool(full and full[1])))
+    if full is not None:  # one regex instead of GPT-2's, then the byte mapping alone
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(full[0]), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(text, special=True, normalized=False)
                             for text, kind in zip(tokens, types) if kind in _GGUF_SPECIAL_TYPES])
