@@ -294,3 +294,29 @@ async def test_kv_memory(fam):
     logged, caches = engine_kv_bytes(log.read_text(errors="replace"))
     record(name, "kv", {"planned": plan.kv_bytes, "engine": logged})
     assert caches and plan.kv_bytes == logged
+
+
+@pytest.mark.timeout(300)
+async def test_builtin_tool_history_counts_as_the_engine(llama_server_path, default_model_path):
+    """The built-in model with squad's ChatML tool template: a history with tool calls whose
+    arguments are compact JSON (as models and MCP clients write them) counts exactly. b11434's
+    caps probe finds the template reading an object's arguments, so the server parses them and
+    the template re-serializes them with spaces; squad's counter once kept the text and counted
+    one token less per call (650 vs 651)."""
+    from squad.engine.tokens import counter_for_model
+
+    plan = plan_engine(EngineSpec(model=default_model_path, slots=1, ctx=4096), None)
+    async with Launcher(plan, binary=llama_server_path, threads=2) as engine:
+        info = engine.info
+        counter = counter_for_model(default_model_path, template=info.chat_template)
+        assert counter is not None
+        headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
+        async with httpx.AsyncClient(base_url=info.base_url, headers=headers, timeout=120) as http:
+            for args in ('{"path":"/tmp/a.txt"}', '{"path": "/tmp/a.txt"}', '{"q":"x","n":3,"deep":{"a":[1,2]}}',
+                         '{"city":"東京"}'):
+                messages = [{"role": "user", "content": "Read it."},
+                            {"role": "assistant", "content": "", "tool_calls": [
+                                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": args}}]},
+                            {"role": "tool", "tool_call_id": "c1", "content": "hello\n"}]
+                truth = await _count(http, messages, [WEATHER])
+                assert counter.count_chat(messages, [WEATHER]) == truth, args
