@@ -22,13 +22,18 @@ How the engine counts (llama.cpp b11434, read from the source):
   last message is an assistant's, which the server continues instead); a leading BOS text is
   then cut when the tokenizer adds BOS itself. The jinja lexer (``common/jinja/lexer.cpp``) uses
   ``trim_blocks`` and ``lstrip_blocks`` and drops one trailing newline, as jinja2 does here.
+- A template llama.cpp's caps probe finds reading a call's arguments as an object
+  (``supports_object_arguments``; squad's ChatML tool template) gets each call's argument text
+  parsed (``workaround::func_args_not_string``) and re-serialized by the template's ``tojson``
+  (``", "`` / ``": "``): compact ``{"q":"x"}`` renders as ``{"q": "x"}``, one token more.
 - Messages are rebuilt (``common_chat_msg::to_json_oaicompat``): ``role``, ``content`` (``""``
   when absent/null), ``name``, ``tool_call_id`` and ``tool_calls``; role ``developer`` becomes
   ``system``; a template that ignores a leading system message gets it merged into the next one
   with ``"\\n"`` (``workaround::system_message_not_supported``).
 - Pre-tokenizer regexes per ``tokenizer.ggml.pre`` are in ``src/llama-vocab.cpp``
-  (``llm_tokenizer_bpe``); only the GPT-2 and the digit-splitting StarCoder/SmolLM families
-  are mapped here (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``). SentencePiece-style
+  (``llm_tokenizer_bpe``); the GPT-2 and the digit-splitting StarCoder/SmolLM families, and the
+  one-regex Llama 3 (``llama-bpe``, with ``ignore_merges`` and BOS by default), Qwen2 and Qwen3.5
+  pre-tokenizers are mapped here (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``). SentencePiece-style
   vocabularies (``llama``, ``gemma``…) are not supported (``counter_for_model`` returns None).
 
 Not exact (``NotExact`` is raised), because the server does more than render the template:
