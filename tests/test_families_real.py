@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
@@ -192,7 +193,7 @@ async def test_named_tool_through_squad(fam):
     zones: list[str] = []
 
     @tool
-    def get_time(zone: str) -> str:
+    def get_time(zone: Literal["UTC", "JST", "CET"]) -> str:
         """The local time in a time zone.
 
         Args:
@@ -210,7 +211,7 @@ async def test_named_tool_through_squad(fam):
         """
         return f"{city}: sunny"
 
-    agent = Agent(name="helper", instructions="Use the tools.", budget=4096, max_tokens=48,
+    agent = Agent(name="helper", instructions="Use the tools.", budget=4096, max_tokens=160,
                   tools=["get_time", "get_weather"], tool_choice="get_time", parallel_tool_calls=False,
                   sampling={"temperature": 0.0, "seed": 1})
     async with Squad([agent], engine=info, tools=[get_time, get_weather]) as sq:
