@@ -264,7 +264,7 @@ async def test_schema(fam):
     name, _info, _plan, _log, http = fam
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     out = await _chat(http, messages=[{"role": "user", "content": "Give n and ok as JSON."}], response_format=fmt,
-                      max_tokens=64)
+                      max_tokens=200)
     text = out["choices"][0]["message"].get("content") or ""
     thought = out["choices"][0]["message"].get("reasoning_content") or ""
     rule = "valid JSON"
@@ -273,7 +273,7 @@ async def test_schema(fam):
         # weights never close; with the thinking switch off the answer is the schema's JSON
         rule = "schema applies after thinking (max_tokens must cover it); valid JSON with enable_thinking false"
         out = await _chat(http, messages=[{"role": "user", "content": "Give n and ok as JSON."}], response_format=fmt,
-                          max_tokens=64, chat_template_kwargs={"enable_thinking": False})
+                          max_tokens=200, chat_template_kwargs={"enable_thinking": False})
         text = out["choices"][0]["message"].get("content") or ""
     record(name, "schema", {"content": text[:80], "finish": out["choices"][0]["finish_reason"], "rule": rule})
     value = json.loads(text)
@@ -287,7 +287,7 @@ async def test_tools_and_schema_rule(fam):
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     r = await http.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "tool_choice": "auto",
-        "response_format": fmt, "max_tokens": 64, "temperature": 0.0, "seed": 1})
+        "response_format": fmt, "max_tokens": 200, "temperature": 0.0, "seed": 1})
     if r.status_code != 200:
         rule = f"refused ({r.status_code}): {r.json().get('error', {}).get('message', '')[:120]}"
     else:
