@@ -337,3 +337,21 @@ async def test_builtin_tool_history_counts_as_the_engine(llama_server_path, defa
                             {"role": "tool", "tool_call_id": "c1", "content": "hello\n"}]
                 truth = await _count(http, messages, [WEATHER])
                 assert counter.count_chat(messages, [WEATHER]) == truth, args
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("template", ["Qwen-Qwen3-0.6B.jinja", None])
+def test_a_wrong_template_is_a_plan_time_warning(template):
+    """Llama 3.1's tokenizer with Qwen3's template, or with none (llama-server's ChatML fallback):
+    the plan warns that the turn markers are not vocabulary tokens; counts stay what the engine
+    renders (the counter applies the same template)."""
+    from squad.testing.tiny_models import sdist_template
+
+    text = sdist_template(template) if template else None
+    path = tiny_model("llama3.1", template=text)
+    planned = plan_engine(EngineSpec(model=path, slots=1, ctx=4096), None)
+    warned = [w for w in planned.warnings if "another model family's" in w]
+    assert warned and "<|im_start|>" in warned[0]
+    assert any(r.startswith("template profile: family ChatML") for r in planned.reasons)
+    own = plan_engine(EngineSpec(model=tiny_model("llama3.1"), slots=1, ctx=4096), None)
+    assert not [w for w in own.warnings if "another model family's" in w]
