@@ -53,6 +53,38 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
           "required": ["n", "ok"], "additionalProperties": False}
 
 
+# Cells the matrix measured as not working on b11434 with these stand-ins (each reason is what the
+# run showed); such a test is an expected failure with that reason, and passes loudly (XPASS) once
+# it works.
+KNOWN: dict[tuple[str, str], str] = {
+    ("phi3.5", "tools"): "Phi-3.5's template has no tools section and squad ships no Phi tool template",
+    ("granite3.3", "tools"): "b11434's caps probe finds Granite 3.3's template rendering no tool calls: nothing parsed",
+    ("gpt-oss", "tools"): "the harmony call came back as text on the Qwen2-vocabulary stand-in (o200k is not in the sdist)",
+    ("mistral-small-3.2", "round_trip"): "Mistral's template refuses the engine's own 32-character call ids "
+                                         "(it demands 9 alphanumeric characters): HTTP 400",
+    ("gpt-oss", "reasoning"): "b11434 answered HTTP 500 'does not match the expected peg-native format' to random text",
+    ("gpt-oss", "schema"): "no JSON content on the harmony stand-in",
+    ("deepseek-r1-distill", "schema"): "the template always opens <think> and has no switch: the schema applies after "
+                                       "thinking, which random weights never close",
+    ("phi3.5", "schema"): "b11434 refused the schema grammar for this vocabulary: 'Failed to initialize samplers'",
+}
+
+
+class known:
+    """``with known(family, check):`` an error inside is an expected failure when KNOWN lists it."""
+
+    def __init__(self, family: str, check: str) -> None:
+        self.reason = KNOWN.get((family, check))
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None and self.reason and not isinstance(exc, pytest.skip.Exception):
+            pytest.xfail(f"{self.reason} ({type(exc).__name__})")
+        return False
+
+
 def record(family: str, check: str, value: object) -> None:
     """Add one measured fact to the matrix report."""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +186,11 @@ async def test_tool_required(fam):
     name, info, _plan, _log, http = fam
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     # as squad's client sends it: a forced choice continues the template's call opener
+    with known(name, "tools"):
+        await _tool_required(name, info, http, messages)
+
+
+async def _tool_required(name, info, http, messages) -> None:
     prefix = info.tool_call_prefix
     sent = [*messages, {"role": "assistant", "content": prefix}] if prefix else messages
     out = await _chat(http, messages=sent, tools=[WEATHER, TIME], tool_choice="required", max_tokens=128,
@@ -175,8 +212,9 @@ async def test_tool_required(fam):
     # the round trip: the call and its result render, and the next turn counts and answers
     history = [*messages, {"role": "assistant", "content": msg.get("content") or "", "tool_calls": msg["tool_calls"]},
                {"role": "tool", "tool_call_id": msg["tool_calls"][0].get("id", ""), "content": "21 C and sunny"}]
-    assert await _count(http, history, [WEATHER, TIME]) > 0
-    again = await _chat(http, messages=history, tools=[WEATHER, TIME], max_tokens=8)
+    with known(name, "round_trip"):
+        assert await _count(http, history, [WEATHER, TIME]) > 0
+        again = await _chat(http, messages=history, tools=[WEATHER, TIME], max_tokens=8)
     record(name, "round_trip", "renders")
     assert again["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
 
@@ -214,13 +252,14 @@ async def test_named_tool_through_squad(fam):
     agent = Agent(name="helper", instructions="Use the tools.", budget=4096, max_tokens=160,
                   tools=["get_time", "get_weather"], tool_choice="get_time", parallel_tool_calls=False,
                   sampling={"temperature": 0.0, "seed": 1})
-    async with Squad([agent], engine=info, tools=[get_time, get_weather]) as sq:
-        result = await sq.run_agent("helper", "What time is it in Tokyo?")
-    calls = [m for m in result.history if m.get("tool_calls")]
-    record(name, "named_tool", {"calls": [c["function"]["name"] for m in calls for c in m["tool_calls"]],
-                                "outcome": str(result.outcome), "error": str(result.error or "")[:160]})
-    assert zones, (result.outcome, result.error, result.history[:3])
-    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_time"
+    with known(name, "tools"), known(name, "round_trip"):
+        async with Squad([agent], engine=info, tools=[get_time, get_weather]) as sq:
+            result = await sq.run_agent("helper", "What time is it in Tokyo?")
+        calls = [m for m in result.history if m.get("tool_calls")]
+        record(name, "named_tool", {"calls": [c["function"]["name"] for m in calls for c in m["tool_calls"]],
+                                    "outcome": str(result.outcome), "error": str(result.error or "")[:160]})
+        assert zones, (result.outcome, result.error, result.history[:3])
+        assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_time"
     leaked = [m for m in MARKUP if m in result.output]
     record(name, "named_tool_handback", {"leaked": leaked, "output": result.output[:120]})
     if leaked and result.outcome != "ok":
@@ -231,10 +270,16 @@ async def test_named_tool_through_squad(fam):
 
 @pytest.mark.timeout(300)
 async def test_reasoning(fam):
+    name, info, _plan, _log, http = fam
+    with known(name, "reasoning"):
+        await _reasoning(name, info, http)
+
+
+async def _reasoning(name, info, http) -> None:
     from squad.agent import Agent
+    from squad.errors import ReasoningBudgetExhausted
     from squad.runtime import Squad
 
-    name, info, _plan, _log, http = fam
     out = await _chat(http, messages=[{"role": "user", "content": "Think, then answer: 2+2?"}], max_tokens=24)
     msg = out["choices"][0]["message"]
     thinking = bool(msg.get("reasoning_content"))
@@ -247,9 +292,11 @@ async def test_reasoning(fam):
     agent = Agent(name="thinker", instructions="Think.", budget=4096, max_tokens=24,
                   sampling={"temperature": 0.0, "seed": 1})
     async with Squad([agent], engine=info) as sq:
-        result = await sq.run_agent("thinker", "Think, then answer: 2+2?")
-    from squad.errors import ReasoningBudgetExhausted
-
+        try:
+            result = await sq.run_agent("thinker", "Think, then answer: 2+2?")
+        except ReasoningBudgetExhausted as exc:  # cut inside the thinking: F07's own error, never "empty"
+            record(name, "reasoning", {"outcome": "ReasoningBudgetExhausted", "error": str(exc)[:120]})
+            return
     record(name, "reasoning", {"outcome": str(result.outcome), "output": result.output[:60],
                                "reasoning": result.reasoning[:60], "error": type(result.error).__name__})
     assert msg["reasoning_content"] not in result.output  # thinking is never handed back as the answer
@@ -262,6 +309,11 @@ async def test_reasoning(fam):
 @pytest.mark.timeout(300)
 async def test_schema(fam):
     name, _info, _plan, _log, http = fam
+    with known(name, "schema"):
+        await _schema(name, http)
+
+
+async def _schema(name, http) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     out = await _chat(http, messages=[{"role": "user", "content": "Give n and ok as JSON."}], response_format=fmt,
                       max_tokens=200)
