@@ -62,6 +62,12 @@ KNOWN: dict[tuple[str, str], str] = {
     ("gpt-oss", "tools"): "the harmony call came back as text on the Qwen2-vocabulary stand-in (o200k is not in the sdist)",
     ("mistral-small-3.2", "round_trip"): "Mistral's template refuses the engine's own 32-character call ids "
                                          "(it demands 9 alphanumeric characters): HTTP 400",
+    ("qwen3.5", "named"): "Qwen3.5's XML parameter values are free text in b11434's grammar (the enum is not "
+                          "enforced): random weights never close one within max_tokens",
+    ("gemma4", "named"): "Gemma 4's call arguments are not bounded by the tool's enum in b11434's grammar: random "
+                         "weights never close them within max_tokens",
+    ("deepseek-r1-distill", "named"): "b11434 ended the stream with 'does not match the expected peg-native format' "
+                                      "(HTTP 500 frame) on random text",
     ("gpt-oss", "reasoning"): "b11434 answered HTTP 500 'does not match the expected peg-native format' to random text",
     ("gpt-oss", "schema"): "no JSON content on the harmony stand-in",
     ("deepseek-r1-distill", "schema"): "the template always opens <think> and has no switch: the schema applies after "
@@ -252,7 +258,7 @@ async def test_named_tool_through_squad(fam):
     agent = Agent(name="helper", instructions="Use the tools.", budget=4096, max_tokens=160,
                   tools=["get_time", "get_weather"], tool_choice="get_time", parallel_tool_calls=False,
                   sampling={"temperature": 0.0, "seed": 1})
-    with known(name, "tools"), known(name, "round_trip"):
+    with known(name, "tools"), known(name, "round_trip"), known(name, "named"):
         async with Squad([agent], engine=info, tools=[get_time, get_weather]) as sq:
             result = await sq.run_agent("helper", "What time is it in Tokyo?")
         calls = [m for m in result.history if m.get("tool_calls")]
