@@ -169,7 +169,7 @@ def test_template_errors_and_tool_templates_raise_not_exact(tmp_path):
 
 def test_unsupported_files_give_none(tmp_path):
     assert counter_for_model(tiny_gguf(tmp_path / "spm.gguf", template="{{ 'x' }}", model="llama")) is None
-    assert counter_for_model(tiny_gguf(tmp_path / "pre.gguf", template="{{ 'x' }}", pre="llama-bpe")) is None
+    assert counter_for_model(tiny_gguf(tmp_path / "pre.gguf", template="{{ 'x' }}", pre="deepseek-llm")) is None
     assert counter_for_model(tiny_gguf(tmp_path / "none.gguf", template=None)) is None
     gpt_oss = "{% for m in messages %}<|channel|>{{ m.content }}{% endfor %}"
     assert counter_for_model(tiny_gguf(tmp_path / "oss.gguf", template=gpt_oss)) is None

@@ -30,6 +30,7 @@ SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'
 QWEN_LIKE = ("{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
              "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}"
              "<tool_call>{{ c.function.name }}</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}")
+PHI_LIKE = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
 LLAMA3_LIKE = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"
 
 
@@ -179,7 +180,10 @@ def _client(template: str | None) -> EngineClient:
 @pytest.mark.parametrize(("template", "choice", "prefilled"), [
     (CHATML_TOOLS.text, "required", True),   # squad's template: the forced turn starts inside a call
     (CHATML_TOOLS.text, None, False),        # auto: the model decides
-    (QWEN_LIKE, "required", False),          # the model's own template: llama.cpp's required as is
+    (QWEN_LIKE, "required", True),           # a Hermes-style family template: its own opener (measured:
+                                             # b11434's required alone let the model write text)
+    (QWEN_LIKE, None, False),
+    (PHI_LIKE, "required", False),           # no known call opener: llama.cpp's required as is
 ])
 async def test_a_forced_choice_on_squads_template_prefills_the_call_prefix(template, choice, prefilled) -> None:
     client = _client(template)
@@ -249,3 +253,16 @@ def test_a_model_file_without_a_template_gets_squads_chatml_tool_template():
     plan = with_chat_template(EnginePlan.simple("m.gguf", slots=1, n_ctx=1024), None)
     assert plan.chat_template == CHATML_TOOLS.path
     assert any("the model file has none" in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize(("marker", "prefix"), [
+    ("[TOOL_CALLS]", "[TOOL_CALLS]"),
+    ("<|start_header_id|>", '{"name": "'),
+    ("<tool_call>\n<function=", "<tool_call>\n<function="),
+    ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),
+    ("<|channel|>", None),  # gpt-oss: a prefilled channel header is refused by b11434 (HTTP 400)
+])
+def test_family_call_openers(marker, prefix) -> None:
+    from squad.engine.chat_templates import call_prefix
+
+    assert call_prefix("{{ '" + marker + "' }}") == prefix

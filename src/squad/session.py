@@ -31,7 +31,7 @@ from squad.engine.launcher import Launcher
 from squad.engine.llama import check_cache_type
 from squad.engine.plan import Backend, EnginePlan
 from squad.engine.process import free_port
-from squad.errors import UserError
+from squad.errors import SquadError, UserError
 from squad.events import (
     EngineExited,
     EngineLoaded,
@@ -197,6 +197,20 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True, s
     return with_chat_template(planned, facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
 
 
+def _with_profile(planned: EnginePlan, source: str | None) -> EnginePlan:
+    """``planned`` with a reason naming the template's family, tool-call style, reasoning and how
+    prompts are counted, and a warning for a template that is not the model's family's
+    (:func:`squad.engine.template_profile.profile`)."""
+    from squad.engine.template_profile import profile
+
+    try:
+        found = profile(source, planned.model if Path(str(planned.model)).is_file() else None)
+    except SquadError:
+        return planned
+    return dataclasses.replace(planned, reasons=(*planned.reasons, "template profile: " + found.summary()),
+                               warnings=(*planned.warnings, *found.warnings))
+
+
 def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_template: bool = False) -> EnginePlan:
     """``planned`` with the chat template the engine gets for a model whose own template is
     ``source`` (:func:`squad.engine.chat_templates.tool_template_for`), and a reason saying which."""
@@ -205,6 +219,7 @@ def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_
     if planned.backend != "llama-server":
         return planned
     chosen = tool_template_for(source, has_tool_use_template=has_tool_use_template)
+    planned = _with_profile(planned, chosen.text if chosen is not None else source)
     if chosen is not None and source is None:
         why = (f"chat template: {chosen.name}, because the model file has none: llama-server would fall back to "
                "ChatML without a tools section (tool definitions dropped); squad's ChatML template carries them")

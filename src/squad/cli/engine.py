@@ -283,6 +283,9 @@ def models_info(
     chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
     own = describe(facts.chat_template) if facts.chat_template else "none in the file (llama-server falls back to ChatML)"
     template = own + (f"; squad starts the engine with {chosen.name}" if chosen else "")
+    from squad.engine.template_profile import profile
+
+    prof = profile(chosen.text if chosen else facts.chat_template, facts.path)
     per_token = {t: facts.kv_bytes_per_token(t, t) for t in ("f16", "q8_0")}
     contexts = (4096, 8192, 16384)
     mib = {f"{n}": round(facts.kv_bytes(n) / _MiB, 1) for n in contexts}
@@ -295,6 +298,8 @@ def models_info(
             "sliding_window": facts.sliding_window,
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
             "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
+            "template_family": prof.family, "tool_calls": prof.tool_calls, "reasoning": prof.reasoning,
+            "counts": prof.counts, "warnings": list(prof.warnings),
             "store": found.store, "ref": found.ref, "size": found.size, "license": license_,
         }
         console.print_json(json.dumps(out))
@@ -314,6 +319,12 @@ def models_info(
         n_swa = sum(facts.sliding_window_pattern or ())
         console.print(f"sliding window  {facts.sliding_window} tokens on {n_swa} of {facts.n_layer} layers")
     console.print(f"chat template   {template}", highlight=False, markup=False)
+    console.print(f"template family {prof.family}", highlight=False, markup=False)
+    console.print(f"tool calls      {prof.tool_calls}", highlight=False, markup=False)
+    console.print(f"reasoning       {prof.reasoning}", highlight=False, markup=False)
+    console.print(f"counts          {prof.counts}", highlight=False, markup=False)
+    for warning in prof.warnings:
+        console.print(f"warning         {warning}", style="yellow", highlight=False, markup=False)
     console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")
     console.print(
         "KV at f16       " + ", ".join(f"{n // 1024}K: {mib[str(n)]} MiB" for n in contexts)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ChatTemplate", "CHATML_TOOLS", "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
-           "describe"]
+           "describe", "call_prefix"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,33 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
     if has_tool_use_template or "tool" in source.lower() or handles_tools(source) is not False:
         return None
     return _SHIPPED.get(chat_format(source) or "")
+
+
+# The text that opens a tool call in a family's own template, by a marker of that template
+# (first match wins). b11434's ``tool_choice: required`` lets a model write text before a call
+# (measured with the family matrix, tests/test_families_real.py: Qwen3, Qwen3.5, Llama 3.1,
+# Mistral Small 3.2 and DeepSeek-R1-distill stand-ins wrote only text or thinking); continuing an assistant message holding this
+# prefix makes the engine's grammar and parser start inside a call (measured: a parsed call).
+_FAMILY_CALL_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("[TOOL_CALLS]", "[TOOL_CALLS]"),
+    ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),
+    ("<|start_header_id|>", '{"name": "'),
+    ("<function=", "<tool_call>\n<function="),
+    ("<tool_call>", "<tool_call>\n"),
+)
+
+
+def call_prefix(source: str | None) -> str | None:
+    """The prefix a forced tool choice is prefilled with for an engine applying ``source``:
+    squad's own template's :attr:`ChatTemplate.call_prefix`, a measured family's call opener
+    (Hermes/Qwen ``<tool_call>``, Qwen3.5's XML form, Llama 3's JSON call, Mistral's
+    ``[TOOL_CALLS]``), else None (the request is sent as it is)."""
+    shipped = known_template(source)
+    if shipped is not None:
+        return shipped.call_prefix
+    if not source:
+        return None
+    return next((prefix for marker, prefix in _FAMILY_CALL_PREFIXES if marker in source), None)
 
 
 def known_template(source: str | None) -> ChatTemplate | None:

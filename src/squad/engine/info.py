@@ -98,9 +98,9 @@ class EngineInfo:
 
     @property
     def tool_call_prefix(self) -> str | None:
-        """The text that opens a tool call when the engine applies a template squad ships (the
-        client prefills it for a forced tool choice), else None."""
-        from squad.engine.chat_templates import known_template
+        """The text that opens a tool call in the template the engine applies, squad's own or a
+        measured family's (the client prefills it for a forced tool choice,
+        :func:`squad.engine.chat_templates.call_prefix`), else None."""
+        from squad.engine.chat_templates import call_prefix
 
-        shipped = known_template(self.chat_template)
-        return shipped.call_prefix if shipped is not None else None
+        return call_prefix(self.chat_template)

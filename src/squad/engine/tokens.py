@@ -22,13 +22,18 @@ How the engine counts (llama.cpp b11434, read from the source):
   last message is an assistant's, which the server continues instead); a leading BOS text is
   then cut when the tokenizer adds BOS itself. The jinja lexer (``common/jinja/lexer.cpp``) uses
   ``trim_blocks`` and ``lstrip_blocks`` and drops one trailing newline, as jinja2 does here.
+- A template llama.cpp's caps probe finds reading a call's arguments as an object
+  (``supports_object_arguments``; squad's ChatML tool template) gets each call's argument text
+  parsed (``workaround::func_args_not_string``) and re-serialized by the template's ``tojson``
+  (``", "`` / ``": "``): compact ``{"q":"x"}`` renders as ``{"q": "x"}``, one token more.
 - Messages are rebuilt (``common_chat_msg::to_json_oaicompat``): ``role``, ``content`` (``""``
   when absent/null), ``name``, ``tool_call_id`` and ``tool_calls``; role ``developer`` becomes
   ``system``; a template that ignores a leading system message gets it merged into the next one
   with ``"\\n"`` (``workaround::system_message_not_supported``).
 - Pre-tokenizer regexes per ``tokenizer.ggml.pre`` are in ``src/llama-vocab.cpp``
-  (``llm_tokenizer_bpe``); only the GPT-2 and the digit-splitting StarCoder/SmolLM families
-  are mapped here (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``). SentencePiece-style
+  (``llm_tokenizer_bpe``); the GPT-2 and the digit-splitting StarCoder/SmolLM families, and the
+  one-regex Llama 3 (``llama-bpe``, with ``ignore_merges`` and BOS by default), Qwen2 and Qwen3.5
+  pre-tokenizers are mapped here (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``). SentencePiece-style
   vocabularies (``llama``, ``gemma``…) are not supported (``counter_for_model`` returns None).
 
 Not exact (``NotExact`` is raised), because the server does more than render the template:
@@ -76,7 +81,7 @@ from typing import Any, Protocol, runtime_checkable
 from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
 from squad.errors import ModelError, SquadError
 
-__all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model"]
+__all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model", "offline_counting", "special_tokens"]
 
 
 class NotExact(SquadError):
@@ -104,6 +109,21 @@ _PRE_SPLITS: dict[str, tuple[str, ...]] = {
     **{p: () for p in ("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4")},
     **{p: (_DIGITS,) for p in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
                                 "minerva-7b", "mellum2")},
+}
+
+# Pre-tokenizers whose one regex replaces GPT-2's (llm_tokenizer_bpe): the regex, whether whole
+# pieces found in the vocabulary skip the merges (llama.cpp ``ignore_merges``), and llama.cpp's
+# add_bos default when the file has no ``tokenizer.ggml.add_bos_token`` (src/llama-vocab.cpp).
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                           r"|\s+(?!\S)|\s+")
+_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+_QWEN35 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_FULL_REGEX: dict[str, tuple[str, bool, bool]] = {
+    **{p: (_LLAMA3, True, True) for p in ("llama3", "llama-v3", "llama-bpe")},
+    **{p: (_QWEN2, False, False) for p in ("qwen2", "deepseek-r1-qwen")},
+    "qwen35": (_QWEN35, False, False),
 }
 
 # Substrings by which common_chat_try_specialized_template (common/chat.cpp) picks a hand-written
@@ -253,7 +273,11 @@ class GGUFCounter:
                 if m.get(key) and key in self._src and not (key == "tool_calls" and self._exact_tools):
                     raise NotExact(f"the chat template renders {key}")
             if m.get("tool_calls") and self._exact_tools:
-                msg["tool_calls"] = [_call_json(c) for c in m["tool_calls"]]
+                # llama.cpp's caps probe finds that squad's template reads an object's arguments
+                # (``supports_object_arguments``), so the server parses each call's argument text
+                # and the template re-serializes it (workaround::func_args_not_string):
+                # '{"q":"x"}' is rendered as '{"q": "x"}'
+                msg["tool_calls"] = [_call_json(c, object_arguments=True) for c in m["tool_calls"]]
             out.append(msg)
         if not self.supports_system_role and out and out[0]["role"] == "system":
             first = out.pop(0)
@@ -301,6 +325,51 @@ def counter_for_model(path: str | Path, *, template: str | None = None) -> GGUFC
         return _with_template(counter, template)
 
 
+def offline_counting(path: str | Path, *, template: str | None = None) -> tuple[bool, str]:
+    """``(exact, why)``: whether prompts for this model (and engine template) are counted exactly
+    offline, and what is asked of the engine instead (``why``: the reason when not exact; for an
+    exact counter, the request classes that still go to the engine, or ``""``). Raises
+    ``ModelError`` like :func:`counter_for_model`."""
+    counter = counter_for_model(path, template=template)
+    if counter is None:
+        p = Path(path).expanduser()
+        stat = p.stat()
+        key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        record = _load_entry(cache_entry("tokenizers", key), key) or {}
+        why = record.get("unsupported")
+        if not why and template is not None and any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
+            why = "the engine special-cases this chat template"
+        return False, str(why or "the chat template cannot be rendered here")
+    src = counter._src
+    if counter._exact_tools:
+        return True, ""
+    asked = [what for what, word in (("tools", "tools"), ("tool calls", "tool_calls"),
+                                     ("reasoning in the history", "reasoning_content")) if word in src]
+    return True, (f"requests with {', '.join(asked)} are asked of the engine" if asked else "")
+
+
+def special_tokens(path: str | Path) -> frozenset[str]:
+    """The text of every control, user-defined or unknown token of the model's vocabulary (the
+    tokens special-token text in a prompt becomes). Cached per file version in
+    ``cache_dir()/special-tokens/``. Raises ``ModelError`` for a missing or unreadable file."""
+    p = Path(path).expanduser()
+    try:
+        stat = p.stat()
+    except OSError:
+        raise ModelError(f"{p}: no such model file") from None
+    key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    entry = cache_entry("special-tokens", key)
+    record = read_entry(entry, key, _CACHE_VERSION)
+    if record is None or not isinstance(record.get("tokens"), list):
+        fields = read_fields(p)
+        tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
+        found = [] if tokens is None or types is None else [
+            t for t, kind in zip(tokens.contents(), types.contents()) if kind in _GGUF_SPECIAL_TYPES]
+        record = {"version": _CACHE_VERSION, "key": key, "tokens": found}
+        write_entry(entry, record)
+    return frozenset(record["tokens"])
+
+
 @functools.lru_cache(maxsize=8)
 def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
     if any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
@@ -315,7 +384,7 @@ def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
 
 
 _lock = threading.Lock()
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -354,7 +423,7 @@ def _build_record(path: Path, key: dict) -> dict:
     model, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
     template = get("tokenizer.chat_template")
     why = None
-    if model != "gpt2" or pre not in _PRE_SPLITS:
+    if model != "gpt2" or (pre not in _PRE_SPLITS and pre not in _FULL_REGEX):
         why = f"tokenizer {model!r}/{pre!r} is not mapped"
     elif not template or template == "chatml":
         why = "no chat template in the file (the engine falls back to its built-in chatml)"
@@ -362,8 +431,9 @@ def _build_record(path: Path, key: dict) -> dict:
         why = "the engine special-cases this chat template"
     if why:
         return {**base, "unsupported": why}
+    full = _FULL_REGEX.get(pre)
     tok = _build_tokenizer(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type"),
-                           get("tokenizer.ggml.merges"), _PRE_SPLITS[pre])
+                           get("tokenizer.ggml.merges"), _PRE_SPLITS.get(pre, ()), full=full)
     bos_id, eos_id = get("tokenizer.ggml.bos_token_id"), get("tokenizer.ggml.eos_token_id")
 
     def piece(token_id: int | None) -> str:
@@ -372,15 +442,16 @@ def _build_record(path: Path, key: dict) -> dict:
     meta = _Meta(
         template=template, bos_token=piece(bos_id), eos_token=piece(eos_id),
         bos_id=None if bos_id is None else int(bos_id), eos_id=None if eos_id is None else int(eos_id),
-        # llama.cpp's defaults for these pre-tokenizers when the keys are absent: neither
-        add_bos=bool(get("tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp's defaults when the keys are absent: no EOS; BOS only for the Llama 3 family
+        add_bos=bool(get("tokenizer.ggml.add_bos_token", bool(full and full[2]))),
         add_eos=bool(get("tokenizer.ggml.add_eos_token", False)),
         has_tool_use_template=get("tokenizer.chat_template.tool_use") is not None,
     )
     return {**base, "tokenizer": tok.to_str(), "meta": asdict(meta)}
 
 
-def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], splits: tuple[str, ...]) -> Any:
+def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], splits: tuple[str, ...],
+                     full: tuple[str, bool, bool] | None = None) -> Any:
     from tokenizers import (
         AddedToken,
         Regex,
@@ -395,10 +466,16 @@ def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], spl
     for merge in merges:  # llama.cpp splits at the first space after position 0
         cut = merge.find(" ", 1)
         pairs.append((merge[:cut], merge[cut + 1:]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)])
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                               ignore_merges=bool(full and full[1])))
+    if full is not None:  # one regex instead of GPT-2's, then the byte mapping alone
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(full[0]), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(text, special=True, normalized=False)
                             for text, kind in zip(tokens, types) if kind in _GGUF_SPECIAL_TYPES])
@@ -414,13 +491,36 @@ def _load_entry(entry: Path, key: dict) -> dict | None:
     return record
 
 
-def _call_json(call: Any) -> dict[str, Any]:
-    """A tool call as the server passes it to the template: name and the arguments' text."""
+def _call_json(call: Any, *, object_arguments: bool = False) -> dict[str, Any]:
+    """A tool call as the server passes it to the template: name and the arguments' text, or
+    (``object_arguments``, a template llama.cpp finds reading them as an object) the parsed
+    arguments. Raises :class:`NotExact` for arguments that are not a JSON string (the server
+    refuses text it cannot parse)."""
     fn = call.get("function", call) if isinstance(call, dict) else {}
-    args = fn.get("arguments", "")
+    args: Any = fn.get("arguments", "")
     if not isinstance(args, str):
         raise NotExact("tool call arguments that are not a JSON string")
-    return {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}, "id": call.get("id", "")}
+    if object_arguments:
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise NotExact("tool call arguments that are not JSON (the engine refuses them)") from None
+        if isinstance(args, float) or _has_float(args):
+            raise NotExact("tool call arguments with a real number (the engine's number formatting is not reproduced)")
+    out: dict[str, Any] = {"type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def _shipped(template: str) -> bool:

@@ -1,0 +1,144 @@
+"""What a model's chat template is, for people: family, tool-call style, reasoning, counting.
+
+:func:`profile` reads a template's source (and, given the model file, its vocabulary) and says:
+
+- ``family``: the chat format family, recognised by the marker text the template writes
+  (``<|im_start|>`` ChatML, ``<|start_header_id|>`` Llama 3, ``[INST]`` Mistral, ``<|channel|>``
+  gpt-oss harmony, ``<｜User｜>`` DeepSeek, ``<|start_of_role|>`` Granite, ``<|turn>`` Gemma 4,
+  ``<start_of_turn>`` Gemma, ``<|user|>``/``<|end|>`` Phi-3);
+- ``tool_calls``: how the model writes a call through that template (llama-server parses it into
+  ``tool_calls``: llama.cpp b11434 ``common/chat.cpp``), or that the template carries no tools;
+- ``reasoning``: how thinking is marked; llama-server's default ``--reasoning-format auto``
+  returns it as ``reasoning_content``;
+- ``counts``: whether squad counts prompts exactly offline (:mod:`squad.engine.tokens`) or asks
+  the engine (``/v1/chat/completions/input_tokens``), and why;
+- ``warnings``: a template whose marker tokens are not tokens of the model's vocabulary (another
+  family's template, or the engine's ChatML fallback for a file without one): the model then
+  reads its turn markers as plain text.
+
+The table of facts below is measured with the family matrix (``tests/test_families_real.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["TemplateProfile", "profile", "template_markers"]
+
+
+@dataclass(frozen=True)
+class TemplateProfile:
+    """See the module docstring; every field is one line of text for people."""
+
+    family: str
+    tool_calls: str
+    reasoning: str
+    counts: str
+    warnings: tuple[str, ...] = field(default=())
+
+    def summary(self) -> str:
+        """One line: ``family ...; tool calls ...; reasoning ...; counts ...``."""
+        return (f"family {self.family}; tool calls: {self.tool_calls}; reasoning: {self.reasoning}; "
+                f"counts: {self.counts}")
+
+
+# (marker in the source, family, tool-call style); first match wins
+_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("<|channel|>", "gpt-oss (harmony)", "harmony: to=functions.NAME on the commentary channel"),
+    ("[TOOL_CALLS]", "Mistral", "[TOOL_CALLS]name[ARGS]{json}"),
+    ("<｜User｜>", "DeepSeek", "<｜tool▁calls▁begin｜> blocks with JSON arguments"),
+    ("<|start_header_id|>", "Llama 3", "a JSON object {\"name\", \"parameters\"} (results in the ipython role)"),
+    ("<|start_of_role|>", "Granite", "<|tool_call|> followed by a JSON list of calls"),
+    ("<|turn>", "Gemma 4", "<|tool_call>call:NAME{...}"),
+    ("<start_of_turn>", "Gemma", ""),
+    ("<|assistant|>", "Phi-3", ""),
+    ("<|im_start|>", "ChatML", ""),
+)
+
+_MARKER = re.compile(r"<\|[A-Za-z0-9_.:-]{1,40}\|>|<｜[^｜<>]{1,40}｜>|\[/?[A-Z][A-Z_]{2,30}\]|"
+                     r"<(?:start|end)_of_turn>|<\|[a-z_]{2,20}>|<[a-z_]{2,20}\|>")
+
+
+def template_markers(source: str) -> set[str]:
+    """The special-token-looking marker strings a template writes (``<|im_start|>``, ``[INST]``,
+    ``<｜User｜>``, ``<start_of_turn>``, ``<|turn>``...)."""
+    return set(_MARKER.findall(source))
+
+
+def _tool_style(source: str, family: str, style: str) -> str:
+    from squad.engine.chat_templates import handles_tools, known_template
+
+    shipped = known_template(source)
+    if shipped is not None:
+        return f"{shipped.name}: a JSON object between <tool_call> and </tool_call>"
+    if "<function=" in source:
+        return "XML: <tool_call><function=NAME><parameter=...>"
+    if "<tool_call>" in source:
+        return "Hermes: a JSON object between <tool_call> and </tool_call>"
+    if style:
+        return style
+    if handles_tools(source) or "tools" in source:
+        return "the engine's generic JSON format (the template reads tools)"
+    return "none in the template (squad supplies its own for ChatML only)"
+
+
+def _reasoning(source: str) -> str:
+    if "<|channel|>" in source:
+        return "harmony analysis channel → reasoning_content"
+    for opener in ("<think>", "[THINK]", "<|think|>"):
+        if opener in source:
+            return f"{opener} → reasoning_content"
+    if "thinking" in source.lower() or "reasoning" in source.lower():
+        return "a thinking switch in the template → reasoning_content"
+    return "none"
+
+
+def profile(source: str | None, model_path: str | Path | None = None) -> TemplateProfile:
+    """The profile of the chat template ``source`` (None: the file has none, llama-server's ChatML
+    fallback is used) for the model at ``model_path`` (None: counting and vocabulary checks say
+    what is known without the file)."""
+    from squad.engine.chat_templates import ENGINE_FALLBACK
+
+    text = source or ENGINE_FALLBACK
+    family, style = "unrecognised", ""
+    for marker, name, tool_style in _FAMILIES:
+        if marker in text:
+            family, style = name, tool_style
+            break
+    if source is None:
+        family += " (llama-server's fallback: the file has no template)"
+    warnings: list[str] = []
+    counts = "asked of the engine (the model file is not on this machine)"
+    if model_path is not None:
+        counts = _counts(Path(model_path), source)
+        warnings += _vocab_warnings(Path(model_path), text, source is None)
+    return TemplateProfile(family=family, tool_calls=_tool_style(text, family, style), reasoning=_reasoning(text),
+                           counts=counts, warnings=tuple(warnings))
+
+
+def _counts(path: Path, source: str | None) -> str:
+    from squad.engine.tokens import offline_counting
+
+    exact, why = offline_counting(path, template=source)
+    return f"exact offline{'; ' + why if why else ''}" if exact else f"asked of the engine ({why})"
+
+
+def _vocab_warnings(path: Path, text: str, fallback: bool) -> list[str]:
+    from squad.engine.tokens import special_tokens
+
+    markers = template_markers(text)
+    try:
+        specials = special_tokens(path)
+    except Exception:  # noqa: BLE001 -- an unreadable file is reported elsewhere
+        return []
+    if not markers or not specials or markers & specials:
+        return []
+    shown = ", ".join(sorted(markers)[:4])
+    whose = ("llama-server's ChatML fallback (the file has no chat template)" if fallback
+             else "the chat template")
+    return [f"{path.name}: none of the turn markers {whose} writes ({shown}) is a token of the model's "
+            "vocabulary: the template is probably another model family's, so the model reads its turn markers as "
+            "plain text (counts stay exact: squad counts what the engine renders); pass the family's own template "
+            "(--chat-template-file) or a model file that carries it"]
