@@ -45,11 +45,15 @@ def serve_command(
     = 300.0,
     watch: Annotated[bool, typer.Option("--watch", help="Show the live view: slots, pool, queue, one row per client.")]
     = False,
+    cors_origin: Annotated[Optional[list[str]], typer.Option(
+        "--cors-origin", show_default=False,
+        help="A web origin (https://app.example:3000, or *) whose pages may call squad serve from a browser; "
+             "repeat for more. Default: none beyond its own.")] = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
 ) -> None:
-    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) in front of
-    llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
+    the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
     queued by priority (header X-Squad-Priority, lower first), released when it ends or the client
     leaves. Requests running together never exceed the engine's slots or its KV pool, whichever
     tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
@@ -79,7 +83,8 @@ def serve_command(
         say(f"squad serve: {where} ...")
         with LiveView(on=watch, console=err_console) as view:
             async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
-                               replan_interval=replan_interval, on_event=view if watch else None, log=say) as served:
+                               replan_interval=replan_interval, on_event=view if watch else None, log=say,
+                               cors_origins=tuple(cors_origin or ())) as served:
                 info = served.session.info
                 auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
                 console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{served.api_key}[/]",

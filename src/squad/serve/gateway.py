@@ -34,7 +34,9 @@ from squad.admission import Admission
 from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
-from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve import apis
+from squad.serve.cors import Cors
+from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.status import Ledger, Live
 
 if TYPE_CHECKING:
@@ -56,9 +58,9 @@ DEFAULT_MAX_TOKENS = 1024
 
 GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
                                "/v1/completions": "completion", "/completions": "completion",
-                               "/completion": "completion"}
+                               "/completion": "completion", **apis.ROUTES}
 PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
-PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens")
+PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens", *apis.PASS_POST)
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"}
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -82,7 +84,7 @@ class Gateway:
 
     def __init__(self, session: "EngineSession", *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
-                 on_event: EventSink | None = None, version: str = "") -> None:
+                 on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = ()) -> None:
         from squad import __version__
         from squad.errors import UserError
 
@@ -104,6 +106,7 @@ class Gateway:
         self._upstream_for: tuple[str, str | None] | None = None
         self._retired: list[httpx.AsyncClient] = []
         self._key = self.api_key.encode()
+        self.cors = Cors(cors_origins)
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -151,6 +154,8 @@ class Gateway:
         from squad.stream import Loading
 
         try:
+            if kind in ("responses", "messages", "embeddings"):
+                return await apis.count(self, body, kind)
             if kind == "chat":
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
@@ -201,14 +206,20 @@ class Gateway:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # no lifespan: the server closes the gateway itself
             return
-        version = self._version
+        version, cors = self._version, self.cors.headers(scope)
 
         async def tagged(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version)]
+                message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version), *cors]
             await send(message)
 
         path, method = scope["path"], scope["method"]
+        if method == "OPTIONS":  # a CORS preflight carries no key (squad.serve.cors)
+            status, headers, data = self.cors.preflight(scope)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [*headers, (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data})
+            return
         if path == "/health" and method == "GET":
             await self._pass(scope, receive, tagged)
             return
@@ -342,15 +353,18 @@ class _Relay:
         """Admit, forward and relay; return the outcome for the ledger."""
         g, live = self.g, self.live
         admission = g.admission
-        try:
-            demand = await demand_for(self.body, self.kind, g.count, limit=admission.limit,
-                                      default_max_tokens=g.default_max_tokens)
+        try:  # tool choice and schemas as the engine honours them, then counted (squad.serve.apis)
+            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix)
+            demand = await apis.demand(body, self.kind, g)
         except Refused as exc:
             await _json(send, exc.status, exc.body)
             return "refused" if exc.status == 400 else "failed"
-        content = self.raw
+        content = self.raw if body is self.body else None
+        self.body = body
         if demand.defaulted:
             self.body["max_tokens"] = demand.max_tokens
+            content = None
+        if content is None:
             content = json.dumps(self.body).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
@@ -465,7 +479,8 @@ def _client_name(scope: dict[str, Any], body: dict[str, Any]) -> str:
     named = _header(scope, CLIENT_HEADER.encode())
     if named:
         return named[:64]
-    if isinstance(body.get("user"), str) and body["user"]:
-        return body["user"][:64]
+    named = apis.client_field(body)
+    if named:
+        return named[:64]
     peer = scope.get("client")
     return str(peer[0]) if peer else "?"
