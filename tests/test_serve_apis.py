@@ -4,6 +4,7 @@ from each API's fields, CORS preflights. The real engine: tests/test_serve_apis_
 
 from __future__ import annotations
 
+import anyio
 import httpx
 import pytest
 
@@ -108,3 +109,52 @@ async def test_cors_preflight_and_allowed_origins():
                 denied = await client.get("/v1/models", headers={"Origin": "http://evil.test",
                                                                  "Authorization": f"Bearer {served.api_key}"})
                 assert "access-control-allow-origin" not in denied.headers
+
+
+@pytest.mark.anyio
+async def test_a_queued_stream_starts_early_and_keeps_its_connection_alive(monkeypatch):
+    """Queued behind a running request, a stream gets its status line and keep-alive comments
+    (which the openai SDK skips) before it is admitted; a read timeout shorter than its wait
+    does not trip; /squad/status and the watch view say what it waits for."""
+    import openai
+
+    from squad.serve import early
+    from squad.serve.watch import ServeWatch
+
+    monkeypatch.setattr(early, "EARLY_AFTER", 0.2)
+    monkeypatch.setattr(early, "KEEPALIVE_EVERY", 0.3)
+    async with FakeEngine(slots=1, token_delay=0.02) as fe:
+        spec = EngineSpec(url=fe.base_url, api_key=fe.api_key)
+        async with serving(spec, port=0) as served:
+            headers = {"Authorization": f"Bearer {served.api_key}"}
+            async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=30) as client:
+                body = {"messages": USER, "max_tokens": 2000, "stream": True}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as first:
+                    lines = first.aiter_lines()
+                    while not (await lines.__anext__()).startswith("data: "):
+                        pass
+                    sdk = openai.AsyncOpenAI(base_url=served.base_url, api_key=served.api_key, max_retries=0,
+                                             timeout=httpx.Timeout(30, read=0.8))
+                    async with anyio.create_task_group() as tg:
+                        got: list[str] = []
+
+                        async def second() -> None:
+                            stream = await sdk.chat.completions.create(model="x", messages=USER, max_tokens=5,
+                                                                       stream=True, extra_headers={"X-Squad-Client": "late"})
+                            got.extend([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+                        tg.start_soon(second)
+                        await anyio.sleep(1.5)  # queued for longer than its read timeout
+                        (queued,) = served.gateway.status()["queued"]
+                        assert queued["client"] == "late" and queued["waits_for"] == "a slot (all 1 busy)"
+                        view = ServeWatch(served.gateway, ["squad serve on URL  key KEY"], live=False)
+                        from rich.console import Console
+
+                        console = Console(record=True, width=200)
+                        console.print(view.render())
+                        text = console.export_text()
+                        assert "key KEY" in text and "a slot (all 1 busy)" in text and "late" in text
+                        await first.aclose()  # the first leaves: the second is admitted
+                await sdk.close()
+            assert "".join(got).strip()
+            assert served.gateway.status()["clients"]["late"]["completed"] == 1

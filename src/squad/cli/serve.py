@@ -78,22 +78,35 @@ def serve_command(
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     async def run() -> None:
+        from squad.serve.watch import ServeWatch
+
         sock = bind(host, port)
         where = f"engine at {url}" if url else "loading the engine"
         say(f"squad serve: {where} ...")
-        with LiveView(on=watch, console=err_console) as view:
+        loading = LiveView(on=watch, console=err_console)  # the engine's load; then ServeWatch
+        with loading:
             async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
-                               replan_interval=replan_interval, on_event=view if watch else None, log=say,
+                               replan_interval=replan_interval, on_event=loading if watch else None, log=say,
                                cors_origins=tuple(cors_origin or ())) as served:
+                loading.__exit__(None, None, None)
+                loading.on = False  # its events go on arriving; the view is ServeWatch's now
                 info = served.session.info
                 auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
                 console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{served.api_key}[/]",
                               soft_wrap=True, highlight=False)
-                say(f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at most "
-                    f"{served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
-                    f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
-                                                  f"{replan_interval:.0f} s)" if auto else ""))
-                say("status: GET /squad/status; stop with Ctrl-C")
-                await anyio.sleep_forever()
+                lines = [f"squad serve on {served.base_url}  key {served.api_key}",
+                         f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at "
+                         f"most {served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
+                         f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
+                                                       f"{replan_interval:.0f} s)" if auto else ""),
+                         "status: GET /squad/status; stop with Ctrl-C"]
+                if not watch:
+                    for line in lines[1:]:
+                        say(line)
+                    await anyio.sleep_forever()
+                with ServeWatch(served.gateway, lines, console=err_console) as view:
+                    while True:
+                        view.tick()
+                        await anyio.sleep(1.0)
 
     anyio.run(run)

@@ -21,6 +21,7 @@ response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import secrets
@@ -36,6 +37,7 @@ from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve import apis
 from squad.serve.cors import Cors
+from squad.serve.early import EarlyStart
 from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.status import Ledger, Live
 
@@ -253,6 +255,11 @@ class Gateway:
 
         info, admission = self.engine, self.admission
         plan = self.session.plan
+        from squad.serve.watch import waits_for
+
+        ledger = self.ledger.view()
+        for row in ledger["queued"]:  # what each waits for: a slot, pool room, its turn, a replan
+            row["waits_for"] = waits_for(self, self.ledger.live[row["id"]])
         return {
             "squad_serve": self._version.decode(),
             "engine": {"url": info.base_url, "kind": info.kind,
@@ -264,7 +271,7 @@ class Gateway:
                           "reserved": admission.reserved, "limit": admission.limit, "queued": len(admission.queued)},
             "default_max_tokens": self.default_max_tokens,
             "reloading": self.reloading,
-            **self.ledger.view(),
+            **ledger,
             "replans": self.replans,
         }
 
@@ -312,7 +319,7 @@ class Gateway:
             await _json(send, exc.status, exc.body)
             return
         live = Live(id=f"r{next(self._ids)}", client=_client_name(scope, body), priority=priority,
-                    stream=bool(body.get("stream")))
+                    stream=bool(body.get("stream")), api=kind)
         self.ledger.open(live)
         relay = _Relay(self, live, scope, body, raw, kind)
         outcome = "failed"
@@ -368,10 +375,16 @@ class _Relay:
             content = json.dumps(self.body).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
+        early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
+        send = early.send if early is not None else send
         try:
-            async with admission.reserve(demand.tokens, agent=origin, priority=live.priority, call=live.id) as held:
-                g.ledger.move(live, "running", slot=held.slot)
-                return await self._forward(send, content, held.queued_s)
+            async with early.holding() if early is not None else contextlib.nullcontext():
+                async with admission.reserve(demand.tokens, agent=origin, priority=live.priority,
+                                             call=live.id) as held:
+                    if early is not None:
+                        await early.admitted()
+                    g.ledger.move(live, "running", slot=held.slot)
+                    return await self._forward(send, content, held.queued_s)
         except AdmissionError as exc:  # the engine was reloaded smaller while it waited
             await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
             return "refused"
