@@ -158,3 +158,20 @@ async def test_a_queued_stream_starts_early_and_keeps_its_connection_alive(monke
                 await sdk.close()
             assert "".join(got).strip()
             assert served.gateway.status()["clients"]["late"]["completed"] == 1
+
+
+@pytest.mark.anyio
+async def test_a_labelled_key_names_its_client_and_body_fields_name_others():
+    async with FakeEngine(slots=2) as fe:
+        spec = EngineSpec(url=fe.base_url, api_key=fe.api_key)
+        async with serving(spec, port=0, client_keys={"editor": "editor-key-123"}) as served:
+            async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+                body = {"messages": USER, "max_tokens": 3}
+                r = await client.post("/v1/chat/completions", json=body, headers={"X-Api-Key": "editor-key-123"})
+                assert r.status_code == 200
+                r = await client.post("/v1/chat/completions", json={**body, "user": "alice"},
+                                      headers={"Authorization": f"Bearer {served.api_key}"})
+                assert r.status_code == 200
+                assert (await client.get("/v1/models", headers={"X-Api-Key": "wrong-key-123"})).status_code == 401
+            clients = served.gateway.status()["clients"]
+    assert clients["editor"]["completed"] == 1 and clients["alice"]["completed"] == 1

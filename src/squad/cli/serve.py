@@ -10,6 +10,7 @@ import typer
 
 from squad.cli import options
 from squad.cli._app import app, console, engine_spec, err_console
+from squad.errors import UserError
 
 __all__ = ["serve_command"]
 
@@ -49,6 +50,10 @@ def serve_command(
         "--cors-origin", show_default=False,
         help="A web origin (https://app.example:3000, or *) whose pages may call squad serve from a browser; "
              "repeat for more. Default: none beyond its own.")] = None,
+    client_key: Annotated[Optional[list[str]], typer.Option(
+        "--client-key", show_default=False,
+        help="NAME=KEY: another key clients may send; requests with it are counted and shown as NAME. Repeatable.")]
+    = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
 ) -> None:
@@ -70,6 +75,13 @@ def serve_command(
                        cache_type_v=ctv, binary=llama_server, threads=threads, load_timeout=load_timeout)
     if request_timeout is not None:
         spec = spec.but(request_timeout=request_timeout)
+    keys: dict[str, str] = {}
+    for item in client_key or ():
+        name, _, key = item.partition("=")
+        if not name.strip() or len(key.strip()) < 8:
+            raise UserError(f"--client-key {item!r}: write NAME=KEY, with a key of at least 8 characters "
+                            "(e.g. --client-key editor=$(openssl rand -hex 16))")
+        keys[name.strip()] = key.strip()
     if host not in LOOPBACK:
         err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
                           "(they still need the key)")
@@ -87,7 +99,7 @@ def serve_command(
         with loading:
             async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                replan_interval=replan_interval, on_event=loading if watch else None, log=say,
-                               cors_origins=tuple(cors_origin or ())) as served:
+                               cors_origins=tuple(cors_origin or ()), client_keys=keys) as served:
                 loading.__exit__(None, None, None)
                 loading.on = False  # its events go on arriving; the view is ServeWatch's now
                 info = served.session.info

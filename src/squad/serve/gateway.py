@@ -53,7 +53,8 @@ SERVE_HEADER = "x-squad-serve"
 PRIORITY_HEADER = "x-squad-priority"
 """Request header: a whole number, lower is admitted first (default 0); FIFO among equals."""
 CLIENT_HEADER = "x-squad-client"
-"""Request header naming the client for per-client counts (else the ``user`` field, else the peer address)."""
+"""Request header naming the client for per-client counts (else the label of its key, else the body's
+``user`` / ``metadata.user_id`` field, else the peer address)."""
 STATUS_PATH = "/squad/status"
 DEFAULT_MAX_TOKENS = 1024
 """Tokens reserved for (and generated at most by) a request that gives no max_tokens."""
@@ -86,7 +87,8 @@ class Gateway:
 
     def __init__(self, session: "EngineSession", *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
-                 on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = ()) -> None:
+                 on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
+                 client_keys: dict[str, str] | None = None) -> None:
         from squad import __version__
         from squad.errors import UserError
 
@@ -108,6 +110,8 @@ class Gateway:
         self._upstream_for: tuple[str, str | None] | None = None
         self._retired: list[httpx.AsyncClient] = []
         self._key = self.api_key.encode()
+        self._labels = [(label, key.encode()) for label, key in (client_keys or {}).items()]
+        """More keys, each naming its client (``--client-key NAME=KEY``)."""
         self.cors = Cors(cors_origins)
 
     # -- the engine ---------------------------------------------------------------------------
@@ -239,11 +243,18 @@ class Gateway:
             await _json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
+        """Whether the request carries a key; a labelled key's name goes to ``scope["squad.key_label"]``."""
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
-                return secrets.compare_digest(value[7:].strip(), self._key)
-            if name == b"x-api-key":
-                return secrets.compare_digest(value.strip(), self._key)
+                value = value[7:]
+            elif name != b"x-api-key":
+                continue
+            value = value.strip()
+            for label, key in self._labels:
+                if secrets.compare_digest(value, key):
+                    scope["squad.key_label"] = label
+                    return True
+            return secrets.compare_digest(value, self._key)
         return False
 
     # -- /squad/status -------------------------------------------------------------------------------
@@ -492,7 +503,7 @@ def _client_name(scope: dict[str, Any], body: dict[str, Any]) -> str:
     named = _header(scope, CLIENT_HEADER.encode())
     if named:
         return named[:64]
-    named = apis.client_field(body)
+    named = scope.get("squad.key_label") or apis.client_field(body)
     if named:
         return named[:64]
     peer = scope.get("client")
