@@ -4,10 +4,13 @@ that admits every generation request through squad's :class:`~squad.admission.Ad
 Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
 
 - generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
-  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``);
+  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``),
+  ``/v1/responses``, ``/v1/messages`` and ``/v1/embeddings`` (:mod:`squad.serve.apis`; tool
+  choice and schemas rewritten as the engine honours them, :mod:`squad.serve.forcing`);
+- ``OPTIONS`` (a CORS preflight, no key): :mod:`squad.serve.cors`;
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
-  ``/v1/chat/completions/input_tokens``;
+  ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
 - ``GET /squad/status``: slots, pool reservations, queue, per-client counts (JSON).
 
 One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
@@ -37,9 +40,10 @@ from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve import apis
 from squad.serve.cors import Cors
-from squad.serve.early import EarlyStart
 from squad.serve.demand import Kind, Refused, error_body
+from squad.serve.early import EarlyStart
 from squad.serve.status import Ledger, Live
+from squad.serve.watch import waits_for
 
 if TYPE_CHECKING:
     from squad.counting import PromptCounter
@@ -266,8 +270,6 @@ class Gateway:
 
         info, admission = self.engine, self.admission
         plan = self.session.plan
-        from squad.serve.watch import waits_for
-
         ledger = self.ledger.view()
         for row in ledger["queued"]:  # what each waits for: a slot, pool room, its turn, a replan
             row["waits_for"] = waits_for(self, self.ledger.live[row["id"]])
