@@ -189,7 +189,7 @@ def test_messages_tool_use_for_any_and_a_named_tool(served, stream):
         else:
             done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=120).json()
             uses = [b for b in done["content"] if b["type"] == "tool_use"]
-            assert done["stop_reason"] == "tool_use"
+            assert done["stop_reason"] in ("tool_use", "max_tokens")  # b11434: "length" after the call is max_tokens
             assert isinstance(uses[0]["input"], dict)
         assert uses and uses[0]["name"] in names
 
