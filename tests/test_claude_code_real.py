@@ -89,7 +89,7 @@ def test_claude_code_runs_a_task_through_serve(served, tmp_path):
     argv = [binary] if not binary.endswith(".js") else ["node", binary]
     argv += ["--bare", "-p", "Read note.txt and tell me the password.", "--model", "any", "--tools", "Read",
              "--system-prompt", "You are a brief assistant. Use the Read tool to read files.",
-             "--output-format", "json", "--max-turns", "3", "--permission-mode", "bypassPermissions"]
+             "--output-format", "json", "--max-turns", "3", "--allowedTools", "Read"]
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=540)
     status = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], status["clients"])

@@ -79,6 +79,7 @@ def test_client_names_and_max_output_tokens():
     assert client_field({"metadata": {"user_id": "claude-1"}}) == "claude-1"
     assert client_field({"safety_identifier": "s"}) == "s"
     assert client_field({"metadata": "x"}) is None
+    assert client_field({"metadata": {"user_id": '{"device_id": "5f28"}'}}) is None
     assert read_max_tokens({"max_output_tokens": 77}) == 77
 
 

@@ -95,9 +95,10 @@ async def demand(body: dict[str, Any], kind: Kind, gateway: "Gateway") -> Demand
 
 def client_field(body: dict[str, Any]) -> str | None:
     """The client name a body carries: OpenAI ``user`` (Responses also ``safety_identifier``),
-    Anthropic ``metadata.user_id``."""
+    Anthropic ``metadata.user_id``; not a JSON blob (Claude Code's ``user_id`` is one: its client
+    is then named by its key or its address)."""
     for value in (body.get("user"), body.get("safety_identifier"),
                   (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None):
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and value and not value.lstrip().startswith(("{", "[")):
             return value
     return None
