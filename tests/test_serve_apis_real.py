@@ -113,10 +113,10 @@ def test_messages_plain_and_streamed(served):
     url, _ = served
     body = {"model": "any", "max_tokens": 24, "messages": [{"role": "user", "content": "Say hello."}]}
     headers = {**H, "anthropic-version": "2023-06-01"}
-    done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=120).json()
+    done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=600).json()
     assert done["type"] == "message" and done["content"][0]["type"] == "text" and done["content"][0]["text"]
     assert done["usage"]["input_tokens"] > 0
-    with httpx.stream("POST", url + "/v1/messages", headers=headers, json={**body, "stream": True}, timeout=120) as r:
+    with httpx.stream("POST", url + "/v1/messages", headers=headers, json={**body, "stream": True}, timeout=600) as r:
         assert r.status_code == 200
         events = sse(list(r.iter_lines()))
     kinds = [e["type"] for e in events]
@@ -132,9 +132,9 @@ def _forced_chat(url: str, choice, stream: bool) -> list[dict]:
     body = {"model": "any", "messages": [{"role": "user", "content": ASK}], "tools": CHAT_TOOLS,
             "tool_choice": choice, "max_tokens": 96, "stream": stream}
     if not stream:
-        got = httpx.post(url + "/v1/chat/completions", headers=H, json=body, timeout=120).json()
+        got = httpx.post(url + "/v1/chat/completions", headers=H, json=body, timeout=600).json()
         return got["choices"][0]["message"].get("tool_calls") or []
-    with httpx.stream("POST", url + "/v1/chat/completions", headers=H, json=body, timeout=120) as r:
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=H, json=body, timeout=600) as r:
         chunks = sse(list(r.iter_lines()))
     calls: dict[int, dict] = {}
     for c in chunks:
@@ -182,13 +182,13 @@ def test_messages_tool_use_for_any_and_a_named_tool(served, stream):
         body = {"model": "any", "max_tokens": 96, "messages": [{"role": "user", "content": ASK}], "tools": MSG_TOOLS,
                 "tool_choice": choice, "stream": stream}
         if stream:
-            with httpx.stream("POST", url + "/v1/messages", headers=headers, json=body, timeout=120) as r:
+            with httpx.stream("POST", url + "/v1/messages", headers=headers, json=body, timeout=600) as r:
                 events = sse(list(r.iter_lines()))
             starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
             uses = [b for b in starts if b["type"] == "tool_use"]
             assert any(e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta" for e in events)
         else:
-            done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=120).json()
+            done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=600).json()
             uses = [b for b in done["content"] if b["type"] == "tool_use"]
             assert done["stop_reason"] in ("tool_use", "max_tokens")  # b11434: "length" after the call is max_tokens
             assert isinstance(uses[0]["input"], dict)
