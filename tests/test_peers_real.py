@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from squad.engine.process import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]  # several model calls each, on 2 shared cores
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # no trace export to the internet
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no model cost map download
 

@@ -23,7 +23,7 @@ import pytest
 
 from squad.engine.process import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # forced calls of up to 96 tokens, on 2 shared cores
 
 KEY = "serve-apis-test-key-0123456789"
 H = {"Authorization": f"Bearer {KEY}"}
