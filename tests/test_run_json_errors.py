@@ -8,7 +8,6 @@ engine proves it (the JSON is squad's own)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import anyio
 import pytest

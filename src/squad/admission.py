@@ -151,6 +151,11 @@ class Admission:
         return self.queue.ordered()  # type: ignore[return-value]
 
     @property
+    def queued_calls(self) -> list[tuple[str | None, int]]:
+        """``(call id, tokens)`` of the waiting calls, in the order they will be admitted."""
+        return [(w.reservation.call, w.reservation.tokens) for w in self._waiters]
+
+    @property
     def queued_tokens(self) -> int:
         """Tokens the waiting calls ask for."""
         return sum(w.reservation.tokens for w in self._waiters)

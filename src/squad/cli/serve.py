@@ -10,6 +10,7 @@ import typer
 
 from squad.cli import options
 from squad.cli._app import app, console, engine_spec, err_console
+from squad.errors import UserError
 
 __all__ = ["serve_command"]
 
@@ -45,12 +46,20 @@ def serve_command(
     = 300.0,
     watch: Annotated[bool, typer.Option("--watch", help="Show the live view: slots, pool, queue, one row per client.")]
     = False,
+    cors_origin: Annotated[Optional[list[str]], typer.Option(
+        "--cors-origin", show_default=False,
+        help="A web origin (https://app.example:3000, or *) whose pages may call squad serve from a browser; "
+             "repeat for more. Default: none beyond its own.")] = None,
+    client_key: Annotated[Optional[list[str]], typer.Option(
+        "--client-key", show_default=False,
+        help="NAME=KEY: another key clients may send; requests with it are counted and shown as NAME. Repeatable.")]
+    = None,
     load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
     request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
     queue: Annotated[Optional[str], options.queue()] = None,
 ) -> None:
-    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) in front of
-    llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
+    """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
+    the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
     queued by priority (header X-Squad-Priority, lower first), released when it ends or the client
     leaves. Requests running together never exceed the engine's slots or its KV pool, whichever
     tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
@@ -67,6 +76,13 @@ def serve_command(
                        cache_type_v=ctv, binary=llama_server, threads=threads, load_timeout=load_timeout)
     if request_timeout is not None or queue is not None:
         spec = spec.but(request_timeout=request_timeout, queue=queue)
+    keys: dict[str, str] = {}
+    for item in client_key or ():
+        name, _, key = item.partition("=")
+        if not name.strip() or len(key.strip()) < 8:
+            raise UserError(f"--client-key {item!r}: write NAME=KEY, with a key of at least 8 characters "
+                            "(e.g. --client-key editor=$(openssl rand -hex 16))")
+        keys[name.strip()] = key.strip()
     if host not in LOOPBACK:
         err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
                           "(they still need the key)")
@@ -75,21 +91,35 @@ def serve_command(
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     async def run() -> None:
+        from squad.serve.watch import ServeWatch
+
         sock = bind(host, port)
         where = f"engine at {url}" if url else "loading the engine"
         say(f"squad serve: {where} ...")
-        with LiveView(on=watch, console=err_console) as view:
+        loading = LiveView(on=watch, console=err_console)  # the engine's load; then ServeWatch
+        with loading:
             async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
-                               replan_interval=replan_interval, on_event=view if watch else None, log=say) as served:
+                               replan_interval=replan_interval, on_event=loading if watch else None, log=say,
+                               cors_origins=tuple(cors_origin or ()), client_keys=keys) as served:
+                loading.__exit__(None, None, None)
+                loading.on = False  # its events go on arriving; the view is ServeWatch's now
                 info = served.session.info
                 auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
                 console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{served.api_key}[/]",
                               soft_wrap=True, highlight=False)
-                say(f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at most "
-                    f"{served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
-                    f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
-                                                  f"{replan_interval:.0f} s)" if auto else ""))
-                say("status: GET /squad/status; stop with Ctrl-C")
-                await anyio.sleep_forever()
+                lines = [f"squad serve on {served.base_url}  key {served.api_key}",
+                         f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at "
+                         f"most {served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
+                         f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
+                                                       f"{replan_interval:.0f} s)" if auto else ""),
+                         "status: GET /squad/status; stop with Ctrl-C"]
+                if not watch:
+                    for line in lines[1:]:
+                        say(line)
+                    await anyio.sleep_forever()
+                with ServeWatch(served.gateway, lines, console=err_console) as view:
+                    while True:
+                        view.tick()
+                        await anyio.sleep(1.0)
 
     anyio.run(run)

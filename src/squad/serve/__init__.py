@@ -10,6 +10,11 @@ it reaches llama-server, so requests running together never exceed its slots or 
 - :mod:`squad.serve.fanout`: a list of prompts or ``n`` > 1, one reservation per completion;
 - :mod:`squad.serve.assemble`: a request not streamed is streamed from llama-server (so it stops
   when the client leaves) and answered whole;
+- :mod:`squad.serve.apis`: Responses, Messages and embeddings (counted by the engine's endpoints);
+- :mod:`squad.serve.forcing`: tool choice and schemas for every client, as squad's own client sends them;
+- :mod:`squad.serve.early`: a queued stream's early start and keep-alive comments;
+- :mod:`squad.serve.cors`: ``OPTIONS`` preflights and allowed origins;
+- :mod:`squad.serve.watch`: ``--watch``, drawn from the ledger and admission;
 - :mod:`squad.serve.status`: live requests and per-client counts;
 - :mod:`squad.serve.replan`: ``--slots auto`` re-planning at quiet moments;
 - :mod:`squad.serve.server`: engine session + uvicorn (:func:`serving`).

@@ -5,7 +5,7 @@
 project's one counter (:class:`~squad.counting.PromptCounter`: the model's own tokenizer and
 chat template, else the engine's ``/v1/chat/completions/input_tokens``; for a plain-text prompt
 ``/tokenize``). ``max_tokens`` is what llama-server would generate at most: ``n_predict``,
-``max_completion_tokens`` or ``max_tokens`` (the largest one given); a request without any gets
+``max_completion_tokens``, ``max_tokens`` or (Responses) ``max_output_tokens`` (the largest one given); a request without any gets
 the server's stated default, written into the request so the engine stops there.
 
 A request that cannot be admitted is a :class:`Refused`: an HTTP status and an OpenAI-shaped
@@ -21,11 +21,11 @@ from squad.engine.llama import round_ctx
 
 __all__ = ["Demand", "Refused", "Kind", "MAX_TOKEN_FIELDS", "read_max_tokens", "demand_for", "error_body"]
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses", "messages", "embeddings"]
 """``chat``: ``/v1/chat/completions`` (messages); ``completion``: ``/v1/completions`` and
-llama-server's ``/completion`` (a text prompt)."""
+llama-server's ``/completion`` (a text prompt); the others: :mod:`squad.serve.apis`."""
 
-MAX_TOKEN_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+MAX_TOKEN_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
 """Request fields llama-server reads as the most tokens to generate."""
 
 

@@ -24,7 +24,6 @@ from squad.errors import AdmissionError
 from squad.events import Origin
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
 from squad.serve.demand import Kind, Refused, demand_for, error_body
-from squad.serve.status import Live
 
 if TYPE_CHECKING:
     from squad.serve.gateway import Send, _Relay

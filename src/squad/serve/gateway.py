@@ -4,11 +4,14 @@ that admits every generation request through squad's :class:`~squad.admission.Ad
 Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
 
 - generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
-  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``); a list of
+  unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``),
+  ``/v1/responses``, ``/v1/messages`` and ``/v1/embeddings`` (:mod:`squad.serve.apis`; tool
+  choice and schemas rewritten as the engine honours them, :mod:`squad.serve.forcing`); a list of
   prompts or ``n`` > 1 is one reservation per completion (:mod:`squad.serve.fanout`);
+- ``OPTIONS`` (a CORS preflight, no key): :mod:`squad.serve.cors`;
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
-  ``/v1/chat/completions/input_tokens``;
+  ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
 - ``GET /squad/status``: slots, pool reservations, queue, per-client counts (JSON).
 
 One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
@@ -24,6 +27,7 @@ response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import secrets
@@ -38,10 +42,14 @@ from squad.admission import Admission, Reservation
 from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
+from squad.serve import apis
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
-from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.cors import Cors
+from squad.serve.demand import Kind, Refused, error_body
+from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
+from squad.serve.watch import waits_for
 from squad.settle import EngineSlots, Ending, until_engine_free
 
 if TYPE_CHECKING:
@@ -56,16 +64,17 @@ SERVE_HEADER = "x-squad-serve"
 PRIORITY_HEADER = "x-squad-priority"
 """Request header: a whole number, lower is admitted first (default 0); FIFO among equals."""
 CLIENT_HEADER = "x-squad-client"
-"""Request header naming the client for per-client counts (else the ``user`` field, else the peer address)."""
+"""Request header naming the client for per-client counts (else the label of its key, else the body's
+``user`` / ``metadata.user_id`` field, else the peer address)."""
 STATUS_PATH = "/squad/status"
 DEFAULT_MAX_TOKENS = 1024
 """Tokens reserved for (and generated at most by) a request that gives no max_tokens."""
 
 GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
                                "/v1/completions": "completion", "/completions": "completion",
-                               "/completion": "completion"}
+                               "/completion": "completion", **apis.ROUTES}
 PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
-PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens")
+PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens", *apis.PASS_POST)
 _HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"}
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -89,7 +98,8 @@ class Gateway:
 
     def __init__(self, session: "EngineSession", *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
-                 on_event: EventSink | None = None, version: str = "") -> None:
+                 on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
+                 client_keys: dict[str, str] | None = None) -> None:
         from squad import __version__
         from squad.errors import UserError
 
@@ -114,6 +124,9 @@ class Gateway:
         self.slots = EngineSlots(lambda: self.upstream)
         """The engine's ``/slots``, read to release a request that ended on squad's side only once the
         engine's slot is free (:func:`squad.settle.until_engine_free`)."""
+        self._labels = [(label, key.encode()) for label, key in (client_keys or {}).items()]
+        """More keys, each naming its client (``--client-key NAME=KEY``)."""
+        self.cors = Cors(cors_origins)
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -162,6 +175,8 @@ class Gateway:
         from squad.stream import Loading
 
         try:
+            if kind in ("responses", "messages", "embeddings"):
+                return await apis.count(self, body, kind)
             if kind == "chat":
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:
@@ -219,14 +234,20 @@ class Gateway:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # no lifespan: the server closes the gateway itself
             return
-        version = self._version
+        version, cors = self._version, self.cors.headers(scope)
 
         async def tagged(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version)]
+                message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version), *cors]
             await send(message)
 
         path, method = scope["path"], scope["method"]
+        if method == "OPTIONS":  # a CORS preflight carries no key (squad.serve.cors)
+            status, headers, data = self.cors.preflight(scope)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [*headers, (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data})
+            return
         if path == "/health" and method == "GET":
             await self._pass(scope, receive, tagged)
             return
@@ -244,11 +265,18 @@ class Gateway:
             await _json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
+        """Whether the request carries a key; a labelled key's name goes to ``scope["squad.key_label"]``."""
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
-                return secrets.compare_digest(value[7:].strip(), self._key)
-            if name == b"x-api-key":
-                return secrets.compare_digest(value.strip(), self._key)
+                value = value[7:]
+            elif name != b"x-api-key":
+                continue
+            value = value.strip()
+            for label, key in self._labels:
+                if secrets.compare_digest(value, key):
+                    scope["squad.key_label"] = label
+                    return True
+            return secrets.compare_digest(value, self._key)
         return False
 
     # -- /squad/status -------------------------------------------------------------------------------
@@ -260,6 +288,9 @@ class Gateway:
 
         info, admission = self.engine, self.admission
         plan = self.session.plan
+        ledger = self.ledger.view()
+        for row in ledger["queued"]:  # what each waits for: a slot, pool room, its turn, a replan
+            row["waits_for"] = waits_for(self, self.ledger.live[row["id"]])
         return {
             "squad_serve": self._version.decode(),
             "engine": {"url": info.base_url, "kind": info.kind,
@@ -272,7 +303,7 @@ class Gateway:
                           "queued": len(admission.queued)},
             "default_max_tokens": self.default_max_tokens,
             "reloading": self.reloading,
-            **self.ledger.view(),
+            **ledger,
             "replans": self.replans,
         }
 
@@ -320,7 +351,7 @@ class Gateway:
             await _json(send, exc.status, exc.body)
             return
         live = Live(id=f"r{next(self._ids)}", client=_client_name(scope, body), priority=priority,
-                    stream=bool(body.get("stream")))
+                    stream=bool(body.get("stream")), api=kind)
         self.ledger.open(live)
         relay = _Relay(self, live, scope, body, raw, kind)
         outcome = "failed"
@@ -361,32 +392,42 @@ class _Relay:
         """Admit, forward and relay; return the outcome for the ledger."""
         g, live = self.g, self.live
         admission = g.admission
-        try:
-            parts = split(self.body, self.kind, self.scope["path"])
+        try:  # tool choice and schemas as the engine honours them (squad.serve.apis)
+            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix)
+            parts = split(body, self.kind, self.scope["path"])
         except Refused as exc:
             await _json(send, exc.status, exc.body)
             return "refused"
         if parts is not None:  # several prompts, or n > 1: one reservation per completion
+            self.body = body
             return await fan_out(self, parts, send)
-        try:
-            demand = await demand_for(self.body, self.kind, g.count, limit=admission.limit,
-                                      default_max_tokens=g.default_max_tokens)
+        try:  # counted (squad.serve.apis)
+            demand = await apis.demand(body, self.kind, g)
         except Refused as exc:
             await _json(send, exc.status, exc.body)
             return "refused" if exc.status == 400 else "failed"
-        content = self.raw
+        content = self.raw if body is self.body else None
+        self.body = body
         if demand.defaulted:
             self.body["max_tokens"] = demand.max_tokens
+            content = None
+        if content is None:
             content = json.dumps(self.body).encode()
         if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
             content = json.dumps(streamed_upstream(self.body)).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
+        early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
+        send = early.send if early is not None else send
         try:
-            async with admission.reserve(demand.tokens, agent=origin, priority=live.priority, call=live.id) as held:
-                g.ledger.move(live, "running", slot=held.slot)
-                async with g.until_engine_free(held) as ending:
-                    return await self._forward(send, content, held.queued_s, ending)
+            async with early.holding() if early is not None else contextlib.nullcontext():
+                async with admission.reserve(demand.tokens, agent=origin, priority=live.priority,
+                                             call=live.id) as held:
+                    if early is not None:
+                        await early.admitted()
+                    g.ledger.move(live, "running", slot=held.slot)
+                    async with g.until_engine_free(held) as ending:
+                        return await self._forward(send, content, held.queued_s, ending)
         except AdmissionError as exc:  # the engine was reloaded smaller while it waited
             await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
             return "refused"
@@ -535,7 +576,8 @@ def _client_name(scope: dict[str, Any], body: dict[str, Any]) -> str:
     named = _header(scope, CLIENT_HEADER.encode())
     if named:
         return named[:64]
-    if isinstance(body.get("user"), str) and body["user"]:
-        return body["user"][:64]
+    named = scope.get("squad.key_label") or apis.client_field(body)
+    if named:
+        return named[:64]
     peer = scope.get("client")
     return str(peer[0]) if peer else "?"

@@ -77,12 +77,15 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
                   api_key: str | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
                   replan_interval: float | None = None, on_event: EventSink | None = None,
                   log: "Callable[[str], None] | None" = None, sock: socket.socket | None = None,
+                  cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   ) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
     squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound socket
-    (:func:`bind`) instead of ``host:port``. Raises :class:`UserError` (port taken, or the
+    (:func:`bind`) instead of ``host:port``. ``cors_origins``: web origins allowed besides its own
+    (:mod:`squad.serve.cors`). ``client_keys``: more keys by client name (a request with one is
+    counted under that name). Raises :class:`UserError` (port taken, or the
     engine at the URL admits on its own) and the session's errors.
     """
     import uvicorn
@@ -93,7 +96,8 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
     async with _session(engine, on_event) as session:
         spec = session.spec
         gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
-                          request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event)
+                          request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
+                          cors_origins=cors_origins, client_keys=client_keys)
         config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
         server = _Server(config)

@@ -33,6 +33,8 @@ class Live:
     since: float = field(default_factory=time.monotonic)
     slot: int = -1
     stream: bool = False
+    api: str = ""
+    """The API it came through (``chat``, ``completion``, ``responses``, ``messages``, ``embeddings``)."""
 
 
 @dataclass
@@ -120,7 +122,7 @@ class Ledger:
 
         def row(r: Live) -> dict[str, Any]:
             return {"id": r.id, "client": r.client, "tokens": r.tokens, "priority": r.priority, "slot": r.slot,
-                    "stream": r.stream, "for_s": round(now - r.since, 3)}
+                    "stream": r.stream, "api": r.api, "for_s": round(now - r.since, 3)}
 
         return {
             "running": [row(r) for r in self.live.values() if r.state == "running"],

@@ -1,0 +1,104 @@
+"""The APIs ``squad serve`` admits besides chat and text completions: OpenAI Responses
+(``/v1/responses``), Anthropic Messages (``/v1/messages``) and embeddings (``/v1/embeddings``).
+
+llama-server b11434 converts a Responses or Messages body to a chat body itself
+(``tools/server/server-chat.cpp``) and answers in that API's own shape (Responses
+``output`` items with ``function_call``, Messages ``content`` blocks with ``tool_use``, and each
+one's own SSE events). squad serve forwards the body as it is, after :mod:`squad.serve.forcing`,
+and counts its prompt with the engine's own counting endpoint for that API
+(:data:`COUNT_PATHS`: ``{"input_tokens": N}``, the exact prompt the request would use), since
+squad's local counter renders chat messages only.
+
+An embeddings request occupies a slot for its input's tokens and generates none: it reserves
+its input (each text counted with ``/tokenize``) and no ``max_tokens``. b11434 serves embeddings
+only when started with ``--embeddings`` (else 501 ``This server does not support embeddings``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from squad.serve.demand import Demand, Kind, Refused, demand_for
+from squad.serve.forcing import force_chat, force_messages, force_responses
+
+if TYPE_CHECKING:
+    from squad.serve.gateway import Gateway
+
+__all__ = ["ROUTES", "COUNT_PATHS", "prepare", "count", "demand", "client_field"]
+
+ROUTES: dict[str, Kind] = {"/v1/responses": "responses", "/responses": "responses",
+                           "/v1/messages": "messages",
+                           "/v1/embeddings": "embeddings", "/embeddings": "embeddings"}
+"""Admitted routes of the APIs in this module (llama-server b11434's paths)."""
+
+COUNT_PATHS: dict[str, str] = {"responses": "/v1/responses/input_tokens", "messages": "/v1/messages/count_tokens"}
+"""The engine's prompt-token count for each API's body."""
+
+PASS_POST = ("/v1/responses/input_tokens", "/responses/input_tokens", "/v1/messages/count_tokens",
+             "/chat/completions/input_tokens")
+"""Counting endpoints passed through to the engine."""
+
+
+def prepare(body: dict[str, Any], kind: Kind, prefix: str | None) -> dict[str, Any]:
+    """``body`` as it is sent for ``kind`` (tool choice and schemas, :mod:`squad.serve.forcing`)."""
+    force = {"chat": force_chat, "responses": force_responses, "messages": force_messages}.get(kind)
+    out = force(body, prefix) if force is not None else body
+    return body if out == body else out
+
+
+async def count(gateway: "Gateway", body: dict[str, Any], kind: Kind) -> int:
+    """Prompt tokens of a Responses/Messages body (the engine's count endpoint) or an embeddings
+    input (the sum over its texts). Raises :class:`Refused`: the engine's own 4xx message for a
+    body it cannot read, 503 while it loads; :class:`~squad.errors.EngineGone` when it does not answer."""
+    from squad.errors import EngineError, EngineGone
+
+    if kind == "embeddings":
+        texts = body.get("input", body.get("content"))
+        texts = texts if isinstance(texts, list) and texts and not isinstance(texts[0], int) else [texts]
+        return sum([await gateway._count_text(t) for t in texts])
+    if kind == "messages" and not isinstance(body.get("messages"), list):
+        raise Refused(400, "messages must be a list of Anthropic messages", param="messages")
+    if kind == "responses" and "input" not in body:
+        raise Refused(400, "'input' is required", param="input")
+    try:
+        r = await gateway.upstream.post(COUNT_PATHS[kind], json=body)
+    except httpx.TransportError as exc:
+        raise EngineGone(f"engine at {gateway.engine.base_url} is not answering ({exc!r})") from exc
+    if r.status_code == 503:
+        raise Refused(503, "Loading model", "unavailable_error")
+    if 400 <= r.status_code < 500:
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:300]
+        raise Refused(400, f"the engine cannot read this request: {message}")
+    if r.status_code != 200:
+        raise EngineError(f"{COUNT_PATHS[kind]} answered HTTP {r.status_code}: {r.text[:200]}")
+    return int(r.json()["input_tokens"])
+
+
+async def demand(body: dict[str, Any], kind: Kind, gateway: "Gateway") -> Demand:
+    """What ``body`` reserves (:func:`squad.serve.demand.demand_for`; an embeddings request: its
+    input and no generation)."""
+    limit = gateway.admission.limit
+    if kind == "embeddings":
+        prompt = await gateway.count(body, kind)
+        if prompt > limit:
+            raise Refused(400, f"this embeddings input is {prompt:,} tokens, but one request may hold at most "
+                               f"{limit:,} tokens on this engine: split the input", "exceed_context_size_error",
+                          n_prompt_tokens=prompt, n_ctx=limit)
+        return Demand(prompt, 0)
+    return await demand_for(body, kind, gateway.count, limit=limit, default_max_tokens=gateway.default_max_tokens)
+
+
+def client_field(body: dict[str, Any]) -> str | None:
+    """The client name a body carries: OpenAI ``user`` (Responses also ``safety_identifier``),
+    Anthropic ``metadata.user_id``; not a JSON blob (Claude Code's ``user_id`` is one: its client
+    is then named by its key or its address)."""
+    for value in (body.get("user"), body.get("safety_identifier"),
+                  (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None):
+        if isinstance(value, str) and value and not value.lstrip().startswith(("{", "[")):
+            return value
+    return None

@@ -1,0 +1,103 @@
+"""A streamed request that waits in squad serve's queue gets its answer's start early, so queue
+time does not count against the client's read timeout.
+
+SDK clients (openai, anthropic: httpx underneath) time out when no byte arrives for their read
+timeout (600 s by default), and then retry, which queues the same request again. So once a
+streamed request has waited :data:`EARLY_AFTER` seconds, squad serve sends ``200`` with
+``text/event-stream`` and then an SSE comment line (``: queued ...``, which SSE readers skip)
+every :data:`KEEPALIVE_EVERY` seconds until it is admitted. The engine's own status line is then
+dropped; an error status it answers (a 400, a 502 from squad serve) arrives as one
+``data: {"error": ...}`` frame, the shape llama-server itself uses for an error inside a stream.
+A request that is not streamed keeps its status for the engine's answer (a JSON body cannot
+carry a late error).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+
+__all__ = ["EarlyStart", "EARLY_AFTER", "KEEPALIVE_EVERY"]
+
+EARLY_AFTER = 1.0
+"""Seconds a streamed request waits in the queue before its answer starts."""
+KEEPALIVE_EVERY = 10.0
+"""Seconds between two keep-alive comments while it waits."""
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class EarlyStart:
+    """Wraps one streamed request's ASGI ``send`` (:meth:`send`); :meth:`holding` covers its wait."""
+
+    def __init__(self, send: Send, *, after: float | None = None, every: float | None = None) -> None:
+        self._send = send
+        self.after = EARLY_AFTER if after is None else after
+        self.every = KEEPALIVE_EVERY if every is None else every
+        self.started = False
+        """The status line went out early."""
+        self._status = 200
+        self._error: list[bytes] = []
+        self._done = anyio.Event()
+        self._lock = anyio.Lock()
+
+    @asynccontextmanager
+    async def holding(self) -> AsyncIterator["EarlyStart"]:
+        """Keep the client's connection alive while the block waits; :meth:`admitted` ends that.
+        What the block raises comes out as it is (not in an exception group)."""
+        error: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._hold)
+            try:
+                yield self
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, outside the group
+                error = exc
+            finally:
+                self._done.set()
+        if error is not None:
+            raise error
+
+    async def admitted(self) -> None:
+        """The wait is over: no more keep-alive lines (returns once none is being sent)."""
+        self._done.set()
+        async with self._lock:
+            pass
+
+    async def _hold(self) -> None:
+        with anyio.move_on_after(self.after):
+            await self._done.wait()
+        waited = self.after
+        while not self._done.is_set():
+            async with self._lock:
+                if self._done.is_set():
+                    return
+                if not self.started:
+                    self.started = True
+                    await self._send({"type": "http.response.start", "status": 200, "headers": [
+                        (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                        (b"x-squad-queued", b"early")]})
+                line = f": queued in squad serve for {waited:.0f} s\n\n".encode()
+                await self._send({"type": "http.response.body", "body": line, "more_body": True})
+            with anyio.move_on_after(self.every):
+                await self._done.wait()
+            waited += self.every
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """``send`` for the request: as it is until the start went out early, then without the
+        status line, an error body turned into one ``data:`` frame."""
+        async with self._lock:
+            if not self.started:
+                await self._send(message)
+                return
+        if message["type"] == "http.response.start":
+            self._status = message["status"]
+            return
+        if self._status < 400:
+            await self._send(message)
+            return
+        self._error.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            body = b"".join(self._error).strip() or b'{"error": {"message": "no answer", "type": "server_error"}}'
+            await self._send({"type": "http.response.body", "body": b"data: " + body + b"\n\n"})

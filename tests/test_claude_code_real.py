@@ -1,0 +1,99 @@
+"""Claude Code (npm ``@anthropic-ai/claude-code``, its native binary) runs one non-interactive
+task through ``squad serve``'s Anthropic Messages API (``ANTHROPIC_BASE_URL``), on the real
+engine with SmolLM2-135M. Claude Code's own system prompt and tool set are far larger than the
+model's 8,192-token training context, so the task runs with ``--bare --system-prompt`` and one
+small tool (``Read``).
+
+The binary: ``$SQUAD_CLAUDE_CODE``, else ``claude`` on PATH, else the one ``.ci/run`` installs
+under ``~/.cache/squad/npm`` (``npm install @anthropic-ai/claude-code``; npm here does not run
+its postinstall, so the platform package's binary is used). Skipped when none is found."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from squad.engine.process import free_port
+
+pytestmark = pytest.mark.engine
+
+KEY = "claude-code-test-key-0123456789"
+NPM_PREFIX = Path.home() / ".cache" / "squad" / "npm"
+
+
+def claude_binary() -> str | None:
+    found = os.environ.get("SQUAD_CLAUDE_CODE") or shutil.which("claude")
+    if found:
+        return found
+    modules = NPM_PREFIX / "node_modules" / "@anthropic-ai"
+    for candidate in (*sorted(modules.glob("claude-code-linux-*/claude")), modules / "claude-code" / "cli.js"):
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama_server_path, default_model_path):
+    """``squad serve -c 8192 -np 2 -t 2`` on a free port: ``(url, state dir)``."""
+    state = tmp_path_factory.mktemp("state")
+    port = free_port()
+    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
+           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    log = open(state / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", "8192", "-np", "2",
+                             "-t", "2", "--llama-server", str(llama_server_path), "-m", str(default_model_path)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (state / "serve.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (state / "serve.log").read_text()
+            time.sleep(0.2)
+        yield url, state
+    finally:
+        proc.send_signal(2)
+        proc.wait(30)
+        log.close()
+
+
+@pytest.mark.timeout(600)
+def test_claude_code_runs_a_task_through_serve(served, tmp_path):
+    binary = claude_binary()
+    if binary is None:
+        pytest.skip("Claude Code is not installed: npm install --prefix ~/.cache/squad/npm @anthropic-ai/claude-code")
+    url, state = served
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "note.txt").write_text("The password is tulip.\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "ANTHROPIC_BASE_URL": url,
+           "ANTHROPIC_API_KEY": KEY, "ANTHROPIC_MODEL": "any", "ANTHROPIC_SMALL_FAST_MODEL": "any",
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": "any", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
+    argv = [binary] if not binary.endswith(".js") else ["node", binary]
+    argv += ["--bare", "-p", "Read note.txt and tell me the password.", "--model", "any", "--tools", "Read",
+             "--system-prompt", "You are a brief assistant. Use the Read tool to read files.",
+             "--output-format", "json", "--max-turns", "3", "--allowedTools", "Read"]
+    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=540)
+    status = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], status["clients"])
+    result = json.loads(done.stdout)
+    assert result.get("is_error") is False and result.get("result"), result
+    counts = list(status["clients"].values())
+    assert sum(c["completed"] for c in counts) >= 1 and sum(c["failed"] for c in counts) == 0, status["clients"]

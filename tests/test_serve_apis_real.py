@@ -1,0 +1,291 @@
+"""Every generation API llama-server b11434 serves, through ``squad serve`` on the real engine:
+OpenAI Responses and Anthropic Messages, streamed and not, admitted (a burst that overflows
+the engine directly completes through serve) and released on a disconnect; tool calls forced
+for ``required`` and a named tool in each API's own shape (chat ``tool_calls``, Responses
+``function_call`` items, Messages ``tool_use`` blocks), streamed too; structured output for
+chat ``response_format`` and Responses ``text.format``; the count endpoints and embeddings
+passed on. One ``-c 2048 -np 4`` engine for the module (the squad serve CLI as a process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import openai
+import psutil
+import pytest
+
+from squad.engine.process import free_port
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # forced calls of up to 96 tokens, on 2 shared cores
+
+KEY = "serve-apis-test-key-0123456789"
+H = {"Authorization": f"Bearer {KEY}"}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": WEATHER}},
+              {"type": "function", "function": {"name": "get_time", "description": "Time in a city",
+                                                "parameters": WEATHER}}]
+RESP_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+               "parameters": WEATHER} for t in CHAT_TOOLS]
+MSG_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": WEATHER}
+             for t in CHAT_TOOLS]
+ASK = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama_server_path, default_model_path):
+    """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields ``(url, pid)``; stopped with SIGINT."""
+    state = tmp_path_factory.mktemp("state")
+    port = free_port()
+    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
+           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    log = open(state / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", "2048", "-np", "4",
+                             "-t", "2", "--llama-server", str(llama_server_path), "-m", str(default_model_path)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (state / "serve.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (state / "serve.log").read_text()
+            time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(2)
+        proc.wait(30)
+        log.close()
+
+
+def status(url: str) -> dict:
+    return httpx.get(url + "/squad/status", headers=H, timeout=10).json()
+
+
+def engine_of(url: str, pid: int) -> tuple[str, str]:
+    """The engine's URL and key (squad serve's secret; read here only to go around it)."""
+    (child,) = [c for c in psutil.Process(pid).children(recursive=True) if "llama-server" in c.name()]
+    return status(url)["engine"]["url"], child.environ()["LLAMA_API_KEY"]
+
+
+def sse(lines: list[str]) -> list[dict]:
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def settled(url: str) -> dict:
+    """/squad/status once nothing is reserved and no engine slot is busy (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        now = status(url)
+        busy = sum(1 for s in httpx.get(url + "/slots", headers=H, timeout=10).json() if s.get("is_processing"))
+        if now["admission"]["reserved"] == 0 and busy == 0:
+            return now
+        assert time.monotonic() < deadline, (now, busy)
+        time.sleep(0.05)
+
+
+def test_responses_plain_and_streamed(served):
+    url, _ = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    done = client.responses.create(model="any", input="Say hello.", max_output_tokens=24)
+    assert done.output_text and done.usage.input_tokens > 0  # Responses: cached tokens included
+    events = list(client.responses.create(model="any", input="Count to five.", max_output_tokens=24, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert sum(1 for k in kinds if k == "response.output_text.delta") >= 4
+    counted = httpx.post(url + "/v1/responses/input_tokens", headers=H, json={"input": "Say hello."}).json()
+    assert counted["input_tokens"] == done.usage.input_tokens
+    assert settled(url)["admission"]["reserved"] == 0
+
+
+def test_messages_plain_and_streamed(served):
+    url, _ = served
+    body = {"model": "any", "max_tokens": 24, "messages": [{"role": "user", "content": "Say hello."}]}
+    headers = {**H, "anthropic-version": "2023-06-01"}
+    done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=600).json()
+    assert done["type"] == "message" and done["content"][0]["type"] == "text" and done["content"][0]["text"]
+    assert done["usage"]["input_tokens"] > 0
+    with httpx.stream("POST", url + "/v1/messages", headers=headers, json={**body, "stream": True}, timeout=600) as r:
+        assert r.status_code == 200
+        events = sse(list(r.iter_lines()))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert any(e["type"] == "content_block_delta" for e in events)
+    counted = httpx.post(url + "/v1/messages/count_tokens", headers=headers, json=body).json()
+    usage = done["usage"]  # b11434 counts cached prompt tokens apart
+    assert counted["input_tokens"] == usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+    assert settled(url)["admission"]["reserved"] == 0
+
+
+def _forced_chat(url: str, choice, stream: bool) -> list[dict]:
+    body = {"model": "any", "messages": [{"role": "user", "content": ASK}], "tools": CHAT_TOOLS,
+            "tool_choice": choice, "max_tokens": 96, "stream": stream}
+    if not stream:
+        got = httpx.post(url + "/v1/chat/completions", headers=H, json=body, timeout=600).json()
+        return got["choices"][0]["message"].get("tool_calls") or []
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=H, json=body, timeout=600) as r:
+        chunks = sse(list(r.iter_lines()))
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for d in (c["choices"][0]["delta"].get("tool_calls") or []) if c.get("choices") else []:
+            call = calls.setdefault(d["index"], {"function": {"name": "", "arguments": ""}})
+            call["function"]["name"] += d.get("function", {}).get("name") or ""
+            call["function"]["arguments"] += d.get("function", {}).get("arguments") or ""
+    return list(calls.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_tool_calls_for_required_and_a_named_tool(served, stream):
+    url, _ = served
+    calls = _forced_chat(url, "required", stream)
+    assert calls and calls[0]["function"]["name"] in ("get_weather", "get_time")
+    json.loads(calls[0]["function"]["arguments"])
+    named = _forced_chat(url, {"type": "function", "function": {"name": "get_time"}}, stream)
+    assert named and named[0]["function"]["name"] == "get_time"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_function_calls_for_required_and_a_named_tool(served, stream):
+    url, _ = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    for choice, names in (("required", ("get_weather", "get_time")), ({"type": "function", "name": "get_time"},
+                                                                      ("get_time",))):
+        kwargs = dict(model="any", input=ASK, tools=RESP_TOOLS, tool_choice=choice, max_output_tokens=96)
+        if stream:
+            events = list(client.responses.create(stream=True, **kwargs))
+            assert any(e.type == "response.function_call_arguments.delta" for e in events)
+            output = events[-1].response.output
+        else:
+            output = client.responses.create(**kwargs).output
+        calls = [o for o in output if o.type == "function_call"]
+        assert calls and calls[0].name in names, output
+        json.loads(calls[0].arguments)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_tool_use_for_any_and_a_named_tool(served, stream):
+    url, _ = served
+    headers = {**H, "anthropic-version": "2023-06-01"}
+    for choice, names in (({"type": "any"}, ("get_weather", "get_time")), ({"type": "tool", "name": "get_time"},
+                                                                          ("get_time",))):
+        body = {"model": "any", "max_tokens": 96, "messages": [{"role": "user", "content": ASK}], "tools": MSG_TOOLS,
+                "tool_choice": choice, "stream": stream}
+        if stream:
+            with httpx.stream("POST", url + "/v1/messages", headers=headers, json=body, timeout=600) as r:
+                events = sse(list(r.iter_lines()))
+            starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+            uses = [b for b in starts if b["type"] == "tool_use"]
+            assert any(e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta" for e in events)
+        else:
+            done = httpx.post(url + "/v1/messages", headers=headers, json=body, timeout=600).json()
+            uses = [b for b in done["content"] if b["type"] == "tool_use"]
+            assert done["stop_reason"] in ("tool_use", "max_tokens")  # b11434: "length" after the call is max_tokens
+            assert isinstance(uses[0]["input"], dict)
+        assert uses and uses[0]["name"] in names
+
+
+def test_structured_output_for_chat_and_responses(served):
+    url, _ = served
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    chat = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "A trip: Paris, 3 days. As JSON."}], max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "trip", "schema": schema}})
+    assert set(json.loads(chat.choices[0].message.content)) == {"city", "days"}
+    resp = client.responses.create(model="any", input="A trip: Paris, 3 days. As JSON.", max_output_tokens=64,
+                                   text={"format": {"type": "json_schema", "name": "trip", "schema": schema}})
+    assert set(json.loads(resp.output_text)) == {"city", "days"}
+
+
+@pytest.mark.timeout(900)
+def test_a_burst_of_responses_and_messages_overflows_directly_and_completes_through_serve(served):
+    """Eight streams (four Responses, four Messages), each ~650 prompt tokens + 48 generated
+    (ignore_eos): four at once need more than the 2,048-token pool."""
+    url, pid = served
+    engine, engine_key = engine_of(url, pid)
+
+    async def burst(base: str, key: str) -> list:
+        got: list = [None] * 8
+        headers = {"Authorization": f"Bearer {key}", "anthropic-version": "2023-06-01"}
+
+        async def one(client: httpx.AsyncClient, i: int) -> None:
+            words = " ".join(f"w{i}x{k}" for k in range(120))
+            if i % 2:
+                path, body = "/v1/responses", {"input": f"Repeat: {words}", "max_output_tokens": 48}
+            else:
+                path, body = "/v1/messages", {"messages": [{"role": "user", "content": f"Repeat: {words}"}],
+                                              "max_tokens": 48}
+            body |= {"model": "any", "stream": True, "ignore_eos": True}
+            try:
+                async with client.stream("POST", path, json=body, headers=headers) as r:
+                    if r.status_code != 200:
+                        got[i] = r.status_code
+                        return
+                    lines = [line async for line in r.aiter_lines()]
+                events = sse(lines)
+                if any("error" in e for e in events):
+                    got[i] = "error frame"
+                elif i % 2:
+                    done = [e for e in events if e.get("type") == "response.completed"]
+                    got[i] = done[0]["response"]["usage"]["output_tokens"] if done else "truncated"
+                else:
+                    ends = [e for e in events if e.get("type") == "message_delta"]
+                    got[i] = ends[-1]["usage"]["output_tokens"] if ends else "truncated"
+            except httpx.HTTPError as exc:
+                got[i] = type(exc).__name__
+
+        async with httpx.AsyncClient(base_url=base, timeout=300) as client:
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(one, client, i)
+        return got
+
+    direct = anyio.run(burst, engine, engine_key)
+    assert any(got != 48 for got in direct), direct
+    through = anyio.run(burst, url, KEY)
+    assert through == [48] * 8, through
+    assert status(url)["peaks"]["requests"] >= 4
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+def test_a_disconnect_mid_stream_frees_the_reservation_and_the_slot(served, path):
+    url, _ = served
+    body = ({"input": "Write a long story.", "max_output_tokens": 1500} if path == "/v1/responses" else
+            {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500})
+    body |= {"model": "any", "stream": True, "ignore_eos": True, "metadata": {"user_id": "leaver"}}
+    if path == "/v1/responses":
+        body.pop("metadata")
+        body["user"] = "leaver"
+    with httpx.stream("POST", url + path, headers={**H, "anthropic-version": "2023-06-01"}, json=body,
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and "delta" in line:
+                assert status(url)["admission"]["reserved"] > 1500
+                break
+    now = settled(url)
+    assert now["clients"]["leaver"]["disconnected"] >= 1
+
+
+def test_embeddings_are_admitted_and_passed_on(served):
+    """The engine squad serve starts has no --embeddings: the engine's own 501 comes back, and
+    the reservation is released."""
+    url, _ = served
+    r = httpx.post(url + "/v1/embeddings", headers=H, json={"model": "any", "input": ["one text", "another"]})
+    assert r.status_code == 501 and "--embeddings" in r.json()["error"]["message"]
+    assert settled(url)["admission"]["reserved"] == 0
+    for path in ("/tokenize", "/apply-template"):
+        body = {"content": "hi"} if path == "/tokenize" else {"messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(url + path, headers=H, json=body).status_code == 200
+    assert httpx.post(url + "/detokenize", headers=H, json={"tokens": [1, 2]}).status_code == 200
