@@ -49,14 +49,15 @@ async def _one(http: httpx.AsyncClient, body: dict) -> dict:
     return r.json()
 
 
-async def measure(path: Path, tokens: int) -> dict[str, float]:
-    """Start the engine at ``path`` with -c CTX -np SLOTS --kv-unified; measure; stop it."""
+async def measure(path: Path, tokens: int, env: dict[str, str]) -> dict[str, float]:
+    """Start the engine at ``path`` (extra environment ``env``) with -c CTX -np SLOTS --kv-unified;
+    measure; stop it."""
     port, key = free_port(), secrets.token_hex(8)
     argv = [str(path), "-m", str(MODEL), "-c", str(CTX), "-np", str(SLOTS), "--kv-unified", "--host", "127.0.0.1",
             "--port", str(port), "-t", str(THREADS)]
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "LLAMA_API_KEY": key}, preexec_fn=_die_with_parent())
+                            env={**os.environ, **env, "LLAMA_API_KEY": key}, preexec_fn=_die_with_parent())
     out: dict[str, float] = {}
     try:
         base = f"http://127.0.0.1:{port}"
@@ -111,6 +112,9 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128, help="generated tokens per stream (ignore_eos)")
     parser.add_argument("--quick", action="store_true", help="2 repeats, 32 tokens")
+    parser.add_argument("--omp", action="store_true",
+                        help="also each engine with the other OpenMP wait policy (OMP_WAIT_POLICY: the source build "
+                             "spins by default, squad-llama-server sleeps)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.tokens = 2, 32
@@ -119,22 +123,23 @@ async def main(argv: list[str] | None = None) -> int:
         print(f"needs both engines: source build {BINARY} ({'found' if BINARY.exists() else 'missing'}), prebuilt "
               f"{prebuilt or 'missing'}", file=sys.stderr)
         return 2
-    engines = {"source build": BINARY, "prebuilt": prebuilt}
+    engines = {"source build": (BINARY, {}), "prebuilt": (prebuilt, {})}
+    if args.omp:
+        engines["source build, OMP_WAIT_POLICY=passive"] = (BINARY, {"OMP_WAIT_POLICY": "passive"})
+        engines["prebuilt, OMP_WAIT_POLICY=active"] = (prebuilt, {"OMP_WAIT_POLICY": "active"})
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     for r in range(args.repeats):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for name in order:
-            runs[name].append(await measure(engines[name], args.tokens))
+            runs[name].append(await measure(*engines[name][:1], args.tokens, engines[name][1]))
             print(f"repeat {r + 1} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
     print(f"### Prebuilt engine vs source build: -c {CTX} -np {SLOTS} --kv-unified -t {THREADS}, "
           f"{args.repeats} alternating repeats, {args.tokens} tokens per stream\n")
-    rows = []
-    for key, label, digits in ROWS:
-        src = [run[key] for run in runs["source build"]]
-        pre = [run[key] for run in runs["prebuilt"]]
-        ratio = [p / s for p, s in zip(pre, src) if s]
-        rows.append([label, spread(src, digits), spread(pre, digits), spread(ratio, 2)])
-    print(md_table(["measure", "source build", "prebuilt", "prebuilt / source (paired)"], rows))
+    names = list(engines)
+    rows = [[label, *(spread([run[key] for run in runs[n]], digits) for n in names),
+             spread([p[key] / s[key] for p, s in zip(runs["prebuilt"], runs["source build"]) if s[key]], 2)]
+            for key, label, digits in ROWS]
+    print(md_table(["measure", *names, "prebuilt / source build (paired)"], rows))
     print(f"\nsource build: `{BINARY}`; prebuilt: `{prebuilt}` (xllamacpp "
           f"{subprocess.run([str(prebuilt), '--version'], capture_output=True, text=True).stderr.split()[2]}); "
           f"prompt tokens per run: {statistics.median(r['prompt_n'] for r in runs['prebuilt']):.0f}. Values are "
