@@ -18,7 +18,8 @@ import pytest
 
 from squad.errors import SquadError
 
-_ENGINE_FIX = "run `squad engine install` (or set SQUAD_LLAMA_SERVER=/path/to/llama-server)"
+_ENGINE_FIX = ("run `squad engine install` (the prebuilt engine) or `squad engine install --build` (a source build), "
+               "or set SQUAD_LLAMA_SERVER=/path/to/llama-server")
 _MODEL_FIX = "run `squad models pull`"
 
 

