@@ -158,7 +158,12 @@ class _Fanout:
                                                        content=json.dumps(sent).encode(),
                                                        headers={"content-type": "application/json"})
                     try:
-                        response = await g.upstream.send(request, stream=True)
+                        try:
+                            response = await g.upstream.send(request, stream=True)
+                        except (httpx.ConnectError, httpx.RemoteProtocolError):
+                            # a pooled connection the engine had just closed: no answer came, so it is
+                            # resent once on a new connection (F22), as the gateway's relay does
+                            response = await g.upstream.send(request, stream=True)
                     except httpx.TransportError as exc:
                         self._fail(502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
                                                    "server_error"), scope)
