@@ -33,7 +33,7 @@ OPTION_NAMES: dict[str, str | None] = {
     # plan
     "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
     # verify, engine install, models, trace
-    "--max-tokens": None, "--force": None, "--jobs": "-j", "--calls": None,
+    "--max-tokens": None, "--force": None, "--build": None, "--jobs": "-j", "--calls": None,
     "--help": None, "--version": None,
 }
 """Every long option name the CLI may use -> its one short form (None: no short form)."""
