@@ -59,12 +59,13 @@ CTX_ROUND = 256
 HOST = "127.0.0.1"
 """squad binds every engine it starts to loopback only."""
 
-ENGINE_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "passive"}
-"""Environment every engine squad starts gets unless squad's own environment sets it. llama.cpp
-built with OpenMP (the source build and the xllamacpp wheel both are) lets libgomp spin at every
-barrier by default; on 2 cores shared with other work (other engines, agents' tools) the spinning
-threads starve the one they wait for: one stream fell from 26 to 0.4 tokens/s and ``squad verify``
-took 147 s instead of 7 s (bench/results.md, engines)."""
+ENGINE_ENV: dict[str, str] = {}
+"""Environment every engine squad starts gets unless squad's own environment sets it: nothing by
+default. Measured (bench/engines.py, bench/results.md): ``OMP_WAIT_POLICY=passive`` (threads sleep
+at barriers instead of spinning) kept generation going on a machine whose cores were busy with
+other work (26 against 0.4 tokens/s), but on an idle machine it cut one stream from 131 to 45
+tokens/s; so libgomp's default stays, and a user on a busy machine sets ``OMP_WAIT_POLICY=passive``
+(squad passes it on)."""
 
 CONTEXT_EXCEEDED = "Context size has been exceeded."
 """llama-server's message when the unified KV pool is exhausted by the requests running

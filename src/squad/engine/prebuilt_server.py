@@ -213,10 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.model:
         _say("error: -m/--model is required")
         return 2
-    # Threads that wait at a barrier sleep instead of spinning (libgomp's default spins): on a machine
-    # whose cores are also busy with other work, spinning threads starve the one they wait for, and
-    # generation fell from ~25 to 1-4 tokens/s (bench/engines.py). A value already set is kept.
-    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    # OMP_WAIT_POLICY: libgomp's default (spinning) unless the user sets it, as for the source build
+    # (squad.engine.llama.ENGINE_ENV: passive helps a busy machine, costs an idle one).
     # SIGTERM and SIGINT end the process at once, as they end llama-server; the kernel frees the KV.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
