@@ -9,11 +9,7 @@ passed on. One ``-c 2048 -np 4`` engine for the module (the squad serve CLI as a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx
@@ -21,7 +17,7 @@ import openai
 import psutil
 import pytest
 
-from squad.engine.process import free_port
+from serve_support import squad_serve
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # forced calls of up to 96 tokens, on 2 shared cores
 
@@ -43,30 +39,8 @@ ASK = "What is the weather in Paris?"
 def served(tmp_path_factory, llama_server_path, default_model_path):
     """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields ``(url, pid)``; stopped with SIGINT."""
     state = tmp_path_factory.mktemp("state")
-    port = free_port()
-    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
-           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    log = open(state / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", "2048", "-np", "4",
-                             "-t", "2", "--llama-server", str(llama_server_path), "-m", str(default_model_path)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (state / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (state / "serve.log").read_text()
-            time.sleep(0.2)
+    with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=2048, slots=4) as (url, proc):
         yield url, proc.pid
-    finally:
-        proc.send_signal(2)
-        proc.wait(30)
-        log.close()
 
 
 def status(url: str) -> dict:

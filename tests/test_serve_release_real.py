@@ -14,17 +14,14 @@ One ``squad serve -c 2048 -np 4 -t 2`` for the module (a separate process, as us
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx
 import openai
 import pytest
 
-from squad.engine.process import free_port
+from serve_support import squad_serve
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -37,30 +34,8 @@ SLOTS, POOL = 4, 2048
 def served(tmp_path_factory, llama_server_path, default_model_path):
     """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields its URL; stopped with SIGINT."""
     state = tmp_path_factory.mktemp("state")
-    port = free_port()
-    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
-           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    log = open(state / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", str(POOL),
-                             "-np", str(SLOTS), "-t", "2", "--llama-server", str(llama_server_path),
-                             "-m", str(default_model_path)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (state / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (state / "serve.log").read_text()
-            time.sleep(0.2)
+    with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=POOL, slots=SLOTS) as (url, proc):
         yield url
-    finally:
-        proc.send_signal(2)
-        proc.wait(30)
-        log.close()
 
 
 async def books_and_engine(client: httpx.AsyncClient) -> tuple[dict, int]:
