@@ -189,12 +189,8 @@ def test_litellm(served):
     city = json.loads(first.tool_calls[0].function.arguments).get("city", "?")
     messages += [first.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": f"It is sunny in {city}."}]
-    try:
-        assert litellm.completion(messages=messages, tools=tools, **common).choices[0].message
-    except litellm.exceptions.BadGatewayError as exc:  # seen once in CI, not reproduced alone: open question
-        if "Failed to parse tool call arguments" not in str(exc):
-            raise
-        pytest.xfail(f"the engine could not parse the tool call LiteLLM sent back ({first.tool_calls[0].function.arguments!r})")
+    # all of first's calls go back, also one cut by max_tokens (squad.serve.forcing.repair_history)
+    assert litellm.completion(messages=messages, tools=tools, **common).choices[0].message
     trip = litellm.completion(messages=[{"role": "user", "content": TRIP}], response_format=Trip, **common)
     Trip.model_validate_json(trip.choices[0].message.content)
 

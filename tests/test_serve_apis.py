@@ -11,7 +11,7 @@ import pytest
 from squad.serve import serving
 from squad.serve.apis import client_field, prepare
 from squad.serve.demand import Refused, read_max_tokens
-from squad.serve.forcing import force_chat, force_messages, force_responses
+from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 from squad.session import EngineSpec
 from squad.testing import FakeEngine
 
@@ -62,6 +62,32 @@ def test_responses_forcing_and_text_format():
         {"type": "json_object"}
     plain = {"input": "hi", "text": {"format": {"type": "text"}}}
     assert prepare(plain, "responses", PREFIX) is plain
+
+
+CUT_CALLS = [{"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}},
+             {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}},
+             {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '["Paris"]'}},
+             {"id": "d", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
+
+
+def test_unfinished_call_arguments_in_the_history_go_back_as_an_empty_object():
+    """What b11434 returned with finish_reason length (the second of two calls cut mid-way), as a
+    client sends it back: every call but the JSON objects gets ``{}``; nothing else changes."""
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": CUT_CALLS},
+               {"role": "tool", "tool_call_id": "a", "content": "sunny"}]
+    body = {"messages": history, "tools": CHAT_TOOLS}
+    sent = prepare(body, "chat", PREFIX)
+    args = [c["function"]["arguments"] for c in sent["messages"][1]["tool_calls"]]
+    assert args == ['{\n  "city": "Paris"\n}', "{}", "{}", {"city": "Oslo"}]
+    assert sent["messages"][0] is history[0] and sent["messages"][2] is history[2]
+    assert body["messages"][1]["tool_calls"][1]["function"]["arguments"] == '{"city": "Par'  # the client's body is kept
+    whole = {"messages": [*USER, {"role": "assistant", "tool_calls": CUT_CALLS[:1]}]}
+    assert repair_history(whole, "chat") is whole
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "x", "name": "get_weather", "arguments": '{"city": '},
+             {"type": "function_call", "call_id": "y", "name": "get_weather", "arguments": '{"city": "Oslo"}'}]
+    fixed = prepare({"input": items}, "responses", PREFIX)["input"]
+    assert [i.get("arguments") for i in fixed] == [None, "{}", '{"city": "Oslo"}'] and fixed[2] is items[2]
 
 
 def test_messages_forcing():

@@ -129,6 +129,32 @@ def test_chat_tool_calls_for_required_and_a_named_tool(served, stream):
     assert named and named[0]["function"]["name"] == "get_time"
 
 
+def test_a_call_cut_by_max_tokens_sent_back_in_the_history_is_served(served):
+    """A reply cut mid-call (what b11434 returns with finish_reason length: ``'{"city": "Par'``),
+    sent back as LangChain and LiteLLM send it: the engine alone refuses the request (HTTP 500,
+    "Failed to parse tool call arguments"); through squad serve it is answered, for chat and
+    Responses."""
+    url, pid = served
+    cut = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}]}
+    body = {"model": "any", "max_tokens": 16, "tools": CHAT_TOOLS, "messages": [
+        {"role": "user", "content": ASK}, cut, {"role": "tool", "tool_call_id": "c1", "content": "Sunny."},
+        {"role": "tool", "tool_call_id": "c2", "content": "error: bad arguments"}]}
+    engine, engine_key = engine_of(url, pid)
+    direct = httpx.post(engine + "/v1/chat/completions", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {engine_key}"})
+    assert direct.status_code == 500 and "Failed to parse tool call arguments" in direct.text
+    through = httpx.post(url + "/v1/chat/completions", json=body, headers=H, timeout=300)
+    assert through.status_code == 200, through.text
+    items = [{"role": "user", "content": ASK},
+             {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Par'},
+             {"type": "function_call_output", "call_id": "c2", "output": "error: bad arguments"}]
+    responses = httpx.post(url + "/v1/responses", headers=H, timeout=300,
+                           json={"model": "any", "max_output_tokens": 16, "tools": RESP_TOOLS, "input": items})
+    assert responses.status_code == 200, responses.text
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_function_calls_for_required_and_a_named_tool(served, stream):
     url, _ = served

@@ -25,7 +25,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PydanticInvalidForJsonSchema
 
 from squad.errors import UserError
 
-__all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls"]
+__all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls", "arguments_for_history"]
 
 
 class ToolError(Exception):
@@ -212,3 +212,21 @@ async def run_tool_calls(
         for i, call in enumerate(calls):
             tg.start_soon(one, i, call)
     return [o for o in outcomes if o is not None]
+
+
+def arguments_for_history(arguments: Any) -> Any:
+    """A tool call's ``arguments`` as they may go back to the engine in a conversation's history:
+    ``arguments`` itself when it is a JSON object (as text, str) or an object (dict), else ``"{}"``.
+
+    A reply cut by ``max_tokens`` in the middle of a call leaves its arguments unfinished
+    (``'{"city": "Par'``; measured on b11434 with ``finish_reason: length``, often the second
+    of two parallel calls). llama-server parses the arguments of every call in the history
+    (``common/chat.cpp``, "Failed to parse tool call arguments as JSON") and refuses the whole
+    request, counting included, with HTTP 500. The tool itself was given the original text and
+    answered with an error, which the model reads in the tool result."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return arguments if isinstance(arguments, str) and isinstance(json.loads(arguments), dict) else "{}"
+    except ValueError:
+        return "{}"

@@ -18,7 +18,6 @@ first round only (:func:`forced_choice`); later rounds are ``auto``. The result 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -32,7 +31,7 @@ from squad.mcp import is_mcp_ref, split_ref
 from squad.results import AgentResult, slot_of, timings_of, usage_of
 from squad.structured import OutputInvalid, OutputSchema, retry_message
 from squad.toolroom import Cut, fit_results, request_limit
-from squad.tools import Tool, run_tool_calls
+from squad.tools import Tool, arguments_for_history, run_tool_calls
 
 __all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
 
@@ -121,17 +120,6 @@ def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
             "tool calls, or @mentions instead of sub-agents as tools.")
 
 
-def _json_object(arguments: str) -> str:
-    """``arguments`` when they are a JSON object, else ``"{}"`` for the history. A reply cut by
-    ``max_tokens`` mid-call leaves them unfinished; llama-server parses the arguments of every
-    call in the history and refuses the next request (HTTP 500) over them. The tool still gets
-    the original text and answers with the error (bad arguments), which the model reads."""
-    try:
-        return arguments if isinstance(json.loads(arguments), dict) else "{}"
-    except ValueError:
-        return "{}"
-
-
 def forced_choice(agent: Agent, tools: Mapping[str, Tool],
                   specs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """The tools offered and the ``tool_choice`` sent in the first round of ``agent``'s turn:
@@ -212,7 +200,7 @@ async def run_turn(
             # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
             wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
             convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_for_history(c.arguments)}}
                 for c in wanted
             ]})
             tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from squad.serve.demand import Demand, Kind, Refused, demand_for
-from squad.serve.forcing import force_chat, force_messages, force_responses
+from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 
 if TYPE_CHECKING:
     from squad.serve.gateway import Gateway
@@ -42,9 +42,11 @@ PASS_POST = ("/v1/responses/input_tokens", "/responses/input_tokens", "/v1/messa
 
 
 def prepare(body: dict[str, Any], kind: Kind, prefix: str | None) -> dict[str, Any]:
-    """``body`` as it is sent for ``kind`` (tool choice and schemas, :mod:`squad.serve.forcing`)."""
+    """``body`` as it is sent for ``kind`` (tool choice, schemas and the history's tool calls,
+    :mod:`squad.serve.forcing`)."""
     force = {"chat": force_chat, "responses": force_responses, "messages": force_messages}.get(kind)
-    out = force(body, prefix) if force is not None else body
+    out = repair_history(body, kind)
+    out = force(out, prefix) if force is not None else out
     return body if out == body else out
 
 

@@ -18,7 +18,11 @@ counted and sent:
 - Responses ``text.format`` (which b11434's Responses converter does not read) is sent as the
   chat ``response_format`` the converter passes on (``server_chat_convert_responses_to_chatcmpl``
   copies every other field of the body);
-- Messages ``tool_choice: {"type": "none"}`` (b11434 reads it as ``auto``) sends no tools.
+- Messages ``tool_choice: {"type": "none"}`` (b11434 reads it as ``auto``) sends no tools;
+- a call in the history whose arguments are not a JSON object (a reply cut by ``max_tokens``
+  mid-call, which clients send back as they got it: LangChain's ``invalid_tool_calls``, LiteLLM's
+  message dump) goes back with ``{}`` (:func:`repair_history`), as squad's own runtime sends it
+  (:func:`squad.tools.arguments_for_history`): b11434 refuses the whole request over it.
 
 Each function returns the body to send (a new dict when anything changed, else ``body`` itself)
 and raises :class:`~squad.serve.demand.Refused` (400) for a named tool that is not offered.
@@ -29,8 +33,9 @@ from __future__ import annotations
 from typing import Any
 
 from squad.serve.demand import Refused
+from squad.tools import arguments_for_history
 
-__all__ = ["force_chat", "force_responses", "force_messages"]
+__all__ = ["force_chat", "force_responses", "force_messages", "repair_history"]
 
 
 def _named(tools: Any, name: str, name_of: Any, api: str) -> list[dict[str, Any]]:
@@ -113,3 +118,36 @@ def force_messages(body: dict[str, Any], prefix: str | None) -> dict[str, Any]:
             and isinstance(messages[-1], dict) and messages[-1].get("role") == "user":
         out["messages"] = [*messages, {"role": "assistant", "content": prefix}]
     return out
+
+
+def _repaired_call(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or "arguments" not in fn:
+        return call
+    fixed = arguments_for_history(fn["arguments"])
+    return call if fixed is fn["arguments"] else {**call, "function": {**fn, "arguments": fixed}}
+
+
+def repair_history(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``body`` with every earlier tool call's arguments as the engine can parse them (module
+    docstring): chat ``messages[].tool_calls[].function.arguments``, Responses ``input[]``
+    ``function_call`` items' ``arguments``. Returns ``body`` itself when nothing changed."""
+    if kind == "chat" and isinstance(body.get("messages"), list):
+        messages = []
+        for m in body["messages"]:
+            calls = m.get("tool_calls") if isinstance(m, dict) else None
+            if isinstance(calls, list):
+                fixed = [_repaired_call(c) for c in calls]
+                if any(a is not b for a, b in zip(fixed, calls)):
+                    m = {**m, "tool_calls": fixed}
+            messages.append(m)
+        if any(a is not b for a, b in zip(messages, body["messages"])):
+            return {**body, "messages": messages}
+    elif kind == "responses" and isinstance(body.get("input"), list):
+        items = [{**i, "arguments": arguments_for_history(i["arguments"])}
+                 if isinstance(i, dict) and i.get("type") == "function_call" and "arguments" in i
+                 and arguments_for_history(i["arguments"]) is not i["arguments"] else i
+                 for i in body["input"]]
+        if any(a is not b for a, b in zip(items, body["input"])):
+            return {**body, "input": items}
+    return body
