@@ -177,7 +177,7 @@ async def main(argv: list[str] | None = None) -> str:
     out: list[str] = [f"load average (1/5/15 min) at start: {_load()}"]
     async with hand_engine(["-m", str(MODEL), "-c", "2048", "-np", "4", "--kv-unified"]) as eng:
         speeds = await _speeds(eng.base_url, eng.api_key)
-        print(f"speeds {speeds}", file=sys.stderr)
+        print(f"speeds {speeds}", file=sys.stderr, flush=True)
         out.append("speeds: P = {P:.0f} prefill tok/s; decode aggregate D1..D4 = {D1:.0f} / {D2:.0f} / {D3:.0f} / "
                    "{D4:.0f} tok/s".format(**speeds))
         rows = []
@@ -185,12 +185,12 @@ async def main(argv: list[str] | None = None) -> str:
             run, makespan, alone = await _long_short(eng.base_url, eng.api_key, policy, n_short, long_tokens,
                                                      short_tokens)
             bound = _bound(run, speeds, alone["long"])
-            print(f"long+short {policy}: {makespan:.1f} s, load {_load()}", file=sys.stderr)
             shorts = [run.times[f"short{i}"] / alone["short"] for i in range(n_short)]
             rows.append([policy, f"{makespan:.1f}", f"{bound:.1f}", f"{makespan / bound:.2f}",
                          f"{statistics.median(shorts):.1f}x", f"{max(shorts):.1f}x",
                          f"{run.times['main'] / alone['short']:.1f}x",
                          f"{alone['short']:.2f} / {alone['long']:.1f}"])
+            print("long+short", rows[-1], f"load {_load()}", file=sys.stderr, flush=True)
         run, makespan, alone = await _long_short(eng.base_url, eng.api_key, "fifo", n_short, long_tokens,
                                                  short_tokens, with_long=False)
         shorts = [run.times[f"short{i}"] / alone["short"] for i in range(n_short)]
@@ -202,10 +202,10 @@ async def main(argv: list[str] | None = None) -> str:
         for policy in POLICIES:
             run, makespan, alone = await _recipe(eng.base_url, eng.api_key, policy, n_chunks, 60)
             bound = _bound(run, speeds, alone["lead_program"])
-            print(f"recipe {policy}: {makespan:.1f} s, load {_load()}", file=sys.stderr)
             rows.append([policy, f"{makespan:.1f}", f"{bound:.1f}", f"{makespan / bound:.2f}",
                          f"{alone['lead_wall']:.1f}", f"{alone['lead_wall'] / alone['lead_program']:.1f}x",
                          f"{run.times['lead'] / alone['lead']:.1f}x"])
+            print("recipe", rows[-1], f"load {_load()}", file=sys.stderr, flush=True)
         out.append(md_table(["recipe", "makespan s", "bound s", "/ bound", "lead program s",
                              "lead program / alone", "lead's own call / alone"], rows))
     out.append(f"load average at end: {_load()}")

@@ -43,7 +43,7 @@ async def _order(adm: Admission, first: tuple[str, int], later: list[tuple[str, 
 
 
 async def test_fifo_never_lets_a_small_call_pass_the_head():
-    adm = Admission(slots=4, pool=1000)
+    adm = Admission(slots=4, pool=1000, queue="fifo")
     order = await _order(adm, ("big", 900), [("s1", 50), ("s2", 50)], hold=500)
     assert order == ["big", "s1", "s2"]
 
@@ -155,7 +155,8 @@ async def test_cancelled_waiter_leaves_every_policy_cleanly():
 
 
 def test_policy_names_and_errors():
-    assert isinstance(queue_policy(None), FifoQueue)
+    assert isinstance(queue_policy(None), ProgramQueue) and EngineSpec().queue == "program"
+    assert isinstance(queue_policy("fifo"), FifoQueue)
     assert queue_policy("Backfill").name == "backfill"
     with pytest.raises(ValueError, match="fifo, backfill, program"):
         queue_policy("lifo")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 if TYPE_CHECKING:
     from squad.admission import Reservation
 
-__all__ = ["QUEUE_POLICIES", "BackfillQueue", "FifoQueue", "ProgramQueue", "QueuePolicy", "Room", "Waiting", "queue_policy"]
+__all__ = ["DEFAULT_QUEUE", "QUEUE_POLICIES", "BackfillQueue", "FifoQueue", "ProgramQueue", "QueuePolicy", "Room", "Waiting", "queue_policy"]
 
 
 class Waiting(Protocol):
@@ -263,6 +263,10 @@ class ProgramQueue:
         return len(self._waiting)
 
 
+DEFAULT_QUEUE = "program"
+"""The policy used when none is named: measured in bench/results.md ("Queue policies on mixed
+calls"); ``fifo`` stays selectable."""
+
 QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
     "fifo": FifoQueue,
     "backfill": BackfillQueue,
@@ -272,9 +276,9 @@ QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
 
 def queue_policy(policy: "str | QueuePolicy | None") -> QueuePolicy:
     """A queue policy from its name (``fifo``, ``backfill``, ``program``), an instance (kept),
-    or None (``fifo``). Raises ``ValueError`` naming the known policies for an unknown name."""
+    or None (:data:`DEFAULT_QUEUE`). Raises ``ValueError`` naming the known policies for an unknown name."""
     if policy is None:
-        return FifoQueue()
+        return QUEUE_POLICIES[DEFAULT_QUEUE]()
     if isinstance(policy, str):
         try:
             return QUEUE_POLICIES[policy.strip().lower()]()
