@@ -6,9 +6,10 @@ request with ``Context size has been exceeded.`` (``docs/llama-server.md``). So 
 call is sent it reserves ``prompt tokens + max_tokens`` here, and waits while either all
 slots are taken or the reservation does not fit what is left of the pool.
 
-Queue order is a :class:`~squad.queue_policy.QueuePolicy` (``queue=``): by default lower
-``priority`` number first, FIFO among equals, and **no barging** (``fifo``); ``backfill`` and
-``program`` let a call that fits pass a head that does not, a bounded number of times. The
+Queue order is a :class:`~squad.queue_policy.QueuePolicy` (``queue=``): by default ``program``
+(lower ``priority`` number first, then the program with the least service so far, then the
+smaller call; bounded so no call waits unboundedly); ``fifo`` keeps strict arrival order with no
+barging, ``backfill`` lets a call that fits pass a head that does not, a bounded number of times. The
 runtime gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes
 to the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
 
@@ -88,7 +89,7 @@ class Admission:
     - ``limit_note``: why the per-request limit matters for this engine, added to the error for
       a request above it (e.g. Ollama truncates such a prompt silently).
     - ``queue``: the order of waiting calls, a :class:`~squad.queue_policy.QueuePolicy` or its
-      name (``fifo`` default, ``backfill``, ``program``); ``ValueError`` for an unknown name.
+      name (``program`` default, ``fifo``, ``backfill``); ``ValueError`` for an unknown name.
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,

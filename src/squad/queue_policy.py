@@ -5,15 +5,15 @@ waiting calls and picks one that fits, the split vLLM's scheduler makes between 
 ``RequestQueue`` and its KV manager. A policy is any object with the four methods of
 :class:`QueuePolicy`; pick one by name with :func:`queue_policy`:
 
-- ``fifo`` (default): lower ``priority`` first, arrival order among equals, no barging: a
+- ``fifo``: lower ``priority`` first, arrival order among equals, no barging: a
   head that does not fit keeps every later call waiting. Predictable; a long head can hold
   short calls that would fit.
 - ``backfill``: the same order, but while the head does not fit, a later call that fits the
   free room may pass it, at most ``max_bypass`` times per head (then the head blocks the
   queue like ``fifo`` until it fits, so it waits at most for ``max_bypass`` calls plus the
   ones already running: never unboundedly).
-- ``program``: program-aware (after Autellix's program-level attained service): among calls
-  of equal ``priority``, the program that has held the engine least so far goes first (a
+- ``program`` (default, :data:`DEFAULT_QUEUE`): program-aware (after Autellix's program-level
+  attained service): among calls of equal ``priority``, the program that has held the engine least so far goes first (a
   program is a top-level conversation with all the sub-agents it started), then the smaller
   reservation, then arrival; a call that fits passes one that does not; a call larger than one
   share of the pool (``pool / slots``) that would take the last share while others run is held
