@@ -10,7 +10,7 @@ Workloads:
 - ``long+short``: 2 long calls (~700 prompt tokens, 300 generated) ask first, then 12 short ones
   (~40 prompt, 24 generated), all at once; a main-agent call (priority 0, short) is asked 1 s later.
 - ``recipe``: a lead (priority 0) fans out 3 reviewers (~300 prompt, 60 generated, its
-  sub-agents) and waits for them, then makes its own call (~200 prompt, 60 generated); at the same
+  sub-agents) and waits for them, then makes its own call (~270 prompt, 60 generated); at the same
   time another program maps 8 chunks (~450 prompt, 80 generated each).
 
 Lower bound, derived from speeds measured on the same engine before the runs: P = prefill
