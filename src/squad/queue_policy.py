@@ -63,8 +63,11 @@ class Room:
 
 class QueuePolicy(Protocol):
     """Orders waiting calls. ``pick(fits)`` returns the next call to grant (already removed
-    from the queue) or None; ``fits(reservation)`` says whether it fits the free room now.
-    ``served`` reports a call's end (seconds it held its slot) for policies that weigh service."""
+    from the queue) or None; ``fits(reservation)`` says whether it fits the free room now (Admission
+    passes a :class:`Room`, which also tells the free cells, pool, slots and calls running).
+    ``served`` reports a call's end (seconds it held its slot) for policies that weigh service.
+    A policy that holds a call for a while may add ``wake_in() -> float | None`` (seconds until a
+    hold ends), so Admission asks it again then."""
 
     name: str
 
