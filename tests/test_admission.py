@@ -1,4 +1,5 @@
-"""Admission: slots and the unified pool are never over-committed; order is FIFO by priority."""
+"""Admission: slots and the unified pool are never over-committed; order is FIFO by priority under
+``queue="fifo"`` (the default policy, ``program``, is tested in tests/test_queue_policy.py)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ async def _admission_order(adm: Admission, requests: list[tuple[str, int, int]])
 
 
 async def test_fifo_among_equal_priority():
-    adm = Admission(slots=1, pool=100)
+    adm = Admission(slots=1, pool=100, queue="fifo")
     assert await _admission_order(adm, [("a", 10, 1), ("b", 10, 1), ("c", 10, 1)]) == ["a", "b", "c"]
 
 
@@ -106,7 +107,8 @@ async def test_main_agent_goes_before_queued_sub_agents():
 
 
 async def test_head_of_queue_is_not_overtaken_by_smaller_requests():
-    adm = Admission(slots=4, pool=100)
+    """``fifo`` on purpose: no barging (the default, ``program``, lets the small call pass)."""
+    adm = Admission(slots=4, pool=100, queue="fifo")
     order: list[str] = []
     release_first = anyio.Event()
 

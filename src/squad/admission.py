@@ -6,9 +6,10 @@ request with ``Context size has been exceeded.`` (``docs/llama-server.md``). So 
 call is sent it reserves ``prompt tokens + max_tokens`` here, and waits while either all
 slots are taken or the reservation does not fit what is left of the pool.
 
-Queue order is a :class:`~squad.queue_policy.QueuePolicy` (``queue=``): by default lower
-``priority`` number first, FIFO among equals, and **no barging** (``fifo``); ``backfill`` and
-``program`` let a call that fits pass a head that does not, a bounded number of times. The
+Queue order is a :class:`~squad.queue_policy.QueuePolicy` (``queue=``): by default ``program``
+(lower ``priority`` number first, then the program with the least service so far, then the
+smaller call; bounded so no call waits unboundedly); ``fifo`` keeps strict arrival order with no
+barging, ``backfill`` lets a call that fits pass a head that does not, a bounded number of times. The
 runtime gives the main agent priority 0 and sub-agents 1, so the main agent's next call goes
 to the front as soon as it asks and cannot be starved by its own sub-agents' fan-out.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ import anyio
 from squad.engine.llama import round_ctx
 from squad.errors import AdmissionError, EngineLost
 from squad.events import CallAdmitted, CallQueued, CallReleased, Event, EventSink, Origin
-from squad.queue_policy import QueuePolicy, queue_policy
+from squad.queue_policy import QueuePolicy, Room, queue_policy
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
@@ -87,7 +89,7 @@ class Admission:
     - ``limit_note``: why the per-request limit matters for this engine, added to the error for
       a request above it (e.g. Ollama truncates such a prompt silently).
     - ``queue``: the order of waiting calls, a :class:`~squad.queue_policy.QueuePolicy` or its
-      name (``fifo`` default, ``backfill``, ``program``); ``ValueError`` for an unknown name.
+      name (``program`` default, ``fifo``, ``backfill``); ``ValueError`` for an unknown name.
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
@@ -206,7 +208,7 @@ class Admission:
             self._emit(CallQueued, waiter.reservation, tokens=tokens, position=position,
                        in_flight=self.in_flight, pool_used=self.reserved)
             try:
-                await waiter.granted.wait()
+                await self._wait(waiter)
             except BaseException:
                 if self.queue.remove(waiter):
                     self._dispatch()  # the head may have changed
@@ -284,10 +286,23 @@ class Admission:
     def _fits(self, reservation: Reservation) -> bool:
         return self._reserved + reservation.tokens <= self.pool
 
+    async def _wait(self, waiter: _Waiter) -> None:
+        """Wait until granted; a policy that holds a call for a while (``wake_in``: seconds) is
+        asked again when the hold ends, even if no call arrives or ends meanwhile."""
+        while not waiter.granted.is_set():
+            wake_in = getattr(self.queue, "wake_in", None)
+            delay = wake_in() if wake_in is not None else None
+            with anyio.move_on_after(delay + 0.001 if delay is not None else math.inf):
+                await waiter.granted.wait()
+            if not waiter.granted.is_set():
+                self._dispatch()
+
     def _dispatch(self) -> None:
         """Grant the waiters the queue policy picks while a slot is free and they fit."""
         while self._free and not self._held and self.closed is None:
-            head = self.queue.pick(self._fits)
+            room = Room(self._fits, free=self.pool - self._reserved, pool=self.pool, slots=self.slots,
+                        running=len(self._running))
+            head = self.queue.pick(room)
             if head is None:
                 return
             assert isinstance(head, _Waiter)

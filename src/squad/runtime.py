@@ -68,6 +68,7 @@ from squad.handback import TextCounter, hand_back
 from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
 from squad.mention import Dispatch, parse_mentions, unmark
 from squad.outcome import Outcome, fix_for
+from squad.queue_policy import DEFAULT_QUEUE
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.engines import EngineGroup
 from squad.session import EngineSession, EngineSpec
@@ -112,8 +113,8 @@ class Squad:
     :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every agent's instructions template.
     ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
     a launched engine with more slots (otherwise they queue in squad, with an event).
-    ``queue`` orders the calls waiting for admission (:mod:`squad.queue_policy`: ``fifo``
-    default, ``backfill``, ``program``).
+    ``queue`` orders the calls waiting for admission (:mod:`squad.queue_policy`: ``program``
+    default, ``fifo``, ``backfill``).
     ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
     asked once more without tools. ``max_sub_depth`` (default 2) and ``max_sub_calls``
     (default 8) bound the sub-agent tool calls (``ask_<name>``) of one run (see the module
@@ -197,7 +198,7 @@ class Squad:
             self.session = _several(engine, engines, short, self.workload, sink)
         else:
             self.session = EngineSession(engine if engine is not None else  # type: ignore[arg-type]
-                                         EngineSpec(**short, queue=queue or "fifo"),
+                                         EngineSpec(**short, queue=queue or DEFAULT_QUEUE),
                                          self.workload, on_event=sink)
         self._open = False
         self._operations = Operations()

@@ -43,6 +43,7 @@ from squad.events import (
     emit_to,
 )
 from squad.planner import plan, plan_for_replan
+from squad.queue_policy import DEFAULT_QUEUE
 from squad.workload import Call, Node
 
 __all__ = ["EngineSpec", "EngineSession", "plan_engine", "with_chat_template"]
@@ -69,8 +70,8 @@ class EngineSpec:
     the engine at ``url`` admits on its own (a proxy in front of llama-server that queues by
     slots and KV pool itself), so squad sends without reserving.
 
-    ``queue``: the order of calls waiting for admission (:mod:`squad.queue_policy`: ``fifo``
-    default, ``backfill``, ``program``).
+    ``queue``: the order of calls waiting for admission (:mod:`squad.queue_policy`: ``program``
+    default, ``fifo``, ``backfill``).
 
     ``request_timeout`` (seconds) fixes one deadline for every call; None (default) derives each
     call's from its prompt, ``max_tokens`` and the engine's measured speed, and stops a call only
@@ -95,7 +96,7 @@ class EngineSpec:
     backend: Backend = "llama-server"
     mlx_max_batch: int | None = None
     gpu_layers: int | str | None = None
-    queue: str = "fifo"
+    queue: str = DEFAULT_QUEUE
 
     def __post_init__(self) -> None:
         from squad.queue_policy import QUEUE_POLICIES

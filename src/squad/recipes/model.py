@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from squad.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import InvalidOutput, RecipeError
 from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
+from squad.queue_policy import DEFAULT_QUEUE
 from squad.recipes.spec import ParamSpec
 from squad.structured import OutputInvalid, OutputSchema, strip_fence
 from squad.templates import render_template
@@ -178,7 +179,7 @@ class Recipe:
 
         e = self.engine
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
-                          gpu_layers=e.gpu_layers, queue=e.queue or "fifo")
+                          gpu_layers=e.gpu_layers, queue=e.queue or DEFAULT_QUEUE)
 
     def engine_specs(self) -> list["EngineSpec"]:
         """The engines this recipe runs on: one spec per item of ``engines:`` (a launched one's
@@ -187,7 +188,7 @@ class Recipe:
 
         if not self.engines:
             return [self.engine_spec()]
-        queue = self.engine.queue or "fifo"  # engine: queue applies to every engine unless an item sets its own
+        queue = self.engine.queue or DEFAULT_QUEUE  # engine: queue applies to every engine unless an item sets its own
         return [EngineSpec(url=e.url, api_key=e.api_key, slots=e.slots, ctx=e.ctx, queue=e.queue or queue)
                 if e.url is not None else
                 EngineSpec(model=e.model or self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",

@@ -39,7 +39,7 @@ class EngineSection(_Strict):
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
     queue: Literal["fifo", "backfill", "program"] | None = None
-    """The order of calls waiting for admission (:mod:`squad.queue_policy`; None: ``fifo``)."""
+    """The order of calls waiting for admission (:mod:`squad.queue_policy`; None: ``program``)."""
 
     @model_validator(mode="before")
     @classmethod
