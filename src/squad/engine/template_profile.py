@@ -77,7 +77,9 @@ def _tool_style(source: str, family: str, style: str) -> str:
 
     shipped = known_template(source)
     if shipped is not None:
-        return f"{shipped.name}: a JSON object between <tool_call> and </tool_call>"
+        opener = shipped.call_prefix.strip()
+        form = "a JSON list of calls" if opener == "<|tool_call|>" else "a JSON object"
+        return f"{shipped.name}: {form} after {opener}"
     if "<function=" in source:
         return "XML: <tool_call><function=NAME><parameter=...>"
     if "<tool_call>" in source:
@@ -86,7 +88,7 @@ def _tool_style(source: str, family: str, style: str) -> str:
         return style
     if handles_tools(source) or "tools" in source:
         return "the engine's generic JSON format (the template reads tools)"
-    return "none in the template (squad supplies its own for ChatML only)"
+    return "none in the template (squad supplies its own for ChatML, Phi-3 and Granite only)"
 
 
 def _reasoning(source: str) -> str:
