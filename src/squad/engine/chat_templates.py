@@ -131,7 +131,7 @@ def chat_format(source: str | None) -> str | None:
         return "chatml"
     if "<|start_of_role|>" in source and "<|end_of_role|>" in source:
         return "granite"
-    if all(m in source for m in ("<|user|>", "<|assistant|>", "<|end|>")):
+    if "<|assistant|>" in source and "<|end|>" in source:
         return "phi3"
     return None
 
