@@ -108,5 +108,10 @@ def test_raw_call_and_thinking_markup_is_removed_from_an_answer():
     }
     for text, want in cases.items():
         assert strip_raw_markup(text) == want, text
+    # only what the engine's template writes: an answer discussing another family's markup stays
+    assert strip_raw_markup("Qwen writes <tool_call> tags.", "{{ '[TOOL_CALLS]' }}") == (
+        "Qwen writes <tool_call> tags.", None)
+    assert strip_raw_markup("x <think>y", CHATML_TOOLS.text) == ("x <think>y", None)
+    assert strip_raw_markup('ok <tool_call>\n{"na', CHATML_TOOLS.text) == ("ok", "<tool_call>")
     # the template's own call markers count too
     assert strip_raw_markup("ok <|my_call|>{", "{{ '<|my_call|>' }}") == ("ok", "<|my_call|>")

@@ -226,20 +226,26 @@ _THINK = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<|think|>", "<|/th
 def strip_raw_markup(text: str, source: str | None = None) -> tuple[str, str | None]:
     """``text`` as an answer may be handed on: thinking left in the content (``<think>…</think>``
     the engine did not parse, or a ``…</think>`` whose opener was in the prompt) removed, and
-    everything from the first raw call/channel marker on (:data:`RAW_MARKUP`, plus the
-    tool-call markers the template ``source`` writes) removed. Returns ``(clean, first marker
-    removed)``; the marker is None when nothing was removed."""
+    everything from the first raw call/channel marker on removed. The markers are those of
+    :data:`RAW_MARKUP` and the tool-call markers that the engine's template ``source`` writes (an
+    answer that merely discusses another family's markup is left alone); ``source`` None (not
+    reported): all of :data:`RAW_MARKUP`. Returns ``(clean, first marker removed)``; the marker is
+    None when nothing was removed."""
+    def written(marker: str) -> bool:
+        return source is None or marker in source
+
     removed = None
     for opener, closer in _THINK:
+        if not (written(opener) or written(closer)):
+            continue
         if closer in text:
-            head, _, tail = text.rpartition(closer)
-            text, removed = tail.lstrip(), removed or closer
+            text, removed = text.rpartition(closer)[2].lstrip(), removed or closer
         elif opener in text:
             text, removed = text[:text.index(opener)], removed or opener
-    markers = set(RAW_MARKUP)
+    markers = {m for m in RAW_MARKUP if written(m)}
     if source:
         markers |= {m for m in template_markers(source) if any(w in m.lower() for w in ("tool", "call", "channel"))}
-    if "<|channel|>" in (source or "") or any(m in text for m in ("<|channel|>", "<|message|>", "<|constrain|>")):
+    if "<|channel|>" in markers and any(m in text for m in ("<|channel|>", "<|message|>", "<|constrain|>")):
         markers.add("to=functions.")  # harmony's recipient, written before the channel marker
     cuts = [(text.find(m), m) for m in markers if m in text]
     if cuts:
