@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
 NAMES = list(FAMILIES)
 REPORT = cache_dir() / "testing" / "family-matrix.json"
-MARKUP = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|channel|>", "<|message|>", "<｜tool", "<|python_tag|>",
+MARKUP = ("<tool_call>", "to=functions.", "</tool_call>", "[TOOL_CALLS]", "<|channel|>", "<|message|>", "<｜tool", "<|python_tag|>",
           "<|tool_call|>", "<|tool_call>", "<function=", "<think>", "</think>")
 
 WEATHER = {"type": "function", "function": {
@@ -107,10 +107,11 @@ def corpus() -> dict[str, tuple[list[dict], list[dict] | None]]:
                         {"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "1, 2, 3."},
                         {"role": "user", "content": "Again, slower."}], None),
         "tools": ([{"role": "user", "content": "Weather in Paris?"}], [WEATHER, TIME]),
+        # the prompt of a tool round, as squad sends it (Mistral's template refuses a user turn right
+        # after a tool result: its roles must alternate)
         "tool-call+result": ([{"role": "user", "content": "Weather in Paris?"},
                               {"role": "assistant", "content": "", "tool_calls": [call]},
-                              {"role": "tool", "tool_call_id": "call_1", "content": "Paris: 21 C, sunny\n"},
-                              {"role": "user", "content": "And tomorrow?"}], [WEATHER]),
+                              {"role": "tool", "tool_call_id": "call_1", "content": "Paris: 21 C, sunny\n"}], [WEATHER]),
         "reasoning-in-history": ([{"role": "user", "content": "2+2?"},
                                   {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
                                   {"role": "user", "content": "3+3?"}], None),
@@ -260,16 +261,18 @@ async def test_named_tool_through_squad(fam):
     with known(name, "tools"), known(name, "round_trip"), known(name, "named"):
         async with Squad([agent], engine=info, tools=[get_time, get_weather]) as sq:
             result = await sq.run_agent("helper", "What time is it in Tokyo?")
-        calls = [m for m in result.history if m.get("tool_calls")]
-        record(name, "named_tool", {"calls": [c["function"]["name"] for m in calls for c in m["tool_calls"]],
-                                    "outcome": str(result.outcome), "error": str(result.error or "")[:160]})
-        assert zones, (result.outcome, result.error, result.history[:3])
-        assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_time"
+    # the hand-back first: whatever the engine made of the call, no raw markup reaches the main agent
     last = (result.history[-1].get("content") or "") if result.history[-1].get("role") == "assistant" else ""
     leaked = [m for m in MARKUP if m in result.output or m in result.marked_output or m in last]
     stripped = [n for n in result.notes if "held raw markup" in n]
     record(name, "named_tool_handback", {"leaked": leaked, "output": result.output[:120], "stripped": stripped[:1]})
     assert not leaked, (leaked, result.output[:200])
+    with known(name, "tools"), known(name, "round_trip"), known(name, "named"):
+        calls = [m for m in result.history if m.get("tool_calls")]
+        record(name, "named_tool", {"calls": [c["function"]["name"] for m in calls for c in m["tool_calls"]],
+                                    "outcome": str(result.outcome), "error": str(result.error or "")[:160]})
+        assert zones, (result.outcome, result.error, result.history[:3])
+        assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_time"
 
 
 @pytest.mark.timeout(300)
