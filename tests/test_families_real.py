@@ -7,12 +7,17 @@ its own test, so a family's row reads as a line of results:
 - counts: squad's prompt counter (:class:`squad.counting.PromptCounter`, as the client uses it)
   equals ``/v1/chat/completions/input_tokens`` on every chat of the corpus, or it asked the engine
   (never a local count that differs);
-- tools: ``tool_choice: required`` gives a parsed call in ``tool_calls``; the round trip with the
-  tool's result renders; squad's hand-back carries no raw call markup;
-- reasoning: thinking text comes back as ``reasoning_content``; a turn cut inside it is
-  ``truncated`` in squad, not ``empty``;
+- tools: ``tool_choice: required`` gives a parsed call in ``tool_calls`` (through squad's own
+  template where the family's has none b11434 parses: Phi-3.5, Granite 3.3); the round trip with
+  the tool's result renders, with call ids fitted as squad sends them (Mistral: 9 characters);
+  squad's hand-back carries no raw call markup, also when the engine left a call as text;
+- reasoning: thinking text comes back as ``reasoning_content``; ``max_tokens`` counts it; a turn
+  cut inside it is ``truncated`` in squad (F07's error), never ``empty``; it is neither handed
+  back as the answer nor kept in the history;
 - schema: a ``json_schema`` answer validates; what the engine does with tools + a schema;
-- memory: the planner's KV bytes equal the engine's ``llama_kv_cache: size`` lines.
+- memory: the planner's KV bytes equal the engine's ``llama_kv_cache: size`` lines;
+- info: ``squad models info`` and the plan name each family's template, tool-call style,
+  reasoning, counting and call-id rule (no engine).
 
 Each test records what it measured in ``cache_dir()/testing/family-matrix.json`` (the README's
 table is written from it).
@@ -30,7 +35,7 @@ import pytest
 from squad.counting import PromptCounter
 from squad.dirs import cache_dir
 from squad.engine.launcher import Launcher
-from squad.engine.template_profile import fit_call_ids
+from squad.engine.template_profile import fit_call_ids, strip_raw_markup
 from squad.session import EngineSpec, plan_engine
 from squad.testing.tiny_models import FAMILIES, tiny_model
 
@@ -54,17 +59,19 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
           "required": ["n", "ok"], "additionalProperties": False}
 
 
-# Cells the matrix measured as not working on b11434 with these stand-ins (each reason is what the
-# run showed); such a test is an expected failure with that reason, and passes loudly (XPASS) once
-# it works.
+# Cells the matrix measured as not working on b11434 with these stand-ins; each reason is an engine
+# limit read from b11434's source (common/parsers/*.cpp, common/sampling.cpp) that random weights
+# hit, not something squad could send differently. Such a test is an expected failure with that
+# reason, and passes loudly (XPASS) once it works.
 KNOWN: dict[tuple[str, str], str] = {
     ("gpt-oss", "tools"): "b11434's harmony call grammar lets the constrain type after the channel run unbounded "
                           "([A-Za-z0-9_-]+, common/parsers/gpt-oss.cpp): random weights never reach <|message|> within "
                           "max_tokens, so the call stays text (a real gpt-oss writes 'json')",
-    ("qwen3.5", "named"): "Qwen3.5's XML parameter values are free text in b11434's grammar (the enum is not "
-                          "enforced): random weights never close one within max_tokens",
-    ("gemma4", "named"): "Gemma 4's call arguments are not bounded by the tool's enum in b11434's grammar: random "
-                         "weights never close them within max_tokens",
+    ("qwen3.5", "named"): "Qwen3.5's XML string parameter is free text up to </parameter> in b11434's grammar "
+                          "(common/parsers/qwen3-coder.cpp; the enum is not enforced): random weights never close one "
+                          "within max_tokens",
+    ("gemma4", "named"): "Gemma 4's call arguments are a generic dict in b11434's grammar (common/parsers/gemma4.cpp: "
+                         "the tool's schema is a TODO there): random weights never close them within max_tokens",
     ("deepseek-r1-distill", "named"): "b11434 ended the stream with 'does not match the expected peg-native format' "
                                       "(HTTP 500 frame) on random text",
     ("gpt-oss", "reasoning"): "b11434 answered HTTP 500 'does not match the expected peg-native format' to random text",
@@ -201,8 +208,12 @@ async def _tool_required(name, info, http, messages) -> None:
     out = await _chat(http, messages=sent, tools=[WEATHER, TIME], tool_choice="required", max_tokens=128,
                       parallel_tool_calls=False)
     msg = out["choices"][0]["message"]
+    content = msg.get("content") or ""
+    clean, marker = strip_raw_markup(content, info.chat_template)  # what squad's turn hands on (squad.turn)
     record(name, "tool_required", {"finish": out["choices"][0]["finish_reason"], "prefill": prefix,
-                                   "tool_calls": msg.get("tool_calls"), "content": (msg.get("content") or "")[:80]})
+                                   "tool_calls": msg.get("tool_calls"), "content": content[:80],
+                                   "handed_on": clean[:80], "markup_removed": marker})
+    assert not [m for m in MARKUP if m in clean], clean[:200]
     assert msg.get("tool_calls"), msg
     call = msg["tool_calls"][0]["function"]
     assert call["name"] in ("get_weather", "get_time")
