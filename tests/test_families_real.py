@@ -43,7 +43,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
 NAMES = list(FAMILIES)
 REPORT = cache_dir() / "testing" / "family-matrix.json"
-MARKUP = ("<tool_call>", "to=functions.", "</tool_call>", "[TOOL_CALLS]", "<|channel|>", "<|message|>", "<｜tool", "<|python_tag|>",
+MARKUP = ("<tool_call>", "to=functions.", "</tool_call>", "[TOOL_CALLS]", "<|channel|>", "<|message|>", "<｜tool",
+          "<|python_tag|>",
           "<|tool_call|>", "<|tool_call>", "<function=", "<think>", "</think>")
 
 WEATHER = {"type": "function", "function": {

@@ -11,7 +11,8 @@ import pytest
 from squad.agent import Agent, check_squad
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.client import EngineClient
-from squad.engine.chat_templates import CHATML_TOOLS, GRANITE_TOOLS, PHI3_TOOLS, chat_format, describe, handles_tools, known_template, tool_template_for
+from squad.engine.chat_templates import (CHATML_TOOLS, GRANITE_TOOLS, PHI3_TOOLS, chat_format, describe, handles_tools,
+                                         known_template, tool_template_for)
 from squad.engine.info import EngineInfo
 from squad.engine.plan import EnginePlan
 from squad.errors import UserError

@@ -119,7 +119,8 @@ def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
     """The warning for an agent with tools on a model whose chat template has no tools section."""
     return (f"agent '{agent}' has tools ({', '.join(tools)}) but the engine's chat template has no tools "
             "section, so llama-server drops them: the model cannot call them. squad ships a tool template "
-            "only for ChatML, Phi-3 and Granite models (used when squad starts the engine); use a model whose template supports "
+            "only for ChatML, Phi-3 and Granite models (used when squad starts the engine); use a model whose "
+            "template supports "
             "tool calls, or @mentions instead of sub-agents as tools.")
 
 

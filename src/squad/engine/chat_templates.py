@@ -52,7 +52,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTemplate", "CHATML_TOOLS", "PHI3_TOOLS", "GRANITE_TOOLS", "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
+__all__ = ["ChatTemplate", "CHATML_TOOLS", "PHI3_TOOLS", "GRANITE_TOOLS",
+           "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
            "describe", "call_prefix"]
 
 
