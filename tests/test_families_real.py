@@ -82,7 +82,8 @@ KNOWN: dict[tuple[str, str], str] = {
 
 
 class known:
-    """``with known(family, check):`` an error inside is an expected failure when KNOWN lists it."""
+    """``with known(family, check):`` an error inside is an expected failure when KNOWN lists it
+    (never a ``pytest.fail``: a rule of squad's own that no engine limit excuses)."""
 
     def __init__(self, family: str, check: str) -> None:
         self.reason = KNOWN.get((family, check))
@@ -91,7 +92,7 @@ class known:
         return None
 
     def __exit__(self, kind, exc, tb) -> bool:
-        if exc is not None and self.reason and not isinstance(exc, pytest.skip.Exception):
+        if exc is not None and self.reason and not isinstance(exc, (pytest.skip.Exception, pytest.fail.Exception)):
             pytest.xfail(f"{self.reason} ({type(exc).__name__})")
         return False
 
@@ -199,22 +200,23 @@ async def test_tool_required(fam):
     name, info, _plan, _log, http = fam
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     # as squad's client sends it: a forced choice continues the template's call opener
-    with known(name, "tools"):
-        await _tool_required(name, info, http, messages)
-
-
-async def _tool_required(name, info, http, messages) -> None:
     prefix = info.tool_call_prefix
     sent = [*messages, {"role": "assistant", "content": prefix}] if prefix else messages
     out = await _chat(http, messages=sent, tools=[WEATHER, TIME], tool_choice="required", max_tokens=128,
                       parallel_tool_calls=False)
+    with known(name, "tools"):
+        await _tool_required(name, info, http, messages, out, prefix)
+
+
+async def _tool_required(name, info, http, messages, out, prefix) -> None:
     msg = out["choices"][0]["message"]
     content = msg.get("content") or ""
     clean, marker = strip_raw_markup(content, info.chat_template)  # what squad's turn hands on (squad.turn)
     record(name, "tool_required", {"finish": out["choices"][0]["finish_reason"], "prefill": prefix,
                                    "tool_calls": msg.get("tool_calls"), "content": content[:80],
                                    "handed_on": clean[:80], "markup_removed": marker})
-    assert not [m for m in MARKUP if m in clean], clean[:200]
+    if [m for m in MARKUP if m in clean]:  # never an expected failure: squad's own rule
+        pytest.fail(f"raw call markup handed on: {clean[:200]!r}")
     assert msg.get("tool_calls"), msg
     call = msg["tool_calls"][0]["function"]
     assert call["name"] in ("get_weather", "get_time")
