@@ -53,3 +53,65 @@ def test_tool_call_arguments_are_counted_as_the_engine_re_serializes_them(tmp_pa
 
     assert counter.render(chat('{"a":"x"}')) == counter.render(chat('{"a": "x"}'))
     assert '{"name": "f", "arguments": {"a": "x"}}' in counter.render(chat('{"a":"x"}'))
+
+
+MISTRAL_LIKE = ("{%- for m in messages %}{%- if m.tool_calls %}{%- for tool_call in m.tool_calls %}"
+                "{%- if tool_call.id|length != 9 %}{{ raise_exception('ids of 9') }}{% endif %}"
+                "{%- endfor %}{%- endif %}{%- if m.role == 'tool' and message.tool_call_id|length != 9 %}x{% endif %}"
+                "{%- endfor %}[TOOL_CALLS]")
+
+
+def test_a_template_demanding_call_ids_of_a_length_is_found_and_ids_are_fitted():
+    from squad.engine.template_profile import call_id_length, fit_call_id, fit_call_ids
+
+    assert call_id_length(MISTRAL_LIKE) == 9 and call_id_length(CHATML_TOOLS.text) is None
+    assert "9 alphanumeric" in profile(MISTRAL_LIKE).call_ids and profile(CHATML_TOOLS.text).call_ids == "any"
+    long = "v2ImRnl38SFNSM1RC59Wd8aB4hIFNY6p"  # as b11434 makes them
+    short = fit_call_id(long, 9)
+    assert len(short) == 9 and short.isalnum() and fit_call_id(long, 9) == short != fit_call_id("call_1", 9)
+    assert fit_call_id("abc123XYZ", 9) == "abc123XYZ"
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": long, "type": "function",
+                                                                     "function": {"name": "f", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": long, "content": "ok"}]
+    fitted = fit_call_ids(history, 9)
+    assert fitted[1]["tool_calls"][0]["id"] == fitted[2]["tool_call_id"] == short
+    assert history[1]["tool_calls"][0]["id"] == long  # the caller's history is not changed
+    assert fit_call_ids(history, None) is history and fit_call_ids(fitted, 9) is fitted
+
+
+def test_serve_fits_a_chat_historys_call_ids_as_the_client_does():
+    from squad.serve.apis import prepare
+
+    body = {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]}
+    out = prepare(body, "chat", None, 9)
+    assert len(out["messages"][0]["tool_calls"][0]["id"]) == 9
+    assert out["messages"][0]["tool_calls"][0]["id"] == out["messages"][1]["tool_call_id"]
+    assert prepare(body, "chat", None) is body
+
+
+def test_raw_call_and_thinking_markup_is_removed_from_an_answer():
+    from squad.engine.template_profile import strip_raw_markup
+
+    cases = {
+        'Let me check. <tool_call>\n{"name": "get_wea': ("Let me check.", "<tool_call>"),
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa': ("", "[TOOL_CALLS]"),
+        '<|python_tag|>get_weather.call(city="Paris")': ("", "<|python_tag|>"),
+        " to=functions.get_weather<|channel|>commentary json<|message|>{": ("", "to=functions."),
+        "<|tool_call>call:get_time{zone:": ("", "<|tool_call>"),
+        "<think>two and two</think>\n\nFour.": ("Four.", "</think>"),
+        "still thinking</think>Four.": ("Four.", "</think>"),
+        "<think>cut inside the thinking": ("", "<think>"),
+        "A plain answer.": ("A plain answer.", None),
+    }
+    for text, want in cases.items():
+        assert strip_raw_markup(text) == want, text
+    # only what the engine's template writes: an answer discussing another family's markup stays
+    assert strip_raw_markup("Qwen writes <tool_call> tags.", "{{ '[TOOL_CALLS]' }}") == (
+        "Qwen writes <tool_call> tags.", None)
+    assert strip_raw_markup("x <think>y", CHATML_TOOLS.text) == ("x <think>y", None)
+    assert strip_raw_markup('ok <tool_call>\n{"na', CHATML_TOOLS.text) == ("ok", "<tool_call>")
+    # the template's own call markers count too
+    assert strip_raw_markup("ok <|my_call|>{", "{{ '<|my_call|>' }}") == ("ok", "<|my_call|>")

@@ -11,7 +11,8 @@ import pytest
 from squad.agent import Agent, check_squad
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.client import EngineClient
-from squad.engine.chat_templates import CHATML_TOOLS, chat_format, describe, handles_tools, known_template, tool_template_for
+from squad.engine.chat_templates import (CHATML_TOOLS, GRANITE_TOOLS, PHI3_TOOLS, chat_format, describe, handles_tools,
+                                         known_template, tool_template_for)
 from squad.engine.info import EngineInfo
 from squad.engine.plan import EnginePlan
 from squad.errors import UserError
@@ -31,6 +32,11 @@ QWEN_LIKE = ("{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojs
              "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}"
              "<tool_call>{{ c.function.name }}</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}")
 PHI_LIKE = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
+GRANITE_LIKE = ("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}<|end_of_text|>\n"
+                "{% endif %}{% for m in messages %}<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}"
+                "<|end_of_text|>\n{% endfor %}<|start_of_role|>assistant<|end_of_role|>")
+CHATML_LISTS_TOOLS = ("{%- if tools %}<|im_start|>system\nList of tools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+                      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
 LLAMA3_LIKE = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"
 
 
@@ -44,6 +50,9 @@ LLAMA3_LIKE = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_heade
     (LLAMA3_LIKE, False, None),          # no tools but a format squad ships none for
     ("{{ messages }} tools are mentioned", False, None),  # mentions tools: never replaced
     (None, False, CHATML_TOOLS),         # no template in the file: the engine falls back to ChatML without tools
+    (PHI_LIKE, False, PHI3_TOOLS),       # Phi-3 without tools (Phi-3.5's own): squad's Phi-3 tool template
+    (GRANITE_LIKE, False, GRANITE_TOOLS),  # Granite listing tools but rendering no call: squad's Granite template
+    (CHATML_LISTS_TOOLS, False, None),   # ChatML listing tools its own way (LFM2): the model's own
 ])
 def test_the_template_is_chosen_by_chat_format_and_never_replaces_one_with_tools(source, tool_use, expected) -> None:
     assert tool_template_for(source, has_tool_use_template=tool_use) == expected
@@ -216,7 +225,8 @@ def test_the_template_file_ships_in_the_wheel() -> None:
 
     data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     patterns = data["tool"]["setuptools"]["package-data"]["squad.engine"]
-    assert any(CHATML_TOOLS.path.match(p) for p in patterns)
+    for shipped in (CHATML_TOOLS, PHI3_TOOLS, GRANITE_TOOLS):
+        assert any(shipped.path.match(p) for p in patterns), shipped.name
 
 
 # --- a named choice of an MCP tool (SERVER.TOOL) -----------------------------------------------

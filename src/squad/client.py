@@ -66,6 +66,7 @@ from squad.deadline import CallWatch, Deadlines, EngineDeadlines, EngineSpeed
 from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
 from squad.engine.llama import CONTEXT_EXCEEDED, round_ctx
+from squad.engine.template_profile import fit_call_ids
 from squad.errors import (
     AdmissionError,
     AgentRunError,
@@ -534,11 +535,13 @@ class EngineClient:
         """The messages sent for ``req``: a forced tool choice on an engine that applies a template
         squad ships ends with an assistant message holding the template's call prefix, which
         llama-server continues (see :mod:`squad.engine.chat_templates`: b11434's ``required``
-        alone lets a model write text first)."""
+        alone lets a model write text first). Tool call ids are fitted to what the template demands
+        (Mistral's: 9 alphanumeric characters, :attr:`EngineInfo.call_id_length`)."""
+        messages = fit_call_ids(req.messages, self._engine.call_id_length)  # ids the template accepts
         prefix = self._engine.tool_call_prefix
         if req.tool_choice == "required" and req.tools and prefix:
-            return [*req.messages, {"role": "assistant", "content": prefix}]
-        return req.messages
+            return [*messages, {"role": "assistant", "content": prefix}]
+        return messages
 
     def _classify(self, exc: openai.APIError, agent: str, *, started: bool, partial: str = "") -> Exception:
         return classify(exc, agent, base_url=self._engine.base_url, engine_pool=self._engine.pool,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Literal
 
 import anyio
 
+from squad.engine.template_profile import call_id_length, fit_call_ids
 from squad.errors import SquadError
 
 if TYPE_CHECKING:
@@ -126,7 +127,9 @@ class PromptCounter:
 
     async def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[int, bool]:
         """``(tokens, local)``: the exact prompt count, and whether it was counted here (not
-        by the engine). Raises what ``remote`` raises."""
+        by the engine). Tool call ids are counted as they are sent: fitted to what the template
+        demands (:func:`squad.engine.template_profile.fit_call_ids`). Raises what ``remote`` raises."""
+        messages = fit_call_ids(messages, call_id_length(self.template))
         key = _key(messages, tools)
         known = self._cache.get(key)
         if known is not None:

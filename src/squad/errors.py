@@ -25,9 +25,9 @@ SquadError                         base of everything below
     ├── ContextExceeded            the engine said "Context size has been exceeded."
     ├── PromptTooLong              HTTP 400 exceed_context_size_error
     ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
-    ├── ReasoningBudgetExhausted   finish_reason "length" with reasoning but no answer
     ├── CallTimeout                the call passed its deadline; never resent unchanged
     ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
+    │   └── ReasoningBudgetExhausted  finish_reason "length" with reasoning but no answer (truncated)
     ├── ToolResultTooLarge         a tool result does not fit the agent's budget (tool_results: fail)
     ├── InvalidOutput              an answer that missed its output schema twice; keeps the raw text
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
@@ -238,10 +238,6 @@ class TruncatedStream(AgentRunError):
         super().__init__(message, agent=agent)
 
 
-class ReasoningBudgetExhausted(AgentRunError):
-    """The model spent max_tokens on reasoning and produced no answer."""
-
-
 class CallTimeout(AgentRunError):
     """A call passed squad's request deadline; it is not resent unchanged (field case F04)."""
 
@@ -254,6 +250,14 @@ class IncompleteAnswer(AgentRunError):
                  partial: str = "") -> None:
         self.outcome, self.partial = outcome, partial  # partial: the cut text, kept for the user
         super().__init__(message, agent=agent)
+
+
+class ReasoningBudgetExhausted(IncompleteAnswer):
+    """The model spent max_tokens on reasoning and produced no answer (field case F07): always a
+    failure, its outcome ``truncated`` (max_tokens covers the thinking tokens), never ``empty``."""
+
+    def __init__(self, message: str, *, agent: str | None = None) -> None:
+        super().__init__(message, agent=agent, outcome="truncated")
 
 
 class InvalidOutput(AgentRunError):

@@ -229,9 +229,11 @@ def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_
     if chosen is None:
         return dataclasses.replace(planned, template_name=describe(source),
                                    reasons=(*planned.reasons, f"chat template: {describe(source)}"))
-    why = (f"chat template: {chosen.name}, because the model's own {chosen.chat_format} template has no tools "
-           "section (llama-server would drop tool definitions); it renders the same conversation format and "
-           "lets the engine parse tool calls itself")
+    lacks = ("lists tools but renders no tool call (llama-server then parses no call: every call stays text)"
+             if source and "tool" in source.lower()
+             else "has no tools section (llama-server would drop tool definitions)")
+    why = (f"chat template: {chosen.name}, because the model's own {chosen.chat_format} template {lacks}; it renders "
+           "the same conversation format and lets the engine parse tool calls itself")
     return dataclasses.replace(planned, chat_template=chosen.path, template_name=chosen.name,
                                reasons=(*planned.reasons, why))
 

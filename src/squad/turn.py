@@ -8,7 +8,9 @@ the agent's budget has left (:func:`squad.toolroom.fit_results`: cut with a mark
 ``tool.truncated`` event, or :class:`~squad.errors.ToolResultTooLarge` with
 ``tool_results: fail``); when no room is left for another tool round, the next one offers no
 tools. The agent's ``tool_choice`` applies to the
-first round only (:func:`forced_choice`); later rounds are ``auto``. The result is an
+first round only (:func:`forced_choice`); later rounds are ``auto``. Call or thinking markup the
+engine left in the final answer (a call cut by ``max_tokens``, one its parser did not take) is
+removed from it, with a note (:func:`squad.engine.template_profile.strip_raw_markup`). The result is an
 :class:`~squad.results.AgentResult` (errors propagate as :class:`~squad.errors.AgentRunError`).
 
 :func:`agent_tools` gives an agent its tools, with an ``ask_<name>`` tool per sub-agent;
@@ -24,6 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from squad.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
+from squad.engine.template_profile import strip_raw_markup
 from squad.errors import InvalidOutput, UserError
 from squad.events import EventSink, Origin, OutputRetried, ToolCalled, ToolTruncated
 from squad.handback import TextCounter
@@ -116,7 +119,8 @@ def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:
     """The warning for an agent with tools on a model whose chat template has no tools section."""
     return (f"agent '{agent}' has tools ({', '.join(tools)}) but the engine's chat template has no tools "
             "section, so llama-server drops them: the model cannot call them. squad ships a tool template "
-            "only for ChatML models (used when squad starts the engine); use a model whose template supports "
+            "only for ChatML, Phi-3 and Granite models (used when squad starts the engine); use a model whose "
+            "template supports "
             "tool calls, or @mentions instead of sub-agents as tools.")
 
 
@@ -209,6 +213,9 @@ async def run_turn(
             continue
         break
     value, text = None, reply.content or ""
+    text, marker = strip_raw_markup(text, getattr(chat.engine, "chat_template", None))
+    if marker is not None:
+        notes.append(raw_markup_note(agent.name, marker, reply.finish_reason))
     if output is not None:
         reply, value = await _structured(output, reply, convo, send, agent=agent.name,
                                          unconstrained=bool(offer), origin=origin, on_event=on_event)
@@ -261,6 +268,14 @@ def truncated_message(agent: str, cut: Cut, *, closed: bool) -> str:
     return (f"agent '{agent}': the result of tool '{cut.tool}' ({cut.result_chars:,} characters, {size}) was cut to "
             f"{cut.kept_chars:,} characters ({cut.kept_tokens:,} tokens) to fit the {cut.room_tokens:,} tokens its "
             f"budget of {cut.limit:,} had left; the model was told what was dropped{then}")
+
+
+def raw_markup_note(agent: str, marker: str, finish_reason: str | None) -> str:
+    """What an agent's result says of call or thinking markup the engine left in its answer."""
+    why = ("the call was cut by max_tokens" if finish_reason == "length"
+           else "the engine's parser did not take it as a tool call or thinking")
+    return (f"agent '{agent}': its answer held raw markup ({marker!r}; {why}); it was removed from the answer "
+            "handed on")
 
 
 def rerun_note(reply: ChatResult) -> str:

@@ -313,7 +313,7 @@ def models_info(
             "sliding_window_pattern": list(facts.sliding_window_pattern) if facts.sliding_window_pattern else None,
             "kv_bytes_per_token": per_token, "kv_mib_f16": mib, "chat_template": template,
             "template_family": prof.family, "tool_calls": prof.tool_calls, "reasoning": prof.reasoning,
-            "counts": prof.counts, "warnings": list(prof.warnings),
+            "counts": prof.counts, "call_ids": prof.call_ids, "warnings": list(prof.warnings),
             "store": found.store, "ref": found.ref, "size": found.size, "license": license_,
         }
         console.print_json(json.dumps(out))
@@ -337,6 +337,8 @@ def models_info(
     console.print(f"tool calls      {prof.tool_calls}", highlight=False, markup=False)
     console.print(f"reasoning       {prof.reasoning}", highlight=False, markup=False)
     console.print(f"counts          {prof.counts}", highlight=False, markup=False)
+    if prof.call_ids != "any":
+        console.print(f"call ids        {prof.call_ids}", highlight=False, markup=False)
     for warning in prof.warnings:
         console.print(f"warning         {warning}", style="yellow", highlight=False, markup=False)
     console.print(f"KV per token    {per_token['f16']:,} bytes at f16, {per_token['q8_0']:,} at q8_0")

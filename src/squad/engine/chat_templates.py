@@ -27,6 +27,11 @@ so a forced turn starts inside a call. A named ``tool_choice`` object is not rea
 (``tools/server/server-common.cpp`` reads ``tool_choice`` as a string; an object silently
 becomes ``auto``), so squad sends a named choice as ``required`` with only that tool offered.
 
+squad ships such templates for three chat formats (:data:`CHATML_TOOLS`, :data:`PHI3_TOOLS`,
+:data:`GRANITE_TOOLS`). Phi-3.5's own template has no tools section; Granite 3.3's lists the
+tools but never renders an assistant call, so b11434's caps probe finds no call format and
+returns every call as text (measured with the family matrix, ``tests/test_families_real.py``).
+
 A model file without a ``tokenizer.chat_template`` (the Gemma 3 270M base model squad ships as
 ``gemma3-270m``) gets llama-server's ChatML fallback (:data:`ENGINE_FALLBACK`, read back from
 ``/props`` on b11434), which has no tools section either: :func:`tool_template_for` treats it as
@@ -41,12 +46,14 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChatTemplate", "CHATML_TOOLS", "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
+__all__ = ["ChatTemplate", "CHATML_TOOLS", "PHI3_TOOLS", "GRANITE_TOOLS",
+           "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
            "describe", "call_prefix"]
 
 
@@ -59,13 +66,17 @@ class ChatTemplate:
     - ``path``: the ``.jinja`` file inside the installed package (passed to
       ``--chat-template-file``);
     - ``call_prefix``: the text that opens one tool call in this template; the client prefills it
-      for a forced tool choice.
+      for a forced tool choice;
+    - ``over_calls_unrendered``: it also replaces a model's template that lists tool definitions
+      but renders no assistant tool call (Granite 3.3's: b11434 then derives no call parser and
+      returns every call as text); ChatML's does not (LFM2 and SmolLM3 pass calls their own way).
     """
 
     name: str
     chat_format: str
     path: Path
     call_prefix: str
+    over_calls_unrendered: bool = False
 
     @property
     def text(self) -> str:
@@ -81,7 +92,18 @@ CHATML_TOOLS = ChatTemplate(name="squad:chatml-tools", chat_format="chatml",
                             path=_package_file("chatml-tools.jinja"), call_prefix="<tool_call>\n")
 """ChatML with Hermes-style ``<tool_call>`` JSON calls and ``<tool_response>`` results."""
 
-_SHIPPED = {CHATML_TOOLS.chat_format: CHATML_TOOLS}
+PHI3_TOOLS = ChatTemplate(name="squad:phi3-tools", chat_format="phi3", path=_package_file("phi3-tools.jinja"),
+                          call_prefix="<tool_call>\n")
+"""Phi-3 turns (``<|user|>`` … ``<|end|>``) with the same ``<tool_call>`` JSON calls (Phi-3.5's
+own template has no tools section)."""
+
+GRANITE_TOOLS = ChatTemplate(name="squad:granite-tools", chat_format="granite",
+                             path=_package_file("granite-tools.jinja"), call_prefix="<|tool_call|>",
+                             over_calls_unrendered=True)
+"""Granite 3.x turns with ``<|tool_call|>`` JSON-list calls rendered (Granite 3.3's own template
+lists tools but never renders a call)."""
+
+_SHIPPED = {t.chat_format: t for t in (CHATML_TOOLS, PHI3_TOOLS, GRANITE_TOOLS)}
 
 ENGINE_FALLBACK = (
     "{%- for message in messages -%}\n"
@@ -101,10 +123,17 @@ def _read(path: Path) -> str:
 
 
 def chat_format(source: str | None) -> str | None:
-    """The chat format a template writes (``"chatml"``: ``<|im_start|>role ... <|im_end|>``), or
-    None when it is none squad ships a template for."""
-    if source and "<|im_start|>" in source and "<|im_end|>" in source:
+    """The chat format a template writes (``"chatml"``: ``<|im_start|>role ... <|im_end|>``;
+    ``"granite"``: ``<|start_of_role|>``; ``"phi3"``: ``<|user|>`` … ``<|end|>``), or None when it
+    is none squad ships a template for."""
+    if not source:
+        return None
+    if "<|im_start|>" in source and "<|im_end|>" in source:
         return "chatml"
+    if "<|start_of_role|>" in source and "<|end_of_role|>" in source:
+        return "granite"
+    if "<|assistant|>" in source and "<|end|>" in source:
+        return "phi3"
     return None
 
 
@@ -133,6 +162,16 @@ def handles_tools(source: str | None) -> bool | None:
     return _PROBE_TOOL in text and _PROBE_CALL in text
 
 
+def _lists_tools(source: str) -> bool:
+    """Whether rendering ``source`` with a tool definition shows the tool (it lists tools)."""
+    tools = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    try:
+        return _PROBE_TOOL in _render(source, messages=[{"role": "user", "content": "hi"}], tools=tools)
+    except Exception:  # noqa: BLE001 - a template jinja2 cannot run here
+        return False
+
+
 def _render(source: str, **context: Any) -> str:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -143,6 +182,7 @@ def _render(source: str, **context: Any) -> str:
         raise ValueError(message)
 
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = time.strftime  # llama.cpp's jinja gives templates the date this way
     return env.from_string(source).render(bos_token="", eos_token="", add_generation_prompt=True, **context)
 
 
@@ -155,9 +195,12 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
     is not one squad ships. ``source`` None (the file has no template) is the engine's
     :data:`ENGINE_FALLBACK`."""
     source = source or ENGINE_FALLBACK
-    if has_tool_use_template or "tool" in source.lower() or handles_tools(source) is not False:
+    shipped = _SHIPPED.get(chat_format(source) or "")
+    if shipped is None or has_tool_use_template or handles_tools(source) is not False:
         return None
-    return _SHIPPED.get(chat_format(source) or "")
+    if "tool" in source.lower() and not (shipped.over_calls_unrendered and _lists_tools(source)):
+        return None
+    return shipped
 
 
 # The text that opens a tool call in a family's own template, by a marker of that template

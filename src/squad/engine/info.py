@@ -104,3 +104,12 @@ class EngineInfo:
         from squad.engine.chat_templates import call_prefix
 
         return call_prefix(self.chat_template)
+
+    @property
+    def call_id_length(self) -> int | None:
+        """The length the engine's template demands of tool call ids (9 for Mistral's), else None:
+        the client and ``squad serve`` rewrite the ids they send to fit
+        (:func:`squad.engine.template_profile.fit_call_ids`)."""
+        from squad.engine.template_profile import call_id_length
+
+        return call_id_length(self.chat_template)

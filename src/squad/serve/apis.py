@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from squad.engine.template_profile import fit_call_ids
 from squad.serve.demand import Demand, Kind, Refused, demand_for
 from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 
@@ -41,11 +42,16 @@ PASS_POST = ("/v1/responses/input_tokens", "/responses/input_tokens", "/v1/messa
 """Counting endpoints passed through to the engine."""
 
 
-def prepare(body: dict[str, Any], kind: Kind, prefix: str | None) -> dict[str, Any]:
+def prepare(body: dict[str, Any], kind: Kind, prefix: str | None, call_ids: int | None = None) -> dict[str, Any]:
     """``body`` as it is sent for ``kind`` (tool choice, schemas and the history's tool calls,
-    :mod:`squad.serve.forcing`)."""
+    :mod:`squad.serve.forcing`); ``call_ids``: the length the engine's template demands of a chat
+    history's tool call ids (:attr:`squad.engine.info.EngineInfo.call_id_length`), fitted as
+    squad's own client does."""
     force = {"chat": force_chat, "responses": force_responses, "messages": force_messages}.get(kind)
     out = repair_history(body, kind)
+    if call_ids and kind == "chat" and isinstance(out.get("messages"), list):
+        fitted = fit_call_ids(out["messages"], call_ids)
+        out = out if fitted is out["messages"] else {**out, "messages": fitted}
     out = force(out, prefix) if force is not None else out
     return body if out == body else out
 

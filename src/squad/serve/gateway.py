@@ -393,7 +393,7 @@ class _Relay:
         g, live = self.g, self.live
         admission = g.admission
         try:  # tool choice and schemas as the engine honours them (squad.serve.apis)
-            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix)
+            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix, g.engine.call_id_length)
             parts = split(body, self.kind, self.scope["path"])
         except Refused as exc:
             await _json(send, exc.status, exc.body)
