@@ -92,6 +92,28 @@ def test_serve_fits_a_chat_historys_call_ids_as_the_client_does():
     assert prepare(body, "chat", None) is body
 
 
+def test_serve_fits_call_ids_in_responses_and_messages_histories_too():
+    """b11434 converts Responses ``call_id`` and Messages ``tool_use.id``/``tool_use_id`` to the chat
+    history's call ids, which a Mistral template checks: fitted the same way, pairs kept."""
+    from squad.serve.apis import prepare
+
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    out = prepare({"input": items}, "responses", None, 9)["input"]
+    assert len(out[1]["call_id"]) == 9 and out[1]["call_id"] == out[2]["call_id"] and out[0] is items[0]
+    assert items[1]["call_id"] == "call_1"
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "x"},
+                                                  {"type": "tool_use", "id": "toolu_01", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"}]}]
+    sent = prepare({"messages": messages}, "messages", None, 9)["messages"]
+    assert len(sent[1]["content"][1]["id"]) == 9 and sent[1]["content"][1]["id"] == sent[2]["content"][0]["tool_use_id"]
+    assert sent[0] is messages[0] and sent[1]["content"][0] is messages[1]["content"][0]
+    body = {"messages": messages}
+    assert prepare(body, "messages", None) is body
+
+
 def test_raw_call_and_thinking_markup_is_removed_from_an_answer():
     from squad.engine.template_profile import strip_raw_markup
 

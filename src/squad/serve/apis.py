@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from squad.engine.template_profile import fit_call_ids
+from squad.engine.template_profile import fit_call_id, fit_call_ids
 from squad.serve.demand import Demand, Kind, Refused, demand_for
 from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 
@@ -44,16 +44,41 @@ PASS_POST = ("/v1/responses/input_tokens", "/responses/input_tokens", "/v1/messa
 
 def prepare(body: dict[str, Any], kind: Kind, prefix: str | None, call_ids: int | None = None) -> dict[str, Any]:
     """``body`` as it is sent for ``kind`` (tool choice, schemas and the history's tool calls,
-    :mod:`squad.serve.forcing`); ``call_ids``: the length the engine's template demands of a chat
-    history's tool call ids (:attr:`squad.engine.info.EngineInfo.call_id_length`), fitted as
+    :mod:`squad.serve.forcing`); ``call_ids``: the length the engine's template demands of the
+    history's tool call ids (chat ``tool_calls[].id``/``tool_call_id``, Responses ``call_id``,
+    Messages ``tool_use.id``/``tool_result.tool_use_id``) (:attr:`squad.engine.info.EngineInfo.call_id_length`), fitted as
     squad's own client does."""
     force = {"chat": force_chat, "responses": force_responses, "messages": force_messages}.get(kind)
     out = repair_history(body, kind)
     if call_ids and kind == "chat" and isinstance(out.get("messages"), list):
         fitted = fit_call_ids(out["messages"], call_ids)
         out = out if fitted is out["messages"] else {**out, "messages": fitted}
+    elif call_ids and kind == "responses" and isinstance(out.get("input"), list):
+        items = [_fit_fields(i, ("call_id",), call_ids) if isinstance(i, dict)
+                 and i.get("type") in ("function_call", "function_call_output") else i for i in out["input"]]
+        out = out if all(a is b for a, b in zip(items, out["input"])) else {**out, "input": items}
+    elif call_ids and kind == "messages" and isinstance(out.get("messages"), list):
+        messages = [_fit_blocks(m, call_ids) for m in out["messages"]]
+        out = out if all(a is b for a, b in zip(messages, out["messages"])) else {**out, "messages": messages}
     out = force(out, prefix) if force is not None else out
     return body if out == body else out
+
+
+def _fit_fields(item: dict[str, Any], fields: tuple[str, ...], length: int) -> dict[str, Any]:
+    fitted = {f: fit_call_id(item[f], length) for f in fields if isinstance(item.get(f), str)}
+    return item if all(item[f] == v for f, v in fitted.items()) else {**item, **fitted}
+
+
+def _fit_blocks(message: Any, length: int) -> Any:
+    """A Messages ``message`` with its ``tool_use.id`` / ``tool_result.tool_use_id`` fitted (b11434
+    converts them to the chat history's call ids, which the template checks)."""
+    blocks = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(blocks, list):
+        return message
+    fields = {"tool_use": ("id",), "tool_result": ("tool_use_id",)}
+    fixed = [_fit_fields(b, fields[b["type"]], length) if isinstance(b, dict) and b.get("type") in fields else b
+             for b in blocks]
+    return message if all(a is b for a, b in zip(fixed, blocks)) else {**message, "content": fixed}
 
 
 async def count(gateway: "Gateway", body: dict[str, Any], kind: Kind) -> int:
