@@ -70,7 +70,7 @@ from squad.mention import Dispatch, parse_mentions, unmark
 from squad.outcome import Outcome, fix_for
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.engines import EngineGroup
-from squad.share import SHARE_MODES, ShareGroup, arrange, current_group, joined
+from squad.share import SHARE_MODES, ShareGroup, arrange, board_group, current_group, joined
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
 from squad.toolroom import MAX_TOOL_ROUNDS
@@ -520,7 +520,7 @@ class Squad:
             agent = self.agents[pairs[i][0]]
             item = first_item + i if items else None
             origin = self._origin(agent, parent, item)
-            with joined(group, origin.conversation):
+            with joined(group or board_group(pairs[i][1]), origin.conversation):
                 return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
                                             cancel_reason=reason, origin=origin,
                                             record=record, fail_on=fail_on, output=output)

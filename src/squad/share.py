@@ -35,7 +35,8 @@ import httpx
 if TYPE_CHECKING:
     from squad.chat import ChatRequest
 
-__all__ = ["Arrangement", "ShareGroup", "ShareMode", "arrange", "current_group", "joined", "MIN_SHARED_CHARS",
+__all__ = ["Arrangement", "ShareGroup", "ShareMode", "arrange", "current_group", "joined", "sharing", "board_group",
+           "MIN_SHARED_CHARS",
            "MIN_SHARED_TOKENS", "SHARED_MARK", "SHARE_MODES"]
 
 ShareMode = Literal["first", "order", "off"]
@@ -56,6 +57,7 @@ _TRIM_TOKENS = 2
 
 _IDS = itertools.count(1)
 _GROUP: ContextVar["ShareGroup | None"] = ContextVar("squad_share_group", default=None)
+_BOARD: ContextVar["dict[str, ShareGroup] | None"] = ContextVar("squad_share_board", default=None)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,32 @@ class ShareGroup:
             with contextlib.suppress(OSError):
                 self.file.unlink()
             self.file = None
+
+
+@contextlib.contextmanager
+def sharing(texts: Sequence[str], mode: str) -> Any:
+    """Within the block, a fan-out member whose prompt holds one of ``texts`` (e.g. a chunk that
+    several map steps of one recipe ``parallel`` block go over, each in its own ``Squad.map``)
+    joins that text's group (:func:`board_group`). ``mode`` as in :data:`SHARE_MODES`; texts
+    shorter than :data:`MIN_SHARED_CHARS` are left as written. Deletes the groups' slot files at the end."""
+    board = {t: ShareGroup(Arrangement(t), mode=mode) for t in texts  # type: ignore[arg-type]
+             if mode != "off" and len(t.strip()) >= MIN_SHARED_CHARS}
+    token = _BOARD.set(board or None)
+    try:
+        yield
+    finally:
+        _BOARD.reset(token)
+        for group in board.values():
+            group.close()
+
+
+def board_group(prompt: str) -> ShareGroup | None:
+    """The group of the longest shared text (:func:`sharing`) ``prompt`` holds, or None."""
+    board = _BOARD.get()
+    if not board:
+        return None
+    held = [t for t in board if t in prompt]
+    return board[max(held, key=len)] if held else None
 
 
 def current_group() -> ShareGroup | None:
