@@ -72,6 +72,8 @@ def processed(metrics: str) -> float:
 
 async def measured(squad: Squad, http: httpx.AsyncClient, seen: list[tuple[float, Event]], work) -> dict:  # type: ignore[no-untyped-def]
     await anyio.sleep(0.5)
+    for slot in range(squad.info.slots):  # no prompt left over from the case before
+        await http.post(f"/slots/{slot}", params={"action": "erase"})
     before = processed((await http.get("/metrics")).text)
     seen.clear()
     start = time.monotonic()
@@ -122,6 +124,9 @@ async def parallel_cases(agents: list[Agent], sizes: list[int], ks: list[int], s
                 for k in ks:
                     pair: dict[str, dict] = {}
                     for way in WAYS:
+                        if k == 1 and way == "first":  # one agent: nothing is shared, the same requests
+                            pair[way] = pair["off"]
+                            continue
                         squad.shared_input = way
 
                         async def work() -> None:
