@@ -96,3 +96,44 @@ async def answers_unchanged(squad: Squad) -> None:
             r.raise_for_status()
             plain.append(r.json()["choices"][0]["message"]["content"])
     assert [r.output for r in shared] == plain
+
+
+RECIPE = """\
+name: chunked-review
+params:
+  code: {type: string}
+agents:
+  lead: {instructions: "Merge the notes.", max_tokens: 8, sampling: {temperature: 0.0, seed: 1}}
+  security: {instructions: "You review code for security. One short line.", max_tokens: 8,
+             sampling: {temperature: 0.0, seed: 1}}
+  style: {instructions: "You review code for style. One short line.", max_tokens: 8,
+          sampling: {temperature: 0.0, seed: 1}}
+main: lead
+flow:
+  - id: reviews
+    parallel:
+      - {id: security, agent: security, map: params.code, split: chunks, chunk_tokens: 700, concurrency: 1,
+         prompt: "Review this code (part {{ index + 1 }} of {{ chunks }}):\\n{{ item }}"}
+      - {id: style, agent: style, map: params.code, split: chunks, chunk_tokens: 700, concurrency: 1,
+         prompt: "Review this code (part {{ index + 1 }} of {{ chunks }}):\\n{{ item }}"}
+"""
+
+
+async def test_map_steps_of_a_parallel_block_share_each_chunk(
+    tmp_path: Path, llama_server_path: Path, default_model_path: Path
+) -> None:
+    """The review recipe's shape: two reviewers map over the same chunks, one at a time each;
+    each chunk is prefilled once for both (their call.admitted events say how much)."""
+    from squad.recipes import load_recipe
+    from squad.recipes.run import run_recipe
+
+    (tmp_path / "r.yaml").write_text(RECIPE)
+    recipe = load_recipe(tmp_path / "r.yaml", {"code": source(150)}, model=str(default_model_path))
+    chunks = recipe.items(recipe.steps_by_id()["security"], {})
+    assert len(chunks) >= 2
+    seen: list[Event] = []
+    run = await run_recipe(recipe, on_event=seen.append,
+                           engine=recipe.engine_spec().but(binary=llama_server_path, threads=2))
+    assert not run.errors
+    shared = [e.shared_tokens for e in seen if isinstance(e, CallAdmitted)]
+    assert sum(1 for n in shared if n > 200) == 2 * len(chunks), shared
