@@ -124,3 +124,16 @@ async def test_no_slot_save_directory_means_no_sharing():
     async with engine() as http:
         await group.probe(http)
         assert await group.enter(http, 0, None) is False
+
+
+def test_squad_plan_states_the_order_and_the_attached_fallback():
+    from pathlib import Path
+
+    from squad.cli.plan import sharing_lines
+    from squad.recipes import load_recipe
+
+    root = Path(__file__).resolve().parents[1]
+    recipe = load_recipe(root / "recipes" / "review.yaml", {"code": FILE})
+    launched = sharing_lines(recipe)
+    assert "system = [shared text]" in launched[0] and "prefilled once" in launched[1]
+    assert "--slot-save-path" in sharing_lines(recipe, attached=True)[1]

@@ -75,8 +75,11 @@ def plan_command(
     the_plan = _never_fit(the_plan, rows, loaded.warnings if recipe is not None else ())
     binary = _binary(spec.binary)
     if as_json:
+        sharing = (sharing_lines(loaded, attached=url is not None or backend != "llama-server")
+                   if recipe is not None else [])
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
-                               "recipe_warnings": warned, **plan_json(the_plan, binary)}, indent=2))
+                               "recipe_warnings": warned, **plan_json(the_plan, binary), "shared_input": sharing},
+                              indent=2))
     else:
         if reads:
             _render_reads(reads)
