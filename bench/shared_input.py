@@ -114,7 +114,8 @@ async def main(argv: list[str]) -> str:
 async def parallel_cases(agents: list[Agent], sizes: list[int], ks: list[int], seen: list[tuple[float, Event]],
                          rows: list[tuple[str, dict[str, dict]]]) -> None:
     """K reviewers on one file through ``Squad.parallel``, each way, on one engine."""
-    spec = EngineSpec(model=MODEL, binary=BINARY, threads=THREADS, slots=max(ks), ctx=max(ks) * 8192)
+    spec = EngineSpec(model=MODEL, binary=BINARY, threads=THREADS, slots=max(ks), ctx=max(ks) * 8192,
+                      request_timeout=3000)  # a loaded machine prefills K long prompts slowly
     async with Squad(agents, engine=spec, on_event=lambda e: seen.append((time.monotonic(), e))) as squad:
         info = squad.info
         headers = {"Authorization": f"Bearer {info.api_key}"} if info.api_key else {}
