@@ -25,7 +25,6 @@ from pathlib import Path
 
 import anyio
 import httpx
-
 from _common import BINARY, MODEL, THREADS
 
 from squad.agent import Agent
@@ -48,9 +47,9 @@ def python_source(lines: int, seed: int = 7) -> str:
     while len(out) < lines:
         a, b, c = words[i % 15], words[(i * 7 + 3) % 15], words[(i * 11 + 5) % 15]
         if i % 4 == 0:
-            out += [f"@dataclass", f"class {a.title()}{b.title()}{i}:", f'    """A {a} with its {b}."""', "",
+            out += ["@dataclass", f"class {a.title()}{b.title()}{i}:", f'    """A {a} with its {b}."""', "",
                     f"    {a}_id: int", f"    {b}: str = \"\"", f"    {c}_count: int = {i % 9}", "",
-                    f"    def to_json(self) -> str:", f"        return json.dumps({{'{a}': self.{a}_id, '{b}': self.{b}}})",
+                    "    def to_json(self) -> str:", f"        return json.dumps({{'{a}': self.{a}_id, '{b}': self.{b}}})",
                     ""]
         else:
             out += [f"def load_{a}_{b}_{i}(rows, {c}=None, limit={i % 50 + 10}):",
@@ -66,7 +65,7 @@ def python_source(lines: int, seed: int = 7) -> str:
 
 
 def processed(metrics: str) -> float:
-    found = re.search(r"^llamacpp:prompt_tokens_total\s+(\S+)", metrics, re.M)
+    found = re.search(r"^llamacpp:prompt_tokens_total\s+(\S+)", metrics, re.MULTILINE)
     return float(found.group(1)) if found else float("nan")
 
 
@@ -130,7 +129,7 @@ async def parallel_cases(agents: list[Agent], sizes: list[int], ks: list[int], s
                             continue
                         squad.shared_input = way
 
-                        async def work() -> None:
+                        async def work(prompt: str = prompt, k: int = k) -> None:
                             await squad.parallel([(FOCUS[j], prompt) for j in range(k)], check=True)
 
                         pair[way] = await measured(squad, http, seen, work)
@@ -151,7 +150,7 @@ async def review_recipe(seen: list[tuple[float, Event]]) -> dict[str, dict]:
         recipe.shared_input = way
         box: dict = {}
 
-        def sink(e: Event) -> None:
+        def sink(e: Event, box: dict = box) -> None:
             seen.append((time.monotonic(), e))
             url = getattr(e, "engine", None)
             if url and "url" not in box:

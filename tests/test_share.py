@@ -10,8 +10,17 @@ import httpx
 import pytest
 
 from squad.engine.llama import slot_save_args
-from squad.share import (MIN_SHARED_CHARS, SHARED_MARK, Arrangement, ShareGroup, arrange, board_group, current_group,
-                         joined, sharing)
+from squad.share import (
+    MIN_SHARED_CHARS,
+    SHARED_MARK,
+    Arrangement,
+    ShareGroup,
+    arrange,
+    board_group,
+    current_group,
+    joined,
+    sharing,
+)
 
 FILE = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(60))
 

@@ -39,7 +39,7 @@ def source(lines: int) -> str:
 
 
 def prompt_tokens_total(metrics: str) -> float:
-    found = re.search(r"^llamacpp:prompt_tokens_total\s+(\S+)", metrics, re.M)
+    found = re.search(r"^llamacpp:prompt_tokens_total\s+(\S+)", metrics, re.MULTILINE)
     assert found, "no llamacpp:prompt_tokens_total in /metrics"
     return float(found.group(1))
 

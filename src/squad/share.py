@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import httpx
@@ -35,9 +36,20 @@ import httpx
 if TYPE_CHECKING:
     from squad.chat import ChatRequest
 
-__all__ = ["Arrangement", "ShareGroup", "ShareMode", "arrange", "current_group", "joined", "sharing", "board_group",
-           "MIN_SHARED_CHARS",
-           "MIN_SHARED_TOKENS", "SHARED_MARK", "SHARE_MODES"]
+__all__ = [
+    "MIN_SHARED_CHARS",
+    "MIN_SHARED_TOKENS",
+    "SHARED_MARK",
+    "SHARE_MODES",
+    "Arrangement",
+    "ShareGroup",
+    "ShareMode",
+    "arrange",
+    "board_group",
+    "current_group",
+    "joined",
+    "sharing",
+]
 
 ShareMode = Literal["first", "order", "off"]
 SHARE_MODES: tuple[str, ...] = ("first", "order", "off")
@@ -56,8 +68,8 @@ _TRIM_TOKENS = 2
 """Tokens dropped from the end of the probed prefix (where the text next to it may merge with it)."""
 
 _IDS = itertools.count(1)
-_GROUP: ContextVar["ShareGroup | None"] = ContextVar("squad_share_group", default=None)
-_BOARD: ContextVar["dict[str, ShareGroup] | None"] = ContextVar("squad_share_board", default=None)
+_GROUP: ContextVar[ShareGroup | None] = ContextVar("squad_share_group", default=None)
+_BOARD: ContextVar[dict[str, ShareGroup] | None] = ContextVar("squad_share_board", default=None)
 
 
 @dataclass(frozen=True)
@@ -249,7 +261,7 @@ def joined(group: ShareGroup | None, conversation: str) -> Any:
         _GROUP.reset(token)
 
 
-def request_shares(req: "ChatRequest") -> ShareGroup | None:
+def request_shares(req: ChatRequest) -> ShareGroup | None:
     """The group ``req`` goes through: its conversation's first call in a ``first`` group."""
     group = _GROUP.get()
     if group is not None and group.claim(req.origin.conversation):
