@@ -184,11 +184,13 @@ class Admission:
 
     @asynccontextmanager
     async def reserve(self, tokens: int, *, agent: str | Origin, priority: int = 0,
-                      call: str | None = None) -> AsyncIterator[Reservation]:
+                      call: str | None = None, shared: int = 0) -> AsyncIterator[Reservation]:
         """Hold ``tokens`` KV cells and one slot for the block; wait (in order) until they fit.
 
         ``agent`` is the caller (a name or its :class:`~squad.events.Origin`); ``call`` the
-        call id its events carry.
+        call id its events carry; ``shared`` the prompt tokens it shares with its fan-out
+        (:mod:`squad.share`; its ``call.admitted`` says so). ``tokens`` still counts them: a
+        restored prefix is a copy in this slot's cells, not cells shared with another slot.
 
         Raises :class:`AdmissionError` at once if ``tokens`` alone exceeds the pool (or
         ``per_request_limit``), or later if a :meth:`resize` makes it impossible. Cancelling
@@ -220,7 +222,7 @@ class Admission:
         reservation = waiter.reservation
         reservation.queued_s = time.monotonic() - started
         self._emit(CallAdmitted, reservation, tokens=tokens, slot=reservation.slot, queued_s=reservation.queued_s,
-                   in_flight=self.in_flight, pool_used=self.reserved)
+                   in_flight=self.in_flight, pool_used=self.reserved, shared_tokens=shared)
         admitted = time.monotonic()
         try:
             yield reservation

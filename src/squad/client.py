@@ -86,6 +86,7 @@ from squad.events import (
     Event,
     EventSink,
 )
+from squad.share import MIN_SHARED_TOKENS, request_shares
 from squad.settle import CALL_SETTLE_TIMEOUT, EngineSlots, Ending, until_engine_free
 from squad.stream import (
     InnocentOverflow,
@@ -461,15 +462,23 @@ class EngineClient:
             raise AdmissionError(
                 f"agent '{agent}' needs {need} tokens (prompt {prompt} + max_tokens {req.max_tokens}) but its budget "
                 f"is {req.budget}: " + ", or ".join(fixes), agent=agent)
-        admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
+        # shared input (squad.share): the first call of a fan-out member whose prompt starts with the
+        # fan-out's shared text; only on an engine squad gave a slot save directory
+        group = request_shares(req) if self.admission is not None and self._engine.slot_save_dir else None
+        shared = await group.probe(self._http) if group is not None else 0
+        if shared < MIN_SHARED_TOKENS:
+            group, shared = None, 0
+        admitted = (self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id, shared=shared)
                     if self.admission is not None else contextlib.nullcontext(Reservation(req.origin, need, call=call.id)))
         call.need = need
         sink = self._on_event
         async with admitted as reservation, until_engine_free(self.admission, reservation, self.slots, on_event=sink,
                                                               timeout=CALL_SETTLE_TIMEOUT) as ending:
+            pin = (reservation.slot if group is not None
+                   and await group.enter(self._http, reservation.slot, self._engine.slot_save_dir) else None)
             with self.deadlines.watch(prompt, req.max_tokens, queued_upstream=self.admission is None) as watch:
                 try:
-                    result = await self._stream(call, reservation, watch, ending)
+                    result = await self._stream(call, reservation, watch, ending, pin=pin)
                 except InnocentOverflow as exc:
                     call.held = max(call.held, exc.reserved)
                     raise
@@ -484,7 +493,9 @@ class EngineClient:
                 self._on_event(EngineWarning(engine=self._engine.base_url, warning=warning))
         return result
 
-    async def _stream(self, call: _Call, reservation: Reservation, watch: CallWatch, ending: Ending) -> ChatResult:
+    async def _stream(self, call: _Call, reservation: Reservation, watch: CallWatch, ending: Ending,
+                      pin: int | None = None) -> ChatResult:
+        """Send and read one attempt; ``pin``: the engine slot (``id_slot``) that holds its shared prefix."""
         req, agent = call.request, call.agent
         kwargs: dict[str, Any] = {"tools": req.tools} if req.tools else {}
         if req.tools and req.tool_choice:
@@ -498,6 +509,8 @@ class EngineClient:
         extra = dict(req.sampling or {})
         if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.deadline)
             extra.setdefault("return_progress", True)
+        if pin is not None:  # the slot admission granted, restored with the fan-out's prefix (squad.share)
+            extra["id_slot"] = pin
         sent = time.monotonic()
         got = StreamAssembly()
         ending.sent()

@@ -354,11 +354,13 @@ class CallQueued(_Admission):
 
 @dataclass(frozen=True, kw_only=True)
 class CallAdmitted(_Admission):
-    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited."""
+    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited; ``shared_tokens``:
+    prompt tokens it shares with its fan-out, prefilled once for all of it (:mod:`squad.share`; 0: none)."""
 
     kind: ClassVar[str] = "call.admitted"
     slot: int
     queued_s: float = 0.0
+    shared_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,6 +71,7 @@ from squad.outcome import Outcome, fix_for
 from squad.queue_policy import DEFAULT_QUEUE
 from squad.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
 from squad.engines import EngineGroup
+from squad.share import SHARE_MODES, ShareGroup, arrange, board_group, current_group, joined
 from squad.session import EngineSession, EngineSpec
 from squad.tools import Tool, ToolError
 from squad.toolroom import MAX_TOOL_ROUNDS
@@ -156,10 +157,16 @@ class Squad:
         max_sub_depth: int = MAX_SUB_DEPTH,
         max_sub_calls: int = MAX_SUB_CALLS,
         queue: str | None = None,
+        shared_input: str = "first",
         **renamed: Any,
     ) -> None:
         if renamed:
             raise UserError(_renamed_hint(renamed))
+        if shared_input not in SHARE_MODES:
+            raise UserError(f"shared_input={shared_input!r} is not one of {', '.join(SHARE_MODES)}")
+        self.shared_input = shared_input
+        """How a fan-out's shared text is sent (:mod:`squad.share`): ``first`` (default) moved first
+        and prefilled once, ``order`` moved first only, ``off`` as written."""
         if not agents:
             raise UserError("a squad needs at least one agent")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
@@ -507,15 +514,30 @@ class Squad:
         """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
         ``output`` replaces each agent's own output schema."""
 
+        group = self._share_group([prompt for _, prompt in pairs])
+
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
             item = first_item + i if items else None
-            return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                        cancel_reason=reason, origin=self._origin(agent, parent, item),
-                                        record=record, fail_on=fail_on, output=output)
+            origin = self._origin(agent, parent, item)
+            with joined(group or board_group(pairs[i][1]), origin.conversation):
+                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
+                                            cancel_reason=reason, origin=origin,
+                                            record=record, fail_on=fail_on, output=output)
 
-        return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
+        try:
+            return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
+        finally:
+            if group is not None:
+                group.close()
+
+    def _share_group(self, prompts: Sequence[str]) -> ShareGroup | None:
+        """The share group of a fan-out of ``prompts`` (:mod:`squad.share`), or None."""
+        if self.shared_input == "off":
+            return None
+        arrangement = arrange(prompts)
+        return ShareGroup(arrangement, mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
 
     async def _recorded(
         self,
@@ -584,7 +606,11 @@ class Squad:
         if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
-        result = await run_turn(self.chat, self._resolved(agent), origin, system=self._system(agent, variables), prompt=prompt,
+        system = self._system(agent, variables)
+        group = current_group()
+        if group is not None and origin.conversation in group.members:  # shared text first (squad.share)
+            system, prompt = group.arrangement.system(system), group.arrangement.prompt(prompt)
+        result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,
                                 output=output or agent.output_type)

@@ -83,6 +83,8 @@ class CallSpan:
     engine: str | None = None
     moved_to: str | None = None
     rerun: bool = False
+    shared_tokens: int = 0
+    """Prompt tokens it shared with its fan-out (``call.admitted``, :mod:`squad.share`)."""
 
     @property
     def start(self) -> float:
@@ -361,6 +363,7 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
         s.queued = t
     elif isinstance(ev, CallAdmitted):
         s.admitted, s.reserved, s.slot = t, ev.tokens, ev.slot
+        s.shared_tokens = ev.shared_tokens
         return ev.in_flight
     elif isinstance(ev, CallFirstToken):
         s.first_token = t if s.first_token is None else s.first_token

@@ -429,7 +429,8 @@ class ViewState:
             text = f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
         elif isinstance(event, CallAdmitted):
             where = f" on {_short(event.engine)}" if self.several else ""
-            text = f"admitted{where} ({event.tokens} tokens reserved) · {self.status_line()}"
+            shared = f", {event.shared_tokens} of its prompt shared with its fan-out" if event.shared_tokens else ""
+            text = f"admitted{where} ({event.tokens} tokens reserved{shared}) · {self.status_line()}"
         elif isinstance(event, CallFirstToken):
             text = "first token"
         elif isinstance(event, CallFinished):

@@ -75,8 +75,11 @@ def plan_command(
     the_plan = _never_fit(the_plan, rows, loaded.warnings if recipe is not None else ())
     binary = _binary(spec.binary)
     if as_json:
+        sharing = (sharing_lines(loaded, attached=url is not None or backend != "llama-server")
+                   if recipe is not None else [])
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
-                               "recipe_warnings": warned, **plan_json(the_plan, binary)}, indent=2))
+                               "recipe_warnings": warned, **plan_json(the_plan, binary), "shared_input": sharing},
+                              indent=2))
     else:
         if reads:
             _render_reads(reads)
@@ -84,6 +87,69 @@ def plan_command(
             _render_steps(rows)
         _render_warnings(warned)
         render_plan(the_plan, console, binary)
+        if recipe is not None:
+            _render_sharing(loaded, attached=url is not None or backend != "llama-server")
+
+
+def sharing_lines(recipe: Any, *, attached: bool = False) -> list[str]:
+    """What ``squad plan`` says about shared input (:mod:`squad.share`): per ``parallel`` block,
+    the text its agents share and the system-message order that sends it first."""
+    from squad.share import MIN_SHARED_CHARS, SEPARATOR, SHARED_MARK, arrange
+
+    mode = getattr(recipe, "shared_input", "first")
+    lines: list[str] = []
+    for step in recipe.flow:
+        if step.kind != "parallel":
+            continue
+        texts: list[str] = []
+        calls = [c for c in step.steps if c.kind == "call"]
+        try:
+            prompts = [recipe.render_prompt(c, {}) for c in calls]
+        except Exception:  # noqa: BLE001 - a prompt that reads earlier steps is known only at run time
+            prompts = []
+        found = arrange(prompts) if len(prompts) > 1 else None
+        if found is not None:
+            texts.append(found.shared)
+        maps = [c for c in step.steps if c.kind == "map"]
+        seen: dict[str, int] = {}
+        for child in maps:
+            try:
+                for item in set(map(str, recipe.items(child, {}))):
+                    seen[item] = seen.get(item, 0) + 1
+            except Exception:  # noqa: BLE001 - items from earlier steps are known only at run time
+                pass
+        shared_items = [t for t, n in seen.items() if n > 1 and len(t.strip()) >= MIN_SHARED_CHARS]
+        if not texts and not shared_items and not maps:
+            continue
+        agents = ", ".join(c.agent for c in step.steps)
+        if mode == "off":
+            lines.append(f"step '{step.id}' ({agents}): shared_input: off, prompts sent as written")
+            continue
+        what = (f"{len(texts[0]):,} characters common to its prompts" if texts else
+                f"{len(shared_items)} map item(s) the map steps share" if shared_items else
+                "map items shared when known at run time")
+        lines.append(f"step '{step.id}' ({agents}): {what}; each agent's messages: "
+                     f"system = [shared text]{SEPARATOR!r}[its instructions], user = its prompt with the shared "
+                     f"text replaced by {SHARED_MARK!r}")
+        if mode == "order":
+            lines.append("  shared_input: order: moved first only, each slot prefills its own copy")
+        elif attached:
+            lines.append("  note: an attached engine was not started with --slot-save-path by squad, so each slot "
+                         "prefills its own copy of the shared text (today's way); the order is still applied")
+        else:
+            lines.append("  prefilled once in the first slot admitted, saved and restored into the others "
+                         "(a copy per slot: the pool still counts it per slot)")
+    return lines
+
+
+def _render_sharing(recipe: Any, *, attached: bool) -> None:
+    from rich.markup import escape
+
+    lines = sharing_lines(recipe, attached=attached)
+    if lines:
+        console.print("[bold]shared input[/] (shared_input: " + escape(str(recipe.shared_input)) + "):")
+        for line in lines:
+            console.print("  " + escape(line), soft_wrap=True)
 
 
 def _never_fit(the_plan: "EnginePlan", rows: Any, recipe_warnings: Any = ()) -> "EnginePlan":

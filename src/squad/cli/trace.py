@@ -143,7 +143,9 @@ def _call_table(summary: TraceSummary, labels: Mapping[str, str] | None = None) 
         table.add_row(c.call, c.agent, c.conversation or "-", c.parent or "-",
                       *([name(c.engine)] if several else []),
                       "-" if c.slot is None else str(c.slot), _fmt(c.queued), _fmt(c.admitted),
-                      _fmt(c.first_token), _fmt(c.end), "-" if c.prompt_tokens is None else str(c.prompt_tokens),
+                      _fmt(c.first_token), _fmt(c.end),
+                      ("-" if c.prompt_tokens is None else str(c.prompt_tokens))
+                      + (f" ({c.shared_tokens} shared)" if c.shared_tokens else ""),
                       "-" if c.completion_tokens is None else str(c.completion_tokens), state)
     return table
 

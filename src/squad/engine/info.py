@@ -65,6 +65,9 @@ class EngineInfo:
     sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     version: str = ""
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    slot_save_dir: str | None = None
+    """The engine's ``--slot-save-path`` when squad launched it with one (shared input,
+    :mod:`squad.share`); None: slots are not saved or restored."""
 
     @property
     def policy(self) -> str:

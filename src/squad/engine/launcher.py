@@ -42,7 +42,7 @@ from squad.dirs import state_dir
 from squad.engine import process
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
-from squad.engine.llama import launch_args, slot_ctx
+from squad.engine.llama import launch_args, slot_ctx, slot_save_args
 from squad.engine.plan import EnginePlan
 from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, ModelError, PlanMismatch
 
@@ -241,8 +241,21 @@ class Launcher(AsyncResource):
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         if logs.is_dir():
             process.prune_logs(logs)
+        # shared input (squad.share): slots are saved and restored there; idle slots keep their
+        # cells (b11434 clears idle slots when a task starts unless told not to, losing a restore)
+        slots_dir = state_dir() / "slots" / str(port)
+        save = slot_save_args(slots_dir)
+        try:
+            slots_dir.mkdir(parents=True, exist_ok=True)
+            for stale in slots_dir.glob("squad-share-*.bin"):
+                stale.unlink()
+        except OSError:  # not writable: no sharing, calls go as before
+            save, slots_dir = [], None
+        if any(a in self.extra_args for a in save[:1]):  # the caller chose its own
+            save, slots_dir = [], None
         args = build_args(
-            self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads, extra_args=self.extra_args
+            self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads,
+            extra_args=[*save, *self.extra_args]
         )
         engine_id = process.new_engine_id()
         self._proc = process.spawn(binary, args, api_key=self.api_key, log_path=self.log_path, detached=self.detached,
@@ -251,6 +264,8 @@ class Launcher(AsyncResource):
             if not self.detached:
                 self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path, engine_id)
             self.info = await self._ready(port)
+            if slots_dir is not None:
+                self.info = dataclasses.replace(self.info, slot_save_dir=str(slots_dir))
         except BaseException:
             await self._stop()
             raise

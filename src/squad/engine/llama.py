@@ -183,6 +183,14 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
     return args
 
 
+def slot_save_args(directory: Path | str) -> list[str]:
+    """``--slot-save-path DIR/`` (``POST /slots/N?action=save|restore`` write and read files there)
+    and ``--no-cache-idle-slots``: b11434 otherwise moves idle slots to its RAM prompt cache and
+    clears them, with unified KV, when a task starts, losing a prefix restored there (shared
+    input, :mod:`squad.share`; measured in ``docs/shared-input.md``)."""
+    return ["--slot-save-path", f"{directory}/", "--no-cache-idle-slots"]
+
+
 def launch_args(*, port: int, request_timeout: float | None, threads: int | None = None,
                 extra_args: Sequence[str] = ()) -> list[str]:
     """The arguments of one launch: bind to ``127.0.0.1:port``, ``--metrics``, ``-to``, ``-t``.

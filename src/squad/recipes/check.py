@@ -188,7 +188,7 @@ class _Loader:
             params=values, param_specs=dict(spec.params), agents=agents, main=spec.main, flow=flow,
             output_schema=spec.output.schema_ if spec.output else None, warnings=self.warnings,
             mcp_servers=self.mcp_servers, tool_locs=self.tool_locs,
-            reads=tuple(self.reads), context_limit=n_ctx_train(model),
+            reads=tuple(self.reads), context_limit=n_ctx_train(model), shared_input=spec.shared_input,
         )
         unset = {name for name, p in spec.params.items() if p.required and name not in given}
         for step, why in recipe.empty_maps(unset):  # known now: a map over no items is an empty answer

@@ -169,6 +169,8 @@ class Recipe:
     unchecked: list[RecipeWarning] = field(default_factory=list)
     engines: tuple[EngineSettings, ...] = ()
     """Its ``engines:`` list (several engines, :mod:`squad.engines`), else empty."""
+    shared_input: str = "first"
+    """Its ``shared_input:`` (:mod:`squad.share`)."""
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":

@@ -50,6 +50,7 @@ from squad.events import StepWarning
 from squad.outcome import Outcome, fix_for, marked, worst
 from squad.recipes.model import Recipe, Step
 from squad.results import AgentResult, notes_of
+from squad.share import sharing
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
@@ -131,6 +132,7 @@ async def run_recipe(
         async with recipe_mcp(recipe) as servers, Squad(
             list(recipe.agents.values()), main=recipe.main, engines=engines,
             workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
+            shared_input=recipe.shared_input,
         ) as squad:
             run = await execute_flow(recipe, squad, record)
             run.plan, run.info = squad.session.plan, squad.info
@@ -287,14 +289,31 @@ async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) 
             else:
                 run.steps[child.id] = _entry(_passed_on(squad, child, result, run), result.outcome, child, result)
     else:
-        async with anyio.create_task_group() as tg:
-            for child in step.steps:
-                tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
+        with sharing(_shared_items(recipe, step, run), squad.shared_input):  # squad.share
+            async with anyio.create_task_group() as tg:
+                for child in step.steps:
+                    tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
     outputs = [_shown(run.steps[c.id]) for c in step.steps]
     failed = [c.id for c in step.steps if run.steps[c.id].get("error")]
     error = f"all of its steps failed ({', '.join(failed)})" if failed and len(failed) == len(step.steps) else None
     run.steps[step.id] = {"output": "\n\n".join(o for o in outputs if o), "outputs": outputs, "error": error,
                           "outcome": worst(run.steps[c.id]["outcome"] for c in step.steps).value}
+
+
+def _shared_items(recipe: Recipe, step: Step, run: RecipeRun) -> list[str]:
+    """The map items (e.g. chunks of one file) that two or more children of the parallel block
+    ``step`` go over: each is text those children's prompts share (:func:`squad.share.sharing`)."""
+    seen: dict[str, int] = {}
+    for child in step.steps:
+        if child.kind != "map":
+            continue
+        try:
+            items = recipe.items(child, run.steps)
+        except Exception:  # noqa: BLE001 - the map reports its own error when it runs
+            continue
+        for item in {str(i) for i in items}:
+            seen[item] = seen.get(item, 0) + 1
+    return [item for item, n in seen.items() if n > 1]
 
 
 async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, policy: str) -> None:

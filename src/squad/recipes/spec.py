@@ -238,6 +238,10 @@ class RecipeSpec(_Strict):
     flow: list[StepSpec] = Field(min_length=1)
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
+    shared_input: Literal["first", "order", "off"] = "first"
+    """Text several agents of one fan-out are given (:mod:`squad.share`): ``first`` moves it to the
+    start of their system messages and prefills it once, ``order`` only moves it, ``off`` sends
+    the prompts as written."""
 
 
 
