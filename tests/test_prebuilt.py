@@ -97,6 +97,11 @@ def test_every_flag_squad_passes_is_taken(tmp_path):
     assert (ns.host, ns.port, ns.metrics, ns.timeout, ns.threads, ns.verbosity) == ("127.0.0.1", 4321, True, 610, 2, 4)
     assert parse(["-m", "x", "--no-kv-unified"]).kv_unified is False
     assert {"-np", "-ctk", "--chat-template-file", "-to"} <= set(FLAGS)
+    # every flag squad's launcher adds on its own (shared input: squad.engine.llama.slot_save_args)
+    from squad.engine.llama import slot_save_args
+
+    shared = parse(["-m", "x", *slot_save_args("/tmp/s")])
+    assert (shared.slot_save_path, shared.cache_idle_slots) == ("/tmp/s/", False)
 
 
 def test_an_unknown_flag_is_refused_with_the_fix():
@@ -122,6 +127,8 @@ def test_flags_fill_commonparams(tmp_path):
     assert (p.endpoint_metrics, p.timeout_read, p.timeout_write, p.api_keys) == (True, 70, 70, ["k1"])
     assert (p.cpuparams.n_threads, p.cpuparams_batch.n_threads, p.n_gpu_layers) == (2, 2, -2)
     assert p.reasoning_format == x.common_reasoning_format.COMMON_REASONING_FORMAT_NONE
+    saved = _params(parse(["-m", "m.gguf", "--slot-save-path", "/tmp/s/", "--no-cache-idle-slots"]), None)
+    assert (saved.slot_save_path, saved.cache_idle_slots) == ("/tmp/s/", False)
 
 
 @needs_prebuilt

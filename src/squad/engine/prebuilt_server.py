@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     add("-fa", "--flash-attn", choices=sorted(_FLASH))
     add("-cram", "--cache-ram", type=int)
     add("-sps", "--slot-prompt-similarity", type=float)
+    add("--slot-save-path")
+    add("--cache-idle-slots", action="store_true", dest="cache_idle_slots", default=None)
+    add("--no-cache-idle-slots", action="store_false", dest="cache_idle_slots")
     add("-a", "--alias")
     add("--no-warmup", action="store_true")
     add("--no-webui", action="store_true")
@@ -131,6 +134,7 @@ def _params(ns: argparse.Namespace, api_key: str | None) -> Any:
         "timeout_read": ns.timeout, "timeout_write": ns.timeout, "n_threads_http": ns.threads_http,
         "n_batch": ns.batch_size, "n_ubatch": ns.ubatch_size, "cache_ram_mib": ns.cache_ram,
         "slot_prompt_similarity": ns.slot_prompt_similarity, "verbosity": ns.verbosity,
+        "slot_save_path": ns.slot_save_path, "cache_idle_slots": ns.cache_idle_slots,
     }
     for name, value in set_if.items():
         if value is not None:
