@@ -152,7 +152,8 @@ async def timed_stream(http: httpx.AsyncClient, url: str, key: str, max_tokens: 
 
 async def burst(url: str, key: str, streams: int, max_tokens: int, **extra) -> tuple[float, list[tuple[float, list[float], int]]]:
     """``streams`` requests at once: (wall seconds, each request's timed_stream)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=128)
+    # below llama-server's 5 s keep-alive, so no pooled connection the engine has closed is reused
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=128, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         await timed_stream(http, url, key, 4, **extra)  # warm the connection
         got: list[tuple[float, list[float], int]] = []
@@ -226,10 +227,13 @@ async def cost_latency(repeats: int) -> list[list[object]]:
 
 def part_cost(repeats: int) -> str:
     load0 = os.getloadavg()
-    rows = anyio.run(cost_latency, repeats) + anyio.run(cost_rate, repeats)
+    headers = ["measure", "direct, median (min–max) of repeats", "through squad serve", "serve vs direct (per repeat)",
+               "target"]
+    rows = anyio.run(cost_latency, repeats)
+    print(md_table(headers, rows), file=sys.stderr, flush=True)  # kept should the real engine's part fail
+    rows += anyio.run(cost_rate, repeats)
     load1 = os.getloadavg()
-    table = md_table(["measure", "direct, median (min–max) of repeats", "through squad serve",
-                      "serve vs direct (per repeat)", "target"], rows)
+    table = md_table(headers, rows)
     return (f"{table}\n\nLoad average (1, 5, 15 min) at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
             f"at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs).")
 
