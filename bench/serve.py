@@ -225,13 +225,13 @@ async def cost_latency(repeats: int) -> list[list[object]]:
     return rows
 
 
-def part_cost(repeats: int) -> str:
+def part_cost(repeats: int, latency: bool = True, rate: bool = True) -> str:
     load0 = os.getloadavg()
     headers = ["measure", "direct, median (min–max) of repeats", "through squad serve", "serve vs direct (per repeat)",
                "target"]
-    rows = anyio.run(cost_latency, repeats)
+    rows = anyio.run(cost_latency, repeats) if latency else []
     print(md_table(headers, rows), file=sys.stderr, flush=True)  # kept should the real engine's part fail
-    rows += anyio.run(cost_rate, repeats)
+    rows += anyio.run(cost_rate, repeats) if rate else []
     load1 = os.getloadavg()
     table = md_table(headers, rows)
     return (f"{table}\n\nLoad average (1, 5, 15 min) at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
@@ -248,9 +248,9 @@ def main() -> None:
     if "a" in parts:
         print("### (a) 8 naive clients, ~650 prompt tokens + max_tokens 48 (ignore_eos), -c 2048 -np 4\n")
         print(part_a() + "\n")
-    if "cost" in parts:
+    if "cost" in parts or "latency" in parts or "rate" in parts:  # latency / rate: one half of cost
         print(f"### (cost) what squad serve costs, {args.repeats} repeats, direct and serve taking turns\n")
-        print(part_cost(args.repeats) + "\n")
+        print(part_cost(args.repeats, latency="rate" not in parts, rate="latency" not in parts) + "\n")
 
 if __name__ == "__main__":
     main()
