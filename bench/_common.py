@@ -127,7 +127,8 @@ _FAKE_SERVER = """
 import sys, anyio
 from squad.testing import FakeEngine
 async def main():
-    fe = FakeEngine(slots=int(sys.argv[1]), n_ctx=int(sys.argv[2]), model_path=sys.argv[3])
+    fe = FakeEngine(slots=int(sys.argv[1]), n_ctx=int(sys.argv[2]), model_path=sys.argv[3],
+                    token_delay=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
     await fe.start()
     print(fe.base_url, flush=True)
     await anyio.to_thread.run_sync(sys.stdin.read)  # until the bench closes our stdin (or dies)
@@ -137,10 +138,11 @@ anyio.run(main)
 
 
 @contextlib.asynccontextmanager
-async def fake_engine_process(slots: int, n_ctx: int, model_path: str) -> AsyncIterator[str]:
+async def fake_engine_process(slots: int, n_ctx: int, model_path: str, token_delay: float = 0.0) -> AsyncIterator[str]:
     """``squad.testing.FakeEngine`` in a process of its own (so its CPU does not share this
-    process's GIL with what is measured); yields its base URL; stopped when the block ends."""
-    proc = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(slots), str(n_ctx), model_path],
+    process's GIL with what is measured); yields its base URL; stopped when the block ends.
+    ``token_delay``: seconds before each generated token."""
+    proc = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(slots), str(n_ctx), model_path, str(token_delay)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent())
     try:
         assert proc.stdout is not None

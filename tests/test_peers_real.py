@@ -60,11 +60,18 @@ def weather_log() -> tuple[list[str], Callable[[str], str]]:
 # -- the OpenAI Agents SDK ---------------------------------------------------------------------------
 
 
-def _agents_model(kind: str, base_url: str, key: str):
+RUN_TIMEOUT = 900
+"""Read timeout (s) of each client in the 8 concurrent runs. A request that is not streamed gets no
+byte while it waits in squad serve's queue (a JSON answer cannot start early, squad.serve.early),
+and on the 2 shared cores 8 runs of ~700 tokens on a 2,048-token pool can queue the last one past
+300 s: seen as 2 of 8 Agents SDK clients leaving at load average 11."""
+
+
+def _agents_model(kind: str, base_url: str, key: str, timeout: float = 300):
     agents = pytest.importorskip("agents")
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout)
     cls = agents.OpenAIResponsesModel if kind == "responses" else agents.OpenAIChatCompletionsModel
     return cls(model="any", openai_client=client)
 
@@ -240,7 +247,7 @@ def _runner(name: str) -> Callable[[str, str, int], Awaitable[None]]:
     async def agents_run(url: str, key: str, i: int, kind: str) -> None:
         from agents import Agent, ModelSettings, Runner
 
-        agent = Agent(name=f"a{i}", model=_agents_model(kind, url + "/v1", key),
+        agent = Agent(name=f"a{i}", model=_agents_model(kind, url + "/v1", key, RUN_TIMEOUT),
                       model_settings=ModelSettings(max_tokens=48, extra_body=body))
         await Runner.run(agent, _words(i))
 
@@ -250,25 +257,26 @@ def _runner(name: str) -> Callable[[str, str, int], Awaitable[None]]:
         from pydantic_ai.providers.openai import OpenAIProvider
 
         model = OpenAIChatModel("any", provider=OpenAIProvider(base_url=url + "/v1", api_key=key))
-        await Agent(model, model_settings={"max_tokens": 48, "extra_body": body}).run(_words(i))
+        await Agent(model, model_settings={"max_tokens": 48, "extra_body": body, "timeout": RUN_TIMEOUT}).run(_words(i))
 
     async def langchain_run(url: str, key: str, i: int) -> None:
         from langchain_openai import ChatOpenAI
 
         llm = ChatOpenAI(model="any", base_url=url + "/v1", api_key=key, max_tokens=48, max_retries=0,
-                         timeout=300, extra_body=body)
+                         timeout=RUN_TIMEOUT, extra_body=body)
         await llm.ainvoke(_words(i))
 
     async def litellm_run(url: str, key: str, i: int) -> None:
         import litellm
 
         await litellm.acompletion(model="openai/any", api_base=url + "/v1", api_key=key, max_tokens=48,
-                                  num_retries=0, messages=[{"role": "user", "content": _words(i)}], extra_body=body)
+                                  num_retries=0, messages=[{"role": "user", "content": _words(i)}], extra_body=body,
+                                  timeout=RUN_TIMEOUT)
 
     async def anthropic_run(url: str, key: str, i: int) -> None:
         import anthropic
 
-        async with anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0, timeout=300) as client:
+        async with anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0, timeout=RUN_TIMEOUT) as client:
             await client.messages.create(model="any", max_tokens=48, extra_body=body,
                                          messages=[{"role": "user", "content": _words(i)}])
 

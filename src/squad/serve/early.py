@@ -87,6 +87,9 @@ class EarlyStart:
     async def send(self, message: dict[str, Any]) -> None:
         """``send`` for the request: as it is until the start went out early, then without the
         status line, an error body turned into one ``data:`` frame."""
+        if self._done.is_set() and not self._lock.locked() and not self.started:
+            await self._send(message)  # admitted before the early start: the holder sends nothing more
+            return
         async with self._lock:
             if not self.started:
                 await self._send(message)

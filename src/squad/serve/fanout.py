@@ -154,16 +154,17 @@ class _Fanout:
                 async with g.until_engine_free(held) as ending:
                     ending.sent()
                     sent = part if self.stream else streamed_upstream(part)  # streamed: the engine stops it at once
-                    request = g.upstream.build_request("POST", self.relay.scope["path"],
-                                                       content=json.dumps(sent).encode(),
-                                                       headers={"content-type": "application/json"})
+                    upstream = g.generation_upstream()
+                    request = upstream.build_request("POST", self.relay.scope["path"],
+                                                     content=json.dumps(sent).encode(),
+                                                     headers={"content-type": "application/json"})
                     try:
                         try:
-                            response = await g.upstream.send(request, stream=True)
+                            response = await upstream.send(request, stream=True)
                         except (httpx.ConnectError, httpx.RemoteProtocolError):
                             # a pooled connection the engine had just closed: no answer came, so it is
                             # resent once on a new connection (F22), as the gateway's relay does
-                            response = await g.upstream.send(request, stream=True)
+                            response = await upstream.send(request, stream=True)
                     except httpx.TransportError as exc:
                         self._fail(502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
                                                    "server_error"), scope)
