@@ -127,6 +127,10 @@ def test_raw_call_and_thinking_markup_is_removed_from_an_answer():
         "still thinking</think>Four.": ("Four.", "</think>"),
         "<think>cut inside the thinking": ("", "<think>"),
         "A plain answer.": ("A plain answer.", None),
+        # a small model echoing the tool result it was given: that is its answer (real SmolLM2, MCP)
+        "<tool_response>\n42\n</tool_response>": ("42", "</tool_response>"),
+        "The sum is <tool_response>42</tool_response>. <tool_call>{": ("The sum is 42.", "</tool_response>"),
+        "[TOOL_RESULTS]42[/TOOL_RESULTS]": ("42", "[/TOOL_RESULTS]"),
     }
     for text, want in cases.items():
         assert strip_raw_markup(text) == want, text

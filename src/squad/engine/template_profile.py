@@ -213,7 +213,8 @@ def fit_call_ids(messages: list[dict], length: int | None) -> list[dict]:
 RAW_MARKUP: tuple[str, ...] = (
     "<tool_call>", "</tool_call>", "<function=", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>",
     "<|tool_call|>", "<|tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<|channel|>", "<|message|>",
-    "<|start|>", "<|constrain|>", "<|call|>", "<tool_response>", "[TOOL_RESULTS]", "<|eom_id|>",
+    "<|start|>", "<|constrain|>", "<|call|>", "<tool_response>", "</tool_response>", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "<|eom_id|>",
 )
 """Text that opens (or belongs to) a tool call or a harmony channel in the families squad knows
 (:data:`_FAMILIES`): llama-server turns it into ``tool_calls`` / ``reasoning_content`` only when
@@ -223,10 +224,16 @@ content as raw text."""
 _THINK = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<|think|>", "<|/think|>"))
 
 
+def _is_result_tag(marker: str) -> bool:
+    return any(w in marker.lower() for w in ("response", "result"))
+
+
 def strip_raw_markup(text: str, source: str | None = None) -> tuple[str, str | None]:
     """``text`` as an answer may be handed on: thinking left in the content (``<think>…</think>``
     the engine did not parse, or a ``…</think>`` whose opener was in the prompt) removed, and
-    everything from the first raw call/channel marker on removed. The markers are those of
+    everything from the first raw call/channel marker on removed; a tool result's wrapper tags
+    (``<tool_response>``, ``[TOOL_RESULTS]``) removed with their content kept (a small model
+    echoes the result it was given as its answer). The markers are those of
     :data:`RAW_MARKUP` and the tool-call markers that the engine's template ``source`` writes (an
     answer that merely discusses another family's markup is left alone); ``source`` None (not
     reported): all of :data:`RAW_MARKUP`. Returns ``(clean, first marker removed)``; the marker is
@@ -247,7 +254,11 @@ def strip_raw_markup(text: str, source: str | None = None) -> tuple[str, str | N
         markers |= {m for m in template_markers(source) if any(w in m.lower() for w in ("tool", "call", "channel"))}
     if "<|channel|>" in markers and any(m in text for m in ("<|channel|>", "<|message|>", "<|constrain|>")):
         markers.add("to=functions.")  # harmony's recipient, written before the channel marker
-    cuts = [(text.find(m), m) for m in markers if m in text]
+    # a tool result's wrapper (``<tool_response>``, ``[TOOL_RESULTS]``): a small model imitating the
+    # prompt echoes the result inside it, which is its answer: the tags go, their content stays
+    for tag in sorted((m for m in markers if _is_result_tag(m) and m in text), key=len, reverse=True):
+        text, removed = text.replace(tag, "").strip(), removed or tag
+    cuts = [(text.find(m), m) for m in markers if m in text and not _is_result_tag(m)]
     if cuts:
         at, marker = min(cuts)
         text, removed = text[:at].rstrip(), removed or marker
