@@ -218,11 +218,13 @@ def test_anthropic_sdk(served):
     messages: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
     first = client.messages.create(model="any", max_tokens=96, messages=messages, tools=tools,
                                    tool_choice={"type": "any"})
-    (use,) = [b for b in first.content if b.type == "tool_use"][:1]
-    assert use.name == "get_weather" and first.stop_reason == "tool_use"
+    uses = [b for b in first.content if b.type == "tool_use"]
+    # sampled: the model may add a second call, which max_tokens then cuts (stop_reason max_tokens)
+    assert uses and uses[0].name == "get_weather" and first.stop_reason in ("tool_use", "max_tokens")
     messages += [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                               "content": f"It is sunny in {use.input.get('city', '?')}."}]}]
+                                               "content": f"It is sunny in {use.input.get('city', '?')}."}
+                                              for use in uses]}]
     assert client.messages.create(model="any", max_tokens=48, messages=messages, tools=tools).content is not None
     # structured output the Messages way b11434 can serve: a tool forced by name, its input the object
     schema = Trip.model_json_schema()
