@@ -6,11 +6,7 @@ small requests (2 threads on a shared machine)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx
@@ -18,7 +14,8 @@ import openai
 import psutil
 import pytest
 
-from squad.engine.process import free_port
+from serve_support import squad_serve
+
 
 pytestmark = pytest.mark.engine
 
@@ -27,35 +24,14 @@ KEY = "serve-test-key-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields ``(url, pid)``; stopped with SIGINT."""
+    """``squad serve -c 2048 -np 4 -t 2`` on a free port (:func:`serve_support.squad_serve`); yields
+    ``(url, pid)``; the engine it started is stopped with it."""
     state = tmp_path_factory.mktemp("state")
-    port = free_port()
-    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
-           "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    log = open(state / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", "2048", "-np", "4",
-                             "-t", "2", "--llama-server", str(llama_server_path), "-m", str(default_model_path)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (state / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (state / "serve.log").read_text()
-            time.sleep(0.2)
+    with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=2048, slots=4) as (url, proc):
         yield url, proc.pid
-    finally:
         engines = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] if proc.poll() is None else []
-        proc.send_signal(2)
-        proc.wait(30)
-        log.close()
-        for pid in engines:  # the engine it started is stopped with it
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    for pid in engines:  # the engine it started is stopped with it
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def status(url: str) -> dict:
