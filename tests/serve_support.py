@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,3 +46,16 @@ def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: 
         proc.send_signal(2)
         proc.wait(30)
         log.close()
+
+
+NPM_PREFIX = Path.home() / ".cache" / "squad" / "npm"
+"""Where .ci/run installs the coding-agent CLIs from npm."""
+
+
+def npm_cli(env_var: str, command: str, *candidates: Path) -> str | None:
+    """A coding agent's CLI: ``$env_var``, else ``command`` on PATH, else the first of
+    ``candidates`` (paths under :data:`NPM_PREFIX`) that exists; None when none is there."""
+    found = os.environ.get(env_var) or shutil.which(command)
+    if found:
+        return found
+    return next((str(c) for c in candidates if c.exists()), None)

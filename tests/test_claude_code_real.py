@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 
-from serve_support import squad_serve
+from serve_support import NPM_PREFIX, npm_cli, squad_serve
 
 pytestmark = pytest.mark.engine
 
 KEY = "claude-code-test-key-0123456789"
-NPM_PREFIX = Path.home() / ".cache" / "squad" / "npm"
 
 
 def claude_binary() -> str | None:
-    found = os.environ.get("SQUAD_CLAUDE_CODE") or shutil.which("claude")
-    if found:
-        return found
     modules = NPM_PREFIX / "node_modules" / "@anthropic-ai"
-    for candidate in (*sorted(modules.glob("claude-code-linux-*/claude")), modules / "claude-code" / "cli.js"):
-        if candidate.exists():
-            return str(candidate)
-    return None
+    return npm_cli("SQUAD_CLAUDE_CODE", "claude", *sorted(modules.glob("claude-code-linux-*/claude")),
+                   modules / "claude-code" / "cli.js")
 
 
 @pytest.fixture(scope="module")

@@ -10,26 +10,19 @@ package's native binary). Skipped when none is found."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
-from serve_support import squad_serve
+from serve_support import NPM_PREFIX, npm_cli, squad_serve
 
 pytestmark = pytest.mark.engine
 
 KEY = "codex-test-key-0123456789abcdef"
-NPM_PREFIX = Path.home() / ".cache" / "squad" / "npm"
 
 
 def codex_binary() -> str | None:
-    found = os.environ.get("SQUAD_CODEX") or shutil.which("codex")
-    if found:
-        return found
-    launcher = NPM_PREFIX / "node_modules" / "@openai" / "codex" / "bin" / "codex.js"
-    return str(launcher) if launcher.exists() else None
+    return npm_cli("SQUAD_CODEX", "codex", NPM_PREFIX / "node_modules" / "@openai" / "codex" / "bin" / "codex.js")
 
 
 @pytest.fixture(scope="module")
