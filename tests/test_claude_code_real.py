@@ -60,7 +60,11 @@ def test_claude_code_runs_a_task_through_serve(served, tmp_path):
              "--output-format", "json", "--max-turns", "3", "--allowedTools", "Read"]
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=540)
     status = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], status["clients"])
+    try:  # what Claude Code says went wrong, first (pytest cuts a long message)
+        said = json.loads(done.stdout).get("result")
+    except ValueError:
+        said = done.stdout[-2000:]
+    assert done.returncode == 0, (said, done.stderr[-2000:], status["clients"])
     result = json.loads(done.stdout)
     assert result.get("is_error") is False and result.get("result"), result
     counts = list(status["clients"].values())

@@ -202,3 +202,42 @@ async def test_a_labelled_key_names_its_client_and_body_fields_name_others():
                 assert (await client.get("/v1/models", headers={"X-Api-Key": "wrong-key-123"})).status_code == 401
             clients = served.gateway.status()["clients"]
     assert clients["editor"]["completed"] == 1 and clients["alice"]["completed"] == 1
+
+
+def _events(raw: bytes) -> list[str]:
+    import json
+
+    return [json.loads(line[6:])["type"] if b'"error"' not in line else "error"
+            for line in raw.split(b"\n") if line.startswith(b"data: ")]
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40, 10_000])
+def test_a_messages_stream_without_message_start_gets_one_and_is_otherwise_untouched(cut):
+    """Shapes b11434 sent here: a stream whose first token ended inside a character starts at
+    ``content_block_start``; one that did not starts at ``message_start``. Fed in pieces of
+    ``cut`` bytes."""
+    from squad.serve.stream_start import MessagesStart
+
+    block = (b'event: content_block_start\ndata: {"type": "content_block_start", "index": 0, '
+             b'"content_block": {"type": "text", "text": ""}}\n\n'
+             b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, '
+             b'"delta": {"type": "text_delta", "text": "\xec\x95\x88"}}\n\n'
+             b'event: message_stop\ndata: {"type": "message_stop"}\n\n')
+    started = b'event: message_start\ndata: {"type": "message_start", "message": {"id": "m"}}\n\n' + block
+
+    def relay(raw: bytes, start: MessagesStart) -> bytes:
+        return b"".join(start.feed(raw[i:i + cut]) for i in range(0, len(raw), cut)) + start.end()
+
+    fixer = MessagesStart(model="any", input_tokens=12)
+    out = relay(block, fixer)
+    assert fixer.added and out.endswith(block)
+    assert _events(out) == ["message_start", "content_block_start", "content_block_delta", "message_stop"]
+    assert b'"input_tokens": 12' in out and b'"model": "any"' in out
+    kept = MessagesStart(model="any", input_tokens=12)
+    assert relay(started, kept) == started and not kept.added
+    comment = b": queued in squad serve for 1 s\n\n" + block  # a keep-alive comment is not the first event
+    assert _events(relay(comment, MessagesStart(model="any", input_tokens=1)))[0] == "message_start"
+    error = b'data: {"error": {"code": 500, "message": "x"}}\n\n'
+    assert relay(error, MessagesStart(model="any", input_tokens=1)) == error
+    partial = b'event: content_block_start\ndata: {"type"'  # the engine broke off mid-event
+    assert relay(partial, MessagesStart(model="any", input_tokens=1)) == partial

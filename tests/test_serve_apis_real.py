@@ -69,6 +69,36 @@ def settled(url: str) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("prompt", ["Reply with only this emoji: \U0001F389",
+                                    "Write the Korean word \uc548\ub155\ud558\uc138\uc694 and nothing else."])
+def test_a_messages_stream_whose_first_token_ends_inside_a_character_starts_with_message_start(served, prompt):
+    """b11434 sends no ``message_start`` when the first generated token ends inside a UTF-8
+    character (SmolLM2 at temperature 0 answers these with an emoji, with Hangul); the anthropic
+    SDK then refuses the stream. Through squad serve it starts with one (squad.serve.stream_start)."""
+    anthropic = pytest.importorskip("anthropic")
+    url, pid = served
+    body = {"model": "any", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": prompt}],
+            "stream": True}
+    engine, engine_key = engine_of(url, pid)
+    with httpx.stream("POST", engine + "/v1/messages", headers={"Authorization": f"Bearer {engine_key}"},
+                      json=body, timeout=600) as r:
+        direct = [e["type"] for e in sse(list(r.iter_lines()))]
+    if direct[0] == "message_start":
+        pytest.skip(f"the engine started this answer with message_start itself: {direct[:3]}")
+    with httpx.stream("POST", url + "/v1/messages", headers={**H, "anthropic-version": "2023-06-01"}, json=body,
+                      timeout=600) as r:
+        events = sse(list(r.iter_lines()))
+    assert events[0]["type"] == "message_start", events[:3]
+    assert events[0]["message"]["usage"]["input_tokens"] > 0 and events[0]["message"]["id"].startswith("msg_")
+    client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=600)
+    with client.messages.stream(model="any", max_tokens=8, extra_body={"temperature": 0},
+                                messages=[{"role": "user", "content": prompt}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and any(ord(c) > 127 for c in text), text
+    assert final.content[0].text == text and final.usage.output_tokens > 0
+
+
 def test_responses_plain_and_streamed(served):
     url, _ = served
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
@@ -212,7 +242,7 @@ def test_structured_output_for_chat_and_responses(served):
 @pytest.mark.timeout(900)
 def test_a_burst_of_responses_and_messages_overflows_directly_and_completes_through_serve(served):
     """Eight streams (four Responses, four Messages), each ~650 prompt tokens + 48 generated
-    (ignore_eos): four at once need more than the 2,048-token pool."""
+    (ignore_eos; a Messages answer that ends its turn before is whole too): four at once need more than the 2,048-token pool."""
     url, pid = served
     engine, engine_key = engine_of(url, pid)
 
@@ -240,9 +270,12 @@ def test_a_burst_of_responses_and_messages_overflows_directly_and_completes_thro
                 elif i % 2:
                     done = [e for e in events if e.get("type") == "response.completed"]
                     got[i] = done[0]["response"]["usage"]["output_tokens"] if done else "truncated"
-                else:
+                else:  # b11434 drops ignore_eos from a Messages body (server_chat_convert_anthropic_to_oai),
+                    # so a whole answer may end at the model's own end of turn before 48 tokens
                     ends = [e for e in events if e.get("type") == "message_delta"]
-                    got[i] = ends[-1]["usage"]["output_tokens"] if ends else "truncated"
+                    whole = bool(ends) and ends[-1]["delta"].get("stop_reason") == "end_turn" and events[-1].get(
+                        "type") == "message_stop"
+                    got[i] = 48 if whole else ends[-1]["usage"]["output_tokens"] if ends else "truncated"
             except httpx.HTTPError as exc:
                 got[i] = type(exc).__name__
 

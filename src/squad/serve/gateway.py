@@ -49,6 +49,7 @@ from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
+from squad.serve.stream_start import MessagesStart
 from squad.serve.watch import waits_for
 from squad.settle import EngineSlots, Ending, until_engine_free
 
@@ -390,6 +391,8 @@ class _Relay:
                  kind: Kind) -> None:
         self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
         self.finished = self.disconnected = False
+        self.prompt_tokens = 0
+        """The prompt's tokens as squad counted them (0 until counted)."""
 
     async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
         """Cancel the request when the client disconnects (queued, waiting or streaming)."""
@@ -421,6 +424,7 @@ class _Relay:
             return "refused" if exc.status == 400 else "failed"
         content = self.raw if body is self.body else None
         self.body = body
+        self.prompt_tokens = demand.prompt
         if demand.defaulted:
             self.body["max_tokens"] = demand.max_tokens
             content = None
@@ -473,13 +477,20 @@ class _Relay:
             headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             started = True
+            start = (MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
+                     if live.stream and response.status_code == 200 and self.kind == "messages"
+                     else None)  # b11434 can leave message_start out (squad.serve.stream_start)
             async for chunk in response.aiter_raw():
                 if first:
                     first = False
                     self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
+                if start is not None:
+                    chunk = start.feed(chunk)
+                    if not chunk:
+                        continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             ending.done()  # the engine's answer was read to its end: its task is over
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": start.end() if start is not None else b""})
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
             if not started:
