@@ -53,17 +53,24 @@ def test_claude_code_runs_a_task_through_serve(served, tmp_path):
            "ANTHROPIC_API_KEY": KEY, "ANTHROPIC_MODEL": "any", "ANTHROPIC_SMALL_FAST_MODEL": "any",
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "any", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
-           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024"}
     argv = [binary] if not binary.endswith(".js") else ["node", binary]
     argv += ["--bare", "-p", "Read note.txt and tell me the password.", "--model", "any", "--tools", "Read",
              "--system-prompt", "You are a brief assistant. Use the Read tool to read files.",
              "--output-format", "json", "--max-turns", "3", "--allowedTools", "Read"]
-    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=540)
-    status = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
-    try:  # what Claude Code says went wrong, first (pytest cuts a long message)
-        said = json.loads(done.stdout).get("result")
-    except ValueError:
-        said = done.stdout[-2000:]
+    # SmolLM2-135M sometimes rambles to max_tokens, and Claude Code ends the task with "API Error: Claude's
+    # response exceeded the N output token maximum" (seen in CI at N = 256, then 3 runs in a row here):
+    # the model's limit, not the protocol's. So N is 1024, and such a run is tried again, at most three in
+    # all; any other error fails at once
+    for _attempt in range(3):
+        done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=170)
+        status = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
+        try:  # what Claude Code says went wrong, first (pytest cuts a long message)
+            said = json.loads(done.stdout).get("result")
+        except ValueError:
+            said = done.stdout[-2000:]
+        if done.returncode == 0 or "output token maximum" not in str(said):
+            break
     assert done.returncode == 0, (said, done.stderr[-2000:], status["clients"])
     result = json.loads(done.stdout)
     assert result.get("is_error") is False and result.get("result"), result
