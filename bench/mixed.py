@@ -172,16 +172,25 @@ def _load() -> str:
 async def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 short calls, shorter long calls, 4 chunks")
+    parser.add_argument("--batch", type=int, default=None, metavar="N",
+                        help="the engine's -b and -ub (tokens per step; a prompt longer than N is prefilled in "
+                             "pieces between other slots' decode steps); default: llama-server's own (2048 / 512)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     args = parser.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    if unknown := set(policies) - set(POLICIES):
+        parser.error(f"unknown policies {sorted(unknown)}; choose from {', '.join(POLICIES)}")
+    batch = ["-b", str(args.batch), "-ub", str(args.batch)] if args.batch else []
     n_short, long_tokens, short_tokens, n_chunks = (6, 120, 16, 4) if args.quick else (12, 300, 24, 8)
-    out: list[str] = [f"load average (1/5/15 min) at start: {_load()}"]
-    async with hand_engine(["-m", str(MODEL), "-c", "2048", "-np", "4", "--kv-unified"]) as eng:
+    out: list[str] = [f"load average (1/5/15 min) at start: {_load()}",
+                      f"engine: -c 2048 -np 4 --kv-unified {' '.join(batch)}".rstrip()]
+    async with hand_engine(["-m", str(MODEL), "-c", "2048", "-np", "4", "--kv-unified", *batch]) as eng:
         speeds = await _speeds(eng.base_url, eng.api_key)
         print(f"speeds {speeds}", file=sys.stderr, flush=True)
         out.append("speeds: P = {P:.0f} prefill tok/s; decode aggregate D1..D4 = {D1:.0f} / {D2:.0f} / {D3:.0f} / "
                    "{D4:.0f} tok/s".format(**speeds))
         rows = []
-        for policy in POLICIES:
+        for policy in policies:
             run, makespan, alone = await _long_short(eng.base_url, eng.api_key, policy, n_short, long_tokens,
                                                      short_tokens)
             bound = _bound(run, speeds, alone["long"])
@@ -199,7 +208,7 @@ async def main(argv: list[str] | None = None) -> str:
         out.append(md_table(["long+short", "makespan s", "bound s", "/ bound", "short p50 slowdown", "short max",
                              "main call / alone", "alone s (short / long)"], rows))
         rows = []
-        for policy in POLICIES:
+        for policy in policies:
             run, makespan, alone = await _recipe(eng.base_url, eng.api_key, policy, n_chunks, 60)
             bound = _bound(run, speeds, alone["lead_program"])
             rows.append([policy, f"{makespan:.1f}", f"{bound:.1f}", f"{makespan / bound:.2f}",

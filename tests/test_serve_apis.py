@@ -230,14 +230,39 @@ def test_a_messages_stream_without_message_start_gets_one_and_is_otherwise_untou
 
     fixer = MessagesStart(model="any", input_tokens=12)
     out = relay(block, fixer)
-    assert fixer.added and out.endswith(block)
+    assert fixer.mended and out.endswith(block)
     assert _events(out) == ["message_start", "content_block_start", "content_block_delta", "message_stop"]
     assert b'"input_tokens": 12' in out and b'"model": "any"' in out
     kept = MessagesStart(model="any", input_tokens=12)
-    assert relay(started, kept) == started and not kept.added
+    assert relay(started, kept) == started and not kept.mended
     comment = b": queued in squad serve for 1 s\n\n" + block  # a keep-alive comment is not the first event
     assert _events(relay(comment, MessagesStart(model="any", input_tokens=1)))[0] == "message_start"
     error = b'data: {"error": {"code": 500, "message": "x"}}\n\n'
     assert relay(error, MessagesStart(model="any", input_tokens=1)) == error
     partial = b'event: content_block_start\ndata: {"type"'  # the engine broke off mid-event
     assert relay(partial, MessagesStart(model="any", input_tokens=1)) == partial
+
+
+@pytest.mark.parametrize("cut", [1, 9, 10_000])
+def test_a_chat_stream_whose_first_chunk_has_no_role_gets_one(cut):
+    """b11434's first chat chunk when the first token ended inside a character: no ``role``."""
+    import json
+
+    from squad.serve.stream_start import ChatRole
+
+    first = {"choices": [{"finish_reason": None, "index": 0, "delta": {"content": "\U0001F389"}}],
+             "object": "chat.completion.chunk", "id": "chatcmpl-1"}
+    rest = b'data: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\ndata: [DONE]\n\n'
+    raw = b": queued in squad serve for 1 s\n\n" + b"data: " + json.dumps(first).encode() + b"\n\n" + rest
+
+    def relay(raw: bytes) -> bytes:
+        mender = ChatRole()
+        return b"".join(mender.feed(raw[i:i + cut]) for i in range(0, len(raw), cut)) + mender.end()
+
+    out = relay(raw)
+    assert out.startswith(b": queued") and out.endswith(rest)
+    chunks = [json.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: {")]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "\U0001F389"}
+    assert chunks[0]["id"] == "chatcmpl-1" and "role" not in chunks[1]["choices"][0]["delta"]
+    whole = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]}\n\n' + rest
+    assert relay(whole) == whole

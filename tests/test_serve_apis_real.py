@@ -99,6 +99,29 @@ def test_a_messages_stream_whose_first_token_ends_inside_a_character_starts_with
     assert final.content[0].text == text and final.usage.output_tokens > 0
 
 
+def test_a_chat_stream_whose_first_token_ends_inside_a_character_has_its_role(served):
+    """The same b11434 gap in a chat stream: no ``role: assistant`` in the first chunk, so the
+    openai SDK's stream helper gives ``role=None``; through squad serve the role is there."""
+    url, pid = served
+    messages = [{"role": "user", "content": "Reply with only this emoji: \U0001F389"}]
+    body = {"model": "any", "max_tokens": 8, "temperature": 0, "messages": messages, "stream": True}
+    engine, engine_key = engine_of(url, pid)
+    with httpx.stream("POST", engine + "/v1/chat/completions", headers={"Authorization": f"Bearer {engine_key}"},
+                      json=body, timeout=600) as r:
+        direct = sse(list(r.iter_lines()))
+    if "role" in direct[0]["choices"][0]["delta"]:
+        pytest.skip(f"the engine sent the role itself: {direct[0]}")
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=H, json=body, timeout=600) as r:
+        through = sse(list(r.iter_lines()))
+    assert through[0]["choices"][0]["delta"]["role"] == "assistant", through[0]
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    with client.chat.completions.stream(model="any", messages=messages, max_tokens=8, temperature=0) as stream:
+        for _ in stream:
+            pass
+        snapshot = stream.current_completion_snapshot
+    assert snapshot.choices[0].message.role == "assistant" and snapshot.choices[0].message.content
+
+
 def test_responses_plain_and_streamed(served):
     url, _ = served
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)

@@ -197,6 +197,7 @@ class _Fanout:
             self._fail(400, error_body(400, str(exc), "exceed_context_size_error"), scope)
 
     async def _relay(self, index: int, response: httpx.Response, scope: anyio.CancelScope) -> None:
+        first = True  # a part's first chat chunk gets the role b11434 can leave out (squad.serve.stream_start)
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -217,6 +218,10 @@ class _Fanout:
             self.envelope = self.envelope or {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
             for choice in choices:
                 choice["index"] = index
+                delta = choice.get("delta")
+                if first and isinstance(delta, dict) and "role" not in delta:
+                    choice["delta"] = {"role": "assistant", **delta}
+            first = False
             chunk.pop("usage", None)
             chunk.pop("timings", None)
             if self.envelope.get("id"):

@@ -49,7 +49,7 @@ from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
-from squad.serve.stream_start import MessagesStart
+from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart
 from squad.serve.watch import waits_for
 from squad.settle import EngineSlots, Ending, until_engine_free
 
@@ -477,9 +477,7 @@ class _Relay:
             headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             started = True
-            start = (MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
-                     if live.stream and response.status_code == 200 and self.kind == "messages"
-                     else None)  # b11434 can leave message_start out (squad.serve.stream_start)
+            start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
             async for chunk in response.aiter_raw():
                 if first:
                     first = False
@@ -509,6 +507,16 @@ class _Relay:
         self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
+
+    def _first_event(self, status: int) -> FirstEvent | None:
+        """The mender of a streamed answer's first event (:mod:`squad.serve.stream_start`), if any."""
+        if not self.live.stream or status != 200:
+            return None
+        if self.kind == "messages":
+            return MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
+        if self.kind == "chat":
+            return ChatRole()
+        return None
 
     @property
     def assembled(self) -> bool:

@@ -1,20 +1,26 @@
-"""A streamed Anthropic Messages answer always starts with ``message_start``.
+"""A streamed answer starts the way its API says: Messages with ``message_start``, chat with a
+first chunk whose ``delta`` carries ``role: assistant``.
 
-llama.cpp b11434 writes ``message_start`` only into the partial result of the first generated
-token (``server_task_result_cmpl_partial::to_json_anthropic``, ``first = n_decoded == 1`` in
-``tools/server/server-task.cpp``). When that token ends inside a UTF-8 character (an emoji, a
-CJK character split over two tokens), ``process_token`` in ``server-context.cpp`` holds it back
-and sends no partial result for it, so the stream begins with ``content_block_start`` and has
-no ``message_start`` at all. Clients that follow the Messages stream's event order refuse it:
-the anthropic SDK raises ``Unexpected event order, got content_block_start before
-"message_start"``, and Claude Code ends the task with an error. Measured here: 1 stream in 30
-for SmolLM2 answering "Say hello N." (it likes to start with an emoji).
+llama.cpp b11434 writes both only into the partial result of the first generated token
+(``first = n_decoded == 1`` in ``server_task_result_cmpl_partial::to_json_anthropic`` and
+``::to_json_oaicompat_chat``, ``tools/server/server-task.cpp``). When that token ends inside a
+UTF-8 character (an emoji; Hangul or kana split over two tokens), ``process_token`` in
+``server-context.cpp`` holds it back and sends no partial result for it, so:
 
-:class:`MessagesStart` sits in squad serve's relay of a streamed ``/v1/messages`` answer. It
-holds the bytes until the first SSE event is whole; when that event is neither
-``message_start`` nor an error, it sends a ``message_start`` of its own first (a new
-``msg_...`` id, the request's model, ``input_tokens`` as squad counted the prompt), then
-everything as it came. From the second event on it passes bytes through untouched.
+- a Messages stream begins with ``content_block_start`` and has no ``message_start`` at all; the
+  anthropic SDK raises ``Unexpected event order, got content_block_start before
+  "message_start"``, and Claude Code ends the task with an error;
+- a chat stream has no ``role``; the openai SDK's stream helper then gives a message with
+  ``role=None``, which a client that sends it back in the history has refused.
+
+Measured here: SmolLM2 at temperature 0 answering "Reply with only this emoji: 🎉" or asked for a
+Korean or Japanese word, every time; "Say hello N." at temperature 0.8, 1 stream in 30.
+(b11434's Responses stream keeps its own ``response.created`` state and is not affected.)
+
+:class:`MessagesStart` and :class:`ChatRole` sit in squad serve's relay of a streamed answer.
+They hold the bytes until the first SSE event with JSON data is whole (comments, such as squad
+serve's keep-alive lines, pass), mend that event if the engine left its start out, and pass
+everything after it through untouched. An error frame is never mended.
 """
 
 from __future__ import annotations
@@ -23,23 +29,18 @@ import json
 import secrets
 from typing import Any
 
-__all__ = ["MessagesStart"]
+__all__ = ["FirstEvent", "MessagesStart", "ChatRole"]
 
 
-class MessagesStart:
-    """Bytes of one streamed Messages answer in (:meth:`feed`, then :meth:`end`), the same bytes
-    out, preceded by a ``message_start`` event when the engine left it out.
+class FirstEvent:
+    """Bytes of one streamed answer in (:meth:`feed`, then :meth:`end`), the same bytes out, with
+    the first event that has JSON data given to :meth:`mend`."""
 
-    ``model``: the request's ``model`` (echoed as Anthropic does); ``input_tokens``: the prompt's
-    tokens as squad counted them."""
-
-    def __init__(self, *, model: str, input_tokens: int) -> None:
-        self.model = model
-        self.input_tokens = input_tokens
+    def __init__(self) -> None:
         self._held = b""
         self._checked = False
-        self.added = False
-        """A ``message_start`` of squad serve's own was sent."""
+        self.mended = False
+        """The first event was changed (or one was added before it)."""
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send now for ``chunk`` (possibly none while the first event is incomplete)."""
@@ -51,14 +52,15 @@ class MessagesStart:
             end = self._held.find(b"\n\n")
             if end < 0:
                 return out
-            kind = _event_type(self._held[:end])
-            if kind is None:  # a comment or an empty event: look at the next one
-                out, self._held = out + self._held[:end + 2], self._held[end + 2:]
+            block, self._held = self._held[:end + 2], self._held[end + 2:]
+            data = _event_data(block)
+            if data is None:  # a comment or an event without JSON: look at the next one
+                out += block
                 continue
             self._checked = True
-            if kind not in ("message_start", "error"):
-                self.added = True
-                out += self._start()
+            mended = block if "error" in data else self.mend(block, data)
+            self.mended = mended != block
+            out += mended
         held, self._held = self._held, b""
         return out + held
 
@@ -68,7 +70,24 @@ class MessagesStart:
         self._checked = True
         return held
 
-    def _start(self) -> bytes:
+    def mend(self, block: bytes, data: dict[str, Any]) -> bytes:
+        """The bytes to send for the first event (``block``, its ``data`` parsed)."""
+        return block
+
+
+class MessagesStart(FirstEvent):
+    """A Messages stream: a ``message_start`` of squad serve's own before a first event that is not
+    one (a new ``msg_...`` id; ``model``: the request's, echoed as Anthropic does; ``input_tokens``:
+    the prompt's tokens as squad counted them)."""
+
+    def __init__(self, *, model: str, input_tokens: int) -> None:
+        super().__init__()
+        self.model = model
+        self.input_tokens = input_tokens
+
+    def mend(self, block: bytes, data: dict[str, Any]) -> bytes:
+        if data.get("type") == "message_start":
+            return block
         event: dict[str, Any] = {
             "type": "message_start",
             "message": {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
@@ -76,22 +95,33 @@ class MessagesStart:
                         "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
                                   "cache_read_input_tokens": 0}},
         }
-        return b"event: message_start\ndata: " + json.dumps(event).encode() + b"\n\n"
+        return b"event: message_start\ndata: " + json.dumps(event).encode() + b"\n\n" + block
 
 
-def _event_type(block: bytes) -> str | None:
-    """The ``type`` of one SSE event block's ``data:`` (``error`` for an error frame), None when it
-    has no JSON data (a comment, a keep-alive)."""
+class ChatRole(FirstEvent):
+    """A chat stream: ``role: assistant`` put into the first chunk's deltas that have none."""
+
+    def mend(self, block: bytes, data: dict[str, Any]) -> bytes:
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return block
+        missing = [c for c in choices if isinstance(c, dict) and isinstance(c.get("delta"), dict)
+                   and "role" not in c["delta"]]
+        if not missing:
+            return block
+        for choice in missing:
+            choice["delta"] = {"role": "assistant", **choice["delta"]}
+        return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _event_data(block: bytes) -> dict[str, Any] | None:
+    """One SSE event block's ``data:`` as a JSON object, None when it has none (a comment, a
+    keep-alive, ``[DONE]``)."""
     for line in block.split(b"\n"):
         if line.startswith(b"data:"):
             try:
                 data = json.loads(line[5:].strip())
             except ValueError:
                 return None
-            if not isinstance(data, dict):
-                return None
-            if "error" in data:
-                return "error"
-            kind = data.get("type")
-            return kind if isinstance(kind, str) else None
+            return data if isinstance(data, dict) else None
     return None
