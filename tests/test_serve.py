@@ -494,3 +494,59 @@ def test_a_streamed_answer_is_put_together_as_the_answer_not_streamed():
     broken.line('data: {"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}')
     assert broken.answer() == (500, {"error": {"code": 500, "message": "Context size has been exceeded.",
                                                "type": "server_error"}})
+
+
+def test_responses_and_messages_streams_are_put_together_as_their_answers_not_streamed():
+    """The Responses and Messages events b11434 streams (tools/server/server-task.cpp) become the
+    bodies it answers not streamed; a Messages stream that lost its message_start still makes a message."""
+    from squad.serve.assemble import assembly_for, streamed_upstream
+
+    assert streamed_upstream({"input": "x"}, "responses") == {"input": "x", "stream": True}
+    done = {"id": "resp_1", "object": "response", "created_at": 9, "status": "completed", "model": "m",
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "Hi"}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}}
+    responses = assembly_for("responses")
+    for event in ({"type": "response.created", "response": {**done, "status": "in_progress", "output": []}},
+                  {"type": "response.output_text.delta", "delta": "Hi"}, {"type": "response.completed", "response": done}):
+        responses.line(f"data: {json.dumps(event)}")
+    assert responses.done and responses.answer() == (200, {**done, "completed_at": 9})
+
+    events = [
+        {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
+                                              "model": "m", "stop_reason": None, "stop_sequence": None,
+                                              "usage": {"cache_read_input_tokens": 0, "input_tokens": 7,
+                                                        "output_tokens": 0}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hm"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": ""}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "안녕"}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "하세요"}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "t1", "name": "add"}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"a\":"}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": " 1}"}},
+        {"type": "content_block_stop", "index": 2},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+         "usage": {"output_tokens": 9}},
+        {"type": "message_stop"},
+    ]
+    messages = assembly_for("messages", model="any", input_tokens=5)
+    for event in events:
+        messages.line(f"data: {json.dumps(event, ensure_ascii=False)}")
+    assert messages.done and messages.answer() == (200, {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+        "stop_sequence": None, "usage": {"cache_read_input_tokens": 0, "input_tokens": 7, "output_tokens": 9},
+        "content": [{"type": "thinking", "thinking": "hm", "signature": ""}, {"type": "text", "text": "안녕하세요"},
+                    {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}]})
+
+    lost = assembly_for("messages", model="any", input_tokens=5)  # message_start left out (squad.serve.stream_start)
+    for event in events[5:8] + events[-2:]:
+        lost.line(f"data: {json.dumps(event, ensure_ascii=False)}")
+    status, body = lost.answer()
+    assert status == 200 and body["id"].startswith("msg_") and body["model"] == "any"
+    assert body["content"] == [{"type": "text", "text": "안녕하세요"}] and body["usage"]["input_tokens"] == 5
+    cut = assembly_for("messages")
+    cut.line('data: {"error": {"code": 500, "message": "x", "type": "server_error"}}')
+    assert not cut.done and cut.answer()[0] == 500

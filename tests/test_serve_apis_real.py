@@ -248,6 +248,52 @@ def test_messages_tool_use_for_any_and_a_named_tool(served, stream):
         assert uses and uses[0]["name"] in names
 
 
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+def test_an_answer_not_streamed_is_the_engines_own_shape(served, path):
+    """squad serve streams a Responses or Messages request the client did not stream (so the engine
+    stops it when the client leaves) and puts the answer together: at temperature 0 it has the
+    keys, the output and the usage the engine answers directly, for text and for a forced tool."""
+    url, pid = served
+    engine, engine_key = engine_of(url, pid)
+    if path == "/v1/responses":
+        cases = [{"input": "Write the Korean word \uc548\ub155 twice.", "max_output_tokens": 16},
+                 {"input": ASK, "tools": RESP_TOOLS, "tool_choice": {"type": "function", "name": "get_weather"},
+                  "max_output_tokens": 64}]
+    else:
+        cases = [{"messages": [{"role": "user", "content": "Write the Korean word \uc548\ub155 twice."}],
+                  "max_tokens": 16},
+                 {"messages": [{"role": "user", "content": ASK}], "tools": MSG_TOOLS,
+                  "tool_choice": {"type": "tool", "name": "get_weather"}, "max_tokens": 64}]
+    for case in cases:
+        body = {**case, "model": "any", "temperature": 0}
+        direct = httpx.post(engine + path, headers={"Authorization": f"Bearer {engine_key}"}, json=body,
+                            timeout=600)
+        through = httpx.post(url + path, headers={**H, "anthropic-version": "2023-06-01"}, json=body, timeout=600)
+        assert through.status_code == 200, through.text
+        d, t = direct.json(), through.json()
+        assert set(t) == set(d), (sorted(t), sorted(d))
+        if path == "/v1/responses":
+            assert t["status"] == d["status"] and set(t["usage"]) == set(d["usage"])
+            if "tools" in case:  # forced through serve, as the engine does not force it (squad.serve.forcing)
+                call = next(o for o in t["output"] if o["type"] == "function_call")
+                assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"]), dict)
+            else:
+                text = lambda r: "".join(c["text"] for o in r["output"] if o["type"] == "message"  # noqa: E731
+                                         for c in o["content"])
+                assert text(t) == text(d) and text(t)
+                assert [o["type"] for o in t["output"]] == [o["type"] for o in d["output"]]
+                assert t["usage"]["output_tokens"] == d["usage"]["output_tokens"]
+        else:
+            assert t["type"] == "message" and t["stop_reason"] == d["stop_reason"] or "tools" in case
+            assert t["usage"]["output_tokens"] == d["usage"]["output_tokens"] or "tools" in case
+            assert set(t["usage"]) == set(d["usage"])
+            if "tools" in case:
+                use = next(c for c in t["content"] if c["type"] == "tool_use")
+                assert use["name"] == "get_weather" and isinstance(use["input"], dict) and use["id"]
+            else:
+                assert t["content"] == d["content"] and t["content"][0]["text"]
+
+
 def test_structured_output_for_chat_and_responses(served):
     url, _ = served
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},

@@ -4,7 +4,8 @@ and a list of prompts.
 - 100 clients, half streaming, disconnect at once: the engine's own ``/slots`` shows every slot
   idle within 2 s (plus three of its decode steps on a machine so loaded that one step is slow), squad's books never show a slot free that the engine still uses, and a burst
   afterwards that fills the pool exactly finishes without ``Context size has been exceeded``.
-- One non-streamed request whose client leaves: squad keeps it reserved until the engine let go.
+- One non-streamed request whose client leaves (chat, Responses, Messages): squad keeps it reserved
+  until the engine let go, and the engine lets go within the same 2 s.
 - ``/v1/completions`` with a list of prompts (and ``n``), streamed and not: one reservation per
   completion, one answer.
 
@@ -140,13 +141,20 @@ async def test_a_hundred_clients_leaving_at_once_free_every_engine_slot_and_the_
         assert all(status == 200 and n == want for status, n, want in got), got
 
 
+LONG = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500},
+        "/v1/responses": {"input": "Write a long story.", "max_output_tokens": 1500},
+        "/v1/messages": {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500}}
+"""A long answer not streamed, in each API's shape (the engine stops only a streamed task whose client
+left, so squad serve streams each of them upstream: squad.serve.assemble)."""
+
+
 @pytest.mark.timeout(300)
-async def test_a_non_streamed_request_whose_client_leaves_stays_reserved_until_the_engine_let_go(served):
-    async with httpx.AsyncClient(base_url=served, headers=HEADERS, timeout=300) as client:
+@pytest.mark.parametrize("path", list(LONG))
+async def test_a_non_streamed_request_whose_client_leaves_stays_reserved_until_the_engine_let_go(served, path):
+    async with httpx.AsyncClient(base_url=served, headers={**HEADERS, "anthropic-version": "2023-06-01"},
+                                 timeout=300) as client:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500,
-                "ignore_eos": True}))
+            tg.start_soon(lambda: client.post(path, json={**LONG[path], "model": "any", "ignore_eos": True}))
             with anyio.fail_after(120):
                 while (await books_and_engine(client))[1] == 0:
                     await anyio.sleep(0.05)

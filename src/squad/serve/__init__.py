@@ -8,8 +8,8 @@ it reaches llama-server, so requests running together never exceed its slots or 
 - :mod:`squad.serve.gateway`: the ASGI app (routes, key, relay, ``/squad/status``);
 - :mod:`squad.serve.demand`: one request's reservation (prompt + max_tokens) or its 400;
 - :mod:`squad.serve.fanout`: a list of prompts or ``n`` > 1, one reservation per completion;
-- :mod:`squad.serve.assemble`: a request not streamed is streamed from llama-server (so it stops
-  when the client leaves) and answered whole;
+- :mod:`squad.serve.assemble`: a request not streamed (chat, completions, Responses, Messages) is
+  streamed from llama-server (so it stops when the client leaves) and answered whole;
 - :mod:`squad.serve.apis`: Responses, Messages and embeddings (counted by the engine's endpoints);
 - :mod:`squad.serve.forcing`: tool choice and schemas for every client, as squad's own client sends them;
 - :mod:`squad.serve.stream_start`: a streamed Messages answer always starts with ``message_start``;

@@ -13,23 +13,33 @@ writes every token, and stops at the first write that fails.
 or ``text_completion``) and gives the body llama-server would have answered without streaming:
 ``choices`` with the joined ``message`` (``content``, ``reasoning_content``, ``tool_calls``) or
 ``text``, ``finish_reason``, ``usage`` and ``timings``; or the error a stream ended with, as the
-HTTP status and body a request not streamed gets.
+HTTP status and body a request not streamed gets. The Responses and Messages APIs have the same
+gap in b11434, so :class:`ResponsesAssembly` (the ``response`` of ``response.completed``) and
+:class:`MessagesAssembly` (``message_start``'s message, the content blocks joined, then
+``message_delta``'s stop reason and usage: the shape of ``to_json_anthropic()`` in
+``tools/server/server-task.cpp``) do the same for them; :func:`assembly_for` picks one.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
-__all__ = ["Assembly", "streamed_upstream", "STREAMABLE_PATHS"]
+__all__ = ["Assembly", "ResponsesAssembly", "MessagesAssembly", "assembly_for", "streamed_upstream",
+           "STREAMABLE_PATHS"]
 
 STREAMABLE_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions")
 """OpenAI-shaped generation paths whose answer is the same streamed or not (llama-server's own
 ``/completion`` and ``/completions`` answer in a shape of their own and are sent as they are)."""
 
 
-def streamed_upstream(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (not streamed) as the streamed request sent to the engine, usage included."""
+def streamed_upstream(body: dict[str, Any], kind: str = "chat") -> dict[str, Any]:
+    """``body`` (not streamed) as the streamed request sent to the engine, usage included
+    (``stream_options`` only for the chat and completion APIs: Responses and Messages streams
+    carry their usage in their last events)."""
+    if kind in ("responses", "messages"):
+        return {**body, "stream": True}
     return {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
 
 
@@ -37,6 +47,8 @@ class Assembly:
     """Chunks in, one answer out: :meth:`line` for each line of the stream, then :meth:`answer`."""
 
     def __init__(self) -> None:
+        self.started = False
+        """A ``data:`` line was read (the first token's time)."""
         self.envelope: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
@@ -48,6 +60,7 @@ class Assembly:
     def line(self, line: str) -> None:
         if not line.startswith("data: "):
             return
+        self.started = True
         data = line[6:].strip()
         if data == "[DONE]":
             self.done = True
@@ -130,3 +143,134 @@ def _add_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
         call["function"]["name"] += function["name"]
     if function.get("arguments"):
         call["function"]["arguments"] += function["arguments"]
+
+
+class _EventAssembly:
+    """The common part of the Responses and Messages assemblies: ``data:`` lines parsed, an
+    ``error`` frame kept, :meth:`event` for the rest."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.error: dict[str, Any] | None = None
+        self.done = False
+        """The API's last event was read: the engine ended the answer."""
+
+    def line(self, line: str) -> None:
+        if not line.startswith("data: "):
+            return
+        self.started = True
+        try:
+            data = json.loads(line[6:])
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        if "error" in data:
+            self.error = data
+            return
+        self.event(data)
+
+    def event(self, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _error_answer(self) -> tuple[int, dict[str, Any]] | None:
+        if self.error is None:
+            return None
+        error = self.error.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        return (code if isinstance(code, int) and 400 <= code < 600 else 500), self.error
+
+
+class ResponsesAssembly(_EventAssembly):
+    """A Responses stream in, its ``response.completed`` response out (with ``completed_at``, as
+    b11434's answer not streamed has it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.response: dict[str, Any] | None = None
+
+    def event(self, data: dict[str, Any]) -> None:
+        if data.get("type") in ("response.completed", "response.incomplete", "response.failed") and isinstance(
+                data.get("response"), dict):
+            self.response = data["response"]
+            self.done = True
+
+    def answer(self) -> tuple[int, dict[str, Any]]:
+        failed = self._error_answer()
+        if failed is not None:
+            return failed
+        body = dict(self.response or {})
+        if "created_at" in body:
+            body.setdefault("completed_at", body["created_at"])
+        return 200, body
+
+
+class MessagesAssembly(_EventAssembly):
+    """A Messages stream in, the message out: text and thinking deltas joined per block,
+    ``input_json_delta`` pieces parsed into a ``tool_use`` block's ``input`` (``{}`` when they are
+    not JSON, as b11434 does), usage from ``message_start`` and ``message_delta``. ``model`` and
+    ``input_tokens`` stand in when the engine left ``message_start`` out (squad.serve.stream_start)."""
+
+    def __init__(self, *, model: str = "", input_tokens: int = 0) -> None:
+        super().__init__()
+        self.message: dict[str, Any] = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
+                                        "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
+                                        "usage": {"cache_read_input_tokens": 0, "input_tokens": input_tokens,
+                                                  "output_tokens": 0}}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, str] = {}
+
+    def event(self, data: dict[str, Any]) -> None:
+        kind = data.get("type")
+        if kind == "message_start" and isinstance(data.get("message"), dict):
+            start = {k: v for k, v in data["message"].items() if k != "content"}
+            self.message.update(start)
+        elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
+            self.blocks[int(data.get("index") or 0)] = dict(data["content_block"])
+        elif kind == "content_block_delta" and isinstance(data.get("delta"), dict):
+            index, delta = int(data.get("index") or 0), data["delta"]
+            block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+            if delta.get("type") == "text_delta":
+                block["text"] = block.get("text", "") + str(delta.get("text") or "")
+            elif delta.get("type") == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + str(delta.get("thinking") or "")
+            elif delta.get("type") == "signature_delta":
+                block["signature"] = block.get("signature", "") + str(delta.get("signature") or "")
+            elif delta.get("type") == "input_json_delta":
+                self.partial_json[index] = self.partial_json.get(index, "") + str(delta.get("partial_json") or "")
+        elif kind == "message_delta":
+            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            for key in ("stop_reason", "stop_sequence"):
+                if key in delta:
+                    self.message[key] = delta[key]
+            if isinstance(data.get("usage"), dict):
+                self.message["usage"] = {**(self.message.get("usage") or {}), **data["usage"]}
+        elif kind == "message_stop":
+            self.done = True
+
+    def answer(self) -> tuple[int, dict[str, Any]]:
+        failed = self._error_answer()
+        if failed is not None:
+            return failed
+        content = []
+        for index in sorted(self.blocks):
+            block = dict(self.blocks[index])
+            if block.get("type") == "tool_use":
+                try:
+                    parsed = json.loads(self.partial_json.get(index) or "{}")
+                except ValueError:
+                    parsed = {}
+                block["input"] = parsed if isinstance(parsed, dict) else {}
+            content.append(block)
+        return 200, {**self.message, "content": content}
+
+
+def assembly_for(kind: str, *, model: str = "",
+                 input_tokens: int = 0) -> Assembly | ResponsesAssembly | MessagesAssembly:
+    """The assembly for one API's stream (``kind`` as in :data:`squad.serve.demand.Kind`;
+    ``model`` and ``input_tokens``: see :class:`MessagesAssembly`)."""
+    if kind == "responses":
+        return ResponsesAssembly()
+    if kind == "messages":
+        return MessagesAssembly(model=model, input_tokens=input_tokens)
+    return Assembly()

@@ -43,7 +43,7 @@ from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve import apis
-from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
+from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstream
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
@@ -431,7 +431,7 @@ class _Relay:
         if content is None:
             content = json.dumps(self.body).encode()
         if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
-            content = json.dumps(streamed_upstream(self.body)).encode()
+            content = json.dumps(streamed_upstream(self.body, self.kind)).encode()
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
         early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
@@ -522,15 +522,16 @@ class _Relay:
     def assembled(self) -> bool:
         """A request the client does not stream, sent to llama-server streamed and answered whole
         (:mod:`squad.serve.assemble`)."""
-        return (not self.live.stream and self.scope["path"] in STREAMABLE_PATHS and self.g.engine.kind == "llama.cpp")
+        return (not self.live.stream and self.g.engine.kind == "llama.cpp"
+                and (self.scope["path"] in STREAMABLE_PATHS or self.kind in ("responses", "messages")))
 
     async def _assemble(self, send: Send, response: httpx.Response, queued_s: float, ending: Ending,
                         sent: float) -> str:
-        got = Assembly()
+        got = assembly_for(self.kind, model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
         try:
             try:
                 async for line in response.aiter_lines():
-                    if not got.envelope and line.startswith("data: "):
+                    if not got.started and line.startswith("data: "):
                         self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
                     got.line(line)
                 ending.done()  # read to its end: the engine's task is over
