@@ -23,6 +23,7 @@ import httpx
 from squad.errors import AdmissionError
 from squad.events import Origin
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
+from squad.serve.stream_start import add_role
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 
 if TYPE_CHECKING:
@@ -218,10 +219,9 @@ class _Fanout:
             self.envelope = self.envelope or {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
             for choice in choices:
                 choice["index"] = index
-                delta = choice.get("delta")
-                if first and isinstance(delta, dict) and "role" not in delta:
-                    choice["delta"] = {"role": "assistant", **delta}
-            first = False
+            if first:
+                add_role(chunk)
+                first = False
             chunk.pop("usage", None)
             chunk.pop("timings", None)
             if self.envelope.get("id"):

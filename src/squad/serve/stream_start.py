@@ -29,7 +29,7 @@ import json
 import secrets
 from typing import Any
 
-__all__ = ["FirstEvent", "MessagesStart", "ChatRole"]
+__all__ = ["FirstEvent", "MessagesStart", "ChatRole", "add_role"]
 
 
 class FirstEvent:
@@ -102,16 +102,20 @@ class ChatRole(FirstEvent):
     """A chat stream: ``role: assistant`` put into the first chunk's deltas that have none."""
 
     def mend(self, block: bytes, data: dict[str, Any]) -> bytes:
-        choices = data.get("choices")
-        if not isinstance(choices, list):
+        if not add_role(data):
             return block
-        missing = [c for c in choices if isinstance(c, dict) and isinstance(c.get("delta"), dict)
-                   and "role" not in c["delta"]]
-        if not missing:
-            return block
-        for choice in missing:
-            choice["delta"] = {"role": "assistant", **choice["delta"]}
         return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def add_role(chunk: dict[str, Any]) -> bool:
+    """Put ``role: assistant`` first into each delta of a chat chunk's ``choices`` that has no role
+    (in place); True when one was added."""
+    choices = chunk.get("choices")
+    missing = [c for c in choices if isinstance(c, dict) and isinstance(c.get("delta"), dict)
+               and "role" not in c["delta"]] if isinstance(choices, list) else []
+    for choice in missing:
+        choice["delta"] = {"role": "assistant", **choice["delta"]}
+    return bool(missing)
 
 
 def _event_data(block: bytes) -> dict[str, Any] | None:
