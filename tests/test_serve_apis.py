@@ -266,3 +266,32 @@ def test_a_chat_stream_whose_first_chunk_has_no_role_gets_one(cut):
     assert chunks[0]["id"] == "chatcmpl-1" and "role" not in chunks[1]["choices"][0]["delta"]
     whole = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": null}}]}\n\n' + rest
     assert relay(whole) == whole
+
+
+@pytest.mark.parametrize("cut", [1, 13, 10_000])
+def test_a_responses_stream_gets_one_created_and_one_in_progress_first(cut):
+    """b11434's shapes when the first token ended inside a character: the pair repeated after
+    every token, or (one or two tokens) only ``response.completed``."""
+    import json
+
+    from squad.serve.stream_start import ResponsesStart
+
+    def ev(kind: str, **data) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    created, progress = ev("response.created", response={"id": "r1"}), ev("response.in_progress", response={"id": "r1"})
+    delta, completed = ev("response.output_text.delta", delta="\U0001F389"), ev("response.completed",
+                                                                               response={"id": "r1"})
+
+    def relay(raw: bytes) -> list[str]:
+        mender = ResponsesStart(model="any")
+        out = b"".join(mender.feed(raw[i:i + cut]) for i in range(0, len(raw), cut)) + mender.end()
+        return [json.loads(line[6:])["type"] for line in out.split(b"\n") if line.startswith(b"data: ")]
+
+    repeated = created + progress + delta + created + progress + delta + created + progress + completed
+    assert relay(repeated) == ["response.created", "response.in_progress", "response.output_text.delta",
+                               "response.output_text.delta", "response.completed"]
+    assert relay(completed) == ["response.created", "response.in_progress", "response.completed"]
+    whole = created + progress + delta + completed
+    mender = ResponsesStart(model="any")
+    assert mender.feed(whole) == whole and not mender.mended

@@ -122,6 +122,26 @@ def test_a_chat_stream_whose_first_token_ends_inside_a_character_has_its_role(se
     assert snapshot.choices[0].message.role == "assistant" and snapshot.choices[0].message.content
 
 
+@pytest.mark.parametrize("max_output_tokens", [2, 8])
+def test_a_responses_stream_whose_first_token_ends_inside_a_character_is_created_once(served, max_output_tokens):
+    """b11434 repeats ``response.created`` after every token, or (1-2 tokens) sends only
+    ``response.completed``, when the first token ends inside a character; the openai SDK then
+    raises. Through squad serve: one created, one in_progress, first."""
+    url, pid = served
+    body = {"model": "any", "input": "Reply with only this emoji: \U0001F389", "temperature": 0,
+            "max_output_tokens": max_output_tokens}
+    engine, engine_key = engine_of(url, pid)
+    with httpx.stream("POST", engine + "/v1/responses", headers={"Authorization": f"Bearer {engine_key}"},
+                      json={**body, "stream": True}, timeout=600) as r:
+        direct = [e["type"] for e in sse(list(r.iter_lines()))]
+    if direct[0] == "response.created" and direct.count("response.created") == 1:
+        pytest.skip(f"the engine started this answer once itself: {direct[:3]}")
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    kinds = [e.type for e in client.responses.create(**body, stream=True)]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed", kinds
+    assert kinds.count("response.created") == 1 and kinds.count("response.in_progress") == 1, kinds
+
+
 def test_responses_plain_and_streamed(served):
     url, _ = served
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)

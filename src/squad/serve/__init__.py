@@ -12,7 +12,8 @@ it reaches llama-server, so requests running together never exceed its slots or 
   streamed from llama-server (so it stops when the client leaves) and answered whole;
 - :mod:`squad.serve.apis`: Responses, Messages and embeddings (counted by the engine's endpoints);
 - :mod:`squad.serve.forcing`: tool choice and schemas for every client, as squad's own client sends them;
-- :mod:`squad.serve.stream_start`: a streamed Messages answer always starts with ``message_start``;
+- :mod:`squad.serve.stream_start`: a stream starts as its API says (Messages ``message_start``,
+  chat ``role``, one Responses ``response.created``);
 - :mod:`squad.serve.early`: a queued stream's early start and keep-alive comments;
 - :mod:`squad.serve.cors`: ``OPTIONS`` preflights and allowed origins;
 - :mod:`squad.serve.watch`: ``--watch``, drawn from the ledger and admission;

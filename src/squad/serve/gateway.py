@@ -49,7 +49,7 @@ from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
-from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart
+from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 from squad.serve.watch import waits_for
 from squad.settle import EngineSlots, Ending, until_engine_free
 
@@ -508,7 +508,7 @@ class _Relay:
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
 
-    def _first_event(self, status: int) -> FirstEvent | None:
+    def _first_event(self, status: int) -> FirstEvent | ResponsesStart | None:
         """The mender of a streamed answer's first event (:mod:`squad.serve.stream_start`), if any."""
         if not self.live.stream or status != 200:
             return None
@@ -516,6 +516,8 @@ class _Relay:
             return MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
         if self.kind == "chat":
             return ChatRole()
+        if self.kind == "responses":
+            return ResponsesStart(model=str(self.body.get("model") or ""))
         return None
 
     @property

@@ -15,7 +15,13 @@ UTF-8 character (an emoji; Hangul or kana split over two tokens), ``process_toke
 
 Measured here: SmolLM2 at temperature 0 answering "Reply with only this emoji: 🎉" or asked for a
 Korean or Japanese word, every time; "Say hello N." at temperature 0.8, 1 stream in 30.
-(b11434's Responses stream keeps its own ``response.created`` state and is not affected.)
+The Responses stream has the same fault in another form: b11434 marks ``response.created`` as
+sent only in the first token's partial result (``state.oai_resp_created`` set when ``n_decoded ==
+1``, ``server_task_result_cmpl_partial::update``), so when that token is held back every later
+partial sends ``response.created`` and ``response.in_progress`` again, and an answer of one or two
+tokens has only ``response.completed`` (the openai SDK raises ``Expected to have received
+response.created before response.completed``). :class:`ResponsesStart` sends one of each first and
+drops the repeats.
 
 :class:`MessagesStart` and :class:`ChatRole` sit in squad serve's relay of a streamed answer.
 They hold the bytes until the first SSE event with JSON data is whole (comments, such as squad
@@ -27,9 +33,10 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
-__all__ = ["FirstEvent", "MessagesStart", "ChatRole", "add_role"]
+__all__ = ["FirstEvent", "MessagesStart", "ChatRole", "ResponsesStart", "add_role"]
 
 
 class FirstEvent:
@@ -105,6 +112,63 @@ class ChatRole(FirstEvent):
         if not add_role(data):
             return block
         return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+class ResponsesStart:
+    """A Responses stream (same :meth:`feed` / :meth:`end` as :class:`FirstEvent`): exactly one
+    ``response.created`` and one ``response.in_progress``, first; the engine's repeats dropped,
+    and a pair of squad serve's own sent when the engine sent none (a new ``resp_...`` id,
+    ``model``: the request's)."""
+
+    STARTS = (b"response.created", b"response.in_progress")
+
+    def __init__(self, *, model: str) -> None:
+        self.model = model
+        self._held = b""
+        self._started = False
+        self.mended = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._held += chunk
+        out = b""
+        while True:
+            end = self._held.find(b"\n\n")
+            if end < 0:
+                return out
+            block, self._held = self._held[:end + 2], self._held[end + 2:]
+            out += self._block(block)
+
+    def end(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+    def _block(self, block: bytes) -> bytes:
+        if self._started and not any(kind in block for kind in self.STARTS):
+            return block  # the common case: no JSON parsed
+        data = _event_data(block)
+        if data is None:
+            return block
+        kind = data.get("type")
+        if "error" in data and not self._started:
+            self._started = True
+            return block
+        if kind in ("response.created", "response.in_progress"):
+            if self._started and kind == "response.created" or self._seen_progress and kind == "response.in_progress":
+                self.mended = True
+                return b""  # b11434's repeat
+            self._started = True
+            self._seen_progress = self._seen_progress or kind == "response.in_progress"
+            return block
+        if self._started:
+            return block
+        self._started = self._seen_progress = self.mended = True
+        response = {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
+                    "status": "in_progress", "model": self.model, "output": []}
+        return b"".join(b"event: " + name.encode() + b"\ndata: " + json.dumps(
+            {"type": name, "response": response}).encode() + b"\n\n"
+            for name in ("response.created", "response.in_progress")) + block
+
+    _seen_progress = False
 
 
 def add_role(chunk: dict[str, Any]) -> bool:
