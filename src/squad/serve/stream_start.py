@@ -126,9 +126,12 @@ class ResponsesStart:
         self.model = model
         self._held = b""
         self._started = False
+        self._seen_progress = False
         self.mended = False
+        """A repeat was dropped, or a pair of squad serve's own sent."""
 
     def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send now for ``chunk`` (whole events only; the rest is held)."""
         self._held += chunk
         out = b""
         while True:
@@ -139,6 +142,7 @@ class ResponsesStart:
             out += self._block(block)
 
     def end(self) -> bytes:
+        """What is still held when the engine's answer ends (an incomplete event, as it came)."""
         held, self._held = self._held, b""
         return held
 
@@ -153,7 +157,8 @@ class ResponsesStart:
             self._started = True
             return block
         if kind in ("response.created", "response.in_progress"):
-            if self._started and kind == "response.created" or self._seen_progress and kind == "response.in_progress":
+            repeat = self._seen_progress if kind == "response.in_progress" else self._started
+            if repeat:
                 self.mended = True
                 return b""  # b11434's repeat
             self._started = True
@@ -167,8 +172,6 @@ class ResponsesStart:
         return b"".join(b"event: " + name.encode() + b"\ndata: " + json.dumps(
             {"type": name, "response": response}).encode() + b"\n\n"
             for name in ("response.created", "response.in_progress")) + block
-
-    _seen_progress = False
 
 
 def add_role(chunk: dict[str, Any]) -> bool:
