@@ -75,4 +75,5 @@ def test_claude_code_runs_a_task_through_serve(served, tmp_path):
     result = json.loads(done.stdout)
     assert result.get("is_error") is False and result.get("result"), result
     counts = list(status["clients"].values())
-    assert sum(c["completed"] for c in counts) >= 1 and sum(c["failed"] for c in counts) == 0, status["clients"]
+    answered = sum(c["completed"] + c.get("disconnected", 0) for c in counts)  # a client may leave after its answer
+    assert answered >= 1 and sum(c["failed"] for c in counts) == 0, status["clients"]
