@@ -43,6 +43,25 @@ def streamed_upstream(body: dict[str, Any], kind: str = "chat") -> dict[str, Any
     return {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
 
 
+def data_of(line: str) -> dict[str, Any] | None:
+    """One SSE line's ``data:`` as a JSON object; None for any other line, ``[DONE]`` or non-JSON."""
+    if not line.startswith("data: "):
+        return None
+    try:
+        data = json.loads(line[6:])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def error_answer(frame: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and body for an error frame a stream ended with: its ``code``, 500 when it
+    gives none in 400-599."""
+    error = frame.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return (code if isinstance(code, int) and 400 <= code < 600 else 500), frame
+
+
 class Assembly:
     """Chunks in, one answer out: :meth:`line` for each line of the stream, then :meth:`answer`."""
 
@@ -61,15 +80,11 @@ class Assembly:
         if not line.startswith("data: "):
             return
         self.started = True
-        data = line[6:].strip()
-        if data == "[DONE]":
+        if line[6:].strip() == "[DONE]":
             self.done = True
             return
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return
-        if isinstance(chunk, dict):
+        chunk = data_of(line)
+        if chunk is not None:
             self.chunk(chunk)
 
     def chunk(self, chunk: dict[str, Any]) -> None:
@@ -111,9 +126,7 @@ class Assembly:
         """``(HTTP status, body)``: 200 and the whole answer, or the error the stream ended with
         (its ``code``, 500 when it gives none)."""
         if self.error is not None:
-            error = self.error.get("error")
-            code = error.get("code") if isinstance(error, dict) else None
-            return (code if isinstance(code, int) and 400 <= code < 600 else 500), self.error
+            return error_answer(self.error)
         kind = self.envelope.get("object", "")
         body: dict[str, Any] = {
             **self.envelope,
@@ -159,11 +172,8 @@ class _EventAssembly:
         if not line.startswith("data: "):
             return
         self.started = True
-        try:
-            data = json.loads(line[6:])
-        except ValueError:
-            return
-        if not isinstance(data, dict):
+        data = data_of(line)
+        if data is None:
             return
         if "error" in data:
             self.error = data
@@ -174,11 +184,7 @@ class _EventAssembly:
         raise NotImplementedError
 
     def _error_answer(self) -> tuple[int, dict[str, Any]] | None:
-        if self.error is None:
-            return None
-        error = self.error.get("error")
-        code = error.get("code") if isinstance(error, dict) else None
-        return (code if isinstance(code, int) and 400 <= code < 600 else 500), self.error
+        return None if self.error is None else error_answer(self.error)
 
 
 class ResponsesAssembly(_EventAssembly):

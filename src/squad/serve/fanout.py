@@ -22,7 +22,7 @@ import httpx
 
 from squad.errors import AdmissionError
 from squad.events import Origin
-from squad.serve.assemble import STREAMABLE_PATHS, Assembly, streamed_upstream
+from squad.serve.assemble import STREAMABLE_PATHS, Assembly, data_of, streamed_upstream
 from squad.serve.stream_start import add_role
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 
@@ -200,13 +200,8 @@ class _Fanout:
     async def _relay(self, index: int, response: httpx.Response, scope: anyio.CancelScope) -> None:
         first = True  # a part's first chat chunk gets the role b11434 can leave out (squad.serve.stream_start)
         async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            try:
-                chunk = json.loads(line[6:])
-            except ValueError:
-                continue
-            if not isinstance(chunk, dict):
+            chunk = data_of(line)
+            if chunk is None:
                 continue
             if "error" in chunk:
                 self._fail(500, chunk, scope)
