@@ -23,8 +23,9 @@ gap in b11434, so :class:`ResponsesAssembly` (the ``response`` of ``response.com
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Any
+
+from squad.serve.stream_start import new_message
 
 __all__ = ["Assembly", "ResponsesAssembly", "MessagesAssembly", "assembly_for", "streamed_upstream",
            "STREAMABLE_PATHS"]
@@ -219,10 +220,7 @@ class MessagesAssembly(_EventAssembly):
 
     def __init__(self, *, model: str = "", input_tokens: int = 0) -> None:
         super().__init__()
-        self.message: dict[str, Any] = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
-                                        "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
-                                        "usage": {"cache_read_input_tokens": 0, "input_tokens": input_tokens,
-                                                  "output_tokens": 0}}
+        self.message = new_message(model, input_tokens)
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, str] = {}
 

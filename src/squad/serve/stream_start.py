@@ -95,13 +95,7 @@ class MessagesStart(FirstEvent):
     def mend(self, block: bytes, data: dict[str, Any]) -> bytes:
         if data.get("type") == "message_start":
             return block
-        event: dict[str, Any] = {
-            "type": "message_start",
-            "message": {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant",
-                        "content": [], "model": self.model, "stop_reason": None, "stop_sequence": None,
-                        "usage": {"input_tokens": self.input_tokens, "output_tokens": 0,
-                                  "cache_read_input_tokens": 0}},
-        }
+        event = {"type": "message_start", "message": new_message(self.model, self.input_tokens)}
         return b"event: message_start\ndata: " + json.dumps(event).encode() + b"\n\n" + block
 
 
@@ -172,6 +166,14 @@ class ResponsesStart:
         return b"".join(b"event: " + name.encode() + b"\ndata: " + json.dumps(
             {"type": name, "response": response}).encode() + b"\n\n"
             for name in ("response.created", "response.in_progress")) + block
+
+
+def new_message(model: str, input_tokens: int) -> dict[str, Any]:
+    """An empty Messages ``message`` of squad serve's own (a new ``msg_...`` id), for a start the
+    engine left out."""
+    return {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "content": [],
+            "model": model, "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0, "cache_read_input_tokens": 0}}
 
 
 def add_role(chunk: dict[str, Any]) -> bool:
