@@ -95,9 +95,9 @@ async def squad_fanout(sq, firsts: FirstTokens, prompts: list[str]) -> tuple[flo
 
 async def run_k(k: int, max_tokens: int, repeats: int, hand: dict[str, tuple[str, object]]) -> dict[str, Way]:  # type: ignore[no-untyped-def]
     """All ways at K; ``hand`` maps the hand-engine ways to (engine label, their kept openai client)."""
-    from squad.workload import Call, Map
-    from squad.agent import Agent, Sampling
-    from squad.runtime import Squad
+    from squad.sched.workload import Call, Map
+    from squad.runtime.agent import Agent, Sampling
+    from squad.runtime.squad import Squad
 
     prompts = [story_prompt(i) for i in range(k)]
     ways = {"squad": Way(), "raw": Way(), **{name: Way(engine=label) for name, (label, _) in hand.items()}}

@@ -109,7 +109,7 @@ def _bound(run: Run, speeds: dict[str, float], chain_s: float) -> float:
 
 async def _long_short(url: str, key: str, queue: str, n_short: int, long_tokens: int, short_tokens: int,
                       with_long: bool = True) -> tuple[Run, float, dict]:
-    from squad.session import EngineSession, EngineSpec
+    from squad.engine.session import EngineSession, EngineSpec
 
     async with EngineSession(EngineSpec(url=url, api_key=key, queue=queue), None) as session:
         probe = Run(session.chat, secrets.token_hex(4))
@@ -135,7 +135,7 @@ async def _long_short(url: str, key: str, queue: str, n_short: int, long_tokens:
 
 
 async def _recipe(url: str, key: str, queue: str, n_chunks: int, gen: int) -> tuple[Run, float, dict]:
-    from squad.session import EngineSession, EngineSpec
+    from squad.engine.session import EngineSession, EngineSpec
 
     async with EngineSession(EngineSpec(url=url, api_key=key, queue=queue), None) as session:
         probe = Run(session.chat, secrets.token_hex(4))

@@ -32,8 +32,8 @@ from _common import DEFAULTS_ARGS, MODEL, defaults_label, hand_engine, md_table,
 
 
 async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens: int, budget: int):  # type: ignore[no-untyped-def]
-    from squad.agent import Agent, Sampling
-    from squad.runtime import Squad
+    from squad.runtime.agent import Agent, Sampling
+    from squad.runtime.squad import Squad
 
     writer = Agent(name="writer", budget=budget, max_tokens=max_tokens, sampling=Sampling(temperature=0))
     async with Squad([writer], url=base_url, api_key=api_key) as sq:

@@ -1,4 +1,4 @@
-"""Ray fan-out: a recipe's map over Ray workers (``squad.ray``) against the same map on one
+"""Ray fan-out: a recipe's map over Ray workers (``squad.cluster.ray``) against the same map on one
 local engine, on this machine.
 
 Both ways run the same N-item map (tiny prompts, ``max_tokens`` 8) with the same engine per
@@ -58,7 +58,7 @@ flow:
 
 
 async def run_ray(recipe, spec, workers: int) -> dict:
-    import squad.ray as sray
+    import squad.cluster.ray as sray
     from squad.recipes import run_recipe
 
     t0 = time.monotonic()

@@ -55,7 +55,7 @@ def stats(values: list[float]) -> list[str]:
 
 async def main(argv: list[str] | None = None) -> str:
     from squad.engine.launcher import Launcher, build_args
-    from squad.planner import EnginePlan
+    from squad.sched.planner import EnginePlan
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one repeat")

@@ -1,4 +1,4 @@
-"""Shared input, paid once (squad.share): today's way against the shared way, side by side in one run.
+"""Shared input, paid once (squad.sched.share): today's way against the shared way, side by side in one run.
 
 K = 1, 3, 5 reviewers given the same generated Python file (300 and 600 lines) through
 ``Squad.parallel``; with ``--big``, the shipped review recipe (recipes/review.yaml: three
@@ -27,10 +27,10 @@ import anyio
 import httpx
 from _common import BINARY, MODEL, THREADS
 
-from squad.agent import Agent
+from squad.runtime.agent import Agent
 from squad.events import CallFirstToken, Event
-from squad.runtime import Squad
-from squad.session import EngineSpec
+from squad.runtime.squad import Squad
+from squad.engine.session import EngineSpec
 
 FOCUS = ["security", "style", "tests", "performance", "docs"]
 WAYS = ("off", "first")

@@ -20,8 +20,8 @@ from _common import MODEL, THREADS  # noqa: E402
 async def main(argv: list[str] | None = None) -> Path:
     from squad.cli.trace import plot_timeline
     from squad.recipes import load_recipe, run_recipe
-    from squad.summary import summarize
-    from squad.trace import JsonlTrace, load_trace
+    from squad.events.summary import summarize
+    from squad.events.jsonl import JsonlTrace, load_trace
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", nargs="?", type=Path, default=Path("recipes/review.yaml"))

@@ -32,10 +32,10 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import BINARY, MODEL, THREADS, engine_build, md_table  # noqa: E402
 
-from squad.agent import Agent  # noqa: E402
-from squad.runtime import Squad  # noqa: E402
-from squad.session import EngineSpec  # noqa: E402
-from squad.tools import tool  # noqa: E402
+from squad.runtime.agent import Agent  # noqa: E402
+from squad.runtime.squad import Squad  # noqa: E402
+from squad.engine.session import EngineSpec  # noqa: E402
+from squad.runtime.tools import tool  # noqa: E402
 
 
 @tool

@@ -15,8 +15,8 @@ import argparse
 
 import anyio
 
-from squad.agent import Agent
-from squad.runtime import Squad
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 AGENTS = [
     Agent(name="lead", instructions="Answer in one sentence.", budget=768, max_tokens=32,

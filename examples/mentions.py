@@ -15,8 +15,8 @@ import argparse
 
 import anyio
 
-from squad.agent import Agent
-from squad.runtime import Squad
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.events import Event
 
 SUB = dict(budget=512, max_tokens=40, sampling={"temperature": 0.3, "seed": 1, "repeat_penalty": 1.2})

@@ -20,9 +20,9 @@ from typing import Annotated
 import anyio
 from pydantic import BaseModel, Field
 
-from squad.agent import Agent
-from squad.runtime import Squad
-from squad.tools import tool
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.runtime.tools import tool
 
 
 class City(BaseModel):

@@ -19,9 +19,9 @@ import datetime
 
 import anyio
 
-from squad.agent import Agent
-from squad.runtime import Squad
-from squad.tools import tool
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.runtime.tools import tool
 
 
 @tool

@@ -18,35 +18,40 @@ The public API is ``__all__``; everything else is private. Names are imported on
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from squad.errors import *  # noqa: F403
+from squad._moved import FINDER as _MOVED_FINDER
 from squad.errors import __all__ as _error_names
 
 __version__ = "0.1.0"
 
+if _MOVED_FINDER not in sys.meta_path:  # the flat layout's import paths, for one release (squad._moved)
+    sys.meta_path.append(_MOVED_FINDER)
+
 _LAZY = {
-    "Agent": "squad.agent",
-    "Sampling": "squad.agent",
-    "Squad": "squad.runtime",
-    "run_sync": "squad.runtime",
-    "AgentResult": "squad.results",
-    "RunResult": "squad.results",
-    "Outcome": "squad.outcome",
-    "Tool": "squad.tools",
+    "Agent": "squad.runtime.agent",
+    "Sampling": "squad.runtime.agent",
+    "Squad": "squad.runtime.squad",
+    "run_sync": "squad.runtime.squad",
+    "AgentResult": "squad.runtime.results",
+    "RunResult": "squad.runtime.results",
+    "Outcome": "squad.runtime.outcome",
+    "Tool": "squad.runtime.tools",
     "MCPServer": "squad.mcp",
-    "tool": "squad.tools",
-    "EnginePlan": "squad.engine.plan",
-    "plan": "squad.planner",
+    "tool": "squad.runtime.tools",
+    "EnginePlan": "squad.sched.plan",
+    "plan": "squad.sched.planner",
     "EngineInfo": "squad.engine.info",
     "Launcher": "squad.engine.launcher",
     "attach": "squad.engine.control",
     "load_recipe": "squad.recipes",
-    "parse_mentions": "squad.mention",
+    "parse_mentions": "squad.runtime.mention",
     "Event": "squad.events",
-    "EngineSpec": "squad.session",
-    "EngineSession": "squad.session",
-    "plan_engine": "squad.session",
+    "EngineSpec": "squad.engine.session",
+    "EngineSession": "squad.engine.session",
+    "plan_engine": "squad.engine.session",
     "ChatEngine": "squad.chat",
     "ChatRequest": "squad.chat",
     "ChatResult": "squad.chat",
@@ -55,22 +60,22 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY, *_error_names]
 
 if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run time
-    from squad.agent import Agent, Sampling
+    from squad.runtime.agent import Agent, Sampling
     from squad.chat import ChatEngine, ChatRequest, ChatResult
     from squad.engine.control import attach
     from squad.engine.info import EngineInfo
     from squad.engine.launcher import Launcher
-    from squad.engine.plan import EnginePlan
+    from squad.sched.plan import EnginePlan
     from squad.events import Event
     from squad.mcp import MCPServer
-    from squad.mention import parse_mentions
-    from squad.outcome import Outcome
-    from squad.planner import plan
+    from squad.runtime.mention import parse_mentions
+    from squad.runtime.outcome import Outcome
+    from squad.sched.planner import plan
     from squad.recipes import load_recipe
-    from squad.results import AgentResult, RunResult
-    from squad.runtime import Squad, run_sync
-    from squad.session import EngineSession, EngineSpec, plan_engine
-    from squad.tools import Tool, tool
+    from squad.runtime.results import AgentResult, RunResult
+    from squad.runtime.squad import Squad, run_sync
+    from squad.engine.session import EngineSession, EngineSpec, plan_engine
+    from squad.runtime.tools import Tool, tool
 
 
 def __getattr__(name: str) -> Any:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from squad.errors import UserError
 
 if TYPE_CHECKING:
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
 __all__ = ["Config", "config_path", "load_config", "with_config", "api_key_for", "ENV_VAR"]
 

@@ -14,7 +14,7 @@ SquadError                         base of everything below
 │   ├── PlanMismatch               /props read back something other than the plan
 │   ├── EngineGone                 connection refused / process died mid-run
 │   └── EngineLost                 the engine was taken out of a squad's engines (it died); a call
-│                                  queued for it moves to another (:mod:`squad.engines`)
+│                                  queued for it moves to another (:mod:`squad.chat.routing`)
 ├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
 ├── ClusterError (RuntimeError)    a Ray cluster (``--ray``) did not answer, refused, or did not start
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
@@ -163,7 +163,7 @@ class EngineGone(EngineError):
 class EngineLost(EngineError):
     """The engine was taken out of a squad's engines because it died (``reason`` says how);
     a call still waiting in its admission gets this, never having been sent, and
-    :class:`squad.engines.Router` sends it to another engine."""
+    :class:`squad.chat.routing.Router` sends it to another engine."""
 
     def __init__(self, message: str, *, engine: str | None = None, reason: str = "") -> None:
         self.engine, self.reason = engine, reason
@@ -183,7 +183,7 @@ class MCPServerError(SquadError, RuntimeError):
 
 class ClusterError(SquadError, RuntimeError):
     """A Ray cluster (``squad run --ray``) could not be reached, refused the connection, or a
-    local one did not start; the message gives the address and Ray's reason (:mod:`squad.raycluster`)."""
+    local one did not start; the message gives the address and Ray's reason (:mod:`squad.cluster.local`)."""
 
 
 class ModelError(SquadError, RuntimeError):
@@ -244,7 +244,7 @@ class CallTimeout(AgentRunError):
 
 class IncompleteAnswer(AgentRunError):
     """A call ended without a real answer (``outcome``: ``"truncated"`` at max_tokens, or
-    ``"empty"``) and the recipe's ``non_answers`` policy for it is ``fail`` (:mod:`squad.outcome`)."""
+    ``"empty"``) and the recipe's ``non_answers`` policy for it is ``fail`` (:mod:`squad.runtime.outcome`)."""
 
     def __init__(self, message: str, *, agent: str | None = None, outcome: str = "truncated",
                  partial: str = "") -> None:
@@ -264,7 +264,7 @@ class InvalidOutput(AgentRunError):
     """An answer that is not JSON of the agent's output schema, asked once more with the error
     shown and still wrong (or a recipe's final output that misses ``output.schema``). ``raw``
     is the text the model gave, kept so the caller can show and save it (exit 1: the input was
-    fine). See :mod:`squad.structured`."""
+    fine). See :mod:`squad.chat.structured`."""
 
     def __init__(self, message: str, *, agent: str | None = None, raw: str = "") -> None:
         self.raw = raw

@@ -14,7 +14,7 @@ from rich.console import Console
 from squad.errors import EngineStartError, SquadError, UserError, leaf_errors
 
 if TYPE_CHECKING:
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
 app = typer.Typer(
     name="squad",
@@ -217,7 +217,7 @@ def config_model() -> str | None:
 
 def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,
                 **overrides: Any) -> "EngineSpec":
-    """The :class:`~squad.session.EngineSpec` a command runs on: ``base`` (a recipe's
+    """The :class:`~squad.engine.session.EngineSpec` a command runs on: ``base`` (a recipe's
     :meth:`~squad.recipes.Recipe.engine_spec`, or the default) with the command-line
     ``overrides`` that were given (model, slots, ctx, cache types, binary, threads), then the
     config file's defaults for what neither set (:mod:`squad.config`); with ``url`` a server to
@@ -225,7 +225,7 @@ def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api
     nothing, never above what it reports, :mod:`squad.engine.kinds`); other launch options are
     an error."""
     from squad.config import api_key_for, with_config
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
     if url is not None:
         pins = {k: overrides.pop(k, None) for k in ("slots", "ctx")}

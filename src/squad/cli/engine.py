@@ -124,7 +124,7 @@ def engine_info(
         return
     from squad.config import with_config
     from squad.engine.binary import llama_cpp_build, read_build_info, resolve_llama_server
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
     binary = resolve_llama_server(with_config(EngineSpec(binary=llama_server)).binary)
     build = read_build_info(binary.path)

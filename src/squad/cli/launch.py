@@ -24,7 +24,7 @@ from squad.cli.engine import engine_app, progress_status
 from squad.engine.control import attach, control_client, pool_warning, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.llama import DEFAULT_SLOTS
-from squad.engine.plan import EnginePlan
+from squad.sched.plan import EnginePlan
 from squad.engine.process import alive, stop_pid
 from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine, saved_engine_path
 from squad.errors import EngineGone, UserError
@@ -50,7 +50,7 @@ def verify(
     once and every first token before any request finishes. Exits 1 if a check fails.
     """
     from squad.dirs import ENGINE_STATE, check_state_dirs
-    from squad.verify import run_verify
+    from squad.engine.verify import run_verify
 
     check_state_dirs(*ENGINE_STATE)
     slots, ctx = slots or 4, ctx or 8192  # auto: the product page's test
@@ -112,7 +112,7 @@ def engine_start(
     if saved is not None and alive(saved.pid, saved.create_time):
         raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
     from squad.engine.facts import read_model_facts
-    from squad.session import with_chat_template
+    from squad.engine.session import with_chat_template
 
     model_path = resolve_model(model)
     facts = read_model_facts(model_path)
@@ -267,7 +267,7 @@ def _with_config(model: str | None, threads: int | None, llama_server: Path | No
     """``(model, threads, binary)``: the command line's, else the config file's
     (:func:`squad.config.with_config`, the rule every command that starts an engine follows)."""
     from squad.config import with_config
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
     spec = with_config(EngineSpec(model=model, threads=threads, binary=llama_server))
     return spec.model, spec.threads, spec.binary

@@ -3,7 +3,7 @@ for each meaning, whichever command it is on. Help texts that mention a default 
 the command (``default=``), so each says what happens in the command it is in.
 
 :data:`OPTION_NAMES` is the table of every option name the CLI may use and its short form;
-``tests/test_cli_consistency.py`` walks every command and holds them to it.
+``tests/cli/test_cli_consistency.py`` walks every command and holds them to it.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def request_timeout() -> Any:
 
 
 def queue() -> Any:
-    """``--queue POLICY``: the order of calls waiting for admission (:mod:`squad.queue_policy`)."""
+    """``--queue POLICY``: the order of calls waiting for admission (:mod:`squad.sched.policy`)."""
     return typer.Option("--queue", show_default=False, metavar="fifo|backfill|program", callback=_check_queue,
                         help="Order of calls waiting for a slot or pool room: program (default: the program that has "
                              "held the engine least goes first, then the smaller call; a call that fits passes one "
@@ -158,7 +158,7 @@ def queue() -> Any:
 
 
 def _check_queue(value: str | None) -> str | None:
-    from squad.queue_policy import QUEUE_POLICIES
+    from squad.sched.policy import QUEUE_POLICIES
 
     if value is None or value.lower() in QUEUE_POLICIES:
         return None if value is None else value.lower()

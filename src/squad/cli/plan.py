@@ -12,10 +12,10 @@ import typer
 from squad.cli import options
 from squad.cli._app import app, collect_params, config_model, console, engine_spec, recipe_engine_specs
 from squad.errors import UserError
-from squad.workload import Call, Node, Parallel, Sequence
+from squad.sched.workload import Call, Node, Parallel, Sequence
 
 if TYPE_CHECKING:
-    from squad.engine.plan import EnginePlan
+    from squad.sched.plan import EnginePlan
 
 __all__ = ["plan_command", "parse_agents"]
 
@@ -41,8 +41,8 @@ def plan_command(
 ) -> None:
     """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
     against the memory available, warnings and the exact llama-server command line."""
-    from squad.planview import plan_json, render_plan
-    from squad.session import plan_engine
+    from squad.cli.planview import plan_json, render_plan
+    from squad.engine.session import plan_engine
 
     if backend not in ("llama-server", "mlx", "attached"):
         raise UserError(f"--backend {backend!r}: use llama-server, mlx or attached")
@@ -63,7 +63,7 @@ def plan_command(
         workload = Parallel(calls) if parallel else Sequence(calls)
     overrides = dict(model=model, slots=slots, ctx=ctx, cache_type_k=ctk, cache_type_v=ctv or ctk, backend=backend,
                      mlx_max_batch=mlx_batch, gpu_layers=options.parse_gpu_layers(gpu_layers))
-    if recipe is not None and loaded.engines and url is None:  # several engines (squad.engines)
+    if recipe is not None and loaded.engines and url is None:  # several engines (squad.chat.routing)
         _several(recipe_engine_specs(loaded, **overrides), workload, as_json=as_json, reads=reads, rows=rows)
         return
     spec = engine_spec(base, **overrides)
@@ -92,9 +92,9 @@ def plan_command(
 
 
 def sharing_lines(recipe: Any, *, attached: bool = False) -> list[str]:
-    """What ``squad plan`` says about shared input (:mod:`squad.share`): per ``parallel`` block,
+    """What ``squad plan`` says about shared input (:mod:`squad.sched.share`): per ``parallel`` block,
     the text its agents share and the system-message order that sends it first."""
-    from squad.share import MIN_SHARED_CHARS, SEPARATOR, SHARED_MARK, arrange
+    from squad.sched.share import MIN_SHARED_CHARS, SEPARATOR, SHARED_MARK, arrange
 
     mode = getattr(recipe, "shared_input", "first")
     lines: list[str] = []
@@ -178,10 +178,10 @@ def _never_fit(the_plan: "EnginePlan", rows: Any, recipe_warnings: Any = ()) -> 
 
 def _several(specs: list[Any], workload: Node | None, *, as_json: bool, reads: Any, rows: Any) -> None:
     """The plan of a recipe with an ``engines:`` list: each launched engine planned for the whole
-    workload with 1/N of the KV memory (N launched, the rule of :mod:`squad.engines`); an engine
+    workload with 1/N of the KV memory (N launched, the rule of :mod:`squad.chat.routing`); an engine
     at a URL is listed, its capacity read when a run attaches."""
-    from squad.planview import plan_json, render_plan
-    from squad.session import plan_engine
+    from squad.cli.planview import plan_json, render_plan
+    from squad.engine.session import plan_engine
 
     launched = [s for s in specs if s.url is None]
     share = 1.0 / len(launched) if launched else 1.0
@@ -302,7 +302,7 @@ def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "Eng
 
     from squad.config import api_key_for
     from squad.engine.control import attach
-    from squad.planner import check_attached
+    from squad.sched.planner import check_attached
 
     info = anyio.run(attach, url, api_key_for(url, api_key))
     found = check_attached(the_plan, info.slots, info.n_ctx, kv_unified=info.kv_unified)

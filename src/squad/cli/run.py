@@ -184,10 +184,10 @@ def run_command(
     (Ctrl-C); 143 terminated (SIGTERM)."""
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
-    from squad.trace import JsonlTrace, default_trace_path
-    from squad.view import live_view
+    from squad.events.jsonl import JsonlTrace, default_trace_path
+    from squad.events.view import live_view
 
-    from squad.engines import check_distinct
+    from squad.chat.routing import check_distinct
 
     _check_outputs(recipe, out, trace)
     check_distinct(url)
@@ -268,18 +268,18 @@ def run_command(
 
 
 def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None) -> Any:
-    """``--ray ADDRESS`` / ``--ray-workers N`` as a :class:`squad.ray.RayFanout` (None without
+    """``--ray ADDRESS`` / ``--ray-workers N`` as a :class:`squad.cluster.ray.RayFanout` (None without
     --ray), checked before anything starts. Raises :class:`UserError`: Ray not installed,
     --ray-workers without --ray, --ray with --url, an address of no form Ray takes
-    (:func:`squad.raycluster.check_address`)."""
+    (:func:`squad.cluster.local.check_address`)."""
     if address is None:
         if workers is not None:
             raise UserError("--ray-workers sets the workers per node of a --ray run: add --ray ADDRESS (or 'local')")
         return None
     if url is not None:
         raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
-    from squad.ray import RayFanout, require_ray
-    from squad.raycluster import check_address
+    from squad.cluster.ray import RayFanout, require_ray
+    from squad.cluster.local import check_address
 
     require_ray()
     if address == "default":  # a bare --ray: Ray's own rule, $RAY_ADDRESS if set, else a cluster on this machine
@@ -289,13 +289,13 @@ def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None)
 
 
 def _otel_export(on: bool, name: str, spec: Any) -> Any:
-    """``--otel``: :func:`squad.otel.export_run` (it sets its exporter up when called, so a
+    """``--otel``: :func:`squad.events.otel.export_run` (it sets its exporter up when called, so a
     missing extra fails before the engine starts); otherwise a context that yields None."""
     from contextlib import nullcontext
 
     if not on:
         return nullcontext(None)
-    from squad.otel import export_run, model_label
+    from squad.events.otel import export_run, model_label
 
     return export_run(name, model=model_label(spec.model) if spec.url is None else None)
 
@@ -304,7 +304,7 @@ def _check_outputs(recipe: Path, out: Path | None, trace: Path | None) -> None:
     """Before anything starts: ``--out`` and ``--trace`` can be written, neither overwrites
     the recipe or the other, and ``--trace`` appends only to a squad trace."""
     from squad.dirs import check_output_file
-    from squad.trace import load_trace
+    from squad.events.jsonl import load_trace
 
     given = [(p, o) for p, o in ((out, "--out"), (trace, "--trace")) if p is not None]
     for path, option in given:
@@ -401,8 +401,8 @@ def _engine_json(info: "EngineInfo | None") -> dict[str, Any] | None:
 
 def _summary(rows: list[Any], result: "RecipeRun", lost: "Sequence[dict[str, Any]]" = ()) -> None:
     """The per-agent table and the engine lines; with several engines an ``engine`` column
-    (:func:`~squad.summary.engine_labels`) and a line per engine lost mid-run."""
-    from squad.summary import engine_labels, engine_legend
+    (:func:`~squad.events.summary.engine_labels`) and a line per engine lost mid-run."""
+    from squad.events.summary import engine_labels, engine_legend
 
     table = Table(title="agents", title_justify="left", show_edge=False)
     on_ray = bool(result.workers)
@@ -435,7 +435,7 @@ def _summary(rows: list[Any], result: "RecipeRun", lost: "Sequence[dict[str, Any
                               f"{_esc(r['retried'])}")
     if several and (legend := engine_legend(labels)):
         err_console.print(_esc(legend), soft_wrap=True)
-    if result.info is not None and "engines" in result.info.sources:  # several engines (squad.engines)
+    if result.info is not None and "engines" in result.info.sources:  # several engines (squad.chat.routing)
         err_console.print(_esc(result.info.sources["engines"]))
     elif result.info is not None:
         which = f" {result.info.base_url} (the one left)" if lost else ""
@@ -475,9 +475,9 @@ def chat_command(
     queue: Annotated[Optional[str], options.queue()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
-    from squad.chatloop import chat_loop
-    from squad.runtime import Squad
-    from squad.view import LiveView
+    from squad.runtime.chatloop import chat_loop
+    from squad.runtime.squad import Squad
+    from squad.events.view import LiveView
 
     from squad.dirs import ENGINE_STATE, check_state_dirs
 
@@ -523,7 +523,7 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
                  param: list[str], model: str | None = None,
                  ctx: int | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
     """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
-    from squad.agent import Agent
+    from squad.runtime.agent import Agent
     from squad.recipes import load_agents, load_recipe
 
     if recipe is not None and agent_file is not None:

@@ -68,7 +68,7 @@ def serve_command(
     """
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.serve.server import bind, serving
-    from squad.view import LiveView
+    from squad.events.view import LiveView
 
     if url is None:
         check_state_dirs(*ENGINE_STATE)

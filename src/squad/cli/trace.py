@@ -1,4 +1,4 @@
-"""``squad trace show|plot``: read the JSONL trace a run wrote (see :mod:`squad.trace`)."""
+"""``squad trace show|plot``: read the JSONL trace a run wrote (see :mod:`squad.events.jsonl`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from squad.cli._app import app, console
 from squad.dirs import check_output_file
 from squad.errors import UserError
 from squad.events import Event
-from squad.summary import CallSpan, TraceSummary, engine_labels, engine_legend, short_url, summarize
-from squad.trace import default_trace_dir, load_trace
+from squad.events.summary import CallSpan, TraceSummary, engine_labels, engine_legend, short_url, summarize
+from squad.events.jsonl import default_trace_dir, load_trace
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")

@@ -30,7 +30,7 @@ becomes ``auto``), so squad sends a named choice as ``required`` with only that 
 squad ships such templates for three chat formats (:data:`CHATML_TOOLS`, :data:`PHI3_TOOLS`,
 :data:`GRANITE_TOOLS`). Phi-3.5's own template has no tools section; Granite 3.3's lists the
 tools but never renders an assistant call, so b11434's caps probe finds no call format and
-returns every call as text (measured with the family matrix, ``tests/test_families_real.py``).
+returns every call as text (measured with the family matrix, ``tests/engine/test_families_real.py``).
 
 A model file without a ``tokenizer.chat_template`` (the Gemma 3 270M base model squad ships as
 ``gemma3-270m``) gets llama-server's ChatML fallback (:data:`ENGINE_FALLBACK`, read back from
@@ -205,7 +205,7 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
 
 # The text that opens a tool call in a family's own template, by a marker of that template
 # (first match wins). b11434's ``tool_choice: required`` lets a model write text before a call
-# (measured with the family matrix, tests/test_families_real.py: Qwen3, Qwen3.5, Llama 3.1,
+# (measured with the family matrix, tests/engine/test_families_real.py: Qwen3, Qwen3.5, Llama 3.1,
 # Mistral Small 3.2 and DeepSeek-R1-distill stand-ins wrote only text or thinking); continuing an assistant message holding this
 # prefix makes the engine's grammar and parser start inside a call (measured: a parsed call).
 _FAMILY_CALL_PREFIXES: tuple[tuple[str, str], ...] = (

@@ -42,7 +42,7 @@ class EngineInfo:
     - ``count_with``: how prompts are counted when the model file is not on this machine:
       ``"input_tokens"`` (llama-server ``POST /v1/chat/completions/input_tokens``), ``"tokenize"``
       (vLLM ``POST /tokenize`` with the chat messages), ``"estimate"`` (no endpoint: squad's
-      estimate, :func:`squad.counting.estimate_chat_tokens`, which counts high on purpose).
+      estimate, :func:`squad.chat.counting.estimate_chat_tokens`, which counts high on purpose).
     - ``version``: the server's version when it reports one; ``warnings``: what the probe found
       worth telling (a default used, a pin above a reported limit).
     """
@@ -67,7 +67,7 @@ class EngineInfo:
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
     slot_save_dir: str | None = None
     """The engine's ``--slot-save-path`` when squad launched it with one (shared input,
-    :mod:`squad.share`); None: slots are not saved or restored."""
+    :mod:`squad.sched.share`); None: slots are not saved or restored."""
 
     @property
     def policy(self) -> str:

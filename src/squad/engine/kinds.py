@@ -5,7 +5,7 @@ the kind, how many requests it runs at once (``slots``), the most tokens one req
 (``n_ctx``), the tokens the running requests may hold together (``pool``), and, for each number,
 where it came from. llama-server and ``squad serve`` are read by
 :func:`squad.engine.control.attach` itself (``/props``, ``/squad/status``); this module covers
-the others. Admission is the same machinery for every kind (:class:`squad.admission.Admission`:
+the others. Admission is the same machinery for every kind (:class:`squad.sched.admission.Admission`:
 slots, pool, per-request limit); what differs is what the numbers mean and why they must hold:
 
 - ``llama.cpp`` (llama-server): fails **every** running request when the pool overflows, so

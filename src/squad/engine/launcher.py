@@ -43,7 +43,7 @@ from squad.engine import process
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx, slot_save_args
-from squad.engine.plan import EnginePlan
+from squad.sched.plan import EnginePlan
 from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, ModelError, PlanMismatch
 
 __all__ = [
@@ -140,7 +140,7 @@ class Launcher(AsyncResource):
     - ``threads``: ``-t`` (None → llama-server's default).
     - ``load_timeout``: seconds to wait out 503 ``Loading model`` (None → 60 s + 60 s/GiB).
     - ``request_timeout``: squad's fixed per-request deadline in seconds (None: derived per call,
-      :mod:`squad.deadline`); the engine's ``-to`` is above it.
+      :mod:`squad.chat.deadline`); the engine's ``-to`` is above it.
     - ``log_dir``: where engine logs go (None → ``state_dir()/logs``).
     - ``detached``: leave the engine running after :meth:`detach` (``squad engine start``):
       no PDEATHSIG, no pid file; the guard watches it only until :meth:`detach` (squad killed
@@ -241,7 +241,7 @@ class Launcher(AsyncResource):
         self.log_path = logs / f"llama-server-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         if logs.is_dir():
             process.prune_logs(logs)
-        # shared input (squad.share): slots are saved and restored there; idle slots keep their
+        # shared input (squad.sched.share): slots are saved and restored there; idle slots keep their
         # cells (b11434 clears idle slots when a task starts unless told not to, losing a restore)
         slots_dir = state_dir() / "slots" / str(port)
         save = slot_save_args(slots_dir)

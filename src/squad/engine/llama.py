@@ -80,7 +80,7 @@ at most this many tokens of all slots together, and a streaming request with
 
 LONGEST_CALL_S = 14_400.0
 """The most seconds squad lets one call take when its deadline is derived from the engine's
-speed (:mod:`squad.deadline`); the engine's ``-to`` is set above it (field case F04)."""
+speed (:mod:`squad.chat.deadline`); the engine's ``-to`` is set above it (field case F04)."""
 
 #: Bytes per KV element by cache type: ggml block bytes / block elements
 #: (``ggml/src/ggml.c`` type traits). These are exactly the types llama-server b11434 takes
@@ -168,7 +168,7 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
     its built-in template names otherwise (``common/arg.cpp``; jinja is on by default for the
     server, the flag makes it explicit). ``gpu_layers`` (a count or ``"all"``) adds ``-ngl``
     (b11434's default is ``auto``, which sizes itself from free GPU memory; squad passes what it
-    planned KV memory for, :func:`squad.machine.kv_memory`).
+    planned KV memory for, :func:`squad.sched.memory.kv_memory`).
     """
     args = ["-m", str(model), "-c", str(n_ctx), "-np", str(slots)]
     args.append("--kv-unified" if kv_unified else "--no-kv-unified")
@@ -187,7 +187,7 @@ def slot_save_args(directory: Path | str) -> list[str]:
     """``--slot-save-path DIR/`` (``POST /slots/N?action=save|restore`` write and read files there)
     and ``--no-cache-idle-slots``: b11434 otherwise moves idle slots to its RAM prompt cache and
     clears them, with unified KV, when a task starts, losing a prefix restored there (shared
-    input, :mod:`squad.share`; measured in ``docs/shared-input.md``)."""
+    input, :mod:`squad.sched.share`; measured in ``docs/shared-input.md``)."""
     return ["--slot-save-path", f"{directory}/", "--no-cache-idle-slots"]
 
 

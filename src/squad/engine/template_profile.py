@@ -18,7 +18,7 @@
   family's template, or the engine's ChatML fallback for a file without one): the model then
   reads its turn markers as plain text.
 
-The table of facts below is measured with the family matrix (``tests/test_families_real.py``).
+The table of facts below is measured with the family matrix (``tests/engine/test_families_real.py``).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ tool-call rewriting happen in C++); templates with a ``tool_use`` variant when t
 template errors. Templates the server special-cases (GPT-OSS, Mistral, Kimi, …, see
 ``common_chat_try_specialized_template``) or that use ``enable_thinking`` are refused up front.
 
-Measured (``tests/test_tokens_real.py``, SmolLM2-135M-Instruct Q4_1 against llama-server
+Measured (``tests/engine/test_tokens_real.py``, SmolLM2-135M-Instruct Q4_1 against llama-server
 b11434, default flags): 40 chat requests — Python source (600 lines of ``launcher.py``, 5,867
 tokens), prose, Korean/emoji/ZWJ/flags/accents/combining marks, braces and JSON, e-mail
 addresses and @mentions, digits, NBSP/ideographic/zero-width spaces, CR/LF/tab runs,

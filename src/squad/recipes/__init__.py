@@ -10,7 +10,7 @@ One way through (format in ``docs/recipes.md``):
   context; fixed prompts counted with the model's tokenizer).
 - :mod:`~squad.recipes.model`: the checked :class:`Recipe` and :class:`Step`: its engine
   spec, its workload for the planner, its templates rendered at run time.
-- :mod:`~squad.recipes.run`: running the flow on a :class:`squad.runtime.Squad`
+- :mod:`~squad.recipes.run`: running the flow on a :class:`squad.runtime.squad.Squad`
   (:func:`run_recipe`); its MCP servers started, checked and counted (:func:`recipe_mcp`).
 
 Every problem in a file is a :class:`~squad.errors.RecipeError` naming file, line, column

@@ -24,11 +24,11 @@ they are skipped and the planner and the client check again at run time.
   capped by the training context, with headroom = :func:`headroom` (10 %, at least 64
   tokens) for follow-up turns. An agent with tools also gets room for each tool round it may
   take (its ``max_tool_rounds``, default 4): ``max_tokens`` for the call and
-  :data:`TOOL_RESULT_TOKENS` for its results (a larger result is cut at run time, :mod:`squad.toolroom`);
+  :data:`TOOL_RESULT_TOKENS` for its results (a larger result is cut at run time, :mod:`squad.runtime.toolroom`);
   when that cannot fit (capped by the training context, or a fixed budget) a
   :class:`~squad.recipes.model.RecipeWarning` says how many rounds fit and what to set. An answer held to a schema (a step's
   ``schema``, an agent's ``output_type``) also keeps room to be asked once more: its
-  ``max_tokens`` again plus :data:`squad.structured.RETRY_TOKENS`.
+  ``max_tokens`` again plus :data:`squad.chat.structured.RETRY_TOKENS`.
 
 Early errors, before any engine starts: a rendered prompt longer than
 :data:`BYTES_PER_TOKEN` bytes per token of the training context is refused without
@@ -45,12 +45,12 @@ from collections.abc import Iterator, Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from squad.agent import Agent, sub_agent_names
-from squad.counting import MAX_BYTES_PER_TOKEN
+from squad.runtime.agent import Agent, sub_agent_names
+from squad.chat.counting import MAX_BYTES_PER_TOKEN
 from squad.engine.llama import round_ctx
 from squad.errors import ModelError, RecipeError, SquadError
 from squad.recipes.model import Recipe, RecipeWarning, Step, StepBudget
-from squad.structured import RETRY_TOKENS
+from squad.chat.structured import RETRY_TOKENS
 from squad.templates import AnyValue, template_paths
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ HEADROOM_MIN = 64
 
 BYTES_PER_TOKEN = MAX_BYTES_PER_TOKEN
 """A rendered prompt above this many UTF-8 bytes per token of the training context (or of a
-fixed budget) is refused without tokenizing (:data:`squad.counting.MAX_BYTES_PER_TOKEN`)."""
+fixed budget) is refused without tokenizing (:data:`squad.chat.counting.MAX_BYTES_PER_TOKEN`)."""
 
 _STAND_IN = " word"
 """One token of stand-in text for an output not known before the run (a space + a common
@@ -266,7 +266,7 @@ def plan_budgets(recipe: Recipe, *, unset: Set[str] = frozenset(),
 
     An agent none of whose prompts can be counted (no model file, a tokenizer not reproduced,
     parameters in ``unset``, only called as a tool) keeps ``auto``: the planner shares the
-    context (:func:`squad.planner.auto_budget`). Raises :class:`RecipeError` at the step when a
+    context (:func:`squad.sched.planner.auto_budget`). Raises :class:`RecipeError` at the step when a
     prompt is too long for the model even alone.
     """
     counter = _counter(recipe.model)
@@ -364,7 +364,7 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
              more_tools: Mapping[str, list[Mapping[str, Any]]]) -> list[tuple[str, int]]:
     """``(agent, prompt tokens)`` for the agent of ``step`` and each sub-agent it @mentions."""
     from squad.engine.tokens import NotExact
-    from squad.mention import parse_mentions, unmark
+    from squad.runtime.mention import parse_mentions, unmark
 
     try:
         marked = recipe.render_prompt(step, outputs, as_sent=True, capped=False, **extra)  # split as the run does
@@ -398,14 +398,14 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: "GGUFCounter", t
 
 TOOL_RESULT_TOKENS = 256
 """Tokens an ``auto`` budget plans for the results of each tool round (on top of ``max_tokens``
-for the call); a larger result is cut to the room left at run time (:mod:`squad.toolroom`)."""
+for the call); a larger result is cut to the room left at run time (:mod:`squad.runtime.toolroom`)."""
 
 
 def tool_rounds(agent: Agent, has_more_tools: bool = False) -> int:
     """The tool rounds an ``auto`` budget plans for ``agent``: its ``max_tool_rounds`` (else the
-    squad's default, :data:`squad.toolroom.MAX_TOOL_ROUNDS`) when it has tools (its ``tools``,
+    squad's default, :data:`squad.runtime.toolroom.MAX_TOOL_ROUNDS`) when it has tools (its ``tools``,
     sub-agents as tools, or ``has_more_tools``), else 0."""
-    from squad.toolroom import MAX_TOOL_ROUNDS
+    from squad.runtime.toolroom import MAX_TOOL_ROUNDS
 
     has = bool(agent.tools) or (agent.sub_agent_tools and bool(agent.agents)) or has_more_tools
     return (agent.max_tool_rounds or MAX_TOOL_ROUNDS) if has else 0
@@ -458,7 +458,7 @@ def _tool_specs(agent: Agent, subs: list[Agent]) -> list[dict[str, Any]] | None:
     registered in Python, not known to a recipe)."""
     if not (agent.sub_agent_tools and agent.agents):
         return None
-    from squad.turn import agent_tools
+    from squad.runtime.turn import agent_tools
 
     async def ask(sub: Agent, task: str) -> Any:  # never called: only the schemas are counted
         raise NotImplementedError

@@ -19,7 +19,7 @@ values (a required one without a value: a stand-in of its declared type, see
 :func:`stand_in`) and every earlier step's output stood in for by a string, so what only
 rendering finds (the sandbox refusing ``''.__class__``, ``{{ 1 / 0 }}``, a ``range()`` over
 the sandbox's limit, ``{{ params.topic.nosuch }}``, a template that builds too much or takes
-too long, :mod:`squad.sandbox`) is a file:line error too. Types are strict: YAML ``true`` is
+too long, :mod:`squad.templates.sandbox`) is a file:line error too. Types are strict: YAML ``true`` is
 not the number 1, and a parameter of type string keeps a default such as ``1.10`` as written
 (field case F21). A ``model:`` path must be a complete GGUF file
 (:func:`squad.engine.facts.check_gguf`). What cannot be checked because the model file is
@@ -39,17 +39,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from squad.agent import NAME_PATTERN, Agent, check_squad, check_tool_choice, find_cycle, sub_agent_names
+from squad.runtime.agent import NAME_PATTERN, Agent, check_squad, check_tool_choice, find_cycle, sub_agent_names
 from squad.errors import ModelError, RecipeError, UnknownModel, UserError
 from squad.mcp import MCPServer, is_mcp_ref, resolve_cwd, split_ref, unknown_server
-from squad.mention import parse_mentions
+from squad.runtime.mention import parse_mentions
 from squad.recipes.budgets import check_prompts, model_file, n_ctx_train, plan_budgets
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.model import EmptyMapWarning, EngineSettings, Recipe, RecipeWarning, Step
-from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
+from squad.runtime.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.recipes.spec import AgentFileSpec, NonAnswersSpec, ParamSpec, RecipeSpec, StepSpec, coerce_param
 from squad.templates import AnyValue, check_template, mark_tags, render_template, template_paths
-from squad.structured import OutputSchema
+from squad.chat.structured import OutputSchema
 
 __all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]
 
@@ -211,7 +211,7 @@ class _Loader:
     @staticmethod
     def _distinct_engines(items: Sequence[Any], located: Located) -> None:
         """Two items of ``engines:`` at one URL are one engine counted twice: an error at the second."""
-        from squad.engines import duplicate_message, engine_key
+        from squad.chat.routing import duplicate_message, engine_key
 
         seen: dict[str, int] = {}
         for i, item in enumerate(items):
@@ -395,7 +395,7 @@ class _Loader:
         never fit (a prompt needs room too): an error at its ``max_tokens``."""
         if not isinstance(ctx, int) or isinstance(ctx, bool):
             return
-        from squad.planner import round_ctx
+        from squad.sched.planner import round_ctx
 
         room = round_ctx(ctx)
         for name, agent in agents.items():

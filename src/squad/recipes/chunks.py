@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from squad.counting import estimate_tokens
+from squad.chat.counting import estimate_tokens
 
 __all__ = ["split_chunks", "estimate_tokens", "text_counter"]
 

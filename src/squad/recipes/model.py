@@ -5,7 +5,7 @@ every check (:mod:`squad.recipes.check`); nothing here reads a file. A recipe gi
 
 - :meth:`Recipe.engine_spec`: the engine it asks for (model and pins); :meth:`Recipe.engine_specs`
   the engines, for a recipe with an ``engines:`` list;
-- :meth:`Recipe.workload`: its flow as a :mod:`squad.workload` tree for the planner;
+- :meth:`Recipe.workload`: its flow as a :mod:`squad.sched.workload` tree for the planner;
 - at run time (:mod:`squad.recipes.run`): prompts rendered one field at a time
   (:meth:`Recipe.render_prompt`), the items a map fans out over (:meth:`Recipe.items`) and the
   final output checked against the output schema (:meth:`Recipe.check_output`).
@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.agent import MAX_SUB_DEPTH, Agent
+from squad.runtime.agent import MAX_SUB_DEPTH, Agent
 from squad.errors import InvalidOutput, RecipeError
-from squad.outcome import DEFAULT_HANDLING, Handling, Outcome
-from squad.queue_policy import DEFAULT_QUEUE
+from squad.runtime.outcome import DEFAULT_HANDLING, Handling, Outcome
+from squad.sched.policy import DEFAULT_QUEUE
 from squad.recipes.spec import ParamSpec
-from squad.structured import OutputInvalid, OutputSchema, strip_fence
+from squad.chat.structured import OutputInvalid, OutputSchema, strip_fence
 from squad.templates import render_template
-from squad.workload import Call, Delegate, Map, Node, Parallel, Sequence
+from squad.sched.workload import Call, Delegate, Map, Node, Parallel, Sequence
 
 if TYPE_CHECKING:
     from squad.mcp import MCPServer
-    from squad.session import EngineSpec
+    from squad.engine.session import EngineSpec
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "EmptyMapWarning", "StepBudget"]
 
@@ -77,7 +77,7 @@ class Step:
       tokens of lines repeated).
     - ``agent``: who receives ``prompt`` (the main agent when ``to_main``).
     - ``mentions``: sub-agents the prompt @mentions (as declared).
-    - ``non_answers``: how each non-answer of this step flows on (:mod:`squad.outcome`),
+    - ``non_answers``: how each non-answer of this step flows on (:mod:`squad.runtime.outcome`),
       resolved from the step, its parallel block, the recipe and the defaults.
     - ``schema``: what each answer must be (the step's ``schema``, or the recipe's
       ``output.schema`` on a last call step), sent to the engine; None for free text.
@@ -135,7 +135,7 @@ class Recipe:
     - ``model``: None (the built-in default), a registry name, or an absolute GGUF path.
     - ``engine``: pinned slots/ctx/cache type (None = auto).
     - ``params``: parameter values, typed (str, int, float, bool, list[str]; file = its text).
-    - ``agents``: :class:`squad.agent.Agent` by name; ``main`` names the main agent.
+    - ``agents``: :class:`squad.runtime.agent.Agent` by name; ``main`` names the main agent.
     - ``output_schema``: JSON schema for the final output, or None.
     - ``mcp_servers``: its ``mcp:`` servers (:class:`squad.mcp.MCPServer`; never started by
       loading); ``tool_locs``: where each agent lists each MCP tool, for errors once they run.
@@ -168,16 +168,16 @@ class Recipe:
     context_limit: int | None = None
     unchecked: list[RecipeWarning] = field(default_factory=list)
     engines: tuple[EngineSettings, ...] = ()
-    """Its ``engines:`` list (several engines, :mod:`squad.engines`), else empty."""
+    """Its ``engines:`` list (several engines, :mod:`squad.chat.routing`), else empty."""
     shared_input: str = "first"
-    """Its ``shared_input:`` (:mod:`squad.share`)."""
+    """Its ``shared_input:`` (:mod:`squad.sched.share`)."""
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":
         """The engine this recipe asks for: its model and pins (slots, context, KV cache type
         for K and V). ``squad run`` and ``squad plan`` both start from it, then apply their
         command-line overrides with :meth:`EngineSpec.but`."""
-        from squad.session import EngineSpec
+        from squad.engine.session import EngineSpec
 
         e = self.engine
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
@@ -186,7 +186,7 @@ class Recipe:
     def engine_specs(self) -> list["EngineSpec"]:
         """The engines this recipe runs on: one spec per item of ``engines:`` (a launched one's
         model defaults to the recipe's ``model:``), else ``[engine_spec()]``."""
-        from squad.session import EngineSpec
+        from squad.engine.session import EngineSpec
 
         if not self.engines:
             return [self.engine_spec()]
@@ -198,7 +198,7 @@ class Recipe:
                 for e in self.engines]
 
     def workload(self) -> Node:
-        """The flow as a :mod:`squad.workload` tree for the planner.
+        """The flow as a :mod:`squad.sched.workload` tree for the planner.
 
         A call is ``Call(agent, budget)`` (None for a budget still auto: no prompt could be
         counted, the planner shares the context); a prompt that @mentions sub-agents (or an agent
@@ -243,9 +243,9 @@ class Recipe:
         :class:`RecipeError` naming the field.
 
         ``as_sent=True`` (the run): what every ``{{ ... }}`` puts in is data, marked
-        (:func:`squad.mention.as_data`), so only the recipe author's own text can @mention a
+        (:func:`squad.runtime.mention.as_data`), so only the recipe author's own text can @mention a
         sub-agent (field case F13); the mention parser hands out the text unmarked
-        (:func:`squad.mention.unmark` for text sent without parsing). The rendered text is
+        (:func:`squad.runtime.mention.unmark` for text sent without parsing). The rendered text is
         then capped by what the agent's context can hold (:meth:`max_chars`) before it goes
         anywhere (field case F18); ``capped`` (default: ``as_sent``) turns that cap on or off
         (budget planning measures the text itself)."""
@@ -259,9 +259,9 @@ class Recipe:
         return text
     def max_chars(self, agent: str) -> tuple[int | None, str]:
         """``(characters, why)``: the most text one prompt to ``agent`` can be, at
-        :data:`~squad.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's
+        :data:`~squad.chat.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's
         training context while its budget is auto); None when neither is known."""
-        from squad.counting import MAX_BYTES_PER_TOKEN
+        from squad.chat.counting import MAX_BYTES_PER_TOKEN
 
         budget = self.agents[agent].fixed_budget
         tokens, whose = (budget, f"agent '{agent}' has a budget of {budget:,} tokens") if budget else \

@@ -1,4 +1,4 @@
-"""Running a recipe's flow on a :class:`squad.runtime.Squad`.
+"""Running a recipe's flow on a :class:`squad.runtime.squad.Squad`.
 
 Each step's result is kept as ``steps[ID] = {"output": text, "outputs": [texts],
 "error": message or None, "outcome": ok|truncated|empty|failed|cancelled}`` for later
@@ -14,11 +14,11 @@ templates:
 - a map: ``outputs`` has one answer per item (in item order), ``output`` is them one per line.
 - a step with a ``schema`` (or the last call step, which gets the recipe's ``output.schema``):
   the schema is sent with each call, each answer is validated (asked once more on a miss,
-  :mod:`squad.structured`), ``output`` is the answer as JSON and ``value`` its parsed JSON
+  :mod:`squad.chat.structured`), ``output`` is the answer as JSON and ``value`` its parsed JSON
   (for a map a list, one per item, None where an item failed), so later prompts can use
   ``steps.ID.value.KEY`` (``steps.ID.value[0].KEY``).
 
-Non-answers (:mod:`squad.outcome`) never flow on silently: a truncated or empty answer is
+Non-answers (:mod:`squad.runtime.outcome`) never flow on silently: a truncated or empty answer is
 passed on as the step's ``non_answers`` setting says (``mark``: with ``[truncated at
 max_tokens]`` / ``[empty answer]`` at its end; ``accept``: as it is; ``fail``: the step
 fails), with a :class:`~squad.events.StepWarning` naming the step and the fix unless
@@ -47,20 +47,20 @@ import anyio
 
 from squad.errors import AgentCancelled, AgentRunError, MentionError, RecipeError, UserError
 from squad.events import StepWarning
-from squad.outcome import Outcome, fix_for, marked, worst
+from squad.runtime.outcome import Outcome, fix_for, marked, worst
 from squad.recipes.model import Recipe, Step
-from squad.results import AgentResult, notes_of
-from squad.share import sharing
+from squad.runtime.results import AgentResult, notes_of
+from squad.sched.share import sharing
 
 if TYPE_CHECKING:
     from squad.chat import ChatEngine
     from squad.mcp import MCPServers
     from squad.engine.info import EngineInfo
-    from squad.engine.plan import EnginePlan
+    from squad.sched.plan import EnginePlan
     from squad.events import EventSink
-    from squad.ray import RayFanout
-    from squad.runtime import Squad
-    from squad.session import EngineSpec
+    from squad.cluster.ray import RayFanout
+    from squad.runtime.squad import Squad
+    from squad.engine.session import EngineSpec
 
 __all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table", "recipe_mcp"]
 
@@ -77,8 +77,8 @@ class RecipeRun:
     ``notes``: ``(step id, note)`` of what is not a failure but must be said (a sub-agent tool
     call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported;
-    ``workers``: on Ray (:mod:`squad.ray`), each worker that served map items
-    (:meth:`~squad.ray.WorkerInfo.as_dict` and ``items``, how many it served), else empty.
+    ``workers``: on Ray (:mod:`squad.cluster.ray`), each worker that served map items
+    (:meth:`~squad.cluster.ray.WorkerInfo.as_dict` and ``items``, how many it served), else empty.
     """
 
     output: str
@@ -111,18 +111,18 @@ async def run_recipe(
 
     ``engine`` defaults to :meth:`Recipe.engine_specs` (the recipe's model and pins, or its
     ``engines:`` list); pass ``recipe.engine_spec().but(...)`` to override some, or a list for
-    several engines (:mod:`squad.engines`). ``record``: a :class:`RecipeRun` to
+    several engines (:mod:`squad.chat.routing`). ``record``: a :class:`RecipeRun` to
     fill as steps finish (and return); when the run fails it still holds the steps that
     finished. ``ray``: run the maps over a Ray cluster, each worker with its own engine
-    launched from ``engine`` (:mod:`squad.ray`: which steps run where). Raises the failing agent's
+    launched from ``engine`` (:mod:`squad.cluster.ray`: which steps run where). Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
-    from squad.runtime import Squad
+    from squad.runtime.squad import Squad
 
     engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
-        from squad.ray import run_on_ray
+        from squad.cluster.ray import run_on_ray
 
         if len(engines) != 1:
             raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "
@@ -189,7 +189,7 @@ def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
 
 
 async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:
-    """Run ``recipe.flow`` on an open :class:`~squad.runtime.Squad`, recording each step in
+    """Run ``recipe.flow`` on an open :class:`~squad.runtime.squad.Squad`, recording each step in
     ``record`` (a new :class:`RecipeRun` if None) as it finishes."""
     run = record if record is not None else RecipeRun(output="")
     for step in recipe.flow:
@@ -213,7 +213,7 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
 async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> AgentResult:
     """One call of ``step``; its result is in ``run.results``. Raises its error when it
     failed, or :class:`~squad.errors.IncompleteAnswer` for a non-answer ``step`` fails on."""
-    from squad.runtime import incomplete_answer
+    from squad.runtime.squad import incomplete_answer
 
     try:
         if step.agent == recipe.main:
@@ -289,7 +289,7 @@ async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) 
             else:
                 run.steps[child.id] = _entry(_passed_on(squad, child, result, run), result.outcome, child, result)
     else:
-        with sharing(_shared_items(recipe, step, run), squad.shared_input):  # squad.share
+        with sharing(_shared_items(recipe, step, run), squad.shared_input):  # squad.sched.share
             async with anyio.create_task_group() as tg:
                 for child in step.steps:
                     tg.start_soon(_guarded, recipe, squad, child, run, step.policy)
@@ -302,7 +302,7 @@ async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) 
 
 def _shared_items(recipe: Recipe, step: Step, run: RecipeRun) -> list[str]:
     """The map items (e.g. chunks of one file) that two or more children of the parallel block
-    ``step`` go over: each is text those children's prompts share (:func:`squad.share.sharing`)."""
+    ``step`` go over: each is text those children's prompts share (:func:`squad.sched.share.sharing`)."""
     seen: dict[str, int] = {}
     for child in step.steps:
         if child.kind != "map":
@@ -375,7 +375,7 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
 
 
 def _empty_map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
-    """A map over no items: an empty answer (:mod:`squad.outcome`), never blank text passed on
+    """A map over no items: an empty answer (:mod:`squad.runtime.outcome`), never blank text passed on
     unmarked. A row in the run table (outcome ``empty``), and as ``non_answers.empty`` says:
     ``mark`` (the default) passes ``[empty answer]`` on with a warning, ``fail`` fails the step
     (:class:`~squad.errors.IncompleteAnswer`), ``accept`` passes ``""`` on."""
@@ -463,7 +463,7 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
     a ``fail`` setting made a failure is ``truncated (failed)``), outcome, queued s, first
     token s, tokens, tok/s, slot and engine (its base URL on several engines or a Ray worker,
     else None), for ``squad run``'s summary; a map item a Ray worker served also has ``worker``
-    and ``retried`` (:class:`~squad.results.AgentResult`)."""
+    and ``retried`` (:class:`~squad.runtime.results.AgentResult`)."""
     rows = []
     for sid, r in run.results:
         t = r.timings

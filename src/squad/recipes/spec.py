@@ -1,7 +1,7 @@
 """The recipe file format as pydantic models (``extra="forbid"``): what each key may hold.
 
 See ``docs/recipes.md`` for the format with a full example. Agents are validated with
-:class:`squad.agent.Agent` itself (one definition for Python and YAML), so here they are
+:class:`squad.runtime.agent.Agent` itself (one definition for Python and YAML), so here they are
 plain mappings.
 """
 
@@ -39,7 +39,7 @@ class EngineSection(_Strict):
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
     queue: Literal["fifo", "backfill", "program"] | None = None
-    """The order of calls waiting for admission (:mod:`squad.queue_policy`; None: ``program``)."""
+    """The order of calls waiting for admission (:mod:`squad.sched.policy`; None: ``program``)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -71,7 +71,7 @@ class EngineSection(_Strict):
 
 
 class EngineItem(EngineSection):
-    """One item of ``engines:`` (several engines, :mod:`squad.engines`): a URL string, or a
+    """One item of ``engines:`` (several engines, :mod:`squad.chat.routing`): a URL string, or a
     mapping. With ``url`` (+ ``api_key``): attach to that server (``slots``/``ctx`` are then
     capacity pins, any number); without: launch one (``model``, default the recipe's ``model:``,
     and the ``engine:`` settings plus ``threads``)."""
@@ -134,7 +134,7 @@ HandlingName = Literal["accept", "mark", "fail"]
 
 class NonAnswersSpec(_Strict):
     """``non_answers:``: how a step's truncated or empty answers flow on to later steps and
-    the final output (:mod:`squad.outcome`): ``accept``, ``mark`` or ``fail``. A key left out
+    the final output (:mod:`squad.runtime.outcome`): ``accept``, ``mark`` or ``fail``. A key left out
     keeps what the enclosing level says (step < parallel block < recipe < the default
     ``mark``). A failed or cancelled step always counts as failed."""
 
@@ -158,7 +158,7 @@ class StepSpec(_Strict):
     Any step may say how its non-answers flow on (``non_answers:``, :class:`NonAnswersSpec`);
     on a parallel block it applies to the steps inside. A call or map step may give a JSON
     ``schema`` its answers must match (each item's, for a map): it is sent to the engine and
-    the answers are validated (:mod:`squad.structured`).
+    the answers are validated (:mod:`squad.chat.structured`).
     """
 
     id: str | None = Field(default=None, pattern=ID_PATTERN)
@@ -239,7 +239,7 @@ class RecipeSpec(_Strict):
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
     shared_input: Literal["first", "order", "off"] = "first"
-    """Text several agents of one fan-out are given (:mod:`squad.share`): ``first`` moves it to the
+    """Text several agents of one fan-out are given (:mod:`squad.sched.share`): ``first`` moves it to the
     start of their system messages and prefills it once, ``order`` only moves it, ``off`` sends
     the prompts as written."""
 

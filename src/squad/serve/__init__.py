@@ -2,7 +2,7 @@
 
 Any OpenAI-compatible client (coding agents, editors, scripts, several ``squad run --url``)
 points at ``http://127.0.0.1:8090/v1`` with the key squad serve printed; every generation
-request is counted, reserved and queued by squad's :class:`~squad.admission.Admission` before
+request is counted, reserved and queued by squad's :class:`~squad.sched.admission.Admission` before
 it reaches llama-server, so requests running together never exceed its slots or its KV pool.
 
 - :mod:`squad.serve.gateway`: the ASGI app (routes, key, relay, ``/squad/status``);

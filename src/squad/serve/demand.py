@@ -1,8 +1,8 @@
 """What one generation request asks of the engine: its prompt tokens and its ``max_tokens``.
 
 ``squad serve`` reserves ``prompt + max_tokens`` KV cells for each request in squad's
-:class:`~squad.admission.Admission` before it is sent on. The prompt is counted by the
-project's one counter (:class:`~squad.counting.PromptCounter`: the model's own tokenizer and
+:class:`~squad.sched.admission.Admission` before it is sent on. The prompt is counted by the
+project's one counter (:class:`~squad.chat.counting.PromptCounter`: the model's own tokenizer and
 chat template, else the engine's ``/v1/chat/completions/input_tokens``; for a plain-text prompt
 ``/tokenize``). ``max_tokens`` is what llama-server would generate at most: ``n_predict``,
 ``max_completion_tokens``, ``max_tokens`` or (Responses) ``max_output_tokens`` (the largest one given); a request without any gets
@@ -77,7 +77,7 @@ Count = Callable[[dict[str, Any], Kind], Awaitable[int]]
 
 async def demand_for(body: dict[str, Any], kind: Kind, count: Count, *, limit: int, default_max_tokens: int) -> Demand:
     """The :class:`Demand` of ``body`` on an engine where one request may hold at most ``limit``
-    tokens (:attr:`squad.admission.Admission.limit`). A request without max_tokens gets
+    tokens (:attr:`squad.sched.admission.Admission.limit`). A request without max_tokens gets
     ``default_max_tokens``, lowered to what fits beside its prompt. ``count(body, kind)`` returns
     the prompt tokens.
 

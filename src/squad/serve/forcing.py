@@ -1,6 +1,6 @@
 """Tool choice and structured output for every client of ``squad serve``, rewritten the way
-squad's own client sends them (:meth:`squad.client.EngineClient._messages`,
-:func:`squad.turn.forced_choice`).
+squad's own client sends them (:meth:`squad.chat.client.EngineClient._messages`,
+:func:`squad.runtime.turn.forced_choice`).
 
 llama-server b11434 reads ``tool_choice`` only as a string (an object silently becomes ``auto``)
 and, with ``required`` alone, lets a small model write text before the first call
@@ -14,7 +14,7 @@ counted and sent:
   template (``prefix``: :attr:`squad.engine.info.EngineInfo.tool_call_prefix`) ends with an
   assistant message holding the template's call prefix, which llama-server continues (its
   assistant prefill), so the answer starts inside a call; a schema (``response_format``) is then
-  dropped, its grammar would win over the call (measured, :mod:`squad.structured`);
+  dropped, its grammar would win over the call (measured, :mod:`squad.chat.structured`);
 - Responses ``text.format`` (which b11434's Responses converter does not read) is sent as the
   chat ``response_format`` the converter passes on (``server_chat_convert_responses_to_chatcmpl``
   copies every other field of the body);
@@ -22,7 +22,7 @@ counted and sent:
 - a call in the history whose arguments are not a JSON object (a reply cut by ``max_tokens``
   mid-call, which clients send back as they got it: LangChain's ``invalid_tool_calls``, LiteLLM's
   message dump) goes back with ``{}`` (:func:`repair_history`), as squad's own runtime sends it
-  (:func:`squad.tools.arguments_for_history`): b11434 refuses the whole request over it.
+  (:func:`squad.runtime.tools.arguments_for_history`): b11434 refuses the whole request over it.
 
 Each function returns the body to send (a new dict when anything changed, else ``body`` itself)
 and raises :class:`~squad.serve.demand.Refused` (400) for a named tool that is not offered.
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from squad.serve.demand import Refused
-from squad.tools import arguments_for_history
+from squad.runtime.tools import arguments_for_history
 
 __all__ = ["force_chat", "force_responses", "force_messages", "repair_history"]
 

@@ -1,5 +1,5 @@
 """The ASGI app of ``squad serve``: an OpenAI-compatible endpoint in front of one llama-server
-that admits every generation request through squad's :class:`~squad.admission.Admission`.
+that admits every generation request through squad's :class:`~squad.sched.admission.Admission`.
 
 Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key: <key>``):
 
@@ -20,7 +20,7 @@ One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
 when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
 once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
 connection is closed so llama-server stops the task, and its reservation is released once the
-engine's ``/slots`` shows the slot free (:func:`squad.settle.until_engine_free`: the engine
+engine's ``/slots`` shows the slot free (:func:`squad.chat.settle.until_engine_free`: the engine
 notices a closed connection of a request it does not stream only at its next look, every 1 s). Every
 response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
 """
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import anyio
 import httpx
 
-from squad.admission import Admission, Reservation
-from squad.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
+from squad.sched.admission import Admission, Reservation
+from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.errors import AdmissionError, EngineError, EngineGone
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve import apis
@@ -51,12 +51,12 @@ from squad.serve.fanout import fan_out, split
 from squad.serve.status import Ledger, Live
 from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 from squad.serve.watch import waits_for
-from squad.settle import EngineSlots, Ending, until_engine_free
+from squad.chat.settle import EngineSlots, Ending, until_engine_free
 
 if TYPE_CHECKING:
-    from squad.counting import PromptCounter
+    from squad.chat.counting import PromptCounter
     from squad.engine.info import EngineInfo
-    from squad.session import EngineSession
+    from squad.engine.session import EngineSession
 
 __all__ = ["Gateway", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER", "DEFAULT_MAX_TOKENS", "STATUS_PATH"]
 
@@ -89,7 +89,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 class Gateway:
     """The ASGI app (``await gateway(scope, receive, send)``) for one engine session.
 
-    - ``session``: an open :class:`~squad.session.EngineSession` whose admission admits here;
+    - ``session``: an open :class:`~squad.engine.session.EngineSession` whose admission admits here;
     - ``api_key``: the key clients must send (``secrets.token_urlsafe(24)`` when None: read it
       back from :attr:`api_key`);
     - ``default_max_tokens``: what a request without max_tokens reserves and may generate;
@@ -129,7 +129,7 @@ class Gateway:
         self._key = self.api_key.encode()
         self.slots = EngineSlots(lambda: self.upstream)
         """The engine's ``/slots``, read to release a request that ended on squad's side only once the
-        engine's slot is free (:func:`squad.settle.until_engine_free`)."""
+        engine's slot is free (:func:`squad.chat.settle.until_engine_free`)."""
         self._labels = [(label, key.encode()) for label, key in (client_keys or {}).items()]
         """More keys, each naming its client (``--client-key NAME=KEY``)."""
         self.cors = Cors(cors_origins)
@@ -182,11 +182,11 @@ class Gateway:
         self._pools, self._retired = [], []
 
     async def count(self, body: dict[str, Any], kind: Kind) -> int:
-        """Prompt tokens of a request as the engine counts them (:mod:`squad.counting` for chat;
+        """Prompt tokens of a request as the engine counts them (:mod:`squad.chat.counting` for chat;
         the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt).
         Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
         502 when the engine does not answer."""
-        from squad.stream import Loading
+        from squad.chat.stream import Loading
 
         try:
             if kind in ("responses", "messages", "embeddings"):
@@ -216,7 +216,7 @@ class Gateway:
             return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
         how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
         if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-            from squad.counting import ESTIMATE_OVERHEAD, estimate_tokens
+            from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
 
             return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
         # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
@@ -238,7 +238,7 @@ class Gateway:
 
     def until_engine_free(self, held: Reservation) -> "AbstractAsyncContextManager[Ending]":
         """Wrap the engine round trip of an admitted request (``held``) with this:
-        :func:`squad.settle.until_engine_free` on this gateway's engine. A request that ends on
+        :func:`squad.chat.settle.until_engine_free` on this gateway's engine. A request that ends on
         squad's side before the engine's answer was read to its end (client gone, timeout, broken
         connection) stays reserved until the engine's ``/slots`` shows its slot free."""
         return until_engine_free(self.admission, held, self.slots, on_event=self.emit if self._sinks else None)

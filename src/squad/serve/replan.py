@@ -1,13 +1,13 @@
 """``squad serve --slots auto`` / ``--ctx auto``: plan for what is coming.
 
-The server starts from the default plan (:func:`squad.session.plan_engine` with no workload).
+The server starts from the default plan (:func:`squad.engine.session.plan_engine` with no workload).
 :class:`Replanner` watches what clients want: requests running or queued and the tokens they
 reserve or ask for together (:class:`~squad.serve.status.Ledger`). When that stays above the
 engine's slots or pool for ``sustain`` seconds, it plans again for the peaks it saw (slots up to
 the peak concurrency, at most :data:`~squad.engine.llama.MAX_SLOTS`; the context up to the peak
 demand, rounded to 256; pinned values are kept; never smaller than now), and reloads the engine
 at a quiet moment: admitted requests finish, new ones wait in squad's queue
-(:meth:`~squad.session.EngineSession.reload` drains and holds admission), then all go to the new
+(:meth:`~squad.engine.session.EngineSession.reload` drains and holds admission), then all go to the new
 engine. At most one reload per ``interval`` seconds; each is logged with its reason and listed
 in ``/squad/status`` ``replans``. A plan whose KV cache would not fit in memory is not loaded
 (logged once).
@@ -26,7 +26,7 @@ from squad.events import EngineReplanning
 from squad.serve.status import Peaks
 
 if TYPE_CHECKING:
-    from squad.engine.plan import EnginePlan
+    from squad.sched.plan import EnginePlan
     from squad.serve.gateway import Gateway
 
 __all__ = ["Replanner", "next_size", "REPLAN_INTERVAL", "SUSTAIN_S"]
@@ -117,7 +117,7 @@ class Replanner:
         return True
 
     async def _plan(self, slots: int, n_ctx: int) -> "EnginePlan | None":
-        from squad.session import plan_engine
+        from squad.engine.session import plan_engine
 
         spec = self.gateway.session.spec
         assert spec is not None

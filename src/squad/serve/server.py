@@ -1,7 +1,7 @@
 """Run the gateway: an engine session (launched or attached) and uvicorn on one event loop.
 
 ``async with serving(spec, port=8090) as served:`` starts or attaches the engine
-(:class:`~squad.session.EngineSession`), binds ``host:port`` (127.0.0.1 by default), and serves
+(:class:`~squad.engine.session.EngineSession`), binds ``host:port`` (127.0.0.1 by default), and serves
 the :class:`~squad.serve.gateway.Gateway` until the block ends; then uvicorn stops (open
 streams get ``SHUTDOWN_GRACE`` seconds) and a launched engine is stopped.
 """
@@ -22,7 +22,7 @@ from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
 
 if TYPE_CHECKING:
     from squad.serve.replan import Replanner
-    from squad.session import EngineSession, EngineSpec
+    from squad.engine.session import EngineSession, EngineSpec
 
 __all__ = ["Served", "serving", "bind", "HOST", "PORT", "SHUTDOWN_GRACE"]
 
@@ -145,7 +145,7 @@ def _server_class() -> type:
 
 @asynccontextmanager
 async def _session(engine: "EngineSpec | EngineSession", on_event: EventSink | None) -> AsyncIterator["EngineSession"]:
-    from squad.session import EngineSession
+    from squad.engine.session import EngineSession
 
     if isinstance(engine, EngineSession):
         yield engine

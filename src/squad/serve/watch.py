@@ -1,5 +1,5 @@
 """``squad serve --watch``: the live view of what squad serve holds, drawn from its own books
-(the :class:`~squad.serve.status.Ledger` and :class:`~squad.admission.Admission`), so it shows
+(the :class:`~squad.serve.status.Ledger` and :class:`~squad.sched.admission.Admission`), so it shows
 what ``/squad/status`` says: a request whose client left is gone at once.
 
 It shows the URL and key clients use, the engine's slots and pool, one row per live request

@@ -2,7 +2,7 @@
 
 For tests of what squad decides (fail-fast and collect policies, cancellation reasons, the
 hand-back cut, conversation ids in events) without HTTP. Every call really goes through
-squad's :class:`~squad.admission.Admission` (slots and pool as given), takes ``delay``
+squad's :class:`~squad.sched.admission.Admission` (slots and pool as given), takes ``delay``
 seconds (cancellable), and records its :class:`~squad.chat.ChatRequest` in ``requests``::
 
     engine = ScriptedEngine("first answer", "second answer", slots=2)
@@ -23,7 +23,7 @@ from typing import Any, Callable, Union
 
 import anyio
 
-from squad.admission import Admission
+from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult, Usage
 from squad.engine.info import EngineInfo
 from squad.events import EventSink

@@ -98,7 +98,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            eos="<|end_of_text|>"),
     Family("gpt-oss", "qwen2", "openai-gpt-oss-120b.jinja", _HARMONY_MARKERS, eos="<|return|>"),
 )}
-"""The families the engine matrix (``tests/test_families_real.py``) runs. gpt-oss's o200k
+"""The families the engine matrix (``tests/engine/test_families_real.py``) runs. gpt-oss's o200k
 vocabulary is not in the sdist: its stand-in uses Qwen2's with harmony's markers added."""
 
 

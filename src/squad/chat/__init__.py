@@ -1,0 +1,142 @@
+"""The chat seam: the one narrow interface between the runtime and an engine.
+
+The runtime never talks HTTP. It builds a :class:`ChatRequest`, hands it to a
+:class:`ChatEngine`, and gets a :class:`ChatResult` (or an error from :mod:`squad.errors`).
+Implementations:
+
+- :class:`squad.chat.client.EngineClient`: llama-server over HTTP (openai SDK), with squad's
+  admission, retries and stream rules;
+- :class:`squad.testing.ScriptedEngine`: an in-process fake with scripted replies, for tests of
+  policies, cancellation and hand-back that need no HTTP;
+- later: other engine kinds, or a proxy that admits on its own (``admission`` None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from squad.events import Origin
+
+if TYPE_CHECKING:
+    from squad.sched.admission import Admission
+    from squad.engine.info import EngineInfo
+
+__all__ = ["ChatEngine", "ChatRequest", "ChatResult", "Usage", "ToolCall", "CallTimings"]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One model call.
+
+    - ``origin``: who calls (agent, conversation id, parent conversation id), for events.
+    - ``messages``: OpenAI-style chat messages.
+    - ``max_tokens``: tokens this call may generate; ``budget``: the most tokens (prompt +
+      max_tokens) the agent's conversation may hold, or None for no limit of its own.
+    - ``tools``: OpenAI tool specs, or None; ``sampling``: request fields (temperature, ...).
+    - ``tool_choice``: ``"auto"`` (None: the same) or ``"required"`` (the model must call one of
+      ``tools``; a named choice is sent as ``"required"`` with only that tool in ``tools``);
+      ``parallel_tool_calls``: whether one reply may hold several calls (None: the engine's default).
+    - ``response_format``: the request's ``response_format`` (a JSON schema the answer must
+      match, :meth:`squad.chat.structured.OutputSchema.response_format`), or None.
+    - ``priority``: admission order (lower first; main agent 0, sub-agents their depth).
+    - ``on_delta``: receives answer text as it streams.
+    """
+
+    origin: Origin
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    budget: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    sampling: dict[str, Any] | None = None
+    priority: int = 0
+    on_delta: Callable[[str], None] | None = None
+
+    @property
+    def agent(self) -> str:
+        return self.origin.agent
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens the engine reported for one call."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model asked for; ``arguments`` is the JSON text as generated."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class CallTimings:
+    """Seconds: ``queued_s`` waiting in admission (last attempt), ``ttft_s`` from send to the
+    first token, ``total_s`` from the first attempt's start to the end; ``tokens_per_s``
+    completion tokens over generation time; ``engine``: llama-server's ``timings`` object."""
+
+    queued_s: float = 0.0
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    tokens_per_s: float | None = None
+    engine: dict[str, Any] | None = None
+
+
+@dataclass
+class ChatResult:
+    """A finished call: the answer (never partial), reasoning kept apart, tool calls, usage.
+
+    ``call`` is the call id its events carry; ``reserved_tokens`` what admission held;
+    ``slot`` squad's slot number (-1 when the engine admits on its own). ``engine``: the base URL
+    of the engine that served it (set by :class:`squad.chat.routing.Router`, None on one engine);
+    ``rerun_from``: the engine whose stream died under this call, after which it was re-run from
+    its start on ``engine`` (the cut text was dropped: this answer is whole), else None.
+    """
+
+    content: str
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: Usage | None = None
+    timings: CallTimings = field(default_factory=CallTimings)
+    reserved_tokens: int = 0
+    attempts: int = 1
+    slot: int = -1
+    call: str | None = None
+    engine: str | None = None
+    rerun_from: str | None = None
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What the runtime needs from an engine.
+
+    - ``engine``: the read-back :class:`~squad.engine.info.EngineInfo` (settable after a reload);
+    - ``admission``: squad's :class:`~squad.sched.admission.Admission` for it, or None when the engine
+      admits on its own (a proxy);
+    - :meth:`count`: exact prompt tokens of ``messages`` (+ ``tools``);
+    - :meth:`complete`: one call; raises the errors of :mod:`squad.errors`
+      (:class:`~squad.errors.AgentRunError` and its kinds, :class:`~squad.errors.EngineError`);
+    - :meth:`aclose`: release connections.
+    """
+
+    engine: "EngineInfo"
+    admission: "Admission | None"
+
+    async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int: ...
+
+    async def complete(self, request: ChatRequest) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...

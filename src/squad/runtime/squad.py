@@ -1,0 +1,752 @@
+"""The runtime: a :class:`Squad` runs a main agent and its sub-agents as concurrent tasks
+on one engine session (:class:`~squad.engine.session.EngineSession`).
+
+Every model call goes through the session's :class:`~squad.chat.ChatEngine` and its
+:class:`~squad.sched.admission.Admission`, so no more requests are in flight than the engine has
+slots, and never more tokens than its pool holds. The main agent calls with priority 0,
+sub-agents with their depth (1, 2, ...), so a main agent is never starved by its own
+sub-agents.
+
+Parallel blocks (``run`` fan-out, ``parallel``, ``map``) have a policy:
+
+- ``"collect"`` (default): every agent finishes; failures are recorded beside the results.
+- ``"fail-fast"``: the first failure X cancels its siblings at once (their HTTP streams are
+  closed by the cancellation); each sibling's result records ``"cancelled because 'X'
+  failed"``, and X's error is the one reported.
+
+``Squad.cancel(reason)`` cancels every running operation; each agent records that reason
+and the operation raises :class:`~squad.errors.AgentCancelled`.
+
+Each agent conversation gets an id (``name#n``) and knows its parent conversation; events
+carry both (:mod:`squad.events`). One agent turn is :func:`squad.runtime.turn.run_turn`; answers
+handed back to a main agent are cut by :mod:`squad.runtime.handback`'s rule.
+
+Who can delegate: only ``Squad.run`` reads @mentions, and only from the caller's own text
+(data put into it with :func:`squad.runtime.mention.as_data` never dispatches). Model answers, tool
+results, sub-agent answers, hand-backs and history are never parsed for mentions. A model
+delegates only through ``ask_<name>`` tools, bounded per run (:class:`squad.runtime.turn.SubAgentBound`):
+a run is a conversation the caller starts (a ``run`` turn with its @mentioned sub-agents, a
+``run_agent`` call, each ``parallel``/``map`` item) with everything it calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+
+import anyio
+
+from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
+from squad.runtime.blocks import Operations, Policy, run_block
+from squad.runtime.blocks import cancel_reason as operation_cancel_reason
+from squad.runtime.blocks import stopped_by as operation_stopped_by
+from squad.chat import ChatEngine
+from squad.engine.info import EngineInfo
+from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, SquadError, UserError
+from squad.chat.structured import OutputSchema, output_schema
+from squad.events import (
+    AgentCancelled as AgentCancelledEvent,
+)
+from squad.events import (
+    AgentFailed,
+    AgentFinished,
+    AgentStarted,
+    EngineWarning,
+    Event,
+    EventSink,
+    MentionDispatched,
+    MentionQueued,
+    Origin,
+    ToolLimited,
+    emit_to,
+)
+from squad.runtime.handback import TextCounter, hand_back
+from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
+from squad.runtime.mention import Dispatch, parse_mentions, unmark
+from squad.runtime.outcome import Outcome, fix_for
+from squad.sched.policy import DEFAULT_QUEUE
+from squad.runtime.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
+from squad.chat.routing import EngineGroup
+from squad.sched.share import SHARE_MODES, ShareGroup, arrange, board_group, current_group, joined
+from squad.engine.session import EngineSession, EngineSpec
+from squad.runtime.tools import Tool, ToolError
+from squad.runtime.toolroom import MAX_TOOL_ROUNDS
+from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
+from squad.sched.workload import Call, Delegate, Node, Parallel
+
+__all__ = ["Squad", "Policy", "run_sync", "default_workload"]
+_CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
+"""The conversation whose turn is running: the parent of conversations it starts."""
+_BOUND: ContextVar[SubAgentBound | None] = ContextVar("squad_sub_agent_bound", default=None)
+"""The running run's sub-agent tool call bound (module docstring)."""
+_ASK_DEPTH: ContextVar[int] = ContextVar("squad_ask_depth", default=0)
+"""How many sub-agent tool calls deep the running conversation is (0: started by the caller)."""
+
+
+class Squad:
+    """Agents that share one engine. ``async with Squad(agents, ...) as sq: await sq.run(text)``.
+
+    The engine (``engine=``), one of:
+
+    - an :class:`~squad.engine.session.EngineSpec`: launch one planned for ``workload`` (default
+      :func:`default_workload`), or attach to ``EngineSpec(url=...)``;
+    - an :class:`~squad.engine.info.EngineInfo`: an engine already running, used as reported;
+    - a :class:`~squad.chat.ChatEngine`: used as is (``squad.testing.ScriptedEngine``);
+    - None: the short forms ``model``, ``slots``, ``ctx``, ``threads`` (launch) or ``url`` +
+      ``api_key`` (attach) build the spec; nothing at all launches the built-in model.
+
+    Or several engines (``engines=``, a list of the items ``engine=`` takes, e.g.
+    ``[EngineSpec(url=A), EngineSpec(model=M, threads=1)]``): calls are routed over them, a
+    conversation stays on its engine, and an engine that dies is taken out, its calls moved or
+    re-run on the others (:mod:`squad.chat.routing`; ``session`` is then an
+    :class:`~squad.chat.routing.EngineGroup`). Not together with ``engine=`` or the short forms. One
+    engine given twice (two URLs of one engine, :func:`~squad.chat.routing.engine_key`, or one object
+    twice) raises :class:`UserError`: its slots and pool would count twice.
+
+    ``main`` names the main agent (default: the first). ``tools`` are the function tools
+    agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose
+    tools agents name as ``server.tool`` or ``server.*``: they start when the squad opens,
+    before the engine, and stop when it closes (:mod:`squad.mcp`); an
+    :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every agent's instructions template.
+    ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
+    a launched engine with more slots (otherwise they queue in squad, with an event).
+    ``queue`` orders the calls waiting for admission (:mod:`squad.sched.policy`: ``program``
+    default, ``fifo``, ``backfill``).
+    ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
+    asked once more without tools. ``max_sub_depth`` (default 2) and ``max_sub_calls``
+    (default 8) bound the sub-agent tool calls (``ask_<name>``) of one run (see the module
+    docstring): how deep they nest and how many there are in all; an agent's own
+    ``max_sub_depth``/``max_sub_calls`` replace them for the runs it starts. A call past a
+    bound is not made: the model gets ``error: refused: ...`` as the tool's result, the run
+    emits ``tool.limited`` and the asking conversation's result has a note
+    (``RunResult.notes``).
+
+    After entry, ``session`` is the :class:`~squad.engine.session.EngineSession` (``session.info``:
+    what the engine reported; ``session.plan``: the plan, None when not launched).
+
+    Raises :class:`UserError` for an inconsistent squad (unknown sub-agent or tool, a
+    cycle, duplicate names, short forms together with ``engine=``, pins with ``url``); on
+    entry, for an MCP tool its server does not have (or two tools with one name), and
+    :class:`~squad.errors.MCPServerError` for an MCP server that does not start.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        *,
+        main: str | None = None,
+        engine: EngineSpec | EngineInfo | ChatEngine | None = None,
+        engines: Sequence[EngineSpec | EngineInfo | ChatEngine] | None = None,
+        model: str | Path | None = None,
+        slots: int | None = None,
+        ctx: int | None = None,
+        threads: int | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        workload: Node | None = None,
+        replan: bool = False,
+        on_event: EventSink | Sequence[EventSink] | None = None,
+        tools: Sequence[Tool] = (),
+        mcp_servers: Sequence[MCPServer] | MCPServers = (),
+        variables: Mapping[str, Any] | None = None,
+        max_tool_rounds: int = MAX_TOOL_ROUNDS,
+        max_sub_depth: int = MAX_SUB_DEPTH,
+        max_sub_calls: int = MAX_SUB_CALLS,
+        queue: str | None = None,
+        shared_input: str = "first",
+        **renamed: Any,
+    ) -> None:
+        if renamed:
+            raise UserError(_renamed_hint(renamed))
+        if shared_input not in SHARE_MODES:
+            raise UserError(f"shared_input={shared_input!r} is not one of {', '.join(SHARE_MODES)}")
+        self.shared_input = shared_input
+        """How a fan-out's shared text is sent (:mod:`squad.sched.share`): ``first`` (default) moved first
+        and prefilled once, ``order`` moved first only, ``off`` as written."""
+        if not agents:
+            raise UserError("a squad needs at least one agent")
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self._own_mcp = not isinstance(mcp_servers, MCPServers)
+        self.mcp: MCPServers = MCPServers(list(mcp_servers)) if self._own_mcp else mcp_servers  # type: ignore[arg-type]
+        self._mcp_tools: dict[str, dict[str, MCPTool]] = {}
+        self.agents: dict[str, Agent] = check_squad(agents, list(self.tools), self.mcp.names)
+        if main is not None and main not in self.agents:
+            raise UserError(f"main agent {main!r} is not in the squad (agents: {', '.join(self.agents)})")
+        self.main: str = main or agents[0].name
+        short = dict(model=model, slots=slots, ctx=ctx, threads=threads, url=url, api_key=api_key)
+        if engine is not None and any(v is not None for v in short.values()):
+            given = ", ".join(k for k, v in short.items() if v is not None)
+            raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
+        if queue is not None:
+            if isinstance(engine, EngineSpec):
+                engine = engine.but(queue=queue)
+            elif engine is not None or engines is not None:
+                raise UserError("queue= orders the calls of the engine squad opens from short forms; for engine= "
+                                "or engines= give EngineSpec(..., queue=...) instead")
+        self.workload: Node = workload or default_workload(self.agents, self.main)
+        self.variables = dict(variables or {})
+        self.replan = replan
+        self.max_tool_rounds = max_tool_rounds
+        for name, value in (("max_sub_depth", max_sub_depth), ("max_sub_calls", max_sub_calls)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
+        self.max_sub_depth, self.max_sub_calls = max_sub_depth, max_sub_calls
+        self._tool_warned: set[str] = set()
+        self._sinks: list[EventSink] = [] if on_event is None else (
+            list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
+        )
+        sink = self._emit if self._sinks else None
+        self.session: EngineSession | EngineGroup
+        if engines is not None or isinstance(engine, (list, tuple)):
+            self.session = _several(engine, engines, short, self.workload, sink)
+        else:
+            self.session = EngineSession(engine if engine is not None else  # type: ignore[arg-type]
+                                         EngineSpec(**short, queue=queue or DEFAULT_QUEUE),
+                                         self.workload, on_event=sink)
+        self._open = False
+        self._operations = Operations()
+        self._conversations = itertools.count(1)
+        self._count_text: TextCounter | None = None
+
+    # --- engine -------------------------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _MOVED:
+            raise AttributeError(f"Squad.{name} moved: use {_MOVED[name]}")
+        raise AttributeError(f"'Squad' object has no attribute {name!r}")
+
+    @property
+    def info(self) -> EngineInfo:
+        """What the engine reported (``/props`` read back), once open."""
+        return self.session.info
+
+    @property
+    def chat(self) -> ChatEngine:
+        """The :class:`~squad.chat.ChatEngine` every call goes through, once open."""
+        return self.session.chat
+
+    async def __aenter__(self) -> "Squad":
+        if self._own_mcp:
+            await self.mcp.__aenter__()  # before the engine: a server that fails costs no model load
+        self.mcp.listen(self._emit)  # its warnings so far (a server's stdout noise) and later ones (an exit)
+        try:
+            self._mcp_tools = {a.name: self.mcp.tools_for(a, taken=self._other_tool_names(a))
+                               for a in self.agents.values() if self.mcp}
+            await self.session.__aenter__()
+        except BaseException:
+            self.mcp.unlisten(self._emit)
+            if self._own_mcp:
+                await self.mcp.aclose()
+            raise
+        self._count_text = TextCounter(self.session.chat)
+        self._open = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.mcp.unlisten(self._emit)
+        self.cancel("the squad is closing")
+        self._open = False
+        try:
+            await self.session.aclose()
+        finally:
+            if self._own_mcp:
+                await self.mcp.aclose()
+
+    def _other_tool_names(self, agent: Agent) -> list[str]:
+        """Names of ``agent``'s function and ``ask_<name>`` tools (an MCP tool may not reuse one)."""
+        subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
+        return [t for t in agent.tools if not is_mcp_ref(t)] + subs
+
+    def _emit(self, event: Event) -> None:
+        emit_to(self._sinks, event)
+
+    def emit(self, event: Event) -> None:
+        """Give ``event`` to the squad's event sinks (for layers above the runtime, e.g. a
+        recipe step's :class:`~squad.events.StepWarning`); a failing sink never breaks a run."""
+        emit_to(self._sinks, event)
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise UserError("the squad is not open: use `async with Squad(...) as sq:` (or run_sync)")
+
+    # --- public operations --------------------------------------------------------------
+
+    async def run(
+        self,
+        text: str,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        policy: Policy = "collect",
+        variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
+    ) -> RunResult:
+        """One main-agent turn on ``text``.
+
+        @mentions of the main agent's sub-agents are dispatched in parallel (each gets the
+        part of the text addressed to it, see :mod:`squad.runtime.mention`); their answers go back
+        to the main agent in ONE user message after ``text``, cut by the rule in the module
+        docstring if they would overflow its budget; then the main agent answers.
+
+        ``text`` is the caller's own words: its @mentions dispatch. Put data in it (a file, a
+        model's answer) with :func:`squad.runtime.mention.as_data` so an ``@`` there dispatches no one.
+        ``RunResult.notes`` says when a sub-agent tool call was refused by the run's bound.
+
+        The result's ``outcome`` says whether the answer is whole (``ok``) or ``truncated``
+        at max_tokens / ``empty`` (:mod:`squad.runtime.outcome`); sub-agent answers that are not
+        whole are handed back marked (``[truncated at max_tokens]``, ``[failed: why]``, ...).
+        ``fail_on`` lists the outcomes (``truncated``, ``empty``) that count as a failure of
+        the main agent here: it raises :class:`IncompleteAnswer` instead of returning.
+        ``output_type`` (a pydantic model class, another type, or a JSON schema) is what the
+        main agent's answer must be here, in place of its own ``output_type``; the value is
+        ``RunResult.output_value`` (:mod:`squad.chat.structured`; :class:`InvalidOutput` on a miss).
+
+        Raises :class:`MentionError` before any model call for an unknown @mention or one with
+        nothing to do (``"@security"`` alone); the main agent's :class:`AgentRunError` if it
+        fails; with ``policy="fail-fast"`` the first failing sub-agent's error;
+        :class:`AgentCancelled` after ``cancel()``.
+        """
+        self._require_open()
+        failing = _fail_on(fail_on)
+        main = self.agents[self.main]
+        known = self._sub_names(main)
+        parsed = parse_mentions(text, known)
+        if parsed.unknown or parsed.idle:
+            hint = f" (known sub-agents of {main.name!r}: {', '.join(known) or 'none'})" if parsed.unknown else ""
+            raise MentionError("; ".join(parsed.problems()) + hint)
+        origin = self._origin(main)
+        bound = _BOUND.set(self._bound(main))  # the @mentioned sub-agents and the main turn are one run
+        try:
+            return await self._run(main, text, parsed.dispatches, origin, history=history, policy=policy,
+                                   variables=variables, fail_on=failing, output=output_schema(output_type))
+        finally:
+            _BOUND.reset(bound)
+
+    async def _run(self, main: Agent, text: str, dispatches: Sequence[Dispatch], origin: Origin, *,
+                   history: Sequence[Mapping[str, Any]], policy: Policy,
+                   variables: Mapping[str, Any] | None, fail_on: frozenset[Outcome],
+                   output: OutputSchema | None = None) -> RunResult:
+        """:meth:`run` after its mentions were parsed and checked."""
+        async with self._operations.operation():
+            subs: list[AgentResult] = []
+            message = unmark(text)
+            if dispatches:
+                names = [d.agent for d in dispatches]
+                self._emit(MentionDispatched(agent=main.name, conversation=origin.conversation,
+                                             parent=origin.parent, agents=names))
+                await self._fit_fanout(main, names, origin)
+                subs = await self._parallel([(d.agent, d.text) for d in dispatches], policy=policy,
+                                            priority=1, variables=variables, parent=origin.conversation)
+                failed = first_failure(subs)
+                if policy == "fail-fast" and failed is not None:
+                    raise failed
+                message = await self.hand_back(main, message, subs, history=history, variables=variables,
+                                               origin=origin)
+            result = await self._recorded(main, message, history=history, priority=0, variables=variables,
+                                          origin=origin, fail_on=fail_on, output=output)
+        if result.error is not None:
+            raise result.error
+        return RunResult(output=result.output, main=result, subs=subs + result.subs, history=result.history)
+
+    async def run_agent(
+        self,
+        name: str,
+        prompt: str,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        priority: int = 0,
+        variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
+    ) -> AgentResult:
+        """One turn of agent ``name`` on ``prompt`` (after ``history``, OpenAI-style messages).
+
+        Runs the tool loop if it has tools or sub-agent tools. ``output_type``: see :meth:`run`
+        (the value is ``AgentResult.output_value``). Raises its
+        :class:`AgentRunError` on failure (:class:`IncompleteAnswer` for an outcome in
+        ``fail_on``, see :meth:`run`), :class:`UserError` for an unknown agent.
+        """
+        self._require_open()
+        agent = self._agent(name)
+        failing = _fail_on(fail_on)
+        async with self._operations.operation():
+            result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
+                                          variables=variables, fail_on=failing, output=output_schema(output_type))
+        if result.error is not None:
+            raise result.error
+        return result
+
+    async def parallel(
+        self,
+        calls: Iterable[tuple[str, str]],
+        *,
+        policy: Policy = "collect",
+        max_concurrency: int | None = None,
+        priority: int = 0,
+        check: bool = False,
+        variables: Mapping[str, Any] | None = None,
+        fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
+    ) -> list[AgentResult]:
+        """Run ``(agent, prompt)`` pairs at once; results in the same order.
+
+        Failures are recorded in each result's ``error`` (see the policies in the module
+        docstring). ``check=True`` raises the first failure's error instead of returning.
+        ``max_concurrency`` bounds how many run at once in addition to the engine's slots.
+        An outcome in ``fail_on`` (``truncated``, ``empty``) is a failure like any other: an
+        :class:`IncompleteAnswer` error, and under ``fail-fast`` it cancels the siblings.
+        ``output_type`` applies to every answer (see :meth:`run`).
+        """
+        self._require_open()
+        pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
+        failing = _fail_on(fail_on)
+        async with self._operations.operation():
+            results = await self._parallel(pairs, policy=policy, priority=priority, max_concurrency=max_concurrency,
+                                           variables=variables, fail_on=failing, output=output_schema(output_type))
+        failed = first_failure(results)
+        if check and failed is not None:
+            raise failed
+        return results
+
+    async def map(
+        self,
+        name: str,
+        inputs: Iterable[str],
+        *,
+        max_concurrency: int | None = None,
+        policy: Policy = "collect",
+        check: bool = False,
+        fail_on: Collection[Outcome | str] = (),
+        output_type: Any = None,
+        first_item: int = 0,
+    ) -> list[AgentResult]:
+        """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
+        more than the engine's slots in flight); results in input order, each with its
+        ``item`` index (events, errors and views name it ``name[i]``), counted from
+        ``first_item`` (a part of a larger map, e.g. one item a Ray worker runs). See
+        :meth:`parallel` (``output_type`` too)."""
+        self._require_open()
+        pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
+        failing = _fail_on(fail_on)
+        async with self._operations.operation():
+            results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
+                                           items=True, fail_on=failing, output=output_schema(output_type),
+                                           first_item=first_item)
+        failed = first_failure(results)
+        if check and failed is not None:
+            raise failed
+        return results
+
+    def cancel(self, reason: str = "cancelled by the caller") -> None:
+        """Cancel every running operation; each agent records ``reason``. Safe to call from
+        any task of the squad's event loop; operations started later run normally."""
+        self._operations.cancel(reason)
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UserError(f"no agent named {name!r} (agents: {', '.join(self.agents)})") from None
+
+    def _sub_names(self, agent: Agent) -> list[str]:
+        """Sub-agents ``agent`` may call (:func:`squad.runtime.agent.sub_agent_names`)."""
+        return sub_agent_names(agent, self.agents, self.main)
+
+    def budget_of(self, agent: Agent) -> int | None:
+        """``agent``'s budget in tokens: its fixed one, else the one the plan resolved for
+        ``auto`` (``session.plan.budgets``); None for an auto budget on an engine squad did
+        not plan (attached or given), where only the engine's context bounds a call."""
+        if agent.fixed_budget is not None:
+            return agent.fixed_budget
+        plan = self.session.plan
+        return plan.budgets.get(agent.name) if plan is not None else None
+
+    def context_limit(self, agent: Agent) -> int:
+        """Tokens ``agent``'s conversation may hold: :meth:`budget_of`, else the context one
+        request may use on this engine."""
+        return self.budget_of(agent) or self.info.n_ctx
+
+    def _resolved(self, agent: Agent) -> Agent:
+        """``agent`` with an auto budget replaced by the planned one (when there is one)."""
+        budget = self.budget_of(agent)
+        return agent if budget is None or agent.budget == budget else agent.model_copy(update={"budget": budget})
+
+    def _origin(self, agent: Agent, parent: str | None = None, item: int | None = None) -> Origin:
+        """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
+        return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get(), item)
+
+    async def _fit_fanout(self, main: Agent, subs: Sequence[str], origin: Origin) -> None:
+        """More sub-agents than slots: replan a launched engine if allowed, else say they queue."""
+        n = len(subs)
+        if n <= self.info.slots:
+            return
+        if self.replan:
+            group = [Call(main.name, self.context_limit(main))] + [
+                Call(s, self.context_limit(self.agents[s])) for s in subs]
+            await self.session.replan(group)
+            if n <= self.info.slots:
+                return
+        self._emit(MentionQueued(
+            agent=main.name, conversation=origin.conversation, parent=origin.parent, agents=n, slots=self.info.slots,
+            message=f"{n} sub-agents mentioned but the engine has slots={self.info.slots}: "
+                    f"{n - self.info.slots} wait in squad's queue (pass replan=True or raise slots)"))
+
+    async def _parallel(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        policy: Policy,
+        priority: int,
+        max_concurrency: int | None = None,
+        variables: Mapping[str, Any] | None = None,
+        parent: str | None = None,
+        items: bool = False,
+        fail_on: frozenset[Outcome] = frozenset(),
+        output: OutputSchema | None = None,
+        first_item: int = 0,
+    ) -> list[AgentResult]:
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
+        ``output`` replaces each agent's own output schema."""
+
+        group = self._share_group([prompt for _, prompt in pairs])
+
+        async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
+                      record: Callable[[AgentResult], None]) -> AgentResult:
+            agent = self.agents[pairs[i][0]]
+            item = first_item + i if items else None
+            origin = self._origin(agent, parent, item)
+            with joined(group or board_group(pairs[i][1]), origin.conversation):
+                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
+                                            cancel_reason=reason, origin=origin,
+                                            record=record, fail_on=fail_on, output=output)
+
+        try:
+            return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
+        finally:
+            if group is not None:
+                group.close()
+
+    def _share_group(self, prompts: Sequence[str]) -> ShareGroup | None:
+        """The share group of a fan-out of ``prompts`` (:mod:`squad.sched.share`), or None."""
+        if self.shared_input == "off":
+            return None
+        arrangement = arrange(prompts)
+        return ShareGroup(arrangement, mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
+
+    async def _recorded(
+        self,
+        agent: Agent,
+        prompt: str,
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        priority: int,
+        variables: Mapping[str, Any] | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        cancel_reason: Callable[[], str | None] = lambda: None,
+        origin: Origin | None = None,
+        record: Callable[[AgentResult], None] | None = None,
+        fail_on: frozenset[Outcome] = frozenset(),
+        output: OutputSchema | None = None,
+    ) -> AgentResult:
+        """Run one conversation and always produce its AgentResult (given to ``record`` too,
+        so a cancelled one is recorded before the cancellation propagates). An outcome in
+        ``fail_on`` gets an :class:`IncompleteAnswer` error (after ``agent.finished`` said
+        what the outcome was)."""
+        origin = origin or self._origin(agent)
+        ids: dict[str, Any] = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
+        start = time.monotonic()
+        self._emit(AgentStarted(**ids, priority=priority, item=origin.item))
+        token = _CONVERSATION.set(origin.conversation)
+        bound = _BOUND.set(_BOUND.get() or self._bound(agent))  # a conversation the caller started is a run
+        try:
+            async with limiter if limiter is not None else contextlib.nullcontext():
+                result = await self._converse(agent, origin, prompt, history, priority, variables, output)
+        except anyio.get_cancelled_exc_class():
+            reason = cancel_reason() or operation_cancel_reason()
+            result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
+            result.item = origin.item
+            self._emit(AgentCancelledEvent(**ids, reason=reason))
+            if record is not None:
+                record(result)
+            raise
+        except AgentRunError as exc:
+            result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
+                                 conversation=origin.conversation, item=origin.item,
+                                 output=exc.raw if isinstance(exc, InvalidOutput) else "")
+            self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
+        except SquadError as exc:  # not this agent's failure (every engine lost): it ends the operation
+            operation_stopped_by(str(exc))
+            raise
+        else:
+            result.item = origin.item
+            if self._sinks:
+                self._emit(AgentFinished(**ids, summary=result.summary(), outcome=result.outcome.value,
+                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens))
+            if result.outcome in fail_on:
+                result.error = incomplete_answer(result)
+        finally:
+            _BOUND.reset(bound)
+            _CONVERSATION.reset(token)
+        return result
+
+    async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
+                        priority: int, variables: Mapping[str, Any] | None,
+                        output: OutputSchema | None = None) -> AgentResult:
+        """One turn of ``agent`` with its tools (:func:`squad.runtime.turn.run_turn`), its answer held
+        to ``output`` or its own ``output_type``; raises AgentRunError."""
+        subs: list[AgentResult] = []
+        notes: list[str] = []
+        tools = self._tools_for(agent, priority, subs, variables, origin=origin, notes=notes)
+        if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
+            self._tool_warned.add(agent.name)  # once per agent
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
+        system = self._system(agent, variables)
+        group = current_group()
+        if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
+            system, prompt = group.arrangement.system(system), group.arrangement.prompt(prompt)
+        result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
+                                history=history, tools=tools, priority=priority,
+                                max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,
+                                output=output or agent.output_type)
+        result.subs, result.notes = subs, [*notes, *result.notes]
+        return result
+
+    def _system(self, agent: Agent, variables: Mapping[str, Any] | None) -> str:
+        subs = [self.agents[n] for n in self._sub_names(agent)]
+        return agent.system_prompt(subs, {**self.variables, **(variables or {})})
+
+    def _bound(self, agent: Agent) -> SubAgentBound:
+        """The sub-agent tool call bound of a run ``agent`` starts: its own, else the squad's."""
+        return SubAgentBound(max_depth=agent.max_sub_depth or self.max_sub_depth,
+                             max_calls=agent.max_sub_calls or self.max_sub_calls)
+
+    def _tools_for(self, agent: Agent, priority: int, subs: list[AgentResult],
+                   variables: Mapping[str, Any] | None, *, origin: Origin | None = None,
+                   notes: list[str] | None = None) -> dict[str, Tool]:
+        """Its function tools and, with ``sub_agent_tools``, an ``ask_<name>`` tool per sub-agent
+        (a sub-agent conversation at ``priority + 1``; its result is appended to ``subs``).
+        A call past the run's bound is refused (:class:`ToolError` to the model, a
+        ``tool.limited`` event and a line in ``notes``, once per limit per run)."""
+        depth = _ASK_DEPTH.get() + 1  # of the calls this conversation makes
+
+        async def ask(sub: Agent, task: str) -> AgentResult:
+            bound = _BOUND.get()
+            refused = bound.admit(depth, agent.name, sub.name) if bound is not None else None
+            if refused is not None:
+                if refused.note is not None:
+                    if notes is not None:
+                        notes.append(refused.note)
+                    where = origin or Origin(agent.name)
+                    self._emit(ToolLimited(agent=agent.name, conversation=where.conversation, parent=where.parent,
+                                           tool=f"ask_{sub.name}", limit=refused.limit, value=refused.value,
+                                           message=refused.note))
+                raise ToolError(refused.reply)
+            token = _ASK_DEPTH.set(depth)
+            try:
+                result = await self._recorded(sub, task, priority=priority + 1, variables=variables)
+            finally:
+                _ASK_DEPTH.reset(token)
+            subs.append(result)
+            return result
+
+        subs_as_tools = [self.agents[n] for n in agent.agents] if agent.sub_agent_tools else []
+        return agent_tools(agent, self.tools, subs_as_tools, ask, self._mcp_tools.get(agent.name))
+
+    async def hand_back(
+        self,
+        main: Agent,
+        text: str,
+        subs: Sequence[AgentResult],
+        *,
+        history: Sequence[Mapping[str, Any]] = (),
+        variables: Mapping[str, Any] | None = None,
+        origin: Origin | None = None,
+    ) -> str:
+        """The ONE user message giving the main agent ``text`` and its sub-agents' answers,
+        cut to fit its budget by the rule of :mod:`squad.runtime.handback`."""
+        self._require_open()
+        assert self._count_text is not None
+        system = self._system(main, variables)
+        prefix = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
+        specs = [t.spec() for t in self._tools_for(main, 0, [], variables).values()] or None
+        return await hand_back(self.chat, origin or Origin(main.name), budget=self.context_limit(main), max_tokens=main.max_tokens,
+                               prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
+                               on_event=self._emit)
+
+
+_MOVED = {"plan": "Squad.session.plan", "launcher": "Squad.session.launcher",
+          "admission": "Squad.session.admission", "client": "Squad.chat"}
+"""Attributes earlier versions had on Squad, and where they are now."""
+
+
+def _several(engine: Any, engines: Any, short: Mapping[str, Any], workload: Node,
+             sink: EventSink | None) -> "EngineSession | EngineGroup":
+    """The session for ``engines=[...]``: one engine alone is an ordinary session."""
+    if isinstance(engine, (list, tuple)):
+        raise UserError("engine= takes one engine: give several as engines=[...]")
+    if engine is not None:
+        raise UserError("give engine=... (one engine) or engines=[...] (several), not both")
+    given = ", ".join(k for k, v in short.items() if v is not None)
+    if given:
+        raise UserError(f"give the engines as engines=[EngineSpec(...), ...] or as short forms ({given}), not both")
+    if isinstance(engines, (str, bytes)) or not isinstance(engines, Sequence):
+        raise UserError(f"engines= takes a list of EngineSpec, EngineInfo or ChatEngine, got {engines!r}")
+    if len(engines) == 1:
+        return EngineSession(engines[0], workload, on_event=sink)
+    return EngineGroup(engines, workload, on_event=sink)
+
+
+def _renamed_hint(given: Mapping[str, Any]) -> str:
+    names = ", ".join(f"{k}=" for k in given)
+    engine = [k for k in given if k in ("binary", "request_timeout", "cache_type_k", "cache_type_v")]
+    hint = (f"pass them in the engine spec: engine=EngineSpec({', '.join(f'{k}=...' for k in engine)}, ...)"
+            if engine else "see help(Squad) for its arguments")
+    return f"Squad() got unknown arguments {names}: {hint}"
+
+
+def _fail_on(outcomes: Collection[Outcome | str]) -> frozenset[Outcome]:
+    """``fail_on`` checked: only ``truncated`` and ``empty`` can be made failures."""
+    try:
+        found = frozenset(Outcome(o) for o in outcomes)
+    except ValueError:
+        found = frozenset({Outcome.OK})
+    if found - {Outcome.TRUNCATED, Outcome.EMPTY}:
+        raise UserError(f"fail_on={sorted(map(str, outcomes))!r}: use 'truncated' and/or 'empty' "
+                        "(failed and cancelled already are failures)")
+    return found
+
+
+def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
+    """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
+    what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
+            if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
+    return IncompleteAnswer(f"agent '{result.label}' {what}: {fix_for(result.outcome, result.agent, result.max_tokens)}",
+                            agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
+
+
+def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
+    """The workload when none is given: the main agent as a Delegate over its sub-agents in
+    parallel (a chat turn that @mentions all of them), or just the main agent."""
+    lead = agents[main]
+    names = sub_agent_names(lead, agents, main)
+    call = Call(lead.name, lead.fixed_budget)
+    if not names:
+        return call
+    return Delegate(main=call, subs=Parallel(tuple(Call(n, agents[n].fixed_budget) for n in names)))
+
+
+def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunResult:
+    """Open a :class:`Squad` (``squad_options`` as for its constructor), run one turn on
+    ``text`` and close it, from synchronous code (``anyio.run``)."""
+
+    async def main() -> RunResult:
+        async with Squad(agents, **squad_options) as sq:
+            return await sq.run(text)
+
+    return anyio.run(main)

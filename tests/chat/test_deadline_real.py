@@ -1,0 +1,79 @@
+"""Deadlines from the work on the REAL llama-server with the default model (issue 19 item 9).
+
+One engine (``-c 8192 -np 1``). A ~4,500-token review of squad's own source runs under a tiny
+overall floor and a 2 s no-progress floor: it completes because its bound is derived from the
+measured speed and llama-server's ``prompt_progress`` chunks (asked for with ``return_progress``:
+one when the slot starts, one after each 2,048-token batch) and its tokens keep it alive. The
+chunks it got are recorded, which pins the fields squad reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from squad.chat import ChatRequest
+from squad.chat.client import EngineClient
+from squad.chat.deadline import CallWatch, Deadlines
+from squad.engine.launcher import Launcher
+from squad.events import Origin
+from squad.sched.planner import EnginePlan
+
+pytestmark = [pytest.mark.engine, pytest.mark.anyio]
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "squad" / "chat" / "client.py"
+
+
+def _review(lines: list[str]) -> list[dict]:
+    return [{"role": "system", "content": "You review Python code. Answer in one short sentence."},
+            {"role": "user", "content": "Review this file:\n\n" + "".join(lines)}]
+
+
+@pytest.mark.timeout(1500)  # ~4,500 prompt tokens on 2 shared cores (measured at 10 tok/s under load 17)
+async def test_a_large_prompt_under_a_tiny_floor_completes_on_progress(llama_server_path, default_model_path):
+    plan = EnginePlan.simple(default_model_path, slots=1, n_ctx=8192)
+    async with Launcher(plan, binary=llama_server_path, threads=2) as launcher:
+        info = launcher.info
+        assert info is not None
+        lines = SOURCE.read_text().splitlines(keepends=True)
+        policy = Deadlines(floor=0.001, no_progress_floor=2.0)  # far below what the work takes
+        async with EngineClient(info, deadlines=policy) as client:
+            await client.prepare()
+            warm = await client.complete(ChatRequest(origin=Origin("warm", "warm#1"), messages=_review(lines[-20:]),
+                                                     max_tokens=16, sampling={"temperature": 0}))
+            assert warm.content
+            speed = client.deadlines.speed
+            assert speed.source != "squad's default, nothing measured yet"  # measured (or from /metrics)
+
+            while await client.count(_review(lines)) > 4600:
+                lines = lines[:-10]
+            messages = _review(lines)
+            prompt = await client.count(messages)
+
+            watches: list[CallWatch] = []
+            chunks: list[dict] = []
+            made = client.deadlines.watch
+
+            def watch(*args, **kwargs) -> CallWatch:
+                w = made(*args, **kwargs)
+                seen = w.progress
+                w.progress = lambda p: (chunks.append(dict(p)), seen(p))[1]  # type: ignore[method-assign]
+                watches.append(w)
+                return w
+
+            client.deadlines.watch = watch  # type: ignore[method-assign]
+            first = made(prompt, 32)
+            print(f"\nmeasured: {speed.describe(prompt, 32)}; derived bound {first.overall():.1f} s, no-progress "
+                  f"window {first.window():.1f} s (floors {policy.floor} s / {policy.no_progress_floor} s)")
+            r = await client.complete(ChatRequest(origin=Origin("reviewer", "reviewer#1"), messages=messages,
+                                                  max_tokens=32, sampling={"temperature": 0}))
+            print(f"reviewed {prompt} prompt tokens in {r.timings.total_s:.1f} s: engine timings {r.timings.engine}")
+            print(f"prompt_progress chunks: {chunks}")
+        assert r.finish_reason in ("stop", "length") and r.usage is not None
+        assert r.usage.prompt_tokens > 4096  # three batches: progress had to arrive between them
+        assert len(watches) == 1 and not client.deadlines.active
+        # llama-server's facts: a chunk at the slot's start, then after each batch, up to the whole prompt
+        assert len(chunks) >= 3 and {"total", "cache", "processed", "time_ms"} <= set(chunks[-1])
+        assert chunks[0]["processed"] == chunks[0]["cache"]
+        assert chunks[-1]["processed"] == chunks[-1]["total"] == r.usage.prompt_tokens
