@@ -1,7 +1,6 @@
-"""Every error squad raises, in one tree.
+"""Every error squad raises, in one tree (each message a user can cause says what to do next):
 
-```
-SquadError                         base of everything below
+SquadError
 ├── UserError (ValueError)         the user can fix it: bad input, a bad pin, a bad path
 │   ├── RecipeError                a recipe file is wrong; carries file, line, column, field path
 │   ├── MentionError               an @mention names no known agent
@@ -13,10 +12,8 @@ SquadError                         base of everything below
 │   ├── EngineLoadTimeout          still "Loading model" (503) after the deadline
 │   ├── PlanMismatch               /props read back something other than the plan
 │   ├── EngineGone                 connection refused / process died mid-run
-│   └── EngineLost                 the engine was taken out of a squad's engines (it died); a call
-│                                  queued for it moves to another (:mod:`squad.chat.routing`)
-├── MCPServerError (RuntimeError)  an MCP server did not start or answer; names it, with its stderr
-├── ClusterError (RuntimeError)    a Ray cluster (``--ray``) did not answer, refused, or did not start
+│   └── EngineLost                 one of a squad's engines died and was taken out; its calls move
+├── MCPServerError, ClusterError   (RuntimeError) an MCP server / a Ray cluster did not start or answer
 ├── ModelError (RuntimeError)      a model could not be found, fetched or verified
 │   ├── UnknownModel (+UserError)  a model name that is neither a known name nor a file
 │   └── BadModelFile (+UserError)  a model file that is not a complete GGUF (empty, truncated, not GGUF)
@@ -31,9 +28,6 @@ SquadError                         base of everything below
     ├── ToolResultTooLarge         a tool result does not fit the agent's budget (tool_results: fail)
     ├── InvalidOutput              an answer that missed its output schema twice; keeps the raw text
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
-```
-
-Every message a user can cause says what to do next.
 """
 
 from __future__ import annotations

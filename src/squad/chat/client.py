@@ -1,35 +1,15 @@
 """llama-server behind the chat seam (:class:`squad.chat.ChatEngine`): count, admit, stream,
 retry.
 
-:class:`EngineClient` sends every chat call through one ``openai.AsyncOpenAI`` pointed at
-llama-server (SDK retries off), always streaming with usage requested, after reserving
-``prompt tokens + max_tokens`` in :class:`~squad.sched.admission.Admission`. Prompt counts are
-exact (:mod:`squad.chat.counting`: the model's own tokenizer, else the engine's count). Chunks and
-errors are read by :mod:`squad.chat.stream` (field cases F05-F07, F17).
+:class:`EngineClient` streams every call through one ``openai.AsyncOpenAI`` (SDK retries off)
+after reserving ``prompt tokens + max_tokens`` in :class:`~squad.sched.admission.Admission`;
+prompt counts are exact (:mod:`squad.chat.counting`). Retried: 503 loading (F03), a request
+that never reached the engine (F22), an overflow another client caused (F20), jittered; never
+a prompt too long, a budget, spent reasoning, another 4xx or a timeout (:class:`CallTimeout`,
+F04). A cut call keeps its reservation until ``/slots`` shows the slot free. Raises the
+:class:`~squad.errors.AgentRunError` kinds and :class:`~squad.errors.EngineError`.
 
-Retry policy (all of it, in :meth:`EngineClient._retrying`): 503 loading/restarting is
-waited out until ``load_deadline`` (F03, then :class:`EngineLoadTimeout`); a connection
-refused or dropped before the first token (the request never reached the engine) is resent
-once almost at once (a stale keep-alive connection), then once more after ``restart`` (if
-given); it is only :class:`EngineGone` when ``/health`` confirms the engine is down (F22).
-``Context size has been exceeded.`` while squad's own reservations fit the engine's pool
-(another client filled it) is retried with backoff up to ``max_attempts`` (F20); the final
-error states this process's own reservation, never the pool's size.
-A token count (idempotent) that hits a transport error is retried with backoff (F22).
-Every wait is jittered (:data:`WAITS`), so processes sharing an engine never retry in step.
-Nothing else is retried: not a prompt too long, a budget, reasoning that ran out,
-another 4xx, or a call that timed out (:class:`CallTimeout`, F04).
-
-Deadlines (:mod:`squad.chat.deadline`): each attempt is stopped when nothing arrives for a window
-derived from the engine's measured speed, or when it passes an overall bound estimated from
-its counted prompt and ``max_tokens`` (at least a floor); a fixed ``request_timeout`` replaces
-both. llama-server is asked for ``return_progress``, so prompt processing counts as progress;
-each finished call's ``timings`` update the engine's speeds.
-
-Cancelling a call (an anyio cancel scope) closes its HTTP stream at once, so llama-server
-frees the slot; a call that ends before its answer was read to the end (cancelled, timed out,
-connection broken) keeps its reservation until the engine's ``/slots`` shows the slot free
-(:func:`squad.chat.settle.until_engine_free`).
+Design: docs/design/client.md
 """
 
 from __future__ import annotations

@@ -1,54 +1,14 @@
 """Several engines for one squad: routing calls over them, and taking out an engine that dies.
 
-A squad given ``engines=[...]`` (a recipe's ``engines:`` list, ``squad run --url A --url B``)
-opens an :class:`EngineGroup`: one :class:`~squad.engine.session.EngineSession` per engine, each with its
-own client and its own :class:`~squad.sched.admission.Admission` (one admission per engine), and a
-:class:`Router`, the one :class:`~squad.chat.ChatEngine` the runtime calls.
+:class:`EngineGroup` opens one :class:`~squad.engine.session.EngineSession` (own client, own
+admission) per engine; :class:`Router` is the one :class:`~squad.chat.ChatEngine` the runtime
+calls: a conversation stays on its engine, a new one goes to the engine with the most free
+room. A dead engine is taken out (``engine.lost``); its queued calls fail with
+:class:`~squad.errors.EngineLost` and move, a cut stream reruns from its start elsewhere; no
+engine left is :class:`~squad.errors.EngineGone`. ``Router.engine``: slots and pool summed,
+``n_ctx`` the smallest per-slot context. One engine given twice is refused (:func:`check_distinct`).
 
-Routing (:meth:`Router.complete`), per call:
-
-1. candidates are the engines still in service whose per-request limit (``n_ctx`` per slot)
-   holds the call (prompt + max_tokens); when none does, the one with the largest limit gets it
-   and its admission raises the usual :class:`~squad.errors.AdmissionError`;
-2. a conversation that called before stays on the engine that served it (its prompt is in that
-   engine's prompt cache);
-3. a new conversation goes to the engine with the most free room: free slots, then free pool
-   tokens, then fewest calls routed there (calls waiting in an engine's queue count as taking
-   room, so queues stay even when every engine is full).
-
-Failover: an engine is taken out (event ``engine.lost``) when it dies: its client found it not
-answering (:class:`~squad.errors.EngineGone`: connection refused and ``/health`` down), its
-launched process exited, or a stream it served was cut and ``/health`` no longer answers. Its
-admission is closed, so calls waiting there fail with :class:`~squad.errors.EngineLost` (never
-sent) and go to another engine; a call whose stream was cut runs again from its start on another
-engine (event ``call.moved`` with ``rerun``; the cut text never enters the conversation, and the
-:class:`~squad.chat.ChatResult` says ``rerun_from``, which the agent's result notes). A call that
-failed for its own reason (a 400 prompt too long, a context overflow, a timeout, a stream the
-engine ended with an error while it still answers) is raised, never re-run. When no engine is
-left: :class:`~squad.errors.EngineGone` naming each engine and why it was lost. A launched engine
-that dies is not restarted here (one engine alone is: :class:`~squad.engine.session.EngineSession`).
-
-What the runtime reads as ``chat.engine`` (:attr:`Router.engine`) describes the engines in service
-together: ``slots`` and ``pool`` are their sums (calls that run at once, in all), ``n_ctx`` the
-smallest per-slot context (a budget that holds on every engine), ``template_has_tools`` the most
-restrictive engine's. The engines are meant to serve one model: different models are allowed but
-warned about (``engine.warning``), since which one answers a new conversation depends on free
-room; prompts are counted with the first engine's counter for routing, and each engine's client
-counts again for its own admission.
-
-Launched engines each get their own port, plan and process. Rule: each is planned for the whole
-workload with 1/N of this machine's KV memory (N launched engines), since any call may land on
-any of them; all are stopped when the group closes (also on a failure or Ctrl-C).
-
-One engine given twice would count its slots and pool twice (admission would then let in twice
-what it holds), so it is refused (:func:`check_distinct`): URLs are compared in the form
-:func:`engine_key` gives (scheme and host lower-cased, the default port written out, a trailing
-``/`` and ``/v1`` removed, ``localhost``/``127.0.0.1``/``::1`` one loopback host; no DNS look-up
-for other names), and the same :class:`~squad.chat.ChatEngine` object given twice is refused too.
-Two different URLs that reach one server (a host name of this machine and ``127.0.0.1``, a proxy)
-are not found: llama-server reports nothing that tells one server from another (``/props`` gives
-its model, slots and build, the same for two servers of one model), so that stays the caller's
-to avoid.
+Design: docs/design/routing.md
 """
 
 from __future__ import annotations

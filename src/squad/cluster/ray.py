@@ -1,58 +1,15 @@
 """Cluster fan-out on Ray: a recipe's ``map`` steps over llama-servers on many machines.
 
-``squad run RECIPE --ray [ADDRESS]``, or ``run_recipe(recipe, ray=RayFanout(...))``. Needs the
-optional extra ``squad[ray]``; squad must be importable on every node (installed there, or
-shipped with Ray's ``runtime_env``).
+``squad run RECIPE --ray [ADDRESS]`` or ``run_recipe(recipe, ray=RayFanout(...))`` (extra
+``squad[ray]``). Each node runs ``workers_per_node`` actors, each with its own engine planned
+against its memory share (default ``1 / workers_per_node`` of the node's KV memory); map items
+of sub-agents are dispatched over them (:func:`squad.cluster.dispatch.dispatch`), the items of a
+lost worker run once more elsewhere; every other step runs in the driver on a local engine.
+Workers' events reach the driver's sinks with ids prefixed by the worker (``w0:c17``) and
+times on the driver's clocks. Every engine and a local cluster squad started are stopped at
+the end. Errors: :class:`~squad.errors.ClusterError`.
 
-Where things run:
-
-- **workers**: ``workers_per_node`` Ray actors on each alive node, pinned to it (Ray's node
-  affinity, not soft). Each launches its own llama-server, planned on its node by the same
-  planner as a local run (:func:`squad.engine.session.plan_engine`: the recipe's model, pins and
-  workload) against its **memory share**: ``memory_share`` × what that node gives the KV
-  cache (:func:`squad.sched.memory.kv_memory`, ``SQUAD_KV_MEMORY`` included); the share defaults
-  to ``1 / workers_per_node``, so workers on one machine never each plan for all of it. The
-  engine binds 127.0.0.1 on its node and only its worker talks to it.
-- **map steps** whose agent is not the main agent: each item is one ``Squad.map`` call on a
-  worker, dispatched by :func:`squad.cluster.dispatch.dispatch`: at most the worker's engine slots in
-  flight per worker (and the step's ``concurrency`` in all), results in input order; the items
-  a lost worker held (its actor, node or engine died) run once more elsewhere, and that is
-  stated in their results (and by an ``item.lost`` event); an item that fails for its own reason
-  (the agent's error, an answer that missed its schema, a 400) is reported, not retried. A
-  worker's engine that dies is not restarted: the worker is taken out for the rest of the run,
-  and an item that failed because of it (:meth:`_Worker._engine_death`: the engine's process
-  ended, or a cut stream or lost connection and ``/health`` no longer answers) counts as lost
-  with its worker. Taking the worker out rather than restarting its engine keeps one rule for
-  every death (actor, node, engine) and never re-sends an item to a worker that just failed it.
-  Each item's :class:`~squad.runtime.results.AgentResult` says which ``worker`` and ``engine`` served
-  it (and ``retried``: why, when it was).
-- **every other step** (calls, parallel blocks, a map over the main agent, whose @mentions
-  are handed back within one squad) runs in the driver, on a local engine as without Ray,
-  launched before the flow when the recipe has such a step (:func:`needs_local`): a recipe
-  made only of maps of sub-agents launches no local engine.
-
-**Events**: each worker's squad hands its events (agent, call, engine) to an outbox in its
-actor; the driver fetches them as they come (one long-polling call per worker, :class:`_Feed`)
-and gives them to the run's sinks (live view, trace, OpenTelemetry), so a Ray run is traced
-like a local one. On the way each event gets its ``worker``, its ``engine`` (the worker's
-engine URL, when the event had none), its conversation and call ids prefixed with the worker's
-short id (``w0:summarize#3``: unique across workers) and its map item as the driver numbers it;
-its times are moved onto the driver's clocks (``t`` monotonic, ``wall``; the offsets measured
-once per worker by a round trip, so workers on other machines line up too). An item's events
-reach the sinks before its result does. The driver also says how the start goes
-(``cluster.starting``, ``cluster.connected``, one ``worker.started`` or ``worker.failed`` per
-worker) and when an item's worker was lost (``item.lost``: the events of that attempt, if some
-arrived, stay in the trace but :func:`squad.events.summary.summarize` leaves them out of its counts;
-later ones are dropped).
-
-No engine is left behind: a worker stops its engine when it is closed, and the engine is a
-child of the worker's process (:mod:`squad.engine.process`), so it also dies with an actor
-that is killed or crashes. :class:`RayFanout` closes every worker at the end of the run (also
-when the driver is interrupted: close, then ``ray.kill``), and stops a local cluster it
-started, every process of it (:class:`squad.cluster.local.LocalCluster`). A local cluster (no
-``address``) runs on 127.0.0.1 only, its logs and sockets in ``temp_dir``. The address, and the
-model and settings each worker will plan with (:func:`check_launch`), are checked before a
-cluster is started or connected to (:mod:`squad.cluster.local`: which addresses, and their errors).
+Design: docs/design/ray.md
 """
 
 from __future__ import annotations

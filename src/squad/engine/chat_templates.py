@@ -1,45 +1,14 @@
 """Chat templates squad ships, and which one an engine gets.
 
-llama-server renders ``tools`` into the prompt, and finds tool calls in what the model writes,
-only through the model's jinja chat template (llama.cpp b11434, ``common/chat.cpp``
-``common_chat_templates_apply_jinja``). A template that never reads ``tools`` (SmolLM2-135M's
-own ChatML template) makes the engine drop the tool definitions silently. For such a model
-squad starts llama-server with a tool-capable template of its own **for the same chat
-format** (``--jinja --chat-template-file``, :func:`squad.engine.llama.server_args`), chosen here
-by :func:`tool_template_for`; never for a model whose own template already handles tools, or
-that has a separate ``tool_use`` template.
+llama-server renders ``tools`` and parses tool calls only through the model's jinja template
+(llama.cpp b11434, ``common/chat.cpp``). For a model whose template ignores ``tools`` (or has
+none: llama-server's ChatML fallback, :data:`ENGINE_FALLBACK`) squad starts the engine with a
+tool-capable template of its own for the same chat format (:data:`CHATML_TOOLS`,
+:data:`PHI3_TOOLS`, :data:`GRANITE_TOOLS`), chosen by :func:`tool_template_for`;
+:func:`handles_tools` is the probe. A forced turn starts inside a call
+(:attr:`ChatTemplate.call_prefix`); a named ``tool_choice`` is sent as ``required`` with one tool.
 
-How b11434 reads a template (``common/chat.cpp`` ``common_chat_try_specialized_template``,
-then the differential "autoparser", ``common/chat-diff-analyzer.cpp``, ``docs/autoparser.md``):
-a few families are recognized by marker strings; every other template is rendered with and
-without a tool call and the differences give the tool-call markers. squad's ChatML template
-(``chat_templates/chatml-tools.jinja``, written for squad) writes a call as a JSON object
-``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>`` (measured on
-b11434: ``tool_mode: JSON_NATIVE``, ``per_call_start: '<tool_call>\\n'``, a grammar built from the
-tools' schemas); the engine then returns the calls as its own ``tool_calls``.
-
-``tool_choice: required`` on b11434 still lets the model write text before the first
-``<tool_call>`` (the generated parser is ``content? tool-calls``), and a small model then
-rambles until ``max_tokens``. For squad's own template the client therefore continues an
-assistant message holding :attr:`ChatTemplate.call_prefix` (llama-server's assistant prefill:
-the prefix is fed to the grammar and to the parser, ``common/chat-auto-parser-generator.cpp``),
-so a forced turn starts inside a call. A named ``tool_choice`` object is not read by b11434
-(``tools/server/server-common.cpp`` reads ``tool_choice`` as a string; an object silently
-becomes ``auto``), so squad sends a named choice as ``required`` with only that tool offered.
-
-squad ships such templates for three chat formats (:data:`CHATML_TOOLS`, :data:`PHI3_TOOLS`,
-:data:`GRANITE_TOOLS`). Phi-3.5's own template has no tools section; Granite 3.3's lists the
-tools but never renders an assistant call, so b11434's caps probe finds no call format and
-returns every call as text (measured with the family matrix, ``tests/engine/test_families_real.py``).
-
-A model file without a ``tokenizer.chat_template`` (the Gemma 3 270M base model squad ships as
-``gemma3-270m``) gets llama-server's ChatML fallback (:data:`ENGINE_FALLBACK`, read back from
-``/props`` on b11434), which has no tools section either: :func:`tool_template_for` treats it as
-the ChatML template it is, so such a model also runs with squad's ChatML tool template.
-
-A template "handles tools" (:func:`handles_tools`, shown in plans) when rendering it with a tool definition shows the tool's name and
-rendering an assistant tool call shows the call (the same probe llama.cpp's
-``common/jinja/caps.cpp`` makes, here by rendering with jinja2's sandbox).
+Design: docs/design/tool-templates.md
 """
 
 from __future__ import annotations

@@ -1,63 +1,13 @@
 """Which kind of OpenAI-compatible server answers at a URL, and what it reports about its capacity.
 
-:func:`probe` asks the server the questions each kind answers and returns a :class:`Capacity`:
-the kind, how many requests it runs at once (``slots``), the most tokens one request may use
-(``n_ctx``), the tokens the running requests may hold together (``pool``), and, for each number,
-where it came from. llama-server and ``squad serve`` are read by
-:func:`squad.engine.control.attach` itself (``/props``, ``/squad/status``); this module covers
-the others. Admission is the same machinery for every kind (:class:`squad.sched.admission.Admission`:
-slots, pool, per-request limit); what differs is what the numbers mean and why they must hold:
+:func:`probe` returns a :class:`Capacity`: the kind (``vllm``, ``sglang``, ``ollama``,
+``lmstudio``, ``openai-compatible``), ``slots`` (requests at once), ``n_ctx`` (tokens of one
+request), ``pool`` (tokens the running requests hold together), and where each number came
+from (:attr:`Capacity.sources`). llama-server and ``squad serve`` are read by
+:func:`squad.engine.control.attach`. What no endpoint tells comes from the pins, else
+:data:`DEFAULT_SLOTS` / :data:`DEFAULT_CTX`; a pin only lowers a reported limit.
 
-- ``llama.cpp`` (llama-server): fails **every** running request when the pool overflows, so
-  squad reserves prompt + max_tokens against the pool (``docs/llama-server.md``).
-- ``vllm``: preempts and recomputes a running request when its KV blocks run out (vLLM
-  ``docs/design/metrics.md``: "PREEMPTED ... re-start its prefill phase"), so overflow is not an
-  error but thrash; squad keeps the running requests within the reported KV capacity and the
-  running-request cap. Read: ``GET /version`` ``{"version"}``; ``GET /v1/models``
-  ``data[0].max_model_len`` (one request's limit); ``GET /metrics``
-  ``vllm:cache_config_info{block_size="16",num_gpu_blocks="N",...} 1.0`` (KV capacity =
-  ``num_gpu_blocks × block_size`` tokens). vLLM's ``--max-num-seqs`` is not reported on these
-  endpoints: without a pin, squad uses the capacity divided by ``max_model_len`` (vLLM's own
-  "maximum concurrency" at full length, at least 1). Sources: vllm-project/vllm
-  ``docs/design/metrics.md`` (commit 0328b59, the "Cache Config Info" section) and
-  ``vllm/v1/metrics/loggers.py`` (``_log_info_cache_config``); ``/version`` and ``/tokenize``
-  are routes of ``vllm/entrypoints/openai/api_server.py``. Counting: ``POST /tokenize`` with
-  ``model`` and the chat ``messages`` (``TokenizeChatRequest``, ``add_generation_prompt`` true by
-  default) answers ``TokenizeResponse`` ``{"count", "max_model_len", "tokens", "token_strs"}``
-  (``vllm/entrypoints/openai/protocol.py``).
-- ``sglang``: retracts (preempts) running requests when its token pool runs out, like vLLM.
-  Read: ``GET /server_info`` (newer) or ``GET /get_server_info``: the server arguments at top
-  level (``context_length``, ``max_running_requests``, either may be null), the scheduler's
-  ``max_total_num_tokens`` (KV capacity) and ``max_req_input_len``, ``internal_states[0]
-  .effective_max_running_requests_per_dp``, ``version``. Source: sgl-project/sglang
-  ``python/sglang/srt/entrypoints/http_server.py`` (commit 0025436, ``get_server_info``) and
-  its docs' ``native_api`` page (example output with ``effective_max_running_requests_per_dp``).
-  SGLang's ``/tokenize`` takes a plain prompt, not chat messages, so squad uses its estimate.
-- ``ollama``: **silently truncates** a prompt longer than the loaded context (ollama/ollama
-  v0.33.0-rc2 ``server/prompt.go`` ``chatPrompt`` drops old messages to fit), so squad refuses
-  a request that does not fit instead of letting Ollama cut it. Read: ``GET /api/version``
-  ``{"version"}``; ``GET /api/ps`` ``models[].context_length`` (per request: Ollama starts its
-  runner with ``-c num_ctx × parallel``, ``llm/llama_server.go``). ``OLLAMA_NUM_PARALLEL``
-  (``envconfig/config.go``, default 1) is not reported: without a pin squad uses 1. No model
-  loaded: ``ctx`` pin or the default below. No chat tokenize endpoint: squad's estimate.
-- ``lmstudio``: its context-overflow policies (``truncateMiddle``, ``rollingWindow``) cut a
-  long prompt, so squad keeps every request under the loaded context. Read: ``GET
-  /api/v1/models`` (LM Studio 0.4.0+) ``models[].loaded_instances[].config.context_length`` and
-  ``.parallel``, else ``GET /api/v0/models`` (0.3.6+) ``data[]`` with ``state: "loaded"`` and
-  ``max_context_length``. Whether the ``parallel`` predictions share one context is not
-  documented, so the pool is one context (conservative). Source: lmstudio-ai/docs (commit
-  c6854fb) ``1_developer/2_rest/list.md`` and ``endpoints.mdx``. Counting: squad's estimate.
-- ``openai-compatible``: any other server. ``/v1/models`` ``data[0].max_model_len`` (or
-  ``context_length``) when present; else the pins or the defaults below, stated.
-
-What no endpoint tells is taken from the user's pins (``slots=``, ``ctx=``), else
-:data:`DEFAULT_SLOTS` / :data:`DEFAULT_CTX`, and :attr:`Capacity.sources` says which. A pin never
-raises a reported limit: it can only lower it. The 8-slot cap of the planner applies to engines
-squad launches, never to an attached server's own limits.
-
-mlxcel-server (lablup/mlxcel, the product page's MLX engine) documents its flags and its
-OpenAI-compatible ``/v1`` subset but not the shape of a capacity endpoint, so it is not a kind of
-its own: see the README.
+Design (each kind's endpoints, overflow behaviour and sources): docs/design/engine-kinds.md
 """
 
 from __future__ import annotations

@@ -1,70 +1,14 @@
 """Exact prompt token counts from the GGUF file alone, without a running engine.
 
-``counter_for_model(path)`` → a :class:`GGUFCounter` that returns the same number as
-llama-server's ``POST /v1/chat/completions/input_tokens`` for the same ``messages`` (+ ``tools``),
-or ``None`` when the file's tokenizer or chat template is outside what is reproduced here. A
-counter raises :class:`NotExact` for a request it cannot count exactly; callers then ask the
-engine (``EngineClient.count_prompt_tokens``).
+``counter_for_model(path)`` gives a :class:`GGUFCounter` that returns the same number as
+llama-server's ``POST /v1/chat/completions/input_tokens`` (llama.cpp b11434) for the same
+``messages`` (+ ``tools``), or None when the file's tokenizer (byte-level BPE only) or chat
+template is outside what is reproduced. A counter raises :class:`NotExact` for a request it
+cannot count exactly; callers then ask the engine. Counts are ints >= 0; the built tokenizer is
+cached as JSON in ``cache_dir()/tokenizers/``. Measured equal on 40 chat requests
+(``tests/engine/test_tokens_real.py``).
 
-How the engine counts (llama.cpp b11434, read from the source):
-
-- ``tools/server/server-context.cpp`` ``handle_count_tokens``: the chat body goes through
-  ``oaicompat_chat_params_parse`` (``tools/server/server-common.cpp``) into
-  ``common_chat_templates_apply``, then ``tokenize_mixed(vocab, prompt, add_special=true,
-  parse_special=true)``: BOS/EOS are added when ``tokenizer.ggml.add_bos_token`` /
-  ``add_eos_token`` say so, and special-token text in the prompt (``<|im_start|>``) becomes one
-  token (``src/llama-vocab.cpp`` ``tokenizer_st_partition``: control, user-defined and unknown
-  tokens).
-- ``common/chat.cpp`` ``common_chat_template_direct_apply_impl``: the jinja template
-  (``tokenizer.chat_template``; ``tokenizer.chat_template.tool_use`` when tools are given) is
-  rendered with ``messages``, ``bos_token``, ``eos_token``, ``enable_thinking``, ``tools`` (only
-  when non-empty), ``datetime``/``date_string``, and ``add_generation_prompt`` (true unless the
-  last message is an assistant's, which the server continues instead); a leading BOS text is
-  then cut when the tokenizer adds BOS itself. The jinja lexer (``common/jinja/lexer.cpp``) uses
-  ``trim_blocks`` and ``lstrip_blocks`` and drops one trailing newline, as jinja2 does here.
-- A template llama.cpp's caps probe finds reading a call's arguments as an object
-  (``supports_object_arguments``; squad's ChatML tool template) gets each call's argument text
-  parsed (``workaround::func_args_not_string``) and re-serialized by the template's ``tojson``
-  (``", "`` / ``": "``): compact ``{"q":"x"}`` renders as ``{"q": "x"}``, one token more.
-- Messages are rebuilt (``common_chat_msg::to_json_oaicompat``): ``role``, ``content`` (``""``
-  when absent/null), ``name``, ``tool_call_id`` and ``tool_calls``; role ``developer`` becomes
-  ``system``; a template that ignores a leading system message gets it merged into the next one
-  with ``"\\n"`` (``workaround::system_message_not_supported``).
-- Pre-tokenizer regexes per ``tokenizer.ggml.pre`` are in ``src/llama-vocab.cpp``
-  (``llm_tokenizer_bpe``); the GPT-2 and the digit-splitting StarCoder/SmolLM families, and the
-  one-regex Llama 3 (``llama-bpe``, with ``ignore_merges`` and BOS by default), Qwen2 and Qwen3.5
-  pre-tokenizers are mapped here (byte-level BPE, ``tokenizer.ggml.model == "gpt2"``). SentencePiece-style
-  vocabularies (``llama``, ``gemma``…) are not supported (``counter_for_model`` returns None).
-
-Not exact (``NotExact`` is raised), because the server does more than render the template:
-typed/array ``content``; a final assistant message continued with a reasoning template; ``tools``,
-``tool_calls`` or ``reasoning_content`` when the template reads them (tojson formatting and
-tool-call rewriting happen in C++); templates with a ``tool_use`` variant when tools are given;
-template errors. Templates the server special-cases (GPT-OSS, Mistral, Kimi, …, see
-``common_chat_try_specialized_template``) or that use ``enable_thinking`` are refused up front.
-
-Measured (``tests/engine/test_tokens_real.py``, SmolLM2-135M-Instruct Q4_1 against llama-server
-b11434, default flags): 40 chat requests — Python source (600 lines of ``launcher.py``, 5,867
-tokens), prose, Korean/emoji/ZWJ/flags/accents/combining marks, braces and JSON, e-mail
-addresses and @mentions, digits, NBSP/ideographic/zero-width spaces, CR/LF/tab runs,
-special-token text, control characters, multi-turn system/user/assistant histories (up to 20
-turns), developer and tool roles, tool calls in the history, a 25,795-token document, requests
-with ``tools`` (SmolLM2's template ignores them), and final-assistant prefills (incl. an empty
-one) — **all 40 equal** to ``input_tokens``; 24 bare texts against ``/tokenize`` (no BOS/EOS,
-``parse_special``) also all equal. Typed content (``[{"type": "text", ...}]``) raises
-``NotExact`` (the engine joins the parts with ``"\\n"`` for this template; not reproduced). Other
-templates and pre-tokenizers follow the same rules but were not measured.
-
-Speed (2-core CPU): first build from the GGUF ~2.0 s (the GGUF reader walks the vocabulary);
-from the disk cache ~0.1 s; memoized lookup ~20 µs. ``count_chat`` ~120 µs for a 113-token
-chat, ~5.6 ms for 5,900 tokens, ~44 ms for 25,800; ``count_text`` of a short line ~9 µs.
-
-Built with the HF ``tokenizers`` library (Rust; import ~15 ms, 12 MB installed; its declared
-dependency ``huggingface_hub`` is never imported here). ``transformers``' GGUF conversion was
-measured and rejected: 129 MB (307 MB with its dependencies), 0.8 s import, and it needs PyTorch
-to read a GGUF tokenizer at all. The built
-tokenizer is cached as JSON in ``cache_dir()/tokenizers/`` keyed by the file's resolved path,
-size and mtime (the GGUF reader walks the whole vocabulary, ~2 s).
+Design (how the engine counts, what is not exact, speed): docs/design/token-counting.md
 """
 
 from __future__ import annotations

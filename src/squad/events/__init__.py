@@ -1,82 +1,15 @@
 """Run events: one frozen dataclass per kind, each carrying the ids that place it.
 
-Every event has:
+Every event has ``agent``, ``conversation`` (``"security#3"``), ``parent`` (the conversation
+that started it, or None), ``call`` (``"c17"``), ``engine`` (base URL), ``worker`` (a Ray
+worker, or None), ``t`` (``time.monotonic()`` seconds) and ``wall`` (Unix seconds). So a call
+nests in its conversation, a conversation in its parent: trace and view match calls exactly.
+On disk (:mod:`squad.events.jsonl`) an event is ``{"kind", "t", "wall", "agent",
+"conversation", "parent", "call", "engine", "worker", "data": {...}}``; :func:`event_from_record`
+reads it back. The kinds (``Event.kind``), each with its fields, are listed in the design doc;
+a test keeps that list equal to the emitted kinds.
 
-- ``agent``: the agent's name (None for engine events);
-- ``conversation``: the id of the agent conversation it belongs to (``"security#3"``), minted
-  by the runtime for each agent turn;
-- ``parent``: the conversation that started this one (the main agent's, for a sub-agent
-  dispatched by an @mention or called as a tool), None for a top-level conversation;
-- ``call``: the id of one engine call (``"c17"``), minted by the client and handed to
-  admission, so the queue, admission, first token, end and release of one call share it;
-- ``engine``: the engine that served it (its base URL);
-- ``worker``: the Ray worker whose squad emitted it (``w0@10.0.0.5``, :mod:`squad.cluster.ray`), None for
-  an event of the driver's own squad. A worker's events reach the driver with their
-  conversation and call ids prefixed by the worker's short id (``w0:summarize#3``, ``w0:c17``),
-  so ids stay unique across workers, and their ``item`` is the driver's map index;
-- ``t`` (``time.monotonic()`` seconds) and ``wall`` (Unix seconds).
-
-So a call nests in its conversation, a conversation in its parent, and everything names its
-engine: trace and view match calls exactly, never by slot or arrival order.
-
-The kinds (``Event.kind``), all emitted by squad, and nothing else:
-
-============================  ==================================================================
-``engine.planned``            the planner's plan before launch (slots, n_ctx, reasons, warnings)
-``engine.loaded``             what an engine applied, read back (slots, n_ctx, pool, reason:
-                              launched, attached, reloaded or restarted)
-``engine.replanning``         a reload for a bigger plan begins (from_slots, to_slots, n_ctx)
-``engine.warning``            something the user should know about the engine (warning)
-``engine.loading``            the model is still loading (model, elapsed_s, timeout_s)
-``engine.exited``             a launched engine died mid-run (status, log_path, message); an
-                              ``engine.loaded`` with reason restarted follows if squad restarts it
-``engine.lost``               one of a squad's several engines died and was taken out (reason,
-                              remaining: engines left); its queued calls move to the others
-``mention.dispatched``        a main agent's @mentions run (agents)
-``mention.queued``            more sub-agents mentioned than slots: some wait (agents, slots)
-``agent.started``             a conversation begins (priority, item: its map item's index or
-                              None; shown as ``agent[item]``)
-``agent.finished``            it ended without an error (outcome: ok, truncated or empty;
-                              finish_reason, max_tokens, summary)
-``agent.failed``              it failed (error)
-``agent.cancelled``           it was cancelled (reason)
-``call.queued``               a call waits in squad's admission queue (tokens, position)
-``call.admitted``             it got a slot and its reservation (tokens, slot, queued_s)
-``call.first_token``          its first token arrived (ttft_s, slot)
-``call.finished``             it ended with an answer (finish_reason, usage, timings)
-``call.failed``               it ended with an error (error, message, attempts)
-``call.retried``              it is being sent again (reason, attempt, error)
-``call.released``             its slot and reservation were given back (tokens, held_s)
-``call.moved``                its engine was lost, so it goes to another (to_engine; rerun: it
-                              was streaming and runs again from its start, its cut text dropped)
-``tool.called``               a tool ran for an agent (tool, ok)
-``tool.limited``              a sub-agent tool call was refused by the run's bound (tool,
-                              limit: ``depth`` or ``calls``, value, message); once per limit
-                              per run
-``tool.truncated``            a tool result was cut to fit the agent's budget (tool, result_chars,
-                              kept_chars, result_tokens, kept_tokens, room_tokens, budget,
-                              tools_closed: the next round offers no tools, message)
-``output.retried``            an answer missed its output schema and was asked once more
-                              (problem, message; :mod:`squad.chat.structured`)
-``cluster.starting``          a Ray run starts a local cluster or connects to one (address: None
-                              for a local one on 127.0.0.1)
-``cluster.connected``         connected: nodes alive, workers being started (address)
-``worker.started``            a Ray worker's engine answered (node, slots, n_ctx, pool, memory:
-                              bytes of KV memory it planned for); ``worker`` and ``engine`` name it
-``worker.failed``             a Ray worker did not start (reason); the run goes on without it
-``item.lost``                 a map item's Ray worker was lost while it held the item (item,
-                              reason, retry: it runs again on another worker); the events of that
-                              lost attempt do not count in the summary (:mod:`squad.events.summary`)
-``answer.cut``                a sub-agent answer was cut to fit the main agent's budget
-``mcp.warning``               an MCP server wrote non-MCP text to stdout or exited mid-run (server,
-                              problem: ``stdout`` or ``exited``, warning: the line shown)
-``step.warning``              a recipe step produced a non-answer (step, label, outcome,
-                              handling, warning: the line naming the step and the fix)
-============================  ==================================================================
-
-On disk (JSON Lines, :mod:`squad.events.jsonl`) an event is
-``{"kind", "t", "wall", "agent", "conversation", "parent", "call", "engine", "worker", "data": {...}}``
-with the kind's own fields in ``data``; :func:`event_from_record` reads it back.
+Design: docs/design/events.md
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """OpenTelemetry export: squad's run events as spans following the GenAI semantic conventions.
 
-An optional extra (``pip install 'squad[otel]'``: the OpenTelemetry SDK and the OTLP exporter).
-:class:`OtelSink` is an :data:`~squad.events.EventSink`, like :class:`squad.events.jsonl.JsonlTrace`: it
-turns the typed events a run emits into spans, so nothing in the runtime knows about tracing.
+An optional extra (``pip install 'squad[otel]'``). :class:`OtelSink` is an event sink like
+:class:`squad.events.jsonl.JsonlTrace`: ``invoke_agent {agent}`` spans per conversation (a
+sub-agent's a child of its parent's), ``chat {model}`` spans per model call, retries and tool
+runs as span events; span times are the events' own wall-clock times. Spans go through the
+tracer provider given, else the global one; :func:`configured_provider` builds one the way
+``squad run --otel`` does (``OTEL_TRACES_EXPORTER``, default ``otlp``, and the SDK's ``OTEL_*``).
 
-Spans (OpenTelemetry semantic conventions for GenAI, "agent spans" and "model spans", status
-Development; names and attributes from ``opentelemetry.semconv._incubating`` ``gen_ai_attributes``):
-
-- ``invoke_agent {agent}`` (INTERNAL), one per agent conversation, from its first event
-  (``agent.started``, or ``mention.dispatched`` when a main agent's task @mentions sub-agents
-  that run before its own call) to ``agent.finished``/``failed``/``cancelled``: ``gen_ai.operation.name`` = ``invoke_agent``,
-  ``gen_ai.agent.name``, ``gen_ai.conversation.id``, ``gen_ai.provider.name`` = ``llama.cpp``,
-  ``gen_ai.request.model``; squad's ``squad.runtime.outcome``, ``squad.map_item``. A sub-agent's span is
-  a child of the conversation that started it (the event's ``parent``); a top-level one is a
-  child of the context current when the sink was made (none: a new trace).
-- ``chat {model}`` (CLIENT), one per model call, from the call's first event (``call.queued`` or
-  ``call.admitted``) to ``call.finished``/``call.failed`` (an engine that reports neither, such as
-  ``squad.testing.ScriptedEngine``: to ``call.released``), child of its conversation's span:
-  ``gen_ai.operation.name`` = ``chat``, ``gen_ai.request.model``, ``gen_ai.response.finish_reasons``,
-  ``gen_ai.usage.input_tokens``/``output_tokens``, ``gen_ai.response.time_to_first_chunk`` (s),
-  ``server.address``/``server.port``; squad's ``squad.call.id``, ``squad.slot``,
-  ``squad.queue_wait_s``, ``squad.reserved_tokens``, ``squad.attempts``, ``squad.tokens_per_s``.
-  Retries and tool runs are span events (``squad.retry``, ``squad.tool``).
-
-Span times are the events' own wall-clock times, so a span is exact even when the sink sees the
-event late. Spans go through the tracer provider given, else the global one
-(``opentelemetry.trace.get_tracer_provider()``), so any exporter configured the standard way works.
-:func:`configured_provider` builds one the way ``squad run --otel`` does: exporter named by
-``OTEL_TRACES_EXPORTER`` (default ``otlp``; ``console``; any installed
-``opentelemetry_traces_exporter`` entry point), everything else by the SDK's own ``OTEL_*``
-variables (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_ENDPOINT``...).
+Design (span names and attributes): docs/design/otel.md
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """MCP servers: tools agents call from Model Context Protocol servers, through the official
 ``mcp`` SDK (``mcp.Client``; its ``stdio_client`` and ``streamable_http_client`` transports).
 
-- :class:`MCPServer` declares one server, the same in Python (``Squad(mcp_servers=[...])``)
-  and in a recipe's ``mcp:`` block: a ``command`` (+ ``args``, ``env``, ``cwd``) squad starts
-  and talks to over stdin/stdout, or the ``url`` of a streamable-HTTP server already running.
-  ``command``/``args``/``env`` are used as written, never rendered as templates, so no
-  parameter value (``-p``) can reach a server's command line.
-- An agent names the tools it may use in its ``tools``: ``SERVER.TOOL`` for one tool,
-  ``SERVER.*`` for all of that server's tools. The model sees each under the tool's own name
-  (characters other than letters, digits, ``_`` and ``-`` become ``_``), with the server's
-  description and JSON schema of its arguments; two tools of one agent with the same name are
-  an error at open naming both.
-- :class:`MCPServers` opens a squad's servers (one after another, each within its
-  ``start_timeout`` seconds), lists their tools and closes them. A server that does not start
-  is an :class:`~squad.errors.MCPServerError` naming it, with the end of its stderr.
-- A stdio server writes only MCP messages to stdout. A line that is not one (a banner, a
-  ``print``) is skipped, never shown as the SDK's traceback: squad warns once per server
-  (:class:`~squad.events.MCPWarning`, ``stdout``) quoting its first bytes, and names it in the
-  error of a server that then does not start. A stdio server whose process ends mid-run is
-  warned about too (``exited``); its later calls fail.
-- A call (:meth:`MCPTool.call`) never raises for the model's or the server's faults:
-  arguments that are not a JSON object or miss the tool's schema, a tool error
-  (``isError``), a call past the server's ``timeout`` seconds and a server that died all come
-  back as the tool's result text, starting with ``error:``.
+:class:`MCPServer` declares one server (a ``command`` squad starts, never template-rendered, or
+a streamable-HTTP ``url``); an agent names tools as ``SERVER.TOOL`` or ``SERVER.*``.
+:class:`MCPServers` opens a squad's servers, each within ``start_timeout`` seconds (else
+:class:`~squad.errors.MCPServerError` with its stderr's end). :meth:`MCPTool.call` never raises
+for the model's or the server's faults: they come back as result text starting ``error:``.
+A stdio server's process group joins :mod:`squad.children`, so nothing it started outlives squad.
 
-Process ownership: the SDK's ``stdio_client`` spawns the server in a session of its own. squad
-hooks that spawn (:func:`_hook_spawn`) so the group joins :mod:`squad.children`, the one
-mechanism for every child process: the guard stops it if squad is killed, and on close, after
-the SDK has stopped the server (stdin closed, then SIGTERM/SIGKILL of its group),
-:func:`squad.children.stop_group` stops what the server started and left behind.
+Design: docs/design/mcp.md
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
 """A recipe's budgets against its model file, checked before any engine starts.
 
-Both checks read the model's GGUF only when it is already on disk (the recipe's ``.gguf``
-path, or a known model where ``squad models pull`` puts it, the default one when the recipe
-names none). squad never downloads a model or starts an engine for them; without the file
-they are skipped and the planner and the client check again at run time.
+Reads the model's GGUF only when it is already on disk (never downloads, never starts an
+engine; without the file the checks are skipped and run time checks again).
+:func:`n_ctx_train`: the training context in tokens. :func:`check_prompts`: a prompt known
+before the run, counted exactly, over the agent's budget is a :class:`~squad.errors.RecipeError`.
+:func:`plan_budgets`: an ``auto`` budget = max over the agent's steps of (prompt + max_tokens +
+:func:`headroom`) plus tool rounds and schema retries, rounded up to 256 and capped by the
+training context. A prompt too long even alone (or over :data:`BYTES_PER_TOKEN` bytes per
+token) is refused before tokenizing or launching.
 
-- :func:`n_ctx_train`: the model's training context in tokens; a budget above it can never
-  be used (checked in :mod:`squad.recipes.check`, at the budget).
-- :func:`check_prompts`: a step whose prompt is known before the run (it renders from
-  parameter values alone) is counted with the model's own tokenizer
-  (:func:`squad.engine.tokens.counter_for_model`, the count llama-server's
-  ``/v1/chat/completions/input_tokens`` gives). When prompt + ``max_tokens`` is above the
-  agent's budget, the client would refuse the call at run time; here it is a
-  :class:`~squad.errors.RecipeError` at the prompt, before anything runs.
-- :func:`plan_budgets`: an ``auto`` budget from the real, counted work. Each step's prompt
-  is rendered with the real parameters and counted with the system prompt, the tool
-  definitions (``ask_<name>`` tools; MCP tools' schemas once their servers are up, see
-  :func:`squad.recipes.run.recipe_mcp`) and, for a main agent that @mentions sub-agents, an allowance of the sum of
-  their ``max_tokens`` for the handed-back answers. A prompt that uses an earlier step's
-  output is an estimate: each output is stood in for by that step's ``max_tokens`` worth of
-  tokens (a parallel block's or a map's: the sum over its children or items). The agent's
-  budget = max over its steps of (prompt + max_tokens + headroom), rounded up to 256 and
-  capped by the training context, with headroom = :func:`headroom` (10 %, at least 64
-  tokens) for follow-up turns. An agent with tools also gets room for each tool round it may
-  take (its ``max_tool_rounds``, default 4): ``max_tokens`` for the call and
-  :data:`TOOL_RESULT_TOKENS` for its results (a larger result is cut at run time, :mod:`squad.runtime.toolroom`);
-  when that cannot fit (capped by the training context, or a fixed budget) a
-  :class:`~squad.recipes.model.RecipeWarning` says how many rounds fit and what to set. An answer held to a schema (a step's
-  ``schema``, an agent's ``output_type``) also keeps room to be asked once more: its
-  ``max_tokens`` again plus :data:`squad.chat.structured.RETRY_TOKENS`.
-
-Early errors, before any engine starts: a rendered prompt longer than
-:data:`BYTES_PER_TOKEN` bytes per token of the training context is refused without
-tokenizing; a prompt that cannot fit even alone (prompt + max_tokens above the training
-context) names the step, the counted tokens and the limit.
+Design: docs/design/budgets.md
 """
 
 from __future__ import annotations

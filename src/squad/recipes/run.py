@@ -1,39 +1,14 @@
 """Running a recipe's flow on a :class:`squad.runtime.squad.Squad`.
 
-Each step's result is kept as ``steps[ID] = {"output": text, "outputs": [texts],
-"error": message or None, "outcome": ok|truncated|empty|failed|cancelled}`` for later
-templates:
+Each step's record is ``steps[ID] = {"output": text, "outputs": [texts], "error": message or
+None, "outcome": ok|truncated|empty|failed|cancelled}`` (plus ``value``, parsed JSON, for a
+step with a schema) for later templates: a call step, a parallel block (``fail-fast`` or
+``collect``), a map (one output per item, in item order). Non-answers flow on as the step's
+``non_answers`` says, never silently. The final output is the last step's ``output``; with an
+output schema a miss is :class:`~squad.errors.InvalidOutput` keeping the raw text. MCP servers
+start before the engine (:func:`recipe_mcp`) so their tool schemas count in ``auto`` budgets.
 
-- a call step: ``output`` is the answer (``outputs`` = ``[output]``). A prompt to the main
-  agent goes through ``Squad.run`` (its @mentions run in parallel and are handed back);
-  a prompt to another agent through ``Squad.run_agent``.
-- a parallel block: its steps run at once; ``outputs`` lists their outputs in order and
-  ``output`` joins them with a blank line. ``policy: fail-fast`` stops the block (and the
-  run) at the first failure; ``collect`` records the failure (``error`` set, ``output``
-  ``""``) and goes on.
-- a map: ``outputs`` has one answer per item (in item order), ``output`` is them one per line.
-- a step with a ``schema`` (or the last call step, which gets the recipe's ``output.schema``):
-  the schema is sent with each call, each answer is validated (asked once more on a miss,
-  :mod:`squad.chat.structured`), ``output`` is the answer as JSON and ``value`` its parsed JSON
-  (for a map a list, one per item, None where an item failed), so later prompts can use
-  ``steps.ID.value.KEY`` (``steps.ID.value[0].KEY``).
-
-Non-answers (:mod:`squad.runtime.outcome`) never flow on silently: a truncated or empty answer is
-passed on as the step's ``non_answers`` setting says (``mark``: with ``[truncated at
-max_tokens]`` / ``[empty answer]`` at its end; ``accept``: as it is; ``fail``: the step
-fails), with a :class:`~squad.events.StepWarning` naming the step and the fix unless
-accepted; a failed step fails whoever uses it directly, and appears as ``[failed: why]`` in
-a block's or map's ``outputs`` and ``output``.
-
-The final output is the last step's ``output``; with an output schema it must be JSON
-matching it: already validated when the last step is a call (the schema was sent with it),
-else checked after the flow (:meth:`Recipe.check_output`). A miss is an
-:class:`~squad.errors.InvalidOutput` keeping the raw text (``squad run`` prints it, writes it
-to ``--out`` and exits 1).
-
-A recipe's MCP servers (``mcp:``) start before the engine (:func:`recipe_mcp`): the tools its
-agents name are checked against what the servers list, and their schemas are counted into the
-``auto`` budgets, so the engine is planned for prompts that include them.
+Design: docs/design/recipe-flow.md
 """
 
 from __future__ import annotations

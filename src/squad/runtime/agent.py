@@ -1,49 +1,13 @@
 """Agents: who they are, what they may hold, what they may call.
 
-An :class:`Agent` is a pydantic model with ``extra="forbid"`` so a recipe file and Python
-code build the same thing with the same errors. It is pure data; the runtime
-(:mod:`squad.runtime.squad`) runs it.
+An :class:`Agent` is a frozen pydantic model with ``extra="forbid"``, so a recipe file and
+Python code build the same thing with the same errors; pure data, run by
+:mod:`squad.runtime.squad`. Units: ``budget`` is context tokens one conversation may hold
+(prompt + answer) or ``"auto"``; ``max_tokens`` tokens one model turn may generate (below a
+fixed budget). Numbers are strict: ``true`` is not 1, ``"256"`` is not 256 (field case F21).
+:func:`check_squad` checks a set of agents together (names, sub-agents, cycles).
 
-Fields and units:
-
-- ``name``: letters, digits, ``-`` and ``_``, starting with a letter (how it is @mentioned).
-- ``description``: what it is for; shown to a main agent that may call it.
-- ``instructions``: a jinja2 template (sandboxed, StrictUndefined) for its system message.
-  Variables: ``name``, ``description``, ``agents`` (list of ``{name, description}`` of its
-  sub-agents) and whatever the caller passes.
-- ``budget``: context tokens one conversation of this agent may hold (prompt + answer), or
-  ``"auto"`` (the default). A number is a hard limit: the planner sums budgets to size the
-  engine and the client refuses a call above it. ``"auto"`` is planned: in a recipe from the
-  counted prompts of the agent's steps (:mod:`squad.recipes.budgets`), elsewhere the model's
-  training context shared by the agents running at once (:func:`squad.sched.planner.plan`).
-- ``max_tokens``: tokens one model turn may generate; must be below a fixed ``budget``.
-  Numbers are strict: ``true`` is not 1 and ``"256"`` is not 256 (field case F21).
-- ``sampling``: :class:`Sampling` (temperature, top_p, ...), sent with every call.
-- ``tools``: names of function tools registered with the squad, and MCP tools as
-  ``SERVER.TOOL`` or ``SERVER.*`` (all of a server's tools; :mod:`squad.mcp`).
-- ``agents``: names of sub-agents it may @mention or call as ``ask_<name>`` tools.
-- ``sub_agent_tools``: offer ``agents`` as tools (True) or only through @mentions (False).
-- ``tool_choice``: ``"auto"`` (the model decides), ``"required"`` (it must call one of its
-  tools) or a tool's name (it must call that one: one of ``tools`` or ``ask_<sub-agent>``).
-  A forced choice applies to the first model round of a turn only: after a tool result the
-  model may answer (else every round would call again until the rounds run out).
-- ``parallel_tool_calls``: whether one model round may call several tools. False is sent to
-  the engine, and squad also runs only the first call of a reply (llama-server b11434 ignores
-  the flag for templates that mark each call, squad's ChatML one included; a small model
-  often repeats the same call).
-- ``output_type``: what its answers must be: a pydantic model class (or another type pydantic
-  validates) or a JSON schema dict, kept as a :class:`~squad.chat.structured.OutputSchema`. The
-  engine is asked for JSON of that schema (``response_format``), the answer is validated and
-  asked once more on a miss; ``AgentResult.output_value`` holds the value (:mod:`squad.chat.structured`).
-- ``max_sub_depth``/``max_sub_calls``: the bounds on sub-agent tool calls of a run this agent
-  starts (its own turn, with everything it calls), in place of the squad's (``Squad``,
-  defaults 2 levels and 8 calls); None = the squad's.
-- ``tool_results``: what happens to a tool result (function or MCP) larger than the room its
-  budget has left (:mod:`squad.runtime.toolroom`): ``"cut"`` (default) keeps what fits and ends it with
-  a marker naming the tool and what was dropped (a ``tool.truncated`` event, a warning), the
-  step goes on; ``"fail"`` fails the turn with :class:`~squad.errors.ToolResultTooLarge`.
-- ``max_tool_rounds``: model rounds of one turn that may call tools, after which it must answer
-  (None = the squad's, default 4); an ``auto`` budget in a recipe plans room for each round.
+Design (every field, its unit and default): docs/design/agent.md
 """
 
 from __future__ import annotations

@@ -1,51 +1,15 @@
 """@mention parsing: the one parser the runtime, ``squad chat`` and recipes share.
 
-Whose words can delegate
-------------------------
-Only the author's and the user's own text dispatches sub-agents: a recipe's template text,
-a ``squad chat`` line, the text given to ``Squad.run``. Values put into such text are
-*data* (field case F13: a step output, a model answer, a ``-p`` value, a map item or a
-source file full of ``@dataclass`` must not dispatch anyone). Data is wrapped in
-:data:`DATA_OPEN` ... :data:`DATA_CLOSE` (:func:`as_data`; recipe templates wrap every
-``{{ ... }}`` output, :func:`squad.templates.render_template` with ``data=True``), and the
-parser reads a data region as one opaque piece of the sentence it sits in: no mention, no
-code fence or backtick, no sentence end inside it counts. :func:`unmark` removes the marks;
-every text the parser hands out (:attr:`Dispatch.text`, :attr:`MentionParse.remainder`) is
-already unmarked, so the model sees the text as it was.
+Only the author's and the user's own text dispatches sub-agents; values put into it are data
+(field case F13), wrapped in :data:`DATA_OPEN` ... :data:`DATA_CLOSE` (:func:`as_data`) and read
+as one opaque piece. ``@name`` counts at a word start, whole-name and case-insensitively, never
+inside data, code or e-mail-like tokens; each agent is dispatched once, in order of first
+mention. Each sub-agent gets the units (lines, sentences, fenced blocks) addressed to it plus
+the shared context, mentions stripped; :attr:`MentionParse.remainder` is what is left for the
+main agent. Unknown names and idle mentions: :class:`~squad.errors.MentionError` via
+:meth:`MentionParse.check`.
 
-What counts as a mention
-------------------------
-- ``@name`` at the start of the text, after whitespace, or after opening punctuation
-  ``( [ { " '``. ``name`` is letters, digits, ``_`` and ``-`` (not ending in ``-``; letters
-  may be non-ASCII); trailing punctuation (``@style,`` ``@style.`` ``@style:``) is not part
-  of the name.
-- Matched whole-name and case-insensitively against the known agents.
-- Never inside data, inline code (`` `@x` ``), fenced code blocks (```` ``` ```` / ``~~~``),
-  e-mail addresses (``a@b.com``) or address-like tokens (``@b.com``, ``@user@host``).
-- Each agent is dispatched once, in order of its first mention.
-- A name that matches no known agent is reported in :attr:`MentionParse.unknown` with
-  difflib suggestions, never silently dropped (the runtime and recipes raise
-  :class:`~squad.errors.MentionError` via :meth:`MentionParse.check`; chat warns and sends
-  the line with that mention as written, :func:`quote_unknown`).
-
-What each sub-agent receives
-----------------------------
-The message is cut into *units*: lines, and sentences within a line (a sentence ends at
-``.``, ``!`` or ``?`` followed by whitespace); a fenced code block is one unit. A unit that
-mentions known agents is *addressed* to them; the others are *shared context*.
-
-- A sub-agent receives the message in its original order, keeping the units addressed to
-  it (even if addressed to others too) and the shared context, and leaving out units
-  addressed only to other agents. So ``"@security @style review this diff:"`` followed by a
-  code block gives both agents ``"review this diff:"`` plus the code block.
-- Mention tokens are stripped: leading mentions and the punctuation after them
-  (``"@a, @b: do x"``, ``"@a. Do x"``) are removed; a mention inside a sentence becomes the
-  bare name (``"ask @a about x"`` -> ``"ask a about x"``).
-- A mentioned agent whose text would be empty (``"@security"`` alone) is listed in
-  :attr:`MentionParse.idle`; :meth:`MentionParse.check` makes that an error (a model sent an
-  empty message answers nonsense), so the caller says what the agent should do.
-- :attr:`MentionParse.remainder` is the shared context alone (mentions stripped): what is
-  left for the main agent to answer itself; ``""`` when every unit was addressed.
+Design (the rules, with examples): docs/design/mentions.md
 """
 
 from __future__ import annotations

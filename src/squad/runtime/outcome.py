@@ -1,41 +1,13 @@
 """What an agent conversation produced: an answer, or one of the non-answers (field case F11).
 
-Every place a result is shown or passed on uses :class:`Outcome`: agent results
-(:attr:`squad.runtime.results.AgentResult.outcome`), the ``agent.finished`` event, recipe steps, the
-``squad run`` table, the live view and ``squad trace show``.
+:class:`Outcome` is one of ``ok``, ``truncated`` (stopped at ``max_tokens``), ``empty``,
+``failed``, ``cancelled``; every place a result is shown or passed on uses it. How a truncated
+or empty answer flows on is one :data:`Handling`: ``accept``, ``mark`` (the default: a visible
+mark at its end, :func:`marked`) or ``fail`` (an :class:`~squad.errors.IncompleteAnswer`).
+A failed or cancelled conversation always counts as a failure and shows as ``[failed: why]``
+or ``[cancelled: why]``, never as nothing.
 
-==============  ==================================================================  ==========
-outcome         what happened                                                       flows on
-==============  ==================================================================  ==========
-``ok``          the model ended its answer itself (``finish_reason`` ``stop``)      as is
-``truncated``   the call stopped at ``max_tokens`` (``finish_reason`` ``length``):  ``mark``
-                the text is the first part of an answer                             (default)
-``empty``       the call finished without any answer text                           ``mark``
-                                                                                    (default)
-``failed``      the conversation failed with an error (no answer)                   ``fail``
-``cancelled``   it was cancelled (a failed sibling, ``Squad.cancel``)                ``fail``
-==============  ==================================================================  ==========
-
-How a truncated or empty answer flows on to whatever uses it next is one :data:`Handling`:
-
-- ``accept``: the text as it is; asked for deliberately, e.g. a recipe that uses
-  ``max_tokens`` as a length limit;
-- ``mark`` (the default): the text with a visible mark at its end (:func:`marked`):
-  ``"... [truncated at max_tokens]"``, ``"[empty answer]"``;
-- ``fail``: it counts as a failure, an :class:`~squad.errors.IncompleteAnswer` error on the
-  result (``Squad.run(..., fail_on=...)``), so the failure rules apply.
-
-A failed or cancelled conversation always counts as a failure (``fail``): a later recipe step
-that uses its output fails, a parallel block's policy (``collect``/``fail-fast``) decides
-its siblings, ``squad run`` exits 1; where its place is shown among others (a block's or
-map's joined output, answers handed back to a main agent, an ``ask_<name>`` tool result)
-it appears as its mark, ``[failed: why]`` or ``[cancelled: why]``, never as nothing.
-
-Recipes choose per step with ``non_answers: {truncated: ..., empty: ...}`` (recipe-wide
-and per step, :mod:`squad.recipes.spec`); answers handed back to a main agent and
-``ask_<name>`` tool results are always marked. Not to be confused with a hand-back's
-``[cut: N tokens omitted]`` (:mod:`squad.runtime.handback`: squad shortened a finished answer to fit
-a budget) or with :class:`~squad.errors.TruncatedStream` (the stream broke off: a failure).
+Design (the table, and what flows on where): docs/design/non-answers.md
 """
 
 from __future__ import annotations

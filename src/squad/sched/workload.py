@@ -1,37 +1,14 @@
 """Workloads: which agent conversations run at the same time, with which budgets.
 
-One workload type serves all three ways squad is used (recipe flows, a main agent with
-the sub-agents it may @mention or delegate to, batches of parallel runs), and the
-concurrency analysis the planner needs lives here, in one place.
+A workload is a tree of frozen nodes: :class:`Call` (one conversation holding up to ``budget``
+tokens; None = auto), :class:`Sequence`, :class:`Parallel`, :class:`Map` (``item`` for
+``count`` inputs, at most ``limit`` at a time) and :class:`Delegate` (a main agent holding its
+conversation while its sub-agents run). :func:`stages` turns it into a worst-case concurrency
+timeline of :class:`Stage` s; the planner sizes slots from :func:`peak_concurrency` and the
+context from :func:`peak_context` (tokens). One workload type serves recipes, @mentions and
+parallel runs.
 
-A workload is a tree of frozen nodes:
-
-- :class:`Call`: one agent conversation holding up to ``budget`` tokens of context
-  (None = auto: the planner gives it a share of the model's context, :func:`with_budgets`).
-- :class:`Sequence`: children one after another.
-- :class:`Parallel`: children all at once.
-- :class:`Map`: ``item`` run for ``count`` inputs, at most ``limit`` at a time
-  (``count`` None = unknown length, then ``limit`` bounds it; both None = unbounded).
-- :class:`Delegate`: a main agent that keeps its conversation (and its budget) while the
-  sub-agent workload ``subs`` runs (@mentions, sub-agents as tools).
-
-The analysis turns a tree into a concurrency timeline (:func:`stages`): each :class:`Stage`
-is a set of conversations that can be holding context at the same time. The planner sizes
-slots from :func:`peak_concurrency` and the context from :func:`peak_context`.
-
-Worst-case rules, applied recursively so nesting composes:
-
-- ``Sequence``: its children's stages, in order.
-- ``Parallel``: the children run at once and their timing is not known, so any stage of one
-  child may coincide with any stage of another. Each child's busiest stage is combined
-  (one stage when every child has one stage; else the combination of the children's
-  count-peaks and the combination of their context-peaks).
-- ``Map(item, count, limit)``: ``min(count, limit)`` copies of each stage of ``item``
-  (None = no bound on that side). Both None: unbounded; the stage keeps one copy of each
-  such conversation in :attr:`Stage.unbounded` and the planner caps it.
-- ``Delegate(main, subs)``: ``main`` alone, then every stage of ``subs`` with ``main``
-  added (a main agent waiting on its sub-agents still holds its conversation), then
-  ``main`` alone again.
+Design (the worst-case rules per node): docs/design/workload.md
 """
 
 from __future__ import annotations

@@ -1,42 +1,14 @@
 """The bounded jinja2 sandbox every squad template renders in (field cases F18, F19).
 
-jinja2's :class:`~jinja2.sandbox.ImmutableSandboxedEnvironment` keeps a template away from
-Python internals (no ``__class__``, no unsafe callables, no ``list.append``), but not from
-the CPU or the memory: ``{{ 10 ** (10 ** 8) }}`` computes for minutes and
-``{{ 'x' * 100000000 }}`` builds 100 MB. :class:`BoundedSandbox` adds three limits, each
-checked *before* the work is done, so a bad template fails at once with a
-:class:`TemplateLimit` saying what it tried:
+jinja2's immutable sandbox keeps a template away from Python internals but not from the CPU or
+memory. :class:`BoundedSandbox` adds limits checked *before* the work is done: no value over
+:data:`MAX_VALUE` characters (or list items) beyond the data given, integers up to
+:data:`MAX_INT_DIGITS` digits, all values built in one render at most :data:`BUILT_FACTOR` times
+that, at most :data:`MAX_STEPS` steps and :data:`RENDER_SECONDS` seconds, output at most
+``max_chars``. A bad template fails at once with a :class:`TemplateLimit` saying what it tried.
+:func:`bound` rewrites the parsed template; :func:`metered` sets the :class:`Meter` of one render.
 
-- **values**: no operation builds a value of more than :data:`MAX_VALUE` characters (or list
-  items) beyond the size of the data the template was given (a 5 MB file parameter can still
-  be printed or appended to, not doubled). Checked: ``*``, ``+``, ``%``, ``~``, integers
-  above :data:`MAX_INT_DIGITS` digits (``**``, ``*``), ``str.format``/``format`` widths and
-  repeats, the string methods that pad or repeat (``ljust``, ``center``, ``zfill``,
-  ``expandtabs``, ``replace``, ``join``), and the filters that can grow their input
-  (``center``, ``indent``, ``format``, ``join``, ``replace``, ``wordwrap``, ``batch``,
-  ``slice``, ``sum``; every filter's text result is checked after it returns).
-- **work**: all the values one render builds together (every string, list and slice made by
-  an operator, a filter or a method) hold at most :data:`BUILT_FACTOR` times that limit, so
-  a loop that builds a big value on every pass ends early too.
-- **steps**: a render takes at most :data:`MAX_STEPS` steps: loop iterations, calls
-  (macros included), operators, attribute and item lookups, and one per item a filter walks.
-  Nested loops and exponential macro recursion end here. As a last guard, a render that
-  still runs after :data:`RENDER_SECONDS` (say, a loop scanning a big text on every pass)
-  is stopped.
-- **output**: a render writes at most ``max_chars`` characters (by default the
-  :data:`MAX_VALUE` limit above), counted as each piece is written, also inside
-  ``{% set %}`` blocks, macros and ``{% filter %}`` blocks.
-
-``range()`` keeps jinja's own sandbox limit (:data:`jinja2.sandbox.MAX_RANGE`, 100,000 items)
-and ``lipsum()`` is removed (it builds text of any size). The limits are far above what a
-prompt template needs: a template that reads a 10,000-line file line by line takes ~40,000
-steps.
-
-How: after parsing, :func:`bound` rewrites the template's syntax tree so that every loop
-iterable, every ``~`` and every piece of output passes through a counting filter (marked
-``pass_context`` so jinja never folds it away at compile time); calls and the intercepted
-operators go through :meth:`BoundedSandbox.call` and :meth:`BoundedSandbox.call_binop`.
-The count lives in a :class:`Meter` set for one render with :func:`metered`.
+Design (what each limit checks, and how): docs/design/sandbox.md
 """
 
 from __future__ import annotations

@@ -1,41 +1,16 @@
 """A fake llama-server for fast, honest tests: real HTTP on 127.0.0.1, the real API shapes.
 
-``FakeEngine`` runs a starlette app under uvicorn in a thread of its own (its own event
-loop, like a separate process), so the code under test talks to it over TCP exactly as it
-talks to llama-server::
+``FakeEngine`` runs a starlette app under uvicorn in a thread of its own, so the code under test
+talks to it over TCP as it does to llama-server::
 
     async with FakeEngine(slots=4, n_ctx=1024, token_delay=0.002) as fe:
-        client = EngineClient(fe.info)
         fe.script(Reply(content="hello there", finish_reason="stop"))
-        ...
-        assert fe.max_processing <= 4
 
-What it imitates (facts from ``docs/llama-server.md``, llama.cpp b11434):
+It imitates b11434's endpoints, its one unified pool of ``n_ctx`` cells (overflow fails every
+processing request), its 400 for a prompt over the slot context and its 503 while loading.
+Tokens: one per whitespace-separated word (:func:`count_tokens`). Needs ``squad[testing]``.
 
-- ``/health``: 503 ``{"error": {"code": 503, "message": "Loading model", "type":
-  "unavailable_error"}}`` while loading (every endpoint answers so), then 200 ``{"status": "ok"}``.
-- ``/props``, ``/slots``, ``/v1/models``, ``/v1/chat/completions/input_tokens``.
-- ``/v1/chat/completions``, streaming and not: role chunk, ``content`` /
-  ``reasoning_content`` / ``tool_calls`` deltas, a final chunk with ``finish_reason`` and
-  ``timings``, with ``stream_options.include_usage`` a usage-only chunk with
-  ``choices: []``, then ``data: [DONE]``.
-- ``slots`` slots; requests beyond them wait (deferred), FIFO.
-- ONE unified pool of ``n_ctx`` cells. A running request holds prompt + generated tokens.
-  When the running requests together need more than the pool, **every** processing
-  request fails with ``Context size has been exceeded.`` (type ``server_error``, 500):
-  as an HTTP 500 JSON body when its stream has not started, else as a
-  ``data: {"error": {...}}`` frame after which the stream closes without ``[DONE]``.
-- A prompt that alone does not fit the slot context: HTTP 400 ``exceed_context_size_error``,
-  ``request (N tokens) exceeds the available context size (M tokens), try increasing it``.
-- Bearer API key: 401 ``authentication_error`` (``/health`` needs none).
-- A client that closes its stream frees the slot at once (``fe.disconnects`` counts it).
-
-Token counting (deterministic, shared by ``input_tokens`` and completions, see
-:func:`count_tokens`): every whitespace-separated word is one token; each message costs
-``MESSAGE_OVERHEAD`` more; a prompt costs ``PROMPT_OVERHEAD`` more; tools cost their JSON's
-words. Each generated chunk is one token (one word).
-
-Requires the ``testing`` extra (``pip install squad[testing]``: starlette, uvicorn).
+Design (what it imitates, exactly): docs/design/fake-engine.md
 """
 
 from __future__ import annotations
