@@ -45,7 +45,7 @@ def test_default_model_kv_bytes(default_facts):
     assert default_facts.kv_bytes_per_token() == 23_040 == 30 * 3 * 64 * (2 + 2)
     assert default_facts.kv_bytes_per_token("q8_0", "q8_0") == 30 * 3 * 64 * 34 // 32 * 2 == 12_240
     assert default_facts.kv_bytes_per_token("f16", "q4_0") == 30 * 3 * 64 * (2 + 18 / 32)
-    assert default_facts.kv_bytes(8192) == 8192 * 23_040  # ≈ 180 MiB, as in llama-server.md
+    assert default_facts.kv_bytes(8192) == 8192 * 23_040  # ≈ 180 MiB, as in docs/llama-facts.md
     assert default_facts.kv_bytes(1000) == 1024 * 23_040  # cells rounded up to 256
 
 

@@ -1,7 +1,7 @@
 """Reading one llama-server stream and its errors: chunks in, a :class:`~squad.chat.ChatResult`
 or a typed error out. No I/O here; :class:`squad.chat.client.EngineClient` feeds it.
 
-Stream rules (field cases in ``shared/cases/README.md``):
+Stream rules (field cases: ``docs/field-cases.md``):
 
 - the usage-only final chunk (``choices: []``) is read for usage, never indexed (F06);
 - ``reasoning_content`` deltas (a llama-server extra field) are kept apart from content;

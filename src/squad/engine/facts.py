@@ -2,7 +2,7 @@
 
 ``read_model_facts(path)`` → :class:`ModelFacts`, the GGUF keys that size the KV cache (read
 with the ``gguf`` package, maintained with llama.cpp); ``ModelFacts.kv_bytes_per_token`` does
-the arithmetic from llama-server.md ("KV memory per token").
+the arithmetic of ``docs/llama-facts.md`` ("KV memory per token").
 
 Model facts are cached as JSON in ``cache_dir()/facts/`` keyed by the file's resolved path,
 size and mtime, so only the first read of a model parses the GGUF. The same per-file disk
@@ -46,7 +46,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a GGUF file says about its KV cache (keys ``{arch}.*``, see llama-server.md).
+    """What a GGUF file says about its KV cache (keys ``{arch}.*``, see ``docs/llama-facts.md``).
 
     - ``n_ctx_train``: ``{arch}.context_length``, tokens.
     - ``n_head_kv``: one entry per layer (the key may be a scalar or a per-layer array;
@@ -101,7 +101,7 @@ class ModelFacts:
 
         Full-attention layers hold ``pad256(n_ctx)`` cells. Sliding-window layers hold about
         ``pad256(sliding_window × slots + n_ubatch)`` cells, at most ``pad256(n_ctx)`` (the
-        rule in llama-server.md). Only an estimate: llama.cpp's exact sizing also depends on
+        rule in ``docs/llama-facts.md``). Only an estimate: llama.cpp's exact sizing also depends on
         unified vs per-slot streams and on flash attention; compare with ``-lv 4`` output.
         """
         cells = round_ctx(n_ctx)

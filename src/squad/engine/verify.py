@@ -1,4 +1,4 @@
-"""The product page's verification procedure, run on the real engine (mission.md fact 11).
+"""The product page's verification procedure, run on the real engine (``docs/product.md`` fact 11).
 
 Load a small model with context 8192 and 4 parallel slots; ``/props`` must report
 ``default_generation_settings.n_ctx`` = 8192; send 4 overlapping streaming requests to

@@ -2,7 +2,7 @@
 
 llama-server serves ``slots`` requests at once from ONE unified pool of KV cells; when the
 running requests together need more cells than the pool, it fails **every** processing
-request with ``Context size has been exceeded.`` (``docs/llama-server.md``). So before a
+request with ``Context size has been exceeded.`` (``docs/llama-facts.md``). So before a
 call is sent it reserves ``prompt tokens + max_tokens`` here, and waits while either all
 slots are taken or the reservation does not fit what is left of the pool.
 

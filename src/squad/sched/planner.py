@@ -4,7 +4,7 @@ Turns a workload (which agents run at the same time, with which budgets) plus th
 facts and the memory available for KV into an :class:`EnginePlan`: slot count, context,
 unified KV, estimated KV memory, and reasons/warnings a user can read.
 
-Rules come from the product page (``docs/mission.md`` facts 3-10):
+Rules come from the product page (``docs/product.md`` facts 3-10):
 
 - slots = the peak number of agents running at once (floor 1, cap :data:`MAX_SLOTS`);
   context = the largest sum of budgets of agents running at once, rounded up to 256.
