@@ -79,3 +79,11 @@ def test_every_repo_file_the_docs_name_exists():
     missing = sorted({f"{where}: {path}" for where, text in docs.items()
                       for path in pattern.findall(text) if not (ROOT / path).exists()})
     assert not missing, "\n".join(missing)
+
+
+def test_the_readme_lists_every_moved_import_path():
+    from squad._moved import MOVED
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [f"{old} -> {new}" for old, new in MOVED.items() if f"| `{old}` | `{new}` |" not in readme]
+    assert not missing, "README's 'Moved import paths' table lacks:\n" + "\n".join(missing)
