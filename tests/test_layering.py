@@ -26,7 +26,9 @@ NEVER = {
     "squad.events": ["squad.runtime", "squad.chat.client", "squad.sched.admission"],
     "squad.events.view": ["squad.events.jsonl", "squad.events.summary", "squad.runtime"],
 }
-EXEMPT = ("squad.engine.session", "squad.engine.verify")  # the engine's composition root and its end-to-end check
+EXEMPT = ("squad.engine.session", "squad.engine.verify",  # the engine's composition root and its end-to-end check
+          "squad.engine.provider", "squad.engine.launched", "squad.engine.attached",  # providers: admission + client
+          "squad.engine.planning")  # spec + workload -> plan
 
 
 def imports_of(path: Path) -> set[str]:
