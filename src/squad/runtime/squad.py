@@ -31,63 +31,34 @@ a run is a conversation the caller starts (a ``run`` turn with its @mentioned su
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import time
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import anyio
 
-from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
-from squad.runtime.blocks import Operations, Policy, run_block
-from squad.runtime.blocks import cancel_reason as operation_cancel_reason
-from squad.runtime.blocks import stopped_by as operation_stopped_by
-from squad.chat import ChatEngine
-from squad.engine.info import EngineInfo
-from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, MentionError, SquadError, UserError
 from squad.chat.structured import OutputSchema, output_schema
-from squad.events import (
-    AgentCancelled as AgentCancelledEvent,
-)
-from squad.events import (
-    AgentFailed,
-    AgentFinished,
-    AgentStarted,
-    EngineWarning,
-    Event,
-    EventSink,
-    MentionDispatched,
-    MentionQueued,
-    Origin,
-    ToolLimited,
-    emit_to,
-)
-from squad.runtime.handback import TextCounter, hand_back
+from squad.engine.session import EngineSource
+from squad.errors import MentionError, UserError
+from squad.events import Event, EventSink, MentionDispatched, Origin, emit_to
 from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
+from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
+from squad.runtime.blocks import Operations, Policy
+from squad.runtime.conversation import _BOUND, Conversations, _fail_on, incomplete_answer
+from squad.runtime.engine_choice import MOVED, chosen_engine, renamed_hint, session_for
+from squad.runtime.handback import TextCounter, hand_back
 from squad.runtime.mention import Dispatch, parse_mentions, unmark
-from squad.runtime.outcome import Outcome, fix_for
-from squad.sched.policy import DEFAULT_QUEUE
-from squad.runtime.results import AgentResult, AgentTimings, RunResult, cancelled_result, first_failure
-from squad.chat.routing import EngineGroup
-from squad.sched.share import SHARE_MODES, ShareGroup, arrange, board_group, current_group, joined
-from squad.engine.session import EngineSession, EngineSpec
-from squad.runtime.tools import Tool, ToolError
+from squad.runtime.outcome import Outcome
+from squad.runtime.results import AgentResult, RunResult, first_failure
+from squad.runtime.tools import Tool
 from squad.runtime.toolroom import MAX_TOOL_ROUNDS
-from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
+from squad.sched.share import SHARE_MODES
 from squad.sched.workload import Call, Delegate, Node, Parallel
 
-__all__ = ["Squad", "Policy", "run_sync", "default_workload"]
-_CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
-"""The conversation whose turn is running: the parent of conversations it starts."""
-_BOUND: ContextVar[SubAgentBound | None] = ContextVar("squad_sub_agent_bound", default=None)
-"""The running run's sub-agent tool call bound (module docstring)."""
-_ASK_DEPTH: ContextVar[int] = ContextVar("squad_ask_depth", default=0)
-"""How many sub-agent tool calls deep the running conversation is (0: started by the caller)."""
+__all__ = ["Squad", "Policy", "run_sync", "default_workload", "incomplete_answer"]
 
 
-class Squad:
+class Squad(Conversations):
     """Agents that share one engine. ``async with Squad(agents, ...) as sq: await sq.run(text)``.
 
     The engine (``engine=``), one of:
@@ -139,8 +110,8 @@ class Squad:
         agents: Sequence[Agent],
         *,
         main: str | None = None,
-        engine: EngineSpec | EngineInfo | ChatEngine | None = None,
-        engines: Sequence[EngineSpec | EngineInfo | ChatEngine] | None = None,
+        engine: EngineSource | None = None,
+        engines: Sequence[EngineSource] | None = None,
         model: str | Path | None = None,
         slots: int | None = None,
         ctx: int | None = None,
@@ -161,7 +132,7 @@ class Squad:
         **renamed: Any,
     ) -> None:
         if renamed:
-            raise UserError(_renamed_hint(renamed))
+            raise UserError(renamed_hint(renamed))
         if shared_input not in SHARE_MODES:
             raise UserError(f"shared_input={shared_input!r} is not one of {', '.join(SHARE_MODES)}")
         self.shared_input = shared_input
@@ -178,15 +149,7 @@ class Squad:
             raise UserError(f"main agent {main!r} is not in the squad (agents: {', '.join(self.agents)})")
         self.main: str = main or agents[0].name
         short = dict(model=model, slots=slots, ctx=ctx, threads=threads, url=url, api_key=api_key)
-        if engine is not None and any(v is not None for v in short.values()):
-            given = ", ".join(k for k, v in short.items() if v is not None)
-            raise UserError(f"give the engine as engine=... or as short forms ({given}), not both")
-        if queue is not None:
-            if isinstance(engine, EngineSpec):
-                engine = engine.but(queue=queue)
-            elif engine is not None or engines is not None:
-                raise UserError("queue= orders the calls of the engine squad opens from short forms; for engine= "
-                                "or engines= give EngineSpec(..., queue=...) instead")
+        engine = chosen_engine(engine, engines, short, queue)
         self.workload: Node = workload or default_workload(self.agents, self.main)
         self.variables = dict(variables or {})
         self.replan = replan
@@ -199,14 +162,7 @@ class Squad:
         self._sinks: list[EventSink] = [] if on_event is None else (
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )
-        sink = self._emit if self._sinks else None
-        self.session: EngineSession | EngineGroup
-        if engines is not None or isinstance(engine, (list, tuple)):
-            self.session = _several(engine, engines, short, self.workload, sink)
-        else:
-            self.session = EngineSession(engine if engine is not None else  # type: ignore[arg-type]
-                                         EngineSpec(**short, queue=queue or DEFAULT_QUEUE),
-                                         self.workload, on_event=sink)
+        self.session = session_for(engine, engines, short, queue, self.workload, self._emit if self._sinks else None)
         self._open = False
         self._operations = Operations()
         self._conversations = itertools.count(1)
@@ -215,19 +171,9 @@ class Squad:
     # --- engine -------------------------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        if name in _MOVED:
-            raise AttributeError(f"Squad.{name} moved: use {_MOVED[name]}")
+        if name in MOVED:
+            raise AttributeError(f"Squad.{name} moved: use {MOVED[name]}")
         raise AttributeError(f"'Squad' object has no attribute {name!r}")
-
-    @property
-    def info(self) -> EngineInfo:
-        """What the engine reported (``/props`` read back), once open."""
-        return self.session.info
-
-    @property
-    def chat(self) -> ChatEngine:
-        """The :class:`~squad.chat.ChatEngine` every call goes through, once open."""
-        return self.session.chat
 
     async def __aenter__(self) -> "Squad":
         if self._own_mcp:
@@ -260,9 +206,6 @@ class Squad:
         """Names of ``agent``'s function and ``ask_<name>`` tools (an MCP tool may not reuse one)."""
         subs = [f"ask_{n}" for n in agent.agents] if agent.sub_agent_tools else []
         return [t for t in agent.tools if not is_mcp_ref(t)] + subs
-
-    def _emit(self, event: Event) -> None:
-        emit_to(self._sinks, event)
 
     def emit(self, event: Event) -> None:
         """Give ``event`` to the squad's event sinks (for layers above the runtime, e.g. a
@@ -448,216 +391,6 @@ class Squad:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _agent(self, name: str) -> Agent:
-        try:
-            return self.agents[name]
-        except KeyError:
-            raise UserError(f"no agent named {name!r} (agents: {', '.join(self.agents)})") from None
-
-    def _sub_names(self, agent: Agent) -> list[str]:
-        """Sub-agents ``agent`` may call (:func:`squad.runtime.agent.sub_agent_names`)."""
-        return sub_agent_names(agent, self.agents, self.main)
-
-    def budget_of(self, agent: Agent) -> int | None:
-        """``agent``'s budget in tokens: its fixed one, else the one the plan resolved for
-        ``auto`` (``session.plan.budgets``); None for an auto budget on an engine squad did
-        not plan (attached or given), where only the engine's context bounds a call."""
-        if agent.fixed_budget is not None:
-            return agent.fixed_budget
-        plan = self.session.plan
-        return plan.budgets.get(agent.name) if plan is not None else None
-
-    def context_limit(self, agent: Agent) -> int:
-        """Tokens ``agent``'s conversation may hold: :meth:`budget_of`, else the context one
-        request may use on this engine."""
-        return self.budget_of(agent) or self.info.n_ctx
-
-    def _resolved(self, agent: Agent) -> Agent:
-        """``agent`` with an auto budget replaced by the planned one (when there is one)."""
-        budget = self.budget_of(agent)
-        return agent if budget is None or agent.budget == budget else agent.model_copy(update={"budget": budget})
-
-    def _origin(self, agent: Agent, parent: str | None = None, item: int | None = None) -> Origin:
-        """A new conversation of ``agent``; its parent is ``parent`` or the running turn's."""
-        return Origin(agent.name, f"{agent.name}#{next(self._conversations)}", parent or _CONVERSATION.get(), item)
-
-    async def _fit_fanout(self, main: Agent, subs: Sequence[str], origin: Origin) -> None:
-        """More sub-agents than slots: replan a launched engine if allowed, else say they queue."""
-        n = len(subs)
-        if n <= self.info.slots:
-            return
-        if self.replan:
-            group = [Call(main.name, self.context_limit(main))] + [
-                Call(s, self.context_limit(self.agents[s])) for s in subs]
-            await self.session.replan(group)
-            if n <= self.info.slots:
-                return
-        self._emit(MentionQueued(
-            agent=main.name, conversation=origin.conversation, parent=origin.parent, agents=n, slots=self.info.slots,
-            message=f"{n} sub-agents mentioned but the engine has slots={self.info.slots}: "
-                    f"{n - self.info.slots} wait in squad's queue (pass replan=True or raise slots)"))
-
-    async def _parallel(
-        self,
-        pairs: Sequence[tuple[str, str]],
-        *,
-        policy: Policy,
-        priority: int,
-        max_concurrency: int | None = None,
-        variables: Mapping[str, Any] | None = None,
-        parent: str | None = None,
-        items: bool = False,
-        fail_on: frozenset[Outcome] = frozenset(),
-        output: OutputSchema | None = None,
-        first_item: int = 0,
-    ) -> list[AgentResult]:
-        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
-        ``output`` replaces each agent's own output schema."""
-
-        group = self._share_group([prompt for _, prompt in pairs])
-
-        async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
-                      record: Callable[[AgentResult], None]) -> AgentResult:
-            agent = self.agents[pairs[i][0]]
-            item = first_item + i if items else None
-            origin = self._origin(agent, parent, item)
-            with joined(group or board_group(pairs[i][1]), origin.conversation):
-                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                            cancel_reason=reason, origin=origin,
-                                            record=record, fail_on=fail_on, output=output)
-
-        try:
-            return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
-        finally:
-            if group is not None:
-                group.close()
-
-    def _share_group(self, prompts: Sequence[str]) -> ShareGroup | None:
-        """The share group of a fan-out of ``prompts`` (:mod:`squad.sched.share`), or None."""
-        if self.shared_input == "off":
-            return None
-        arrangement = arrange(prompts)
-        return ShareGroup(arrangement, mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
-
-    async def _recorded(
-        self,
-        agent: Agent,
-        prompt: str,
-        *,
-        history: Sequence[Mapping[str, Any]] = (),
-        priority: int,
-        variables: Mapping[str, Any] | None = None,
-        limiter: anyio.CapacityLimiter | None = None,
-        cancel_reason: Callable[[], str | None] = lambda: None,
-        origin: Origin | None = None,
-        record: Callable[[AgentResult], None] | None = None,
-        fail_on: frozenset[Outcome] = frozenset(),
-        output: OutputSchema | None = None,
-    ) -> AgentResult:
-        """Run one conversation and always produce its AgentResult (given to ``record`` too,
-        so a cancelled one is recorded before the cancellation propagates). An outcome in
-        ``fail_on`` gets an :class:`IncompleteAnswer` error (after ``agent.finished`` said
-        what the outcome was)."""
-        origin = origin or self._origin(agent)
-        ids: dict[str, Any] = dict(agent=agent.name, conversation=origin.conversation, parent=origin.parent)
-        start = time.monotonic()
-        self._emit(AgentStarted(**ids, priority=priority, item=origin.item))
-        token = _CONVERSATION.set(origin.conversation)
-        bound = _BOUND.set(_BOUND.get() or self._bound(agent))  # a conversation the caller started is a run
-        try:
-            async with limiter if limiter is not None else contextlib.nullcontext():
-                result = await self._converse(agent, origin, prompt, history, priority, variables, output)
-        except anyio.get_cancelled_exc_class():
-            reason = cancel_reason() or operation_cancel_reason()
-            result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
-            result.item = origin.item
-            self._emit(AgentCancelledEvent(**ids, reason=reason))
-            if record is not None:
-                record(result)
-            raise
-        except AgentRunError as exc:
-            result = AgentResult(agent=agent.name, error=exc, timings=AgentTimings(total_s=time.monotonic() - start),
-                                 conversation=origin.conversation, item=origin.item,
-                                 output=exc.raw if isinstance(exc, InvalidOutput) else "")
-            self._emit(AgentFailed(**ids, error=f"{type(exc).__name__}: {exc}"))
-        except SquadError as exc:  # not this agent's failure (every engine lost): it ends the operation
-            operation_stopped_by(str(exc))
-            raise
-        else:
-            result.item = origin.item
-            if self._sinks:
-                self._emit(AgentFinished(**ids, summary=result.summary(), outcome=result.outcome.value,
-                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens))
-            if result.outcome in fail_on:
-                result.error = incomplete_answer(result)
-        finally:
-            _BOUND.reset(bound)
-            _CONVERSATION.reset(token)
-        return result
-
-    async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
-                        priority: int, variables: Mapping[str, Any] | None,
-                        output: OutputSchema | None = None) -> AgentResult:
-        """One turn of ``agent`` with its tools (:func:`squad.runtime.turn.run_turn`), its answer held
-        to ``output`` or its own ``output_type``; raises AgentRunError."""
-        subs: list[AgentResult] = []
-        notes: list[str] = []
-        tools = self._tools_for(agent, priority, subs, variables, origin=origin, notes=notes)
-        if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
-            self._tool_warned.add(agent.name)  # once per agent
-            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
-        system = self._system(agent, variables)
-        group = current_group()
-        if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
-            system, prompt = group.arrangement.system(system), group.arrangement.prompt(prompt)
-        result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
-                                history=history, tools=tools, priority=priority,
-                                max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,
-                                output=output or agent.output_type)
-        result.subs, result.notes = subs, [*notes, *result.notes]
-        return result
-
-    def _system(self, agent: Agent, variables: Mapping[str, Any] | None) -> str:
-        subs = [self.agents[n] for n in self._sub_names(agent)]
-        return agent.system_prompt(subs, {**self.variables, **(variables or {})})
-
-    def _bound(self, agent: Agent) -> SubAgentBound:
-        """The sub-agent tool call bound of a run ``agent`` starts: its own, else the squad's."""
-        return SubAgentBound(max_depth=agent.max_sub_depth or self.max_sub_depth,
-                             max_calls=agent.max_sub_calls or self.max_sub_calls)
-
-    def _tools_for(self, agent: Agent, priority: int, subs: list[AgentResult],
-                   variables: Mapping[str, Any] | None, *, origin: Origin | None = None,
-                   notes: list[str] | None = None) -> dict[str, Tool]:
-        """Its function tools and, with ``sub_agent_tools``, an ``ask_<name>`` tool per sub-agent
-        (a sub-agent conversation at ``priority + 1``; its result is appended to ``subs``).
-        A call past the run's bound is refused (:class:`ToolError` to the model, a
-        ``tool.limited`` event and a line in ``notes``, once per limit per run)."""
-        depth = _ASK_DEPTH.get() + 1  # of the calls this conversation makes
-
-        async def ask(sub: Agent, task: str) -> AgentResult:
-            bound = _BOUND.get()
-            refused = bound.admit(depth, agent.name, sub.name) if bound is not None else None
-            if refused is not None:
-                if refused.note is not None:
-                    if notes is not None:
-                        notes.append(refused.note)
-                    where = origin or Origin(agent.name)
-                    self._emit(ToolLimited(agent=agent.name, conversation=where.conversation, parent=where.parent,
-                                           tool=f"ask_{sub.name}", limit=refused.limit, value=refused.value,
-                                           message=refused.note))
-                raise ToolError(refused.reply)
-            token = _ASK_DEPTH.set(depth)
-            try:
-                result = await self._recorded(sub, task, priority=priority + 1, variables=variables)
-            finally:
-                _ASK_DEPTH.reset(token)
-            subs.append(result)
-            return result
-
-        subs_as_tools = [self.agents[n] for n in agent.agents] if agent.sub_agent_tools else []
-        return agent_tools(agent, self.tools, subs_as_tools, ask, self._mcp_tools.get(agent.name))
-
     async def hand_back(
         self,
         main: Agent,
@@ -678,56 +411,6 @@ class Squad:
         return await hand_back(self.chat, origin or Origin(main.name), budget=self.context_limit(main), max_tokens=main.max_tokens,
                                prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
                                on_event=self._emit)
-
-
-_MOVED = {"plan": "Squad.session.plan", "launcher": "Squad.session.launcher",
-          "admission": "Squad.session.admission", "client": "Squad.chat"}
-"""Attributes earlier versions had on Squad, and where they are now."""
-
-
-def _several(engine: Any, engines: Any, short: Mapping[str, Any], workload: Node,
-             sink: EventSink | None) -> "EngineSession | EngineGroup":
-    """The session for ``engines=[...]``: one engine alone is an ordinary session."""
-    if isinstance(engine, (list, tuple)):
-        raise UserError("engine= takes one engine: give several as engines=[...]")
-    if engine is not None:
-        raise UserError("give engine=... (one engine) or engines=[...] (several), not both")
-    given = ", ".join(k for k, v in short.items() if v is not None)
-    if given:
-        raise UserError(f"give the engines as engines=[EngineSpec(...), ...] or as short forms ({given}), not both")
-    if isinstance(engines, (str, bytes)) or not isinstance(engines, Sequence):
-        raise UserError(f"engines= takes a list of EngineSpec, EngineInfo or ChatEngine, got {engines!r}")
-    if len(engines) == 1:
-        return EngineSession(engines[0], workload, on_event=sink)
-    return EngineGroup(engines, workload, on_event=sink)
-
-
-def _renamed_hint(given: Mapping[str, Any]) -> str:
-    names = ", ".join(f"{k}=" for k in given)
-    engine = [k for k in given if k in ("binary", "request_timeout", "cache_type_k", "cache_type_v")]
-    hint = (f"pass them in the engine spec: engine=EngineSpec({', '.join(f'{k}=...' for k in engine)}, ...)"
-            if engine else "see help(Squad) for its arguments")
-    return f"Squad() got unknown arguments {names}: {hint}"
-
-
-def _fail_on(outcomes: Collection[Outcome | str]) -> frozenset[Outcome]:
-    """``fail_on`` checked: only ``truncated`` and ``empty`` can be made failures."""
-    try:
-        found = frozenset(Outcome(o) for o in outcomes)
-    except ValueError:
-        found = frozenset({Outcome.OK})
-    if found - {Outcome.TRUNCATED, Outcome.EMPTY}:
-        raise UserError(f"fail_on={sorted(map(str, outcomes))!r}: use 'truncated' and/or 'empty' "
-                        "(failed and cancelled already are failures)")
-    return found
-
-
-def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
-    """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
-    what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
-            if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
-    return IncompleteAnswer(f"agent '{result.label}' {what}: {fix_for(result.outcome, result.agent, result.max_tokens)}",
-                            agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
 
 
 def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
