@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
 from squad.engine.spec import EngineSpec
 from squad.errors import SquadError
@@ -30,12 +31,12 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True, s
     """
     from squad.engine.facts import read_model_facts
     from squad.engine.registry import resolve_model
-    from squad.sched.memory import kv_memory
+    from squad.sched.memory import GpuLayers, kv_memory
 
     model_path = resolve_model(spec.model, pull=pull)
     facts = read_model_facts(model_path)
     ctk, ctv = spec.kv_types
-    memory = kv_memory(model_path, n_layer=facts.n_layer, gpu_layers=spec.gpu_layers)
+    memory = kv_memory(model_path, n_layer=facts.n_layer, gpu_layers=cast("GpuLayers | None", spec.gpu_layers))
     if share < 1.0:
         memory = dataclasses.replace(memory, bytes=int(memory.bytes * share),
                                      source=f"{share:.0%} of {memory.source}, shared with other engines")

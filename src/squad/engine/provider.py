@@ -18,16 +18,18 @@ A new engine kind is a new module with a provider class; ``Squad(engine=provider
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol, cast, runtime_checkable
 
 import anyio
 
 from squad.chat import ChatEngine
 from squad.chat.client import EngineClient
+from squad.engine.facts import read_model_facts
 from squad.engine.info import EngineInfo
 from squad.errors import EngineGone, TruncatedStream, UserError
 from squad.events import EngineExited, EngineLoaded, EngineLoading, EngineReplanning, Event, EventSink
 from squad.sched.admission import Admission
+from squad.sched.memory import GpuLayers, kv_memory, memory_for_kv
 from squad.sched.plan import EnginePlan
 from squad.sched.planner import plan_for_replan
 from squad.sched.policy import DEFAULT_QUEUE
@@ -226,14 +228,10 @@ class EngineHandle:
     def _room(plan: EnginePlan) -> int:
         """Bytes the machine has for the KV cache of ``plan``'s model: RAM on the CPU, else the
         memory its offloaded layers' KV lives in (:func:`squad.sched.memory.kv_memory`)."""
-        from squad.sched.memory import kv_memory, memory_for_kv
-
         if plan.gpu_layers in (None, 0):  # the engine runs on the CPU: RAM, as planned
             return memory_for_kv(plan.model)
-        from squad.engine.facts import read_model_facts
-
         layers = read_model_facts(plan.model).n_layer
-        return kv_memory(plan.model, n_layer=layers, gpu_layers=plan.gpu_layers).bytes
+        return kv_memory(plan.model, n_layer=layers, gpu_layers=cast("GpuLayers", plan.gpu_layers)).bytes
 
     def _adopt(self, info: EngineInfo) -> None:
         chat: Any = self.chat

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import anyio
 
@@ -33,11 +33,18 @@ if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
     from squad.sched.plan import EnginePlan
     from squad.events import EventSink
-    from squad.cluster.ray import RayFanout
-    from squad.runtime.squad import Squad
+    from squad.runtime.ops import SquadOps
     from squad.engine.session import EngineSpec
 
 __all__ = ["RecipeRun", "run_recipe", "execute_flow", "step_table", "recipe_mcp"]
+
+
+class Fanout(Protocol):
+    """Where a recipe's maps fan out (:class:`squad.cluster.ray.RayFanout`): :meth:`run` runs the
+    whole flow there and returns what it produced."""
+
+    async def run(self, recipe: Recipe, *, engine: Any, on_event: Any = None,
+                  record: "RecipeRun | None" = None) -> "RecipeRun": ...
 
 
 @dataclass
@@ -80,7 +87,7 @@ async def run_recipe(
     engine: "EngineSpec | EngineInfo | ChatEngine | Sequence[EngineSpec | EngineInfo | ChatEngine] | None" = None,
     on_event: "EventSink | list[EventSink] | None" = None,
     record: RecipeRun | None = None,
-    ray: "RayFanout | None" = None,
+    ray: "Fanout | None" = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
@@ -97,12 +104,10 @@ async def run_recipe(
 
     engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
-        from squad.cluster.ray import run_on_ray
-
         if len(engines) != 1:
             raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "
                             "engines (engines:) runs on this machine; drop --ray, or give the recipe one engine:")
-        run = await run_on_ray(recipe, ray, engine=engines[0], on_event=on_event, record=record)
+        run = await ray.run(recipe, engine=engines[0], on_event=on_event, record=record)
     else:
         async with recipe_mcp(recipe) as servers, Squad(
             list(recipe.agents.values()), main=recipe.main, engines=engines,
@@ -163,7 +168,7 @@ def _at_tool(recipe: Recipe, agent: str, exc: UserError) -> RecipeError:
     return RecipeError(str(exc), file=str(recipe.path))
 
 
-async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None = None) -> RecipeRun:
+async def execute_flow(recipe: Recipe, squad: "SquadOps", record: RecipeRun | None = None) -> RecipeRun:
     """Run ``recipe.flow`` on an open :class:`~squad.runtime.squad.Squad`, recording each step in
     ``record`` (a new :class:`RecipeRun` if None) as it finishes."""
     run = record if record is not None else RecipeRun(output="")
@@ -173,7 +178,7 @@ async def execute_flow(recipe: Recipe, squad: "Squad", record: RecipeRun | None 
     return run
 
 
-async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
+async def _step(recipe: Recipe, squad: "SquadOps", step: Step, run: RecipeRun) -> None:
     _check_inputs(step, run)
     if step.kind == "parallel":
         await _parallel(recipe, squad, step, run)
@@ -185,7 +190,7 @@ async def _step(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> N
         run.steps[step.id] = _entry(_passed_on(squad, step, result, run), result.outcome, step, result)
 
 
-async def _call(recipe: Recipe, squad: "Squad", step: Step, prompt: str, run: RecipeRun) -> AgentResult:
+async def _call(recipe: Recipe, squad: "SquadOps", step: Step, prompt: str, run: RecipeRun) -> AgentResult:
     """One call of ``step``; its result is in ``run.results``. Raises its error when it
     failed, or :class:`~squad.errors.IncompleteAnswer` for a non-answer ``step`` fails on."""
     from squad.runtime.squad import incomplete_answer
@@ -218,7 +223,7 @@ def _fail_on(step: Step) -> frozenset[Outcome]:
     return frozenset(o for o in (Outcome.TRUNCATED, Outcome.EMPTY) if step.non_answers.get(o) == "fail")
 
 
-def _passed_on(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> str:
+def _passed_on(squad: "SquadOps", step: Step, result: AgentResult, run: RecipeRun) -> str:
     """The text later steps see of ``result`` (one answer of ``step``): the answer; a
     non-answer as ``step.non_answers`` says (warning unless accepted); a failure's mark."""
     outcome = result.outcome
@@ -231,7 +236,7 @@ def _passed_on(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) 
     return result.marked_output
 
 
-def _warn(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> None:
+def _warn(squad: "SquadOps", step: Step, result: AgentResult, run: RecipeRun) -> None:
     """A :class:`StepWarning` for a truncated or empty answer (not for other failures: their
     errors are reported as errors)."""
     outcome = result.outcome
@@ -249,7 +254,7 @@ def _warn(squad: "Squad", step: Step, result: AgentResult, run: RecipeRun) -> No
                                outcome=outcome.value, handling=handling, warning=warning))
 
 
-async def _parallel(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
+async def _parallel(recipe: Recipe, squad: "SquadOps", step: Step, run: RecipeRun) -> None:
     simple = (all(s.kind == "call" and s.agent != recipe.main for s in step.steps)
               and len({_fail_on(s) for s in step.steps}) == 1 and len({s.schema for s in step.steps}) == 1)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
@@ -291,7 +296,7 @@ def _shared_items(recipe: Recipe, step: Step, run: RecipeRun) -> list[str]:
     return [item for item, n in seen.items() if n > 1]
 
 
-async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, policy: str) -> None:
+async def _guarded(recipe: Recipe, squad: "SquadOps", step: Step, run: RecipeRun, policy: str) -> None:
     try:
         await _step(recipe, squad, step, run)
     except AgentRunError as exc:
@@ -300,7 +305,7 @@ async def _guarded(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun, p
         _record(run, step.id, "", exc, _outcome_of_error(exc))
 
 
-async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
+async def _map(recipe: Recipe, squad: "SquadOps", step: Step, run: RecipeRun) -> None:
     items = recipe.items(step, run.steps)
     if not items:
         _empty_map(recipe, squad, step, run)
@@ -349,7 +354,7 @@ async def _map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> No
         run.steps[step.id]["value"] = [_plain(v) for v in values]
 
 
-def _empty_map(recipe: Recipe, squad: "Squad", step: Step, run: RecipeRun) -> None:
+def _empty_map(recipe: Recipe, squad: "SquadOps", step: Step, run: RecipeRun) -> None:
     """A map over no items: an empty answer (:mod:`squad.runtime.outcome`), never blank text passed on
     unmarked. A row in the run table (outcome ``empty``), and as ``non_answers.empty`` says:
     ``mark`` (the default) passes ``[empty answer]`` on with a warning, ``fail`` fails the step

@@ -162,6 +162,7 @@ class Conversations:
             agent = self.agents[pairs[i][0]]
             item = first_item + i if items else None
             origin = self._origin(agent, parent, item)
+            assert origin.conversation is not None  # _origin names every conversation
             with joined(group or board_group(pairs[i][1]), origin.conversation):
                 return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
                                             cancel_reason=reason, origin=origin,

@@ -142,7 +142,7 @@ class Squad(Conversations):
             raise UserError("a squad needs at least one agent")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self._own_mcp = not isinstance(mcp_servers, MCPServers)
-        self.mcp: MCPServers = MCPServers(list(mcp_servers)) if self._own_mcp else mcp_servers  # type: ignore[arg-type]
+        self.mcp = mcp_servers if isinstance(mcp_servers, MCPServers) else MCPServers(list(mcp_servers))
         self._mcp_tools: dict[str, dict[str, MCPTool]] = {}
         self.agents: dict[str, Agent] = check_squad(agents, list(self.tools), self.mcp.names)
         if main is not None and main not in self.agents:

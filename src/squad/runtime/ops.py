@@ -1,0 +1,36 @@
+"""What a recipe's flow calls on a squad (:func:`squad.recipes.run.execute_flow`): the
+:class:`SquadOps` protocol. :class:`~squad.runtime.squad.Squad` satisfies it, and so does the
+cluster's squad (:mod:`squad.cluster.pool`: maps on Ray workers, the rest on a local squad), so
+neither the flow nor the cluster imports the other."""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Iterable, Protocol
+
+from squad.events import Event
+from squad.runtime.blocks import Policy
+from squad.runtime.outcome import Outcome
+from squad.runtime.results import AgentResult, RunResult
+
+__all__ = ["SquadOps"]
+
+
+class SquadOps(Protocol):
+    """The operations of an open squad a flow uses (each as :class:`~squad.runtime.squad.Squad`
+    documents it): ``run`` (a main-agent turn), ``run_agent``, ``parallel``, ``map``, ``emit``
+    (an event to the squad's sinks) and ``shared_input`` (how a fan-out's shared text is sent)."""
+
+    @property
+    def shared_input(self) -> str: ...
+
+    async def run(self, text: str, *, output_type: Any = None) -> RunResult: ...
+
+    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None) -> AgentResult: ...
+
+    async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
+                       fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]: ...
+
+    async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
+                  fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]: ...
+
+    def emit(self, event: Event) -> None: ...
