@@ -25,6 +25,7 @@ NEVER = {
     "squad.recipes.spec": ["squad.sched.planner", "squad.runtime", "squad.engine.session"],
     "squad.events": ["squad.runtime", "squad.chat.client", "squad.sched.admission"],
     "squad.events.view": ["squad.events.jsonl", "squad.events.summary", "squad.runtime"],
+    "squad.events.view_state": ["squad.events.jsonl", "squad.events.summary", "squad.runtime"],
 }
 EXEMPT = ("squad.engine.session", "squad.engine.verify",  # the engine's composition root and its end-to-end check
           "squad.engine.provider", "squad.engine.launched", "squad.engine.attached",  # providers: admission + client

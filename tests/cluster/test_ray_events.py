@@ -96,7 +96,6 @@ def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch, 
     path.write_text(RECIPE.replace("echo: {instructions: Repeat., max_tokens: 8}",
                                    f"echo: {{instructions: Repeat., max_tokens: {max_tokens}}}"))
     recipe = load_recipe(path, {})
-    monkeypatch.setattr(_Worker, "_share_memory", lambda self: 1 << 20)
     events: list[Event] = []
     seen: list[tuple[int, int]] = []  # (item, events in the sinks when its result came)
 

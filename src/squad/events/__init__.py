@@ -9,23 +9,64 @@ On disk (:mod:`squad.events.jsonl`) an event is ``{"kind", "t", "wall", "agent",
 reads it back. The kinds (``Event.kind``), each with its fields, are listed in the design doc;
 a test keeps that list equal to the emitted kinds.
 
+Modules: :mod:`squad.events.event` (the base, the registry), :mod:`squad.events.kinds` (every
+kind), :mod:`squad.events.sink` (the :class:`Sink` protocol, flush and close); the sinks:
+:mod:`squad.events.jsonl`, :mod:`squad.events.otel`, :mod:`squad.events.view`,
+:mod:`squad.events.collect` (the summary, :mod:`squad.events.summary`).
+
 Design: docs/design/events.md
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from squad.events.event import EVENT_TYPES, Event, Origin, event_from_record, item_label
+from squad.events.kinds import (
+    EnginePlanned,
+    EngineLoaded,
+    EngineReplanning,
+    EngineWarning,
+    EngineLoading,
+    EngineExited,
+    EngineLost,
+    MentionDispatched,
+    MentionQueued,
+    AgentStarted,
+    AgentFinished,
+    AgentFailed,
+    AgentCancelled,
+    CallQueued,
+    CallAdmitted,
+    CallFirstToken,
+    CallFinished,
+    CallFailed,
+    CallRetried,
+    CallReleased,
+    CallMoved,
+    ToolCalled,
+    OutputRetried,
+    ToolLimited,
+    ToolTruncated,
+    AnswerCut,
+    StepWarning,
+    MCPWarning,
+    ClusterStarting,
+    ClusterConnected,
+    WorkerStarted,
+    WorkerFailed,
+    ItemLost,
+)
+from squad.events.sink import EventSink, Sink, close_all, emit_to, flush_all
 
 __all__ = [
     "Event",
     "EventSink",
+    "Sink",
     "Origin",
     "item_label",
     "EVENT_TYPES",
     "emit_to",
+    "flush_all",
+    "close_all",
     "event_from_record",
     "EnginePlanned",
     "EngineLoaded",
@@ -61,450 +102,3 @@ __all__ = [
     "WorkerFailed",
     "ItemLost",
 ]
-
-EVENT_TYPES: dict[str, type["Event"]] = {}
-"""Every event class by its ``kind``."""
-
-_PLACE = ("agent", "conversation", "parent", "call", "engine", "worker")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Who makes a model call: the agent, its conversation id and that conversation's parent;
-    ``item``: the index of the map item the conversation works on (``Squad.map``), else None."""
-
-    agent: str
-    conversation: str | None = None
-    parent: str | None = None
-    item: int | None = None
-
-    @property
-    def label(self) -> str:
-        """How views name the conversation: ``agent``, or ``agent[item]`` for a map item."""
-        return item_label(self.agent, self.item)
-
-
-def item_label(agent: str, item: int | None) -> str:
-    """``agent``, or ``agent[item]`` for a map item (the views' name for a conversation)."""
-    return agent if item is None else f"{agent}[{item}]"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """Base of every event: the ids that place it and when it happened (module docstring)."""
-
-    kind: ClassVar[str] = ""
-    agent: str | None = None
-    conversation: str | None = None
-    parent: str | None = None
-    call: str | None = None
-    engine: str | None = None
-    worker: str | None = None
-    t: float = field(default_factory=time.monotonic)
-    wall: float = field(default_factory=time.time)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.kind:
-            EVENT_TYPES[cls.kind] = cls
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """The kind's own fields (not the ids or times), as a dict."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in _PLACE and f.name not in ("t", "wall")}
-
-    def ids(self) -> dict[str, str | None]:
-        """``agent``, ``conversation``, ``parent``, ``call``, ``engine`` and ``worker``."""
-        return {name: getattr(self, name) for name in _PLACE}
-
-
-EventSink = Callable[[Event], None]
-
-
-def emit_to(sinks: list[EventSink], event: Event) -> None:
-    """Deliver ``event`` to every sink; a failing sink never breaks a run."""
-    for sink in sinks:
-        try:
-            sink(event)
-        except Exception:  # noqa: BLE001 - a display bug must not kill agents
-            pass
-
-
-def event_from_record(record: dict[str, Any]) -> Event | None:
-    """The event a trace line describes, or None for a kind this version does not know.
-
-    Raises ``KeyError``/``TypeError``/``ValueError`` for a record that is not an event.
-    """
-    cls = EVENT_TYPES.get(str(record["kind"]))
-    if cls is None:
-        return None
-    names = {f.name for f in dataclasses.fields(cls)}
-    data = {k: v for k, v in dict(record.get("data") or {}).items() if k in names}
-    place = {k: record.get(k) for k in _PLACE}
-    return cls(**place, **data, t=float(record["t"]), wall=float(record.get("wall", 0.0)))
-
-
-# --- engine -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnginePlanned(Event):
-    kind: ClassVar[str] = "engine.planned"
-    slots: int
-    n_ctx: int
-    reasons: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineLoaded(Event):
-    """``n_ctx``: per-slot context (``/props``); ``pool``: KV cells the slots share (tokens)."""
-
-    kind: ClassVar[str] = "engine.loaded"
-    slots: int
-    n_ctx: int
-    pool: int
-    base_url: str = ""
-    reason: str = "launched"
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineReplanning(Event):
-    kind: ClassVar[str] = "engine.replanning"
-    from_slots: int
-    to_slots: int
-    n_ctx: int
-    agents: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineWarning(Event):
-    kind: ClassVar[str] = "engine.warning"
-    warning: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineLoading(Event):
-    """The model is still loading: ``elapsed_s`` of at most ``timeout_s`` seconds (about once a second)."""
-
-    kind: ClassVar[str] = "engine.loading"
-    model: str
-    elapsed_s: float
-    timeout_s: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineExited(Event):
-    """A launched engine's process ended by itself mid-run. ``status``: ``"signal 9 SIGKILL"``
-    or ``"status 1"``; ``log_path``: its log; ``message``: ``"engine exited (...), log: PATH"``."""
-
-    kind: ClassVar[str] = "engine.exited"
-    status: str
-    log_path: str
-    message: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineLost(Event):
-    """One of several engines (``engine``) died and was taken out (:mod:`squad.chat.routing`):
-    ``reason`` says how (``"engine exited (signal 9 SIGKILL), log: PATH"``, ``"not answering"``);
-    ``remaining``: engines still serving."""
-
-    kind: ClassVar[str] = "engine.lost"
-    reason: str
-    remaining: int = 0
-
-
-# --- mentions and agents ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class MentionDispatched(Event):
-    kind: ClassVar[str] = "mention.dispatched"
-    agents: list[str]
-
-
-@dataclass(frozen=True, kw_only=True)
-class MentionQueued(Event):
-    kind: ClassVar[str] = "mention.queued"
-    agents: int
-    slots: int
-    message: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentStarted(Event):
-    kind: ClassVar[str] = "agent.started"
-    priority: int = 0
-    item: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentFinished(Event):
-    """``outcome``: ``ok``, ``truncated`` (its last call stopped at ``max_tokens``) or ``empty``
-    (:class:`squad.runtime.outcome.Outcome`); ``finish_reason`` of its last call."""
-
-    kind: ClassVar[str] = "agent.finished"
-    summary: str = ""
-    outcome: str = "ok"
-    finish_reason: str | None = None
-    max_tokens: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentFailed(Event):
-    kind: ClassVar[str] = "agent.failed"
-    error: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentCancelled(Event):
-    kind: ClassVar[str] = "agent.cancelled"
-    reason: str
-
-
-# --- calls ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Admission(Event):
-    """What admission says of every call: ``tokens`` reserved or asked for (prompt +
-    max_tokens), and after the event the calls in flight and the tokens reserved in the pool."""
-
-    tokens: int
-    in_flight: int = 0
-    pool_used: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallQueued(_Admission):
-    """``position`` in squad's queue (0 = head)."""
-
-    kind: ClassVar[str] = "call.queued"
-    position: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallAdmitted(_Admission):
-    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited; ``shared_tokens``:
-    prompt tokens it shares with its fan-out, prefilled once for all of it (:mod:`squad.sched.share`; 0: none)."""
-
-    kind: ClassVar[str] = "call.admitted"
-    slot: int
-    queued_s: float = 0.0
-    shared_tokens: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallFirstToken(Event):
-    kind: ClassVar[str] = "call.first_token"
-    ttft_s: float
-    slot: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallFinished(Event):
-    """Times in seconds; tokens from the engine's ``usage``."""
-
-    kind: ClassVar[str] = "call.finished"
-    finish_reason: str
-    attempts: int = 1
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    queued_s: float = 0.0
-    ttft_s: float | None = None
-    total_s: float = 0.0
-    tokens_per_s: float | None = None
-    slot: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallFailed(Event):
-    kind: ClassVar[str] = "call.failed"
-    error: str
-    message: str = ""
-    attempts: int = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallRetried(Event):
-    kind: ClassVar[str] = "call.retried"
-    reason: str
-    attempt: int
-    error: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallReleased(_Admission):
-    """``held_s``: seconds the slot and reservation were held."""
-
-    kind: ClassVar[str] = "call.released"
-    slot: int
-    held_s: float = 0.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallMoved(Event):
-    """Call ``call`` could not finish on ``engine`` because that engine was lost; the same
-    request goes to ``to_engine`` as a new call. ``rerun``: it had been streaming, so it runs
-    again from its start (its cut text never reaches the conversation); False: no token of it had
-    arrived (it waited in the lost engine's queue, or the engine died before its first token)."""
-
-    kind: ClassVar[str] = "call.moved"
-    to_engine: str
-    rerun: bool = False
-    reason: str = ""
-
-
-# --- tools and hand-back ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolCalled(Event):
-    kind: ClassVar[str] = "tool.called"
-    tool: str
-    ok: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class OutputRetried(Event):
-    """``agent``'s answer missed its output schema (``problem`` says where and why) and it is
-    asked once more with the error shown (:mod:`squad.chat.structured`); ``message`` says so for people."""
-
-    kind: ClassVar[str] = "output.retried"
-    problem: str
-    message: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolLimited(Event):
-    """``agent`` asked for a sub-agent with ``tool`` (``ask_<name>``) past the run's bound:
-    ``limit`` is ``depth`` (``max_sub_depth``) or ``calls`` (``max_sub_calls``), ``value`` that
-    bound; ``message`` says so for people (views print it as a warning)."""
-
-    kind: ClassVar[str] = "tool.limited"
-    tool: str
-    limit: str
-    value: int
-    message: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolTruncated(Event):
-    """A result of ``tool`` (the name the model called) was cut to fit ``agent``'s ``budget``
-    (tokens): ``result_chars`` long (``result_tokens``, None when too long to count), of which
-    ``kept_chars`` (``kept_tokens``) reached the model, ending with a marker; ``room_tokens``:
-    the room the round's results had; ``tools_closed``: the next round offers no tools (no room
-    for another); ``message`` says so for people (views print it as a warning)."""
-
-    kind: ClassVar[str] = "tool.truncated"
-    tool: str
-    result_chars: int
-    kept_chars: int
-    result_tokens: int | None
-    kept_tokens: int
-    room_tokens: int
-    budget: int
-    tools_closed: bool = False
-    message: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AnswerCut(Event):
-    """A sub-agent answer (``agent``) cut by ``omitted_tokens`` to fit ``main``'s budget."""
-
-    kind: ClassVar[str] = "answer.cut"
-    omitted_tokens: int
-    room_tokens: int
-    main: str
-    rule: str = "equal share of the main agent's remaining budget"
-
-
-# --- recipe steps -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepWarning(Event):
-    """Recipe step ``step`` got a non-answer (``outcome``, :class:`squad.runtime.outcome.Outcome`) from
-    ``label`` (the agent, ``agent[i]`` for a map item); ``handling`` is how it flows on
-    (``accept``, ``mark`` or ``fail``); ``warning`` is the line shown, with the fix."""
-
-    kind: ClassVar[str] = "step.warning"
-    step: str
-    label: str
-    outcome: str
-    handling: str
-    warning: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class MCPWarning(Event):
-    """MCP server ``server`` (:mod:`squad.mcp`) did what the user should know: ``problem`` is
-    ``stdout`` (it wrote a line that is not MCP to stdout, skipped; once per server) or
-    ``exited`` (its process ended mid-run); ``warning`` is the line shown."""
-
-    kind: ClassVar[str] = "mcp.warning"
-    server: str
-    problem: str
-    warning: str
-
-
-# --- Ray fan-out (squad.cluster.ray) ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterStarting(Event):
-    """A Ray run starts a local cluster on 127.0.0.1 (``address`` None) or connects to ``address``."""
-
-    kind: ClassVar[str] = "cluster.starting"
-    address: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterConnected(Event):
-    """Connected to the Ray cluster: ``nodes`` alive, ``workers`` being started on them."""
-
-    kind: ClassVar[str] = "cluster.connected"
-    address: str | None = None
-    nodes: int = 0
-    workers: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerStarted(Event):
-    """Ray worker ``worker`` on ``node`` is ready: its engine (``engine``) reported ``slots``,
-    ``n_ctx`` and ``pool`` (tokens); ``memory``: bytes of KV memory it planned for (its share)."""
-
-    kind: ClassVar[str] = "worker.started"
-    node: str
-    slots: int
-    n_ctx: int
-    pool: int
-    memory: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerFailed(Event):
-    """Ray worker ``worker`` did not start (``reason``); the run goes on with the others."""
-
-    kind: ClassVar[str] = "worker.failed"
-    reason: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class ItemLost(Event):
-    """Map item ``item`` of ``agent`` was held by Ray worker ``worker`` when that worker was lost
-    (``reason``); ``retry``: it runs again on another worker (else it fails). The events of the lost
-    attempt that reached the driver stay in the trace but not in the summary's counts."""
-
-    kind: ClassVar[str] = "item.lost"
-    item: int
-    reason: str
-    retry: bool = True
-
-    @property
-    def message(self) -> str:
-        """``worker w1@10.0.0.5 lost (reason): run again on another worker``, for people."""
-        then = "run again on another worker" if self.retry else "not run again"
-        return f"worker {self.worker} lost ({self.reason}): {then}"

@@ -112,6 +112,11 @@ class JsonlTrace:
         out.flush()
         self.count += 1
 
+    def flush(self) -> None:
+        """Push the file's buffer to the OS (each line is flushed as written already)."""
+        if self._file is not None:
+            self._file.flush()
+
     def close(self) -> None:
         """Close the file; later events are dropped."""
         self._closed = True

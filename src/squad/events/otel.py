@@ -64,6 +64,7 @@ class OtelSink:
         from opentelemetry import context
 
         self._trace = trace
+        self._provider = tracer_provider
         self._tracer = trace.get_tracer("squad", tracer_provider=tracer_provider)
         self._parent = parent if parent is not None else context.get_current()
         self.model = model
@@ -95,6 +96,13 @@ class OtelSink:
             self._agents[event.conversation].add_event(
                 "squad.tool", {"gen_ai.tool.name": event.data["tool"], "squad.ok": bool(event.data["ok"])},
                 timestamp=_ns(event.wall))
+
+    def flush(self) -> None:
+        """Ask the tracer provider to export the spans ended so far (``force_flush``, when it has one)."""
+        provider = self._provider if self._provider is not None else self._trace.get_tracer_provider()
+        force_flush = getattr(provider, "force_flush", None)
+        if callable(force_flush):
+            force_flush()
 
     def close(self) -> None:
         """End every span still open (status ERROR: the run ended before them); later events are dropped."""

@@ -40,7 +40,7 @@ import anyio
 from squad.chat.structured import OutputSchema, output_schema
 from squad.engine.session import EngineSource
 from squad.errors import MentionError, UserError
-from squad.events import Event, EventSink, MentionDispatched, Origin, emit_to
+from squad.events import Event, EventSink, MentionDispatched, Origin, close_all, emit_to, flush_all
 from squad.mcp import MCPServer, MCPServers, MCPTool, is_mcp_ref
 from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent, check_squad, sub_agent_names
 from squad.runtime.blocks import Operations, Policy
@@ -199,8 +199,11 @@ class Squad(Conversations):
         try:
             await self.session.aclose()
         finally:
-            if self._own_mcp:
-                await self.mcp.aclose()
+            try:
+                if self._own_mcp:
+                    await self.mcp.aclose()
+            finally:
+                flush_all(self._sinks)  # the squad's events are all out (the sinks' makers close them)
 
     def _other_tool_names(self, agent: Agent) -> list[str]:
         """Names of ``agent``'s function and ``ask_<name>`` tools (an MCP tool may not reuse one)."""
@@ -426,10 +429,16 @@ def default_workload(agents: Mapping[str, Agent], main: str) -> Node:
 
 def run_sync(agents: Sequence[Agent], text: str, **squad_options: Any) -> RunResult:
     """Open a :class:`Squad` (``squad_options`` as for its constructor), run one turn on
-    ``text`` and close it, from synchronous code (``anyio.run``)."""
+    ``text`` and close it, from synchronous code (``anyio.run``). The run owns its event sinks
+    (``on_event``): they are flushed and closed after the squad closes
+    (:func:`squad.events.sink.close_all`)."""
 
     async def main() -> RunResult:
         async with Squad(agents, **squad_options) as sq:
             return await sq.run(text)
 
-    return anyio.run(main)
+    try:
+        return anyio.run(main)
+    finally:
+        sinks = squad_options.get("on_event")
+        close_all([] if sinks is None else list(sinks) if isinstance(sinks, (list, tuple)) else [sinks])
