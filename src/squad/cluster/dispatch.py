@@ -53,8 +53,11 @@ class Worker(Protocol[T_contra, R_co]):
     """Something that runs one item at a time per slot: ``id`` names it in results,
     ``capacity`` is how many items it may hold at once (at least 1)."""
 
-    id: str
-    capacity: int
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def capacity(self) -> int: ...
 
     async def run(self, index: int, item: T_contra) -> R_co:
         """Run item ``index``; its own failure is inside the returned result. Raises
@@ -103,65 +106,80 @@ async def dispatch(items: Sequence[T], workers: Sequence[Worker[T, R]], *,
     for worker in workers:
         if worker.capacity < 1:
             raise ValueError(f"worker {worker.id} has capacity {worker.capacity}; give it at least 1")
-    served: list[Served[R]] = [Served(i) for i in range(len(items))]
-    waiting = list(range(len(items)))  # a heap: retried items (lower indices) go first
-    alive = {w.id for w in workers}
-    left = len(items)
-    changed = anyio.Condition()
+    run = _Dispatch(items, workers, retries, on_done, on_lost)
     limiter = anyio.CapacityLimiter(limit) if limit else None
-
-    def finish(i: int, **what: object) -> None:
-        nonlocal left
-        for key, value in what.items():
-            setattr(served[i], key, value)
-        left -= 1
-        if on_done is not None:
-            on_done(served[i])
-
-    async def take(worker: Worker[T, R]) -> int | None:
-        async with changed:
-            while not waiting and left and worker.id in alive:
-                await changed.wait()
-            return heapq.heappop(waiting) if waiting and worker.id in alive else None
 
     async def lane(worker: Worker[T, R]) -> None:
         while True:
             async with limiter if limiter is not None else contextlib.nullcontext():
-                if not await one(worker):
+                if not await run.one(worker):
                     return
-
-    async def one(worker: Worker[T, R]) -> bool:
-        """Take and run one item on ``worker``; False when there is none for it (any more)."""
-        if (i := await take(worker)) is None:
-            return False
-        try:
-            result = await worker.run(i, items[i])
-        except WorkerLost as exc:
-            async with changed:
-                alive.discard(worker.id)
-                served[i].lost.append(f"worker {worker.id} lost: {exc}")
-                if on_lost is not None:
-                    on_lost(i, worker.id, str(exc), len(served[i].lost) <= retries)
-                if len(served[i].lost) > retries:
-                    finish(i, error=f"not run: its worker was lost {len(served[i].lost)} times "
-                                    f"({'; '.join(served[i].lost)})")
-                else:
-                    heapq.heappush(waiting, i)
-                if not alive:
-                    while waiting:
-                        j = heapq.heappop(waiting)
-                        finish(j, error="not run: no worker left" + (
-                            f" ({'; '.join(served[j].lost)})" if served[j].lost else ""))
-                changed.notify_all()
-            return False
-        async with changed:
-            finish(i, result=result, worker=worker.id)
-            changed.notify_all()
-        return True
 
     async with anyio.create_task_group() as tg:  # lanes interleaved: the first items spread over the workers
         for k in range(max(w.capacity for w in workers)):
             for worker in workers:
                 if k < worker.capacity:
                     tg.start_soon(lane, worker)
-    return served
+    return run.served
+
+
+class _Dispatch(Generic[T, R]):
+    """The books of one :func:`dispatch`: each item's :class:`Served`, the queue (a heap of
+    indices: retried items, lower indices, go first), the workers alive, the items left."""
+
+    def __init__(self, items: Sequence[T], workers: Sequence[Worker[T, R]], retries: int,
+                 on_done: Callable[[Served[R]], None] | None,
+                 on_lost: Callable[[int, str, str, bool], None] | None) -> None:
+        self.items, self.retries, self.on_done, self.on_lost = items, retries, on_done, on_lost
+        self.served: list[Served[R]] = [Served(i) for i in range(len(items))]
+        self.waiting = list(range(len(items)))
+        self.alive = {w.id for w in workers}
+        self.left = len(items)
+        self.changed = anyio.Condition()
+
+    def finish(self, i: int, **what: object) -> None:
+        for key, value in what.items():
+            setattr(self.served[i], key, value)
+        self.left -= 1
+        if self.on_done is not None:
+            self.on_done(self.served[i])
+
+    async def take(self, worker: Worker[T, R]) -> int | None:
+        async with self.changed:
+            while not self.waiting and self.left and worker.id in self.alive:
+                await self.changed.wait()
+            return heapq.heappop(self.waiting) if self.waiting and worker.id in self.alive else None
+
+    async def one(self, worker: Worker[T, R]) -> bool:
+        """Take and run one item on ``worker``; False when there is none for it (any more)."""
+        if (i := await self.take(worker)) is None:
+            return False
+        try:
+            result = await worker.run(i, self.items[i])
+        except WorkerLost as exc:
+            async with self.changed:
+                self.lost(i, worker.id, str(exc))
+                self.changed.notify_all()
+            return False
+        async with self.changed:
+            self.finish(i, result=result, worker=worker.id)
+            self.changed.notify_all()
+        return True
+
+    def lost(self, i: int, worker: str, reason: str) -> None:
+        """Item ``i``'s ``worker`` was lost: take the worker out, queue the item again or fail
+        it (past ``retries``), and fail every waiting item when no worker is left."""
+        served = self.served[i]
+        self.alive.discard(worker)
+        served.lost.append(f"worker {worker} lost: {reason}")
+        if self.on_lost is not None:
+            self.on_lost(i, worker, reason, len(served.lost) <= self.retries)
+        if len(served.lost) > self.retries:
+            self.finish(i, error=f"not run: its worker was lost {len(served.lost)} times ({'; '.join(served.lost)})")
+        else:
+            heapq.heappush(self.waiting, i)
+        if not self.alive:
+            while self.waiting:
+                j = heapq.heappop(self.waiting)
+                self.finish(j, error="not run: no worker left" + (
+                    f" ({'; '.join(self.served[j].lost)})" if self.served[j].lost else ""))

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
-from urllib.parse import urlsplit
+from typing import Any, Iterable
 
 from squad.events import (
     AgentCancelled,
@@ -46,6 +45,7 @@ from squad.events import (
 )
 from squad.runtime.outcome import worst
 from squad.events.jsonl import jsonable
+from squad.events.names import engine_labels, engine_legend, short_url  # noqa: F401 - their earlier home
 
 __all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "RayWorker",
            "short_url", "engine_labels", "engine_legend"]
@@ -155,35 +155,6 @@ class EngineLoss:
     remaining: int
 
 
-def short_url(url: str | None) -> str:
-    """``127.0.0.1:8080`` for ``http://127.0.0.1:8080`` (how views name an engine)."""
-    return (url or "-").split("://", 1)[-1]
-
-
-def engine_labels(urls: Iterable[str | None]) -> dict[str, str]:
-    """Names for the engines of one run short enough for a table column (never cut): ``:PORT``
-    when every engine is on one host (``http://127.0.0.1:18401`` -> ``:18401``), else ``e1``,
-    ``e2``, ... in the order given (:func:`engine_legend` says which is which)."""
-    given = list(dict.fromkeys(u for u in urls if u))
-    parts = [urlsplit(u) for u in given]
-    try:
-        ports = [p.port for p in parts]
-    except ValueError:
-        ports = [None]
-    one_host = len({(p.scheme, p.hostname) for p in parts}) == 1 and not any(p.path.strip("/") for p in parts)
-    if given and one_host and None not in ports and len(set(ports)) == len(ports):
-        return {u: f":{port}" for u, port in zip(given, ports)}
-    return {u: f"e{i}" for i, u in enumerate(given, start=1)}
-
-
-def engine_legend(labels: Mapping[str, str]) -> str | None:
-    """``engines: e1 = 10.0.0.5:8080, e2 = 10.0.0.6:8080`` when the labels are not the URLs'
-    own ports (:func:`engine_labels`), else None."""
-    if all(label.startswith(":") for label in labels.values()):
-        return None
-    return "engines: " + ", ".join(f"{label} = {short_url(url)}" for url, label in labels.items())
-
-
 @dataclass
 class RayWorker:
     """A Ray worker of the run (``worker.started``, :mod:`squad.cluster.ray`): when it was ready, its
@@ -243,93 +214,111 @@ def summarize(events: Iterable[Event]) -> TraceSummary:
     count = len(events)
     lost_attempts = _lost_conversations(events)
     events = [e for e in events if e.conversation is None or e.conversation not in lost_attempts]
-    t0 = events[0].t if events else 0.0
-    agents: dict[str, AgentSummary] = {}
-    loads: list[EngineLoad] = []
-    lost: list[EngineLoss] = []
-    warnings: list[str] = []
-    spans: dict[str, CallSpan] = {}
-    workers: dict[str, RayWorker] = {}
-    peak_reported = 0
-    labels = {e.conversation: item_label(e.agent, e.item) for e in events
-              if isinstance(e, AgentStarted) and e.item is not None and e.conversation and e.agent}
-
-    def who(ev: Event) -> str | None:
-        """The agent's name, or ``agent[i]`` for a map item's conversation."""
-        return labels.get(ev.conversation or "", ev.agent)
-
-    def agent(name: str | None) -> AgentSummary:
-        key = name or "?"
-        if key not in agents:
-            agents[key] = AgentSummary(name=key)
-        return agents[key]
-
-    def span(ev: Event) -> CallSpan | None:
-        if ev.call is None:
-            return None
-        if ev.call not in spans:
-            spans[ev.call] = CallSpan(agent=who(ev) or "?", call=ev.call, conversation=ev.conversation,
-                                      parent=ev.parent)
-            agent(who(ev))
-        return spans[ev.call]
-
+    digest = _Digest(events)
     for ev in events:
-        t = ev.t - t0
-        if isinstance(ev, AgentStarted) and ev.item is not None and ev.worker in workers:
-            workers[ev.worker].items += 1
-        if ev.worker in workers and isinstance(ev, CallAdmitted):
-            workers[ev.worker].calls += 1
-        if isinstance(ev, EngineLoaded):
-            loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
-                                    engine=ev.engine))
-        elif isinstance(ev, EngineLost):
-            lost.append(EngineLoss(t=t, engine=ev.engine, reason=ev.reason, remaining=ev.remaining))
-        elif isinstance(ev, (StepWarning, MCPWarning)):
-            warnings.append(ev.warning)
-        elif isinstance(ev, ItemLost):
-            _item_lost(agent(item_label(ev.agent or "?", ev.item)), ev, t)
-        elif isinstance(ev, WorkerStarted):
-            workers[ev.worker or "?"] = RayWorker(ev.worker or "?", t, ev.engine, ev.slots, ev.pool)
-        elif isinstance(ev, AgentStarted):
-            a = agent(who(ev))
-            a.started = t if a.started is None else a.started
-        elif isinstance(ev, (ToolLimited, ToolTruncated, OutputRetried)):
-            agent(who(ev)).notes.append(ev.message)
-        elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
-            _agent_end(agent(who(ev)), ev, t, [s for s in spans.values()
-                                               if s.agent == who(ev) and s.conversation == ev.conversation])
-        elif (s := span(ev)) is not None:
-            peak_reported = max(peak_reported, _call_event(s, ev, t))
-
-    duration = (events[-1].t - t0) if events else 0.0
-    calls = list(spans.values())
+        digest.apply(ev)
+    duration = (events[-1].t - digest.t0) if events else 0.0
+    calls = list(digest.spans.values())
     _assign_lanes(calls, duration)
     for s in calls:
-        a = agent(s.agent)
-        a.calls += 1
-        a.queued_s += s.wait_s
-        if s.first_token is not None and a.first_token is None:
-            a.first_token = s.first_token
-            a.ttft_s = s.first_token - s.start
-        a.prompt_tokens += s.prompt_tokens or 0
-        a.completion_tokens += s.completion_tokens or 0
-        if s.slot is not None and s.slot not in a.slots:
-            a.slots.append(s.slot)
-        if s.engine and s.engine not in a.engines:
-            a.engines.append(s.engine)
-        if s.error and s.error != _RELEASED:  # call.failed is final (retries are inside one call)
-            _add_error(a.errors, s.error)
-        if a.started is None:
-            a.started = s.start
-    for a in agents.values():
+        _add_call(digest.agent(s.agent), s)
+    for a in digest.agents.values():
         mine = [s for s in calls if s.agent == a.name]
         ends = [s.end for s in mine if s.end is not None]
         if a.ended is None and a.status == "running" and ends and all(s.end is not None for s in mine):
             a.ended = max(ends)
             a.status = "failed" if a.errors else "done"
-    return TraceSummary(agents=agents, calls=calls, engine_loads=loads,
-                        max_in_flight=max(peak_reported, _peak(calls, duration)), duration_s=duration,
-                        events=count, warnings=warnings, lost=lost, workers=list(workers.values()))
+    return TraceSummary(agents=digest.agents, calls=calls, engine_loads=digest.loads,
+                        max_in_flight=max(digest.peak_reported, _peak(calls, duration)), duration_s=duration,
+                        events=count, warnings=digest.warnings, lost=digest.lost, workers=list(digest.workers.values()))
+
+
+class _Digest:
+    """What :func:`summarize` folds the events (sorted, lost attempts left out) into."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.t0 = events[0].t if events else 0.0
+        self.agents: dict[str, AgentSummary] = {}
+        self.loads: list[EngineLoad] = []
+        self.lost: list[EngineLoss] = []
+        self.warnings: list[str] = []
+        self.spans: dict[str, CallSpan] = {}
+        self.workers: dict[str, RayWorker] = {}
+        self.peak_reported = 0
+        self.labels = {e.conversation: item_label(e.agent, e.item) for e in events
+                       if isinstance(e, AgentStarted) and e.item is not None and e.conversation and e.agent}
+
+    def who(self, ev: Event) -> str | None:
+        """The agent's name, or ``agent[i]`` for a map item's conversation."""
+        return self.labels.get(ev.conversation or "", ev.agent)
+
+    def agent(self, name: str | None) -> AgentSummary:
+        key = name or "?"
+        if key not in self.agents:
+            self.agents[key] = AgentSummary(name=key)
+        return self.agents[key]
+
+    def span(self, ev: Event) -> CallSpan | None:
+        if ev.call is None:
+            return None
+        if ev.call not in self.spans:
+            self.spans[ev.call] = CallSpan(agent=self.who(ev) or "?", call=ev.call, conversation=ev.conversation,
+                                           parent=ev.parent)
+            self.agent(self.who(ev))
+        return self.spans[ev.call]
+
+    def apply(self, ev: Event) -> None:
+        t = ev.t - self.t0
+        worker = self.workers.get(ev.worker or "")
+        if worker is not None and isinstance(ev, AgentStarted) and ev.item is not None:
+            worker.items += 1
+        if worker is not None and isinstance(ev, CallAdmitted):
+            worker.calls += 1
+        if isinstance(ev, EngineLoaded):
+            self.loads.append(EngineLoad(t=t, slots=ev.slots, n_ctx=ev.n_ctx, pool=ev.pool, reason=ev.reason,
+                                         engine=ev.engine))
+        elif isinstance(ev, EngineLost):
+            self.lost.append(EngineLoss(t=t, engine=ev.engine, reason=ev.reason, remaining=ev.remaining))
+        elif isinstance(ev, (StepWarning, MCPWarning)):
+            self.warnings.append(ev.warning)
+        elif isinstance(ev, ItemLost):
+            _item_lost(self.agent(item_label(ev.agent or "?", ev.item)), ev, t)
+        elif isinstance(ev, WorkerStarted):
+            self.workers[ev.worker or "?"] = RayWorker(ev.worker or "?", t, ev.engine, ev.slots, ev.pool)
+        else:
+            self._agent_or_call(ev, t)
+
+    def _agent_or_call(self, ev: Event, t: float) -> None:
+        if isinstance(ev, AgentStarted):
+            a = self.agent(self.who(ev))
+            a.started = t if a.started is None else a.started
+        elif isinstance(ev, (ToolLimited, ToolTruncated, OutputRetried)):
+            self.agent(self.who(ev)).notes.append(ev.message)
+        elif isinstance(ev, (AgentFinished, AgentFailed, AgentCancelled)):
+            name = self.who(ev)
+            _agent_end(self.agent(name), ev, t, [s for s in self.spans.values()
+                                                 if s.agent == name and s.conversation == ev.conversation])
+        elif (s := self.span(ev)) is not None:
+            self.peak_reported = max(self.peak_reported, _call_event(s, ev, t))
+
+
+def _add_call(a: AgentSummary, s: CallSpan) -> None:
+    """Count call ``s`` into its agent's summary ``a``."""
+    a.calls += 1
+    a.queued_s += s.wait_s
+    if s.first_token is not None and a.first_token is None:
+        a.first_token = s.first_token
+        a.ttft_s = s.first_token - s.start
+    a.prompt_tokens += s.prompt_tokens or 0
+    a.completion_tokens += s.completion_tokens or 0
+    if s.slot is not None and s.slot not in a.slots:
+        a.slots.append(s.slot)
+    if s.engine and s.engine not in a.engines:
+        a.engines.append(s.engine)
+    if s.error and s.error != _RELEASED:  # call.failed is final (retries are inside one call)
+        _add_error(a.errors, s.error)
+    if a.started is None:
+        a.started = s.start
 
 
 def _lost_conversations(events: list[Event]) -> set[str]:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from squad.events.names import short_url
 from squad.events import (
     AgentCancelled,
     AgentFailed,
@@ -111,8 +112,7 @@ class EngineRow:
     lost: str | None = None
 
 
-def _short(url: str | None) -> str:
-    return (url or "-").split("://", 1)[-1]
+_short = short_url
 
 
 @dataclass
@@ -374,47 +374,58 @@ class ViewState:
         """One plain log line for ``event`` (after :meth:`apply`), or None for kinds not logged."""
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = self.name(event) or event.worker or "-"
+        text: str | None
         if isinstance(event, _RAY):
             text, name = self.ray_text(event), "ray"
-        elif isinstance(event, EngineLoaded) and self.several:
-            text = f"engine {_short(event.engine)} {event.reason}: {event.slots} slots, pool {event.pool} tokens"
-        elif isinstance(event, EngineLoaded):
-            text = f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
-        elif isinstance(event, EngineLost):
-            text = f"engine {_short(event.engine)} lost: {event.reason}; {event.remaining} engine(s) left"
-        elif isinstance(event, CallMoved):
-            what = f"call {event.call}" if event.call else "a queued call"
-            text = (f"{what} moved to {_short(event.to_engine)}{' and re-run from its start' if event.rerun else ''}"
-                    f" (from {_short(event.engine)}, which was lost)")
-        elif isinstance(event, EngineExited):
-            text = event.message
         elif isinstance(event, EngineLoading):
             if event.elapsed_s - self.loading_logged < 10:
                 return None
             self.loading_logged = event.elapsed_s
             text = self.loading_text()
-        elif isinstance(event, EnginePlanned):
-            text = self.status_line()
-        elif isinstance(event, AgentStarted):
-            text = "started"
-        elif isinstance(event, CallQueued):
-            text = f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
-        elif isinstance(event, CallAdmitted):
+        else:
+            text = self._engine_text(event)
+            if text is None:
+                text = self._agent_text(event, name)
+        return None if text is None else f"[{t:7.2f}s] {name:<14} {text}"
+
+    def _engine_text(self, event: Event) -> str | None:
+        """:meth:`line`'s text of an engine event (None: not one)."""
+        if isinstance(event, EngineLoaded) and self.several:
+            return f"engine {_short(event.engine)} {event.reason}: {event.slots} slots, pool {event.pool} tokens"
+        if isinstance(event, EngineLoaded):
+            return f"engine {event.reason}: {self.slots} slots, pool {self.pool} tokens"
+        if isinstance(event, EngineLost):
+            return f"engine {_short(event.engine)} lost: {event.reason}; {event.remaining} engine(s) left"
+        if isinstance(event, CallMoved):
+            what = f"call {event.call}" if event.call else "a queued call"
+            return (f"{what} moved to {_short(event.to_engine)}{' and re-run from its start' if event.rerun else ''}"
+                    f" (from {_short(event.engine)}, which was lost)")
+        if isinstance(event, EngineExited):
+            return event.message
+        if isinstance(event, EnginePlanned):
+            return self.status_line()
+        return None
+
+    def _agent_text(self, event: Event, name: str) -> str | None:
+        """:meth:`line`'s text of an agent or call event (None: a kind not logged)."""
+        if isinstance(event, AgentStarted):
+            return "started"
+        if isinstance(event, CallQueued):
+            return f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
+        if isinstance(event, CallAdmitted):
             where = f" on {_short(event.engine)}" if self.several else ""
             shared = f", {event.shared_tokens} of its prompt shared with its fan-out" if event.shared_tokens else ""
-            text = f"admitted{where} ({event.tokens} tokens reserved{shared}) · {self.status_line()}"
-        elif isinstance(event, CallFirstToken):
-            text = "first token"
-        elif isinstance(event, CallFinished):
+            return f"admitted{where} ({event.tokens} tokens reserved{shared}) · {self.status_line()}"
+        if isinstance(event, CallFirstToken):
+            return "first token"
+        if isinstance(event, CallFinished):
             rate = f", {event.tokens_per_s:.0f} tok/s" if event.tokens_per_s else ""
-            text = f"call finished{rate}"
-        elif isinstance(event, CallFailed):
-            text = f"call failed: {event.error}" + (f": {event.message}" if event.message else "")
-        elif isinstance(event, CallRetried):
-            text = f"retrying: {event.reason or event.error}"
-        elif isinstance(event, (AgentFinished, AgentFailed, AgentCancelled)):
+            return f"call finished{rate}"
+        if isinstance(event, CallFailed):
+            return f"call failed: {event.error}" + (f": {event.message}" if event.message else "")
+        if isinstance(event, CallRetried):
+            return f"retrying: {event.reason or event.error}"
+        if isinstance(event, (AgentFinished, AgentFailed, AgentCancelled)):
             row = self.agents.get(name)
-            text = self.describe(row, event.t) if row else event.kind
-        else:
-            return None
-        return f"[{t:7.2f}s] {name:<14} {text}"
+            return self.describe(row, event.t) if row else event.kind
+        return None
