@@ -137,7 +137,8 @@ class _Worker:
         Synchronous on purpose: one ``async def`` method makes Ray run the actor as an asyncio
         actor, whose synchronous methods (``run``) then block its one event loop, one item at a time."""
         assert self.squad is not None and self._portal is not None
-        return self._portal.call(functools.partial(self.squad.session.death, error, settle=settle))
+        session: Any = self.squad.session  # one engine: an EngineSession (tests: a stand-in)
+        return self._portal.call(functools.partial(session.death, error, settle=settle))
 
     def close(self) -> None:
         """Stop the engine (and the squad's MCP servers), then the event loop."""

@@ -176,7 +176,9 @@ class OtelSink:
     def _on_call(self, event: Event) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        span = self._calls.get(event.call)
+        call = event.call
+        assert call is not None  # __call__ sends only events of a call here
+        span = self._calls.get(call)
         if span is None:
             if event.kind not in ("call.queued", "call.admitted", "call.first_token"):
                 return  # a call that ended before the sink saw it start
@@ -205,15 +207,15 @@ class OtelSink:
                 span.set_attribute("squad.tokens_per_s", float(data["tokens_per_s"]))
             span.set_attribute("squad.queue_wait_s", float(data.get("queued_s") or 0.0))
             span.set_attribute("squad.attempts", int(data.get("attempts") or 1))
-            self._end_call(event.call, None, _ns(event.wall))
+            self._end_call(call, None, _ns(event.wall))
         elif event.kind == "call.failed":
             span.set_attribute("error.type", _error_type(data.get("error") or "error"))
             span.set_attribute("squad.attempts", int(data.get("attempts") or 1))
-            self._end_call(event.call, Status(StatusCode.ERROR, str(data.get("message") or data.get("error") or "")),
+            self._end_call(call, Status(StatusCode.ERROR, str(data.get("message") or data.get("error") or "")),
                            _ns(event.wall))
         elif event.kind == "call.released":
             span.set_attribute("squad.held_s", float(data.get("held_s") or 0.0))
-            self._released[event.call] = _ns(event.wall)
+            self._released[call] = _ns(event.wall)
 
     def _end_call(self, call: str, status: Any, end_ns: int) -> None:
         span = self._calls.pop(call)
@@ -246,6 +248,7 @@ class OtelSink:
         name = f"chat {self.model}" if self.model else "chat"
         span = self._tracer.start_span(name, context=ctx, kind=self._trace.SpanKind.CLIENT, attributes=attrs,
                                        start_time=_ns(event.wall))
+        assert event.call is not None
         self._calls[event.call] = span
         self._call_conversation[event.call] = event.conversation or ""
         return span

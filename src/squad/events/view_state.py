@@ -195,11 +195,11 @@ class ViewState:
         elif isinstance(event, _RAY):
             self.progress = self.ray_text(event)
             if isinstance(event, ItemLost):  # the lost attempt holds nothing any more
-                row = self.row(item_label(event.agent or "?", event.item), t)
-                row.held.clear()
-                row.waiting.clear()
-                row.detail = event.message
-                self._set(row, "retrying" if event.retry else "failed", t)
+                lost = self.row(item_label(event.agent or "?", event.item), t)
+                lost.held.clear()
+                lost.waiting.clear()
+                lost.detail = event.message
+                self._set(lost, "retrying" if event.retry else "failed", t)
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
