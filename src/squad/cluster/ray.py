@@ -29,7 +29,7 @@ from squad.cluster.local import LocalCluster, check_address, connect
 from squad.cluster.pool import _ClusterSquad, _Pool
 from squad.cluster.worker import WorkerInfo
 from squad.engine.session import EngineSpec, plan_engine
-from squad.errors import ClusterError, UserError
+from squad.errors import ClusterError, ModelError, UnknownModel, UserError
 from squad.events import ClusterStarting, EventSink, emit_to
 from squad.recipes.model import Recipe
 from squad.recipes.run import RecipeRun, execute_flow, recipe_mcp
@@ -237,8 +237,7 @@ def check_launch(recipe: Recipe, spec: EngineSpec, fanout: RayFanout) -> None:
 
     Raises :class:`~squad.errors.UnknownModel`, :class:`~squad.errors.PlanError`,
     :class:`~squad.errors.ModelError`, :class:`UserError` (exit 2 from the CLI)."""
-    from squad.engine.registry import is_reference, resolve_model
-    from squad.errors import ModelError, UnknownModel
+    from squad.engine.registry import is_reference, resolve_model  # start-up: the model hubs' clients
 
     if fanout.address is None:
         plan_engine(spec, recipe.workload(), share=fanout.share)

@@ -10,8 +10,12 @@ import dataclasses
 from pathlib import Path
 from typing import cast
 
+from squad.engine.chat_templates import describe, tool_template_for
+from squad.engine.facts import read_model_facts
 from squad.engine.spec import EngineSpec
+from squad.engine.template_profile import profile
 from squad.errors import SquadError
+from squad.sched.memory import GpuLayers, kv_memory
 from squad.sched.plan import EnginePlan
 from squad.sched.planner import plan
 from squad.sched.workload import Node
@@ -29,9 +33,7 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True, s
     Raises :class:`~squad.errors.ModelError` (no such model) or
     :class:`~squad.errors.PlanError` (the workload cannot be planned).
     """
-    from squad.engine.facts import read_model_facts
-    from squad.engine.registry import resolve_model
-    from squad.sched.memory import GpuLayers, kv_memory
+    from squad.engine.registry import resolve_model  # start-up: the registry brings the model hubs' clients (~55 ms)
 
     model_path = resolve_model(spec.model, pull=pull)
     facts = read_model_facts(model_path)
@@ -65,8 +67,6 @@ def _with_profile(planned: EnginePlan, source: str | None) -> EnginePlan:
     """``planned`` with a reason naming the template's family, tool-call style, reasoning and how
     prompts are counted, and a warning for a template that is not the model's family's
     (:func:`squad.engine.template_profile.profile`)."""
-    from squad.engine.template_profile import profile
-
     try:
         found = profile(source, planned.model if Path(str(planned.model)).is_file() else None)
     except SquadError:
@@ -78,8 +78,6 @@ def _with_profile(planned: EnginePlan, source: str | None) -> EnginePlan:
 def with_chat_template(planned: EnginePlan, source: str | None, *, has_tool_use_template: bool = False) -> EnginePlan:
     """``planned`` with the chat template the engine gets for a model whose own template is
     ``source`` (:func:`squad.engine.chat_templates.tool_template_for`), and a reason saying which."""
-    from squad.engine.chat_templates import describe, tool_template_for
-
     if planned.backend != "llama-server":
         return planned
     chosen = tool_template_for(source, has_tool_use_template=has_tool_use_template)

@@ -18,7 +18,7 @@ A new engine kind is a new module with a provider class; ``Squad(engine=provider
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol, cast, runtime_checkable
+from typing import Any, Awaitable, Callable, Iterable, Protocol, cast, runtime_checkable
 
 import anyio
 
@@ -26,6 +26,7 @@ from squad.chat import ChatEngine
 from squad.chat.client import EngineClient
 from squad.engine.facts import read_model_facts
 from squad.engine.info import EngineInfo
+from squad.engine.launcher import Launcher
 from squad.errors import EngineGone, TruncatedStream, UserError
 from squad.events import EngineExited, EngineLoaded, EngineLoading, EngineReplanning, Event, EventSink
 from squad.sched.admission import Admission
@@ -34,9 +35,6 @@ from squad.sched.plan import EnginePlan
 from squad.sched.planner import plan_for_replan
 from squad.sched.policy import DEFAULT_QUEUE
 from squad.sched.workload import Call, Node
-
-if TYPE_CHECKING:
-    from squad.engine.launcher import Launcher
 
 __all__ = ["EngineProvider", "EngineHandle", "loaded_event"]
 
@@ -71,7 +69,7 @@ class EngineHandle:
     """
 
     def __init__(self, reason: str, *, emit: Callable[[Event], None] | None = None, plan: EnginePlan | None = None,
-                 launcher: "Launcher | None" = None, share: float = 1.0) -> None:
+                 launcher: Launcher | None = None, share: float = 1.0) -> None:
         self.reason = reason
         self.plan = plan
         self.launcher = launcher
