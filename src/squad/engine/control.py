@@ -218,12 +218,10 @@ class EngineState:
 async def _get_json(client: httpx.AsyncClient, path: str, *, optional: bool = False) -> Any:
     """GET ``path`` (idempotent: a transport error is retried with jittered backoff, field
     case F22, before :class:`EngineGone`)."""
+    retrying = AsyncRetrying(stop=stop_after_attempt(CONTROL_ATTEMPTS), wait=wait_random_exponential(0.05, max=1.0),
+                             retry=retry_if_exception_type(httpx.TransportError), sleep=anyio.sleep, reraise=True)
     try:
-        async for attempt in AsyncRetrying(stop=stop_after_attempt(CONTROL_ATTEMPTS), wait=wait_random_exponential(0.05, max=1.0),
-                                           retry=retry_if_exception_type(httpx.TransportError), sleep=anyio.sleep,
-                                           reraise=True):
-            with attempt:
-                response = await client.get(path)
+        response: httpx.Response = await retrying(client.get, path)
     except httpx.TransportError as exc:
         raise EngineGone(f"engine at {client.base_url} stopped answering ({type(exc).__name__} on {path}, "
                          f"{CONTROL_ATTEMPTS} attempts)") from exc

@@ -183,7 +183,7 @@ def _parse_facts(path: Path) -> ModelFacts:
     check_gguf(path)
     fields = read_fields(path)
 
-    def get(key: str, default: object = ModelError) -> object:
+    def get(key: str, default: object = ModelError) -> Any:  # a GGUF value: str, int, float, bool, list
         field = fields.get(key)
         if field is None:
             if default is ModelError:
@@ -359,7 +359,7 @@ def read_fields(path: Path) -> dict[str, Any]:
         raise BadModelFile(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
 
 
-def _per_layer(value: object, n_layer: int, path: Path) -> tuple[int, ...]:
+def _per_layer(value: Any, n_layer: int, path: Path) -> tuple[int, ...]:
     if isinstance(value, list):
         if len(value) != n_layer:
             raise ModelError(f"{path}: head_count_kv has {len(value)} entries for {n_layer} layers")
@@ -367,7 +367,7 @@ def _per_layer(value: object, n_layer: int, path: Path) -> tuple[int, ...]:
     return (int(value),) * n_layer
 
 
-def _first_nonzero(value: object) -> int:
+def _first_nonzero(value: Any) -> int:
     if isinstance(value, list):
         return next((int(v) for v in value if int(v)), 0)
     return int(value)
@@ -378,7 +378,7 @@ def _first_nonzero(value: object) -> int:
 _ARCH_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2}
 
 
-def _swa_pattern(value: object, n_layer: int, arch: str) -> tuple[bool, ...] | None:
+def _swa_pattern(value: Any, n_layer: int, arch: str) -> tuple[bool, ...] | None:
     """Per-layer SWA flags as llama.cpp b11434 sets them: a bool array from
     ``sliding_window_pattern`` as is; an int N (from the key or the arch default) means
     ``set_swa_pattern(N)``: layer i is SWA when ``N == 0 or i % N < N - 1``."""
@@ -391,7 +391,7 @@ def _swa_pattern(value: object, n_layer: int, arch: str) -> tuple[bool, ...] | N
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
-def _opt_int(value: object) -> int | None:
+def _opt_int(value: Any) -> int | None:
     return int(value) if value else None
 
 

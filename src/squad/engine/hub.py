@@ -282,11 +282,11 @@ def _progress_class(say: Progress, label: str) -> type:
     drawing a bar: "downloading LABEL: 12.3 of 98.4 MB (12%)"."""
     from tqdm import tqdm
 
-    class Report(tqdm):  # type: ignore[misc]
+    class Report(tqdm):
         def __init__(self, *args: object, **kwargs: object) -> None:
             kwargs.setdefault("file", io.StringIO())
             kwargs.setdefault("mininterval", 0.5)
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            super().__init__(*args, **kwargs)
 
         def display(self, msg: str | None = None, pos: int | None = None) -> bool:
             total = self.total or 0

@@ -250,9 +250,10 @@ class Launcher(AsyncResource):
             for stale in slots_dir.glob("squad-share-*.bin"):
                 stale.unlink()
         except OSError:  # not writable: no sharing, calls go as before
-            save, slots_dir = [], None
+            save = []
         if any(a in self.extra_args for a in save[:1]):  # the caller chose its own
-            save, slots_dir = [], None
+            save = []
+        shared_dir = slots_dir if save else None
         args = build_args(
             self.plan, port=port, request_timeout=self.request_timeout, threads=self.threads,
             extra_args=[*save, *self.extra_args]
@@ -264,8 +265,8 @@ class Launcher(AsyncResource):
             if not self.detached:
                 self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path, engine_id)
             self.info = await self._ready(port)
-            if slots_dir is not None:
-                self.info = dataclasses.replace(self.info, slot_save_dir=str(slots_dir))
+            if shared_dir is not None:
+                self.info = dataclasses.replace(self.info, slot_save_dir=str(shared_dir))
         except BaseException:
             await self._stop()
             raise

@@ -202,7 +202,7 @@ def start_error(proc: subprocess.Popen, model: Path | str, log_path: Path) -> En
     logged at all); or the *model* failed to load (llama.cpp's own model-loading errors). Each
     with its first error-like line, the fix for that cause, the log tail and path."""
     tail = log_tail(log_path)
-    binary = proc.args[0] if isinstance(proc.args, list) else proc.args
+    binary = os.fsdecode(proc.args if isinstance(proc.args, (str, bytes, os.PathLike)) else proc.args[0])
     code = proc.returncode
     ended = describe_exit(code)
     if _BIND_FAILED in tail:  # llama.cpp tools/server/server.cpp, when the port is taken (F15)

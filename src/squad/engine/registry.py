@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 import httpx
 
@@ -285,7 +285,7 @@ def _from_store(prefix: str, rest: str, *, pull: bool, progress: Progress | None
     return stores.resolve_lmstudio(rest)
 
 
-def is_reference(model: object) -> bool:
+def is_reference(model: object) -> TypeGuard[str]:
     """True when ``model`` is a store reference (``hf:…``, ``ollama:…``, ``lmstudio:…``)."""
     return isinstance(model, str) and model.partition(":")[0] in STORES and ":" in model
 

@@ -148,7 +148,7 @@ def pick_gguf(names: list[str], quant: str | None, *, ref: str) -> str:
         raise UnknownModel(f"{ref}: {len(matches)} files are {wanted}: {', '.join(matches[:6])}; "
                          f"name the file, e.g. {ref}/{matches[0]}")
     quants = sorted({q for n in ggufs if (q := quant_of(n))})
-    what = f"has no {wanted.upper()} file" if quant else f"has {len(ggufs)} GGUF files and none is {DEFAULT_QUANT}"
+    what = f"has no {quant.upper()} file" if quant else f"has {len(ggufs)} GGUF files and none is {DEFAULT_QUANT}"
     example = f"{ref}:{quants[0]}" if quants else f"{ref}/{ggufs[0]}"
     raise UnknownModel(f"{ref} {what}; pick a quantization it has ({', '.join(quants) or 'none named'}) or a file "
                      f"({', '.join(ggufs[:6])}), e.g. {example}")

@@ -177,13 +177,11 @@ def _checks(report: VerifyReport) -> list[Check]:
         Check("max busy slots (/slots)", report.max_busy_slots == report.parallel, str(report.max_busy_slots), str(report.parallel)),
     ]
     if not failed:
-        late = [
-            r.index
-            for r in reqs
-            if any(o.index != r.index and o.finished is not None and r.first_token >= o.finished for o in reqs)
-        ]
-        last_first = max(r.first_token for r in reqs)
-        first_done = min(r.finished for r in reqs)
+        firsts = [(r.index, r.first_token) for r in reqs if r.first_token is not None]  # every one: none failed
+        ends = [(r.index, r.finished) for r in reqs if r.finished is not None]
+        late = [i for i, first in firsts if any(j != i and first >= end for j, end in ends)]
+        last_first = max(first for _, first in firsts)
+        first_done = min(end for _, end in ends)
         checks.append(
             Check(
                 "every first token before any other request finished",

@@ -157,11 +157,12 @@ async def _cut(calls: Sequence[tuple[str, str, str]], sizes: Sequence[int | None
     """Equal shares of ``room`` (water-filling); a result over its share is cut with the marker."""
     room = max(0, room)
     big = 1 << 62
-    order = sorted(range(len(calls)), key=lambda i: sizes[i] if sizes[i] is not None else big)
+    need = [size if size is not None else big for size in sizes]
+    order = sorted(range(len(calls)), key=lambda i: need[i])
     shares, left = [0] * len(calls), room
     for k, i in enumerate(order):
         share = left // (len(order) - k)
-        shares[i] = min(sizes[i] if sizes[i] is not None else big, share)
+        shares[i] = min(need[i], share)
         left -= shares[i]
     placed: list[str] = []
     cuts: list[Cut] = []
@@ -208,10 +209,11 @@ def _too_large(agent: str, calls: Sequence[tuple[str, str, str]], sizes: Sequenc
                limit: int, trained: int | None) -> ToolResultTooLarge:
     i = next((i for i, s in enumerate(sizes) if s is None or s > max(0, room) // max(1, len(calls))), 0)
     _, name, text = calls[i]
-    size = f"{sizes[i]:,} tokens" if sizes[i] is not None else f"more than {limit:,} tokens"
+    tokens = sizes[i]
+    size = f"{tokens:,} tokens" if tokens is not None else f"more than {limit:,} tokens"
     fixes = ["set tool_results: cut to cut it visibly", "make the tool return less"]
-    if sizes[i] is not None:
-        fixes.append(_budget_fix(agent, limit + sizes[i] - max(0, room), trained))
+    if tokens is not None:
+        fixes.append(_budget_fix(agent, limit + tokens - max(0, room), trained))
     return ToolResultTooLarge(
         f"agent '{agent}': tool '{name}' returned {len(text):,} characters ({size}), more than the {max(0, room):,} "
         f"tokens its budget of {limit:,} has left for this round's results, and its tool_results setting is fail: "

@@ -193,25 +193,26 @@ async def run_turn(
     counter = TextCounter(chat)
     notes: list[str] = []
     tools_open = True
-    for round_no in range(max_tool_rounds + 1):
+    round_no = 0
+    while True:  # rounds 0..max_tool_rounds: the last one offers no tools, so it ends the loop
         offer = specs if round_no < max_tool_rounds and tools_open else None
         choice = None
         if offer and round_no == 0:
             offer, choice = forced_choice(agent, tools, offer)
         reply = await send(convo, offer, choice)
-        if offer and reply.tool_calls:
-            # llama-server b11434 ignores parallel_tool_calls=false for per-call markers (its
-            # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
-            wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
-            convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_for_history(c.arguments)}}
-                for c in wanted
-            ]})
-            tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
-                                        offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit,
-                                        count_text=counter, tool_log=tool_log, notes=notes, on_event=on_event)
-            continue
-        break
+        if not (offer and reply.tool_calls):
+            break
+        # llama-server b11434 ignores parallel_tool_calls=false for per-call markers (its
+        # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
+        wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
+        convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_for_history(c.arguments)}}
+            for c in wanted
+        ]})
+        tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
+                                    offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit,
+                                    count_text=counter, tool_log=tool_log, notes=notes, on_event=on_event)
+        round_no += 1
     value, text = None, reply.content or ""
     text, marker = strip_raw_markup(text, getattr(chat.engine, "chat_template", None))
     if marker is not None:
@@ -245,16 +246,18 @@ async def _results(chat: ChatEngine, agent: Agent, origin: Origin, reply: ChatRe
         [(c.id, c.name, o.text) for c, o in zip(wanted, outcomes)], limit=limit, max_tokens=agent.max_tokens,
         tools=offer, agent=agent.name, mode=agent.tool_results,
         trained=getattr(chat.engine, "n_ctx_train", None), count_text=count_text)
-    ids = dict(agent=origin.agent, conversation=origin.conversation, parent=origin.parent, call=reply.call)
+    agent_id, conversation, parent, call_id = origin.agent, origin.conversation, origin.parent, reply.call
     for call, outcome, text in zip(wanted, outcomes, fitted.texts):
         convo.append({"role": "tool", "tool_call_id": call.id, "content": text})
         tool_log.append((call.name, call.arguments, text))
-        on_event(ToolCalled(**ids, tool=call.name, ok=outcome.ok))
+        on_event(ToolCalled(agent=agent_id, conversation=conversation, parent=parent, call=call_id, tool=call.name,
+                            ok=outcome.ok))
     closed = offer is not None and not fitted.tools_open  # room ran out before the rounds did
     for cut in fitted.cuts:
         message = truncated_message(agent.name, cut, closed=closed)
         notes.append(message)
-        on_event(ToolTruncated(**ids, tool=cut.tool, result_chars=cut.result_chars, kept_chars=cut.kept_chars,
+        on_event(ToolTruncated(agent=agent_id, conversation=conversation, parent=parent, call=call_id, tool=cut.tool,
+                               result_chars=cut.result_chars, kept_chars=cut.kept_chars,
                                result_tokens=cut.result_tokens, kept_tokens=cut.kept_tokens,
                                room_tokens=cut.room_tokens, budget=cut.limit, tools_closed=closed, message=message))
     return fitted.tools_open

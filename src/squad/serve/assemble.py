@@ -243,7 +243,7 @@ class MessagesAssembly(_EventAssembly):
             elif delta.get("type") == "input_json_delta":
                 self.partial_json[index] = self.partial_json.get(index, "") + str(delta.get("partial_json") or "")
         elif kind == "message_delta":
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            delta = data["delta"] if isinstance(data.get("delta"), dict) else {}
             for key in ("stop_reason", "stop_sequence"):
                 if key in delta:
                     self.message[key] = delta[key]

@@ -38,7 +38,7 @@ from squad.runtime.tools import arguments_for_history
 __all__ = ["force_chat", "force_responses", "force_messages", "repair_history"]
 
 
-def _named(tools: Any, name: str, name_of: Any, api: str) -> list[dict[str, Any]]:
+def _named(tools: Any, name: str | None, name_of: Any, api: str) -> list[dict[str, Any]]:
     offered = [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
     chosen = [t for t in offered if name_of(t) == name]
     if not chosen:

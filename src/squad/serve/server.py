@@ -30,7 +30,7 @@ HOST = "127.0.0.1"
 """squad serve binds here unless told otherwise: only this machine can reach it."""
 PORT = 8090
 """The default port (llama-server's own default is 8080)."""
-SHUTDOWN_GRACE = 2.0
+SHUTDOWN_GRACE = 2
 """Seconds open requests get when squad serve stops."""
 
 

@@ -136,7 +136,8 @@ class FakeEngine:
         sock.bind(("127.0.0.1", self._port))
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(self._app(), log_level="error", lifespan="on", loop="asyncio", http="h11",
-                                timeout_graceful_shutdown=0.2, access_log=False)
+                                # uvicorn annotates int but passes it to asyncio.timeout: seconds, a float works
+                                timeout_graceful_shutdown=0.2, access_log=False)  # type: ignore[arg-type]
         self._server = uvicorn.Server(config)
         self._slots = [_Slot(i) for i in range(self.slots)]
         self._ready_at = time.monotonic() + self.load_time
