@@ -513,7 +513,7 @@ def _read_prompt() -> str:
         return input("you> ")
     sys.stdout.write("you> ")
     sys.stdout.flush()
-    line = sys.stdin.buffer.raw.readline()  # type: ignore[attr-defined]
+    line = sys.stdin.buffer.raw.readline()
     if not line:
         raise EOFError
     return line.decode("utf-8", "surrogateescape").rstrip("\r\n")

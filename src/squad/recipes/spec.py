@@ -97,7 +97,7 @@ class EngineItem(EngineSection):
         if self.url is None:
             if self.api_key is not None:
                 raise ValueError("api_key is the key of an engine at a url; add url: or remove api_key")
-            return EngineSection._range(self)  # type: ignore[return-value]
+            return EngineSection._range(self)
         check_engine_url(self.url)  # a ValueError: reported at the item's file:line
         launch = [k for k in ("model", "cache_type", "gpu_layers", "threads") if getattr(self, k) is not None]
         if launch:
