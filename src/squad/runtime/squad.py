@@ -67,6 +67,8 @@ class Squad(Conversations):
       :func:`default_workload`), or attach to ``EngineSpec(url=...)``;
     - an :class:`~squad.engine.info.EngineInfo`: an engine already running, used as reported;
     - a :class:`~squad.chat.ChatEngine`: used as is (``squad.testing.ScriptedEngine``);
+    - an :class:`~squad.engine.provider.EngineProvider`: any engine source, opened for
+      ``workload`` (``LaunchedEngine(spec, share=..., restart=...)``, or a kind of your own);
     - None: the short forms ``model``, ``slots``, ``ctx``, ``threads`` (launch) or ``url`` +
       ``api_key`` (attach) build the spec; nothing at all launches the built-in model.
 
