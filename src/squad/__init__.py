@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from squad.errors import *  # noqa: F403
 from squad._moved import FINDER as _MOVED_FINDER
+from squad._version import __version__
 from squad.errors import __all__ as _error_names
-
-__version__ = "0.1.0"
 
 if _MOVED_FINDER not in sys.meta_path:  # the flat layout's import paths, for one release (squad._moved)
     sys.meta_path.append(_MOVED_FINDER)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from squad.engine import saved
 from squad.errors import UserError
 
 if TYPE_CHECKING:
@@ -135,9 +136,7 @@ def api_key_for(url: str, api_key: str | None, config: Config | None = None) -> 
         return api_key
     if os.environ.get("LLAMA_API_KEY"):
         return None  # the engine layer reads it
-    from squad.engine.saved import saved_engine_at
-
-    if saved_engine_at(url.rstrip("/").removesuffix("/v1")) is not None:
+    if saved.saved_engine_at(url.rstrip("/").removesuffix("/v1")) is not None:
         return None
     config = config if config is not None else load_config()
     return config.api_key

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 
+from squad._version import __version__
 from squad.errors import EngineStartError, SquadError, UserError, leaf_errors
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ err_console = Console(stderr=True)
 
 def _version(value: bool) -> None:
     if value:
-        from squad import __version__
-
         typer.echo(f"squad {__version__}")
         raise typer.Exit(0)
 

@@ -37,6 +37,7 @@ import httpx
 from squad import children
 from squad.dirs import cache_dir
 from squad.engine import pypi
+from squad.engine.prebuilt_server import version_line
 from squad.errors import EngineBuildError, EngineNotFound, UserError
 
 __all__ = [
@@ -440,7 +441,6 @@ def _write_build_info(binary: Path, seconds: float) -> None:
 
 def _binary(path: Path, source: Source, reason: str = "") -> EngineBinary:
     if source == "prebuilt":  # its version comes from the package metadata: no 100 MB extension loaded
-        from squad.engine.prebuilt_server import version_line
 
         return EngineBinary(path=path, source=source, version=version_line().partition(": ")[2], reason=reason)
     reported = engine_version(path)

@@ -36,6 +36,7 @@ from tenacity import (
 
 from squad.engine.chat_templates import handles_tools
 from squad.engine.info import EngineInfo
+from squad.engine.kinds import probe, served_model
 from squad.engine.llama import pool_cells
 from squad.engine.saved import saved_engine_at
 from squad.errors import EngineError, EngineGone, EngineLoadTimeout, UserError
@@ -347,8 +348,6 @@ def _pinned(info: EngineInfo, slots: int | None, ctx: int | None) -> EngineInfo:
 async def _attach_other(client: httpx.AsyncClient, base_url: str, api_key: str | None, *,
                         slots: int | None, ctx: int | None) -> EngineInfo:
     """Attach to a server that is not a llama-server (:func:`squad.engine.kinds.probe`)."""
-    from squad.engine.kinds import probe, served_model
-
     capacity = await probe(client, slots=slots, ctx=ctx)
     model = capacity.model or await served_model(client)
     return EngineInfo(

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from squad.engine.stores import StoredModel, is_model_file, model_bytes, part_paths, pick_gguf
+from squad.engine.stores import StoredModel, is_model_file, model_bytes, part_paths, pick_gguf, quant_of
 from squad.errors import ModelError, UnknownModel
 
 __all__ = ["HfRef", "parse_hf", "resolve_hf", "list_hf", "hf_cache_dir"]
@@ -164,8 +164,6 @@ def _cached_choices(ref: HfRef) -> str:
     """What the cache does hold of ``ref``'s repository, for "not in the cache": its cached GGUF
     models, the reference that picks each and how to run one (empty when the cache has none of
     the repository's models)."""
-    from squad.engine.stores import quant_of
-
     files = _cached_repos().get(ref.repo_id) or {}
     ggufs = sorted(n for n in files if is_model_file(n))
     usable = []

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from squad.engine.chat_templates import call_prefix, describe
+from squad.engine.kinds import COUNT_WITH, POLICIES, TRUNCATING
+from squad.engine.template_profile import call_id_length
+
 __all__ = ["EngineInfo"]
 
 
@@ -72,31 +76,23 @@ class EngineInfo:
     @property
     def policy(self) -> str:
         """How squad admits calls to this kind of server, in words (:data:`squad.engine.kinds.POLICIES`)."""
-        from squad.engine.kinds import POLICIES
-
         return POLICIES.get(self.kind, POLICIES["openai-compatible"])
 
     @property
     def count_with(self) -> str:
         """How prompts are counted when the model file is not here (class docstring), by kind
         (:data:`squad.engine.kinds.COUNT_WITH`)."""
-        from squad.engine.kinds import COUNT_WITH
-
         return COUNT_WITH.get(self.kind, "estimate")
 
     @property
     def truncates(self) -> bool:
         """True for a server that silently cuts a prompt longer than its context (Ollama, LM Studio):
         squad must refuse such a request itself."""
-        from squad.engine.kinds import TRUNCATING
-
         return self.kind in TRUNCATING
 
     @property
     def template_name(self) -> str:
         """Which chat template the engine applies, for people (:func:`squad.engine.chat_templates.describe`)."""
-        from squad.engine.chat_templates import describe
-
         return describe(self.chat_template)
 
     @property
@@ -104,8 +100,6 @@ class EngineInfo:
         """The text that opens a tool call in the template the engine applies, squad's own or a
         measured family's (the client prefills it for a forced tool choice,
         :func:`squad.engine.chat_templates.call_prefix`), else None."""
-        from squad.engine.chat_templates import call_prefix
-
         return call_prefix(self.chat_template)
 
     @property
@@ -113,6 +107,4 @@ class EngineInfo:
         """The length the engine's template demands of tool call ids (9 for Mistral's), else None:
         the client and ``squad serve`` rewrite the ids they send to fit
         (:func:`squad.engine.template_profile.fit_call_ids`)."""
-        from squad.engine.template_profile import call_id_length
-
         return call_id_length(self.chat_template)

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from squad.errors import UserError
+
 __all__ = ["Capacity", "probe", "KINDS", "DEFAULT_SLOTS", "DEFAULT_CTX", "parse_cache_config", "POLICIES"]
 
 KINDS = ("llama.cpp", "vllm", "sglang", "ollama", "lmstudio", "openai-compatible", "squad-serve")
@@ -101,8 +103,6 @@ async def _openai_models(client: httpx.AsyncClient) -> Any:
     """``GET /v1/models``, the one endpoint every OpenAI-compatible server answers: its JSON.
     Raises :class:`~squad.errors.UserError` when the server refuses the key (401/403) or answers
     something else (a web server, a wrong path): squad would otherwise send every call to it."""
-    from squad.errors import UserError
-
     base = str(client.base_url).rstrip("/")
     try:
         response = await client.get("/v1/models")

@@ -40,9 +40,11 @@ from anyio.abc import AsyncResource
 
 from squad.dirs import state_dir
 from squad.engine import process
+from squad.engine.binary import known_build, resolve_llama_server
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx, slot_save_args
+from squad.engine.stores import model_bytes
 from squad.sched.plan import EnginePlan
 from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, ModelError, PlanMismatch
 
@@ -107,8 +109,6 @@ def check_applied(plan: EnginePlan, *, total_slots: int, n_ctx: int, n_ctx_train
 
 def default_load_timeout(model: Path | str) -> float:
     """Seconds to wait for ``Loading model`` to end: 60 s + 60 s per GiB of model file."""
-    from squad.engine.stores import model_bytes  # all parts of a split model
-
     try:
         size = model_bytes(model)
     except (OSError, ModelError):
@@ -122,8 +122,6 @@ engine binds it."""
 
 
 def _resolve_binary(explicit: Path | str | None) -> Path:
-    from squad.engine.binary import resolve_llama_server
-
     return Path(resolve_llama_server(explicit).path)
 
 
@@ -336,7 +334,6 @@ class Launcher(AsyncResource):
     def _info_from(self, state: EngineState) -> EngineInfo:
         assert self.base_url is not None
         check_applied(self.plan, total_slots=state.total_slots, n_ctx=state.n_ctx, n_ctx_train=state.n_ctx_train)
-        from squad.engine.binary import known_build
 
         info = state.info(self.base_url, self.api_key, kv_unified=self.plan.kv_unified, launched=True,
                           requested_ctx=self.plan.n_ctx)

@@ -31,7 +31,7 @@ from typing import BinaryIO, TypeGuard
 import httpx
 
 from squad.dirs import cache_dir
-from squad.engine import pypi
+from squad.engine import hub, pypi, stores
 from squad.engine.facts import is_gguf
 from squad.engine.stores import StoredModel, model_bytes
 from squad.errors import BadModelFile, ModelError, UnknownModel
@@ -276,8 +276,6 @@ def find_model(
 
 
 def _from_store(prefix: str, rest: str, *, pull: bool, progress: Progress | None) -> StoredModel:
-    from squad.engine import hub, stores
-
     if prefix == "hf":
         return hub.resolve_hf(rest, pull=pull, progress=progress)
     if prefix == "ollama":
@@ -293,8 +291,6 @@ def is_reference(model: object) -> TypeGuard[str]:
 def list_stores() -> dict[str, tuple[str, list[StoredModel]]]:
     """Every store squad searches → ``(where it looked, the GGUF models found there)``: squad's
     own registry (pulled models only), the Hugging Face cache, Ollama and LM Studio."""
-    from squad.engine import hub, stores
-
     pulled = [StoredModel(e.name, "squad", e.path, e.size) for e in list_models() if e.present]
     return {
         "squad": (str(cache_dir() / "models"), pulled),
@@ -307,8 +303,6 @@ def list_stores() -> dict[str, tuple[str, list[StoredModel]]]:
 def _unknown(model: str) -> str:
     """The message for a model argument nothing resolves: the stores searched, how to write a
     reference, and the stored models whose reference contains it."""
-    from squad.engine import hub, stores
-
     looked = (f"squad's registry ({', '.join(_REGISTRY)}), the file system, the Hugging Face cache "
               f"({hub.hf_cache_dir()}), Ollama ({', '.join(map(str, stores.ollama_dirs()))}) and LM Studio "
               f"({', '.join(map(str, stores.lmstudio_dirs()))})")

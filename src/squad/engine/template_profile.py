@@ -28,6 +28,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from squad.engine.chat_templates import ENGINE_FALLBACK, handles_tools, known_template
+from squad.engine.tokens import offline_counting, special_tokens
+
 __all__ = ["TemplateProfile", "profile", "template_markers", "call_id_length", "fit_call_id", "fit_call_ids",
            "RAW_MARKUP", "strip_raw_markup"]
 
@@ -73,8 +76,6 @@ def template_markers(source: str) -> set[str]:
 
 
 def _tool_style(source: str, family: str, style: str) -> str:
-    from squad.engine.chat_templates import handles_tools, known_template
-
     shipped = known_template(source)
     if shipped is not None:
         opener = shipped.call_prefix.strip()
@@ -106,8 +107,6 @@ def profile(source: str | None, model_path: str | Path | None = None) -> Templat
     """The profile of the chat template ``source`` (None: the file has none, llama-server's ChatML
     fallback is used) for the model at ``model_path`` (None: counting and vocabulary checks say
     what is known without the file)."""
-    from squad.engine.chat_templates import ENGINE_FALLBACK
-
     text = source or ENGINE_FALLBACK
     family, style = "unrecognised", ""
     for marker, name, tool_style in _FAMILIES:
@@ -128,15 +127,11 @@ def profile(source: str | None, model_path: str | Path | None = None) -> Templat
 
 
 def _counts(path: Path, source: str | None) -> str:
-    from squad.engine.tokens import offline_counting
-
     exact, why = offline_counting(path, template=source)
     return f"exact offline{'; ' + why if why else ''}" if exact else f"asked of the engine ({why})"
 
 
 def _vocab_warnings(path: Path, text: str, fallback: bool) -> list[str]:
-    from squad.engine.tokens import special_tokens
-
     markers = template_markers(text)
     try:
         specials = special_tokens(path)

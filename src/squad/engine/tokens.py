@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from squad.engine.chat_templates import known_template
 from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
 from squad.errors import ModelError, SquadError
 
@@ -469,8 +470,6 @@ def _has_float(value: Any) -> bool:
 
 def _shipped(template: str) -> bool:
     """Whether ``template`` is one squad ships (:mod:`squad.engine.chat_templates`)."""
-    from squad.engine.chat_templates import known_template
-
     return known_template(template) is not None
 
 

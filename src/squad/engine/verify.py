@@ -23,6 +23,7 @@ from squad.engine.control import control_client, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.launcher import Launcher
 from squad.engine.llama import round_ctx
+from squad.engine.registry import resolve_model
 from squad.sched.plan import EnginePlan
 
 __all__ = ["RequestTiming", "Check", "VerifyReport", "verify_engine", "run_verify"]
@@ -209,8 +210,6 @@ async def run_verify(
     ``load_timeout``: seconds the model may take to load (None → the launcher's default).
     Raises what :class:`Launcher` raises (``PlanMismatch`` when ``/props`` disagrees).
     """
-    from squad.engine.registry import resolve_model
-
     plan = EnginePlan.simple(resolve_model(model), slots=parallel, n_ctx=ctx)
     async with Launcher(plan, binary=binary, threads=threads, load_timeout=load_timeout) as engine:
         assert engine.info is not None

@@ -20,6 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Str
 from squad.errors import UserError
 from squad.mcp import is_mcp_ref, split_ref, unknown_server
 from squad.chat.structured import OutputSchema, output_schema
+from squad.templates import render_template
 
 __all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
            "MAX_SUB_DEPTH",
@@ -136,8 +137,6 @@ class Agent(BaseModel):
         Raises the template module's error (a :class:`~squad.errors.UserError`) for an unknown
         variable or a syntax error; the message names this agent.
         """
-        from squad.templates import render_template
-
         values: dict[str, Any] = {
             "name": self.name,
             "description": self.description,

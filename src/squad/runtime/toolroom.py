@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from squad.chat import ChatEngine
 from squad.chat.counting import MAX_BYTES_PER_TOKEN
+from squad.engine.llama import round_ctx
 from squad.errors import ToolResultTooLarge
 from squad.runtime.handback import CUT_RESERVE, TextCounter
 
@@ -197,8 +198,6 @@ async def _prefix(text: str, tokens: int, count: Count) -> str:
 
 def _budget_fix(agent: str, need: int, trained: int | None) -> str:
     """A fix the user can apply: a budget the model can hold, else fewer or smaller rounds."""
-    from squad.engine.llama import round_ctx
-
     budget = round_ctx(need)
     fixes = [f"raise agents.{agent}.budget to {budget:,}"] if trained is None or budget <= trained else []
     fixes.append(f"lower agents.{agent}.max_tokens or max_tool_rounds")

@@ -24,6 +24,7 @@ from typing import Literal, Union
 
 import psutil
 
+from squad.engine.stores import model_bytes
 from squad.errors import ModelError, UserError
 
 __all__ = ["memory_for_kv", "parse_bytes", "SAFETY_MIN", "SAFETY_FRACTION", "ENV_VAR", "GpuDevice", "gpu_devices",
@@ -169,7 +170,6 @@ def _size(model: Path | str | None) -> int:
     (:func:`squad.engine.stores.model_bytes`); 0 for None or a file that cannot be read."""
     if model is None:
         return 0
-    from squad.engine.stores import model_bytes
 
     try:
         return model_bytes(model)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from squad.engine.template_profile import fit_call_id, fit_call_ids
+from squad.errors import EngineError, EngineGone
 from squad.serve.demand import Demand, Kind, Refused, demand_for
 from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 
@@ -85,8 +86,6 @@ async def count(gateway: "Gateway", body: dict[str, Any], kind: Kind) -> int:
     """Prompt tokens of a Responses/Messages body (the engine's count endpoint) or an embeddings
     input (the sum over its texts). Raises :class:`Refused`: the engine's own 4xx message for a
     body it cannot read, 503 while it loads; :class:`~squad.errors.EngineGone` when it does not answer."""
-    from squad.errors import EngineError, EngineGone
-
     if kind == "embeddings":
         texts = body.get("input", body.get("content"))
         texts = texts if isinstance(texts, list) and texts and not isinstance(texts[0], int) else [texts]

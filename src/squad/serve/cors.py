@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from squad.serve.demand import error_body
+
 __all__ = ["Cors", "METHODS"]
 
 METHODS = b"GET, POST, OPTIONS"
@@ -50,8 +52,6 @@ class Cors:
             return 204, [(b"allow", METHODS)], b""
         if self.allowed(scope) is None:
             import json
-
-            from squad.serve.demand import error_body
 
             body = json.dumps(error_body(403, f"squad serve does not allow the origin {origin.decode('latin-1')}: "
                                               "restart it with --cors-origin ORIGIN to let that page call it",

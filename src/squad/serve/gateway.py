@@ -38,9 +38,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import anyio
 import httpx
 
+from squad._version import __version__
+from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
+from squad.chat.stream import Loading
 from squad.sched.admission import Admission, Reservation
 from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
-from squad.errors import AdmissionError, EngineError, EngineGone
+from squad.errors import AdmissionError, EngineError, EngineGone, UserError
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
 from squad.serve import apis
 from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstream
@@ -105,8 +108,6 @@ class Gateway:
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
                  on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
                  client_keys: dict[str, str] | None = None) -> None:
-        from squad import __version__
-        from squad.errors import UserError
 
         if session.admission is None:
             raise UserError(f"the engine at {session.info.base_url} admits on its own (it is a squad serve "
@@ -186,8 +187,6 @@ class Gateway:
         the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt).
         Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
         502 when the engine does not answer."""
-        from squad.chat.stream import Loading
-
         try:
             if kind in ("responses", "messages", "embeddings"):
                 return await apis.count(self, body, kind)
@@ -216,7 +215,6 @@ class Gateway:
             return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
         how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
         if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-            from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
 
             return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
         # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import anyio
 
 from squad.engine.llama import MAX_SLOTS, round_ctx
+from squad.engine.session import plan_engine
 from squad.events import EngineReplanning
 from squad.serve.status import Peaks
 
@@ -117,8 +118,6 @@ class Replanner:
         return True
 
     async def _plan(self, slots: int, n_ctx: int) -> "EnginePlan | None":
-        from squad.engine.session import plan_engine
-
         spec = self.gateway.session.spec
         assert spec is not None
         plan = await anyio.to_thread.run_sync(plan_engine, spec.but(slots=slots, ctx=n_ctx), None)

