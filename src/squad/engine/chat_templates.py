@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -23,7 +24,7 @@ from typing import Any
 
 __all__ = ["ChatTemplate", "CHATML_TOOLS", "PHI3_TOOLS", "GRANITE_TOOLS",
            "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
-           "describe", "call_prefix"]
+           "describe", "call_prefix", "call_id_length"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,19 @@ def call_prefix(source: str | None) -> str | None:
     if not source:
         return None
     return next((prefix for marker, prefix in _FAMILY_CALL_PREFIXES if marker in source), None)
+
+
+_ID_LENGTH = re.compile(r"tool_call(?:\.id|_id'?\]?)\s*\|\s*length\s*!=\s*(\d{1,3})")
+
+
+@functools.lru_cache(maxsize=16)
+def call_id_length(source: str | None) -> int | None:
+    """The length a template demands of tool call ids (``tool_call.id|length != 9`` raises in
+    Mistral Small 3.x / Nemo templates), or None when any id renders. llama-server b11434 makes
+    32-character ids and renders the template as it is: such a template refuses every history
+    holding one (HTTP 400, counting included)."""
+    found = _ID_LENGTH.search(source or "")
+    return int(found.group(1)) if found else None
 
 
 def known_template(source: str | None) -> ChatTemplate | None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from squad.engine.chat_templates import call_prefix, describe
+from squad.engine.chat_templates import call_id_length, call_prefix, describe
 from squad.engine.kinds import COUNT_WITH, POLICIES, TRUNCATING
-from squad.engine.template_profile import call_id_length
 
 __all__ = ["EngineInfo"]
 

@@ -23,12 +23,11 @@ The table of facts below is measured with the family matrix (``tests/engine/test
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from squad.engine.chat_templates import ENGINE_FALLBACK, handles_tools, known_template
+from squad.engine.chat_templates import ENGINE_FALLBACK, call_id_length, handles_tools, known_template
 from squad.engine.tokens import offline_counting, special_tokens
 
 __all__ = ["TemplateProfile", "profile", "template_markers", "call_id_length", "fit_call_id", "fit_call_ids",
@@ -146,19 +145,6 @@ def _vocab_warnings(path: Path, text: str, fallback: bool) -> list[str]:
             "vocabulary: the template is probably another model family's, so the model reads its turn markers as "
             "plain text (counts stay exact: squad counts what the engine renders); pass the family's own template "
             "(--chat-template-file) or a model file that carries it"]
-
-
-_ID_LENGTH = re.compile(r"tool_call(?:\.id|_id'?\]?)\s*\|\s*length\s*!=\s*(\d{1,3})")
-
-
-@functools.lru_cache(maxsize=16)
-def call_id_length(source: str | None) -> int | None:
-    """The length a template demands of tool call ids (``tool_call.id|length != 9`` raises in
-    Mistral Small 3.x / Nemo templates), or None when any id renders. llama-server b11434 makes
-    32-character ids and renders the template as it is: such a template refuses every history
-    holding one (HTTP 400, counting included)."""
-    found = _ID_LENGTH.search(source or "")
-    return int(found.group(1)) if found else None
 
 
 _ALNUM = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
