@@ -20,6 +20,7 @@ from squad.sched.planner import (
     EnginePlan,
     check_attached,
     plan,
+    PlanFacts,
     plan_for_replan,
     round_ctx,
 )
@@ -43,6 +44,31 @@ def mk(workload, **kw) -> EnginePlan:
     kw.setdefault("kv_bytes_per_token", SMOL_KV)
     kw.setdefault("memory_for_kv", 16 * GIB)
     return plan(workload, model=MODEL, **kw)
+
+
+# --- one facts object ----------------------------------------------------------------------
+
+
+def test_plan_takes_one_facts_object_and_the_keyword_form_builds_the_same():
+    """plan(PlanFacts) is the planner's form; plan(workload, model=..., ...) builds the same facts."""
+    facts = PlanFacts(FOUR, model=MODEL, n_ctx_train=8192, kv_bytes_per_token=SMOL_KV, memory_for_kv=GIB // 4,
+                      memory_source="system RAM")
+    by_facts, by_keywords = plan(facts), mk(FOUR, memory_for_kv=GIB // 4, memory_source="system RAM")
+    assert by_facts == by_keywords
+    assert (by_facts.reasons, by_facts.warnings, by_facts.kv_bytes) == (
+        by_keywords.reasons, by_keywords.warnings, by_keywords.kv_bytes)
+    assert plan(workload=FOUR, model=MODEL) == plan(PlanFacts(FOUR, model=MODEL))
+    with pytest.raises(TypeError):
+        plan(facts, pin_slots=2)  # type: ignore[call-overload]
+    with pytest.raises(TypeError):
+        plan(FOUR, model=MODEL, pins=2)  # not a fact
+
+
+def test_facts_are_checked_when_made():
+    with pytest.raises(PlanError, match="slots 9 is out of range"):
+        PlanFacts(None, model=MODEL, pin_slots=9)
+    with pytest.raises(PlanError, match="unknown KV cache type"):
+        PlanFacts(None, model=MODEL, cache_type_k="f8")
 
 
 # --- the product page's examples ---------------------------------------------------------
