@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from gguf_support import tiny_gguf
 
-from squad.engine import tokens
+from squad.engine import tokens, vocab
 from squad.engine.tokens import GGUFCounter, NotExact, TokenCounter, counter_for_model
 from squad.errors import ModelError
 
@@ -100,12 +99,11 @@ def test_requests_it_cannot_reproduce_raise_not_exact(smol):
 
 
 def test_memoized_and_cached_on_disk(smol, cache, monkeypatch):
-    t0 = time.perf_counter()
     again = counter_for_model(smol.path)
-    assert again is smol and time.perf_counter() - t0 < 0.01
+    assert again is smol
     assert len(list(cache.glob("*.json"))) == 1
     tokens._counter.cache_clear()
-    monkeypatch.setattr(tokens, "_build_record", lambda *a: pytest.fail("should load from the disk cache"))
+    monkeypatch.setattr(vocab, "build_record", lambda *a: pytest.fail("should load from the disk cache"))
     reloaded = counter_for_model(smol.path)
     assert reloaded is not smol and reloaded.count_text("hello world") == smol.count_text("hello world")
 

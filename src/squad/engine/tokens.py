@@ -8,7 +8,8 @@ cannot count exactly; callers then ask the engine. Counts are ints >= 0; the bui
 cached as JSON in ``cache_dir()/tokenizers/``. Measured equal on 40 chat requests
 (``tests/engine/test_tokens_real.py``).
 
-Design (how the engine counts, what is not exact, speed): docs/design/token-counting.md
+Design (how the engine counts, what is not exact, speed): docs/design/token-counting.md.
+The GGUF vocabulary becomes a tokenizer in :mod:`squad.engine.vocab`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import datetime as _dt
 import functools
 import json
 import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from squad.engine import vocab
 from squad.engine.chat_templates import known_template
 from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
+from squad.engine.vocab import CACHE_VERSION, SPECIAL_TEMPLATE_MARKERS, SPECIAL_TOKEN_TYPES, VocabMeta, load_entry
 from squad.errors import ModelError, SquadError
 
 __all__ = ["GGUFCounter", "NotExact", "TokenCounter", "counter_for_model", "offline_counting", "special_tokens"]
@@ -46,57 +48,6 @@ class TokenCounter(Protocol):
         ...
 
 
-# llama.cpp src/llama-vocab.cpp, llm_tokenizer_bpe: regexes applied one after another, each
-# splitting the pieces of the previous one. The GPT-2 regex is the one HF's ByteLevel applies
-# (llama.cpp runs it through unicode_regex_split_custom_gpt2, which also keeps \s+ runs).
-_DIGITS = r"\p{N}"
-_PRE_SPLITS: dict[str, tuple[str, ...]] = {
-    **{p: () for p in ("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4")},
-    **{p: (_DIGITS,) for p in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
-                                "minerva-7b", "mellum2")},
-}
-
-# Pre-tokenizers whose one regex replaces GPT-2's (llm_tokenizer_bpe): the regex, whether whole
-# pieces found in the vocabulary skip the merges (llama.cpp ``ignore_merges``), and llama.cpp's
-# add_bos default when the file has no ``tokenizer.ggml.add_bos_token`` (src/llama-vocab.cpp).
-_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-                           r"|\s+(?!\S)|\s+")
-_QWEN2 = _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
-_QWEN35 = _CONTRACTIONS + (r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_FULL_REGEX: dict[str, tuple[str, bool, bool]] = {
-    **{p: (_LLAMA3, True, True) for p in ("llama3", "llama-v3", "llama-bpe")},
-    **{p: (_QWEN2, False, False) for p in ("qwen2", "deepseek-r1-qwen")},
-    "qwen35": (_QWEN35, False, False),
-}
-
-# Substrings by which common_chat_try_specialized_template (common/chat.cpp) picks a hand-written
-# format, or that make the server's prompt depend on its reasoning analysis.
-_SPECIAL_TEMPLATE_MARKERS = (
-    "<|channel|>", "[TOOL_CALLS]", "chat_format=llm-jp-harmony-v1", "<atem:function_calls>",
-    ">>>all", "<|tool_calls_section_begin|>", "<|open|>", "<role>ASSISTANT</role>",
-    "<|START_TEXT|>", "<|tool_list_start|>", "List of tools: [", "<|role_sep|>",
-    "]<]minimax[>[", "dsml_token", "'<|tool_call>call:'", "Tool usage guidelines:",
-    "<function=", "You have access to the following functions in JSONSchema format",
-    "enable_thinking", "reasoning_effort", "preserve_reasoning",
-)
-
-_GGUF_SPECIAL_TYPES = (2, 3, 4)  # unknown, control, user-defined (llama_token_type)
-
-
-@dataclass(frozen=True)
-class _Meta:
-    template: str
-    bos_token: str
-    eos_token: str
-    bos_id: int | None
-    eos_id: int | None
-    add_bos: bool
-    add_eos: bool
-    has_tool_use_template: bool
-
-
 class GGUFCounter:
     """Counts tokens exactly as llama-server b11434 does, from one GGUF file's vocabulary.
 
@@ -105,7 +56,7 @@ class GGUFCounter:
     module docstring; both methods return a token count (int >= 0).
     """
 
-    def __init__(self, path: Path, tokenizer: Any, meta: _Meta) -> None:
+    def __init__(self, path: Path, tokenizer: Any, meta: VocabMeta) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.path = path
@@ -280,9 +231,9 @@ def offline_counting(path: str | Path, *, template: str | None = None) -> tuple[
         p = Path(path).expanduser()
         stat = p.stat()
         key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        record = _load_entry(cache_entry("tokenizers", key), key) or {}
+        record = load_entry(cache_entry("tokenizers", key), key) or {}
         why = record.get("unsupported")
-        if not why and template is not None and any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
+        if not why and template is not None and any(marker in template for marker in SPECIAL_TEMPLATE_MARKERS):
             why = "the engine special-cases this chat template"
         return False, str(why or "the chat template cannot be rendered here")
     src = counter._src
@@ -304,20 +255,20 @@ def special_tokens(path: str | Path) -> frozenset[str]:
         raise ModelError(f"{p}: no such model file") from None
     key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     entry = cache_entry("special-tokens", key)
-    record = read_entry(entry, key, _CACHE_VERSION)
+    record = read_entry(entry, key, CACHE_VERSION)
     if record is None or not isinstance(record.get("tokens"), list):
         fields = read_fields(p)
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
         found = [] if tokens is None or types is None else [
-            t for t, kind in zip(tokens.contents(), types.contents()) if kind in _GGUF_SPECIAL_TYPES]
-        record = {"version": _CACHE_VERSION, "key": key, "tokens": found}
+            t for t, kind in zip(tokens.contents(), types.contents()) if kind in SPECIAL_TOKEN_TYPES]
+        record = {"version": CACHE_VERSION, "key": key, "tokens": found}
         write_entry(entry, record)
     return frozenset(record["tokens"])
 
 
 @functools.lru_cache(maxsize=8)
 def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
-    if any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
+    if any(marker in template for marker in SPECIAL_TEMPLATE_MARKERS):
         return None
     from dataclasses import replace
 
@@ -329,7 +280,6 @@ def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
 
 
 _lock = threading.Lock()
-_CACHE_VERSION = 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -337,11 +287,11 @@ def _counter(resolved: str, size: int, mtime_ns: int) -> GGUFCounter | None:
     path = Path(resolved)
     key = {"path": resolved, "size": size, "mtime_ns": mtime_ns}
     entry = cache_entry("tokenizers", key)
-    record = _load_entry(entry, key)
+    record = load_entry(entry, key)
     if record is not None:
         with contextlib.suppress(Exception):  # a damaged cache entry: rebuild it from the GGUF
             return _from_record(path, record)
-    record = _build_record(path, key)
+    record = vocab.build_record(path, key)
     write_entry(entry, record)
     try:
         return _from_record(path, record)
@@ -354,86 +304,7 @@ def _from_record(path: Path, record: dict) -> GGUFCounter | None:
 
     if record.get("unsupported"):
         return None
-    return GGUFCounter(path, Tokenizer.from_str(record["tokenizer"]), _Meta(**record["meta"]))
-
-
-def _build_record(path: Path, key: dict) -> dict:
-    fields = read_fields(path)
-
-    def get(name: str, default: Any = None) -> Any:
-        field = fields.get(name)
-        return default if field is None else field.contents()
-
-    base = {"version": _CACHE_VERSION, "key": key}
-    model, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "default")
-    template = get("tokenizer.chat_template")
-    why = None
-    if model != "gpt2" or (pre not in _PRE_SPLITS and pre not in _FULL_REGEX):
-        why = f"tokenizer {model!r}/{pre!r} is not mapped"
-    elif not template or template == "chatml":
-        why = "no chat template in the file (the engine falls back to its built-in chatml)"
-    elif any(marker in template for marker in _SPECIAL_TEMPLATE_MARKERS):
-        why = "the engine special-cases this chat template"
-    if why:
-        return {**base, "unsupported": why}
-    full = _FULL_REGEX.get(pre)
-    tok = _build_tokenizer(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type"),
-                           get("tokenizer.ggml.merges"), _PRE_SPLITS.get(pre, ()), full=full)
-    bos_id, eos_id = get("tokenizer.ggml.bos_token_id"), get("tokenizer.ggml.eos_token_id")
-
-    def piece(token_id: int | None) -> str:
-        return "" if token_id is None else tok.decode([int(token_id)], skip_special_tokens=False)
-
-    meta = _Meta(
-        template=template, bos_token=piece(bos_id), eos_token=piece(eos_id),
-        bos_id=None if bos_id is None else int(bos_id), eos_id=None if eos_id is None else int(eos_id),
-        # llama.cpp's defaults when the keys are absent: no EOS; BOS only for the Llama 3 family
-        add_bos=bool(get("tokenizer.ggml.add_bos_token", bool(full and full[2]))),
-        add_eos=bool(get("tokenizer.ggml.add_eos_token", False)),
-        has_tool_use_template=get("tokenizer.chat_template.tool_use") is not None,
-    )
-    return {**base, "tokenizer": tok.to_str(), "meta": asdict(meta)}
-
-
-def _build_tokenizer(tokens: list[str], types: list[int], merges: list[str], splits: tuple[str, ...],
-                     full: tuple[str, bool, bool] | None = None) -> Any:
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-    )
-
-    vocab = {text: i for i, text in enumerate(tokens)}
-    pairs = []
-    for merge in merges:  # llama.cpp splits at the first space after position 0
-        cut = merge.find(" ", 1)
-        pairs.append((merge[:cut], merge[cut + 1:]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
-                               ignore_merges=bool(full and full[1])))
-    if full is not None:  # one regex instead of GPT-2's, then the byte mapping alone
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(full[0]), behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(text, special=True, normalized=False)
-                            for text, kind in zip(tokens, types) if kind in _GGUF_SPECIAL_TYPES])
-    return tok
-
-
-def _load_entry(entry: Path, key: dict) -> dict | None:
-    record = read_entry(entry, key, _CACHE_VERSION)
-    if record is None:
-        return None
-    if not record.get("unsupported") and not {"tokenizer", "meta"} <= set(record):
-        return None
-    return record
+    return GGUFCounter(path, Tokenizer.from_str(record["tokenizer"]), VocabMeta(**record["meta"]))
 
 
 def _call_json(call: Any, *, object_arguments: bool = False) -> dict[str, Any]:
