@@ -16,12 +16,11 @@ from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.client import EngineClient
 from squad.engine.launcher import Launcher
+from squad.engine.llama import CONTEXT_EXCEEDED
 from squad.events import Event, Origin
 from squad.sched.planner import EnginePlan
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
-
-from squad.engine.llama import CONTEXT_EXCEEDED
 
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 PROMPT = ("Write the numbers from one to five hundred in words, one per line, with no other text. "

@@ -26,7 +26,7 @@ import math
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, cast
 
 import anyio
 
@@ -150,7 +150,7 @@ class Admission:
 
     @property
     def _waiters(self) -> list[_Waiter]:
-        return self.queue.ordered()  # type: ignore[return-value]
+        return cast("list[_Waiter]", self.queue.ordered())  # Admission adds only _Waiters
 
     @property
     def queued_calls(self) -> list[tuple[str | None, int]]:
