@@ -20,12 +20,12 @@ __all__ = ["DEFAULT_CTX", "MLX_MIN_SHARE", "Notes", "agents_that_fit", "budget",
 
 DEFAULT_CTX = 8192
 """Context in tokens when nothing is planned: 4,096 per default slot. 4K holds a typical
-agent turn (instructions, a short history and an answer), 2 × 4K is the default model's
-training context and the verification size, and its KV cache is small (180 MiB for
-SmolLM2-135M at f16, ~1 GiB for an 8B model)."""
+agent turn (instructions, a short history and an answer), 2 × 4K is the product page's
+verification size (``docs/product.md`` fact 11) and the default model's training context, and
+its KV cache is small (180 MiB for SmolLM2-135M at f16, ~1 GiB for an 8B model)."""
 
 MLX_MIN_SHARE = 1024
-"""Below this per-sequence share of the context (tokens) an MLX batch warns."""
+"""Below this per-sequence share of the context (tokens) an MLX batch warns (``docs/product.md`` fact 9)."""
 
 
 @dataclass

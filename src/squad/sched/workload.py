@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -167,7 +168,7 @@ def with_budgets(node: Node, auto: int) -> Node:
     raise TypeError(f"not a workload node: {node!r}")
 
 
-def _pick(timeline: tuple[Stage, ...], key) -> Stage | None:
+def _pick(timeline: tuple[Stage, ...], key: Callable[[Stage], tuple[int, int]]) -> Stage | None:
     best: Stage | None = None
     for stage in timeline:
         if best is None or key(stage) > key(best):
@@ -234,7 +235,7 @@ def _map(node: Map) -> tuple[Stage, ...]:
     return tuple(Stage(s.calls * copies, _join(f"×{copies}", s.label), s.unbounded) for s in inner)
 
 
-def _unique(items) -> tuple[Call, ...]:
+def _unique(items: Iterable[Call]) -> tuple[Call, ...]:
     return tuple(dict.fromkeys(items))
 
 
