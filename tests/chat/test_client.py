@@ -11,6 +11,7 @@ import pytest
 from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.chat.client import EngineClient
+from squad.chat.wrapper import WrapperChatEngine
 from squad.errors import (
     AdmissionError,
     AgentRunError,
@@ -117,7 +118,7 @@ async def test_f03_loading_past_the_deadline_says_so():
 
 async def test_f04_no_sdk_retries_and_a_timeout_is_not_resent():
     async with FakeEngine(token_delay=0.2) as fe, EngineClient(fe.info, request_timeout=0.5) as client:
-        assert client._openai.max_retries == 0
+        assert client.transport.openai.max_retries == 0
         with pytest.raises(CallTimeout, match="not resent unchanged"):
             await complete(client, agent="slow", messages=_user(3), max_tokens=50)
         with anyio.fail_after(5):
@@ -236,7 +237,7 @@ async def test_engine_gone_restarts_once_and_retries():
                 restarts.append(1)
                 return fe.info  # still down
 
-            client._restart = dead_restart
+            client.retrying.restart = dead_restart
             with pytest.raises(EngineGone):
                 await complete(client, agent="a", messages=_user(3), max_tokens=5)
             assert restarts == [1]  # once per call, then the error
@@ -254,14 +255,16 @@ async def test_a_live_engine_is_never_restarted_for_connections_that_failed():
         return fe.info
 
     async with FakeEngine() as fe, EngineClient(fe.info, restart=restart) as client:
-        real, fails = client._attempt, iter([True, True])
+        class Flaky(WrapperChatEngine):  # a layer of its own, under the retrying one
+            fails = 2
 
-        async def flaky(call):
-            if next(fails, False):
-                raise EngineGone("connection reset before the first token")
-            return await real(call)
+            async def complete(self, request):
+                if self.fails:
+                    self.fails -= 1
+                    raise EngineGone("connection reset before the first token")
+                return await super().complete(request)
 
-        client._attempt = flaky
+        client.retrying.inner = Flaky(client.retrying.inner)
         r = await complete(client, agent="a", messages=_user(3), max_tokens=5)
     assert r.content and restarts == []
 
@@ -306,7 +309,7 @@ class _FlakyTransport(httpx.AsyncBaseTransport):
 async def test_f22_a_dropped_token_count_is_retried_not_engine_gone():
     async with FakeEngine() as fe, EngineClient(fe.info, counter=None) as client:
         flaky = _FlakyTransport(httpx.AsyncHTTPTransport(), "/v1/chat/completions/input_tokens", drops=2)
-        client._http = httpx.AsyncClient(base_url=fe.base_url, transport=flaky)
+        client.transport.http = httpx.AsyncClient(base_url=fe.base_url, transport=flaky)
         assert await client.count(_user(7)) == count_tokens(_user(7))
         assert flaky.seen == 3
         fe.script(Reply(content="fine"))

@@ -13,7 +13,9 @@ from tenacity import RetryCallState
 
 import squad
 from squad.chat import ChatRequest
-from squad.chat.client import WAITS, EngineClient, _Call
+from squad.chat.call import Call
+from squad.chat.client import EngineClient
+from squad.chat.retrying import WAITS
 from squad.errors import ContextExceeded, EngineGone
 from squad.events import Event, Origin
 from squad.chat.stream import InnocentOverflow, Loading
@@ -65,12 +67,12 @@ def test_each_client_wait_is_drawn_not_fixed(kind):
 
 def _retry_wait(client: EngineClient, exc: BaseException, **counts: int) -> float:
     """The wait the client's one retry policy picks after ``exc`` with these per-kind counts."""
-    call = _Call(ChatRequest(origin=Origin("a"), messages=[], max_tokens=1), "c0")
+    call = Call(ChatRequest(origin=Origin("a"), messages=[], max_tokens=1), "c0")
     for name, value in counts.items():
         setattr(call, name, value)
     state = _state(sum(counts.values()) + 1)
     state.outcome = type("Outcome", (), {"exception": lambda self: exc, "failed": True})()
-    return client._retrying(call).wait(state)  # type: ignore[misc]
+    return client.retrying.policy(call).wait(state)  # type: ignore[misc]
 
 
 @pytest.mark.anyio

@@ -198,7 +198,7 @@ async def test_a_forced_choice_on_squads_template_prefills_the_call_prefix(templ
     client = _client(template)
     req = ChatRequest(origin=Origin(agent="a", conversation="c"), messages=[{"role": "user", "content": "hi"}],
                       max_tokens=8, tools=[lookup.spec()], tool_choice=choice)
-    sent = client._messages(req)
+    sent = client.transport.messages(req)
     assert (sent[-1] == {"role": "assistant", "content": "<tool_call>\n"}) is prefilled
     assert sent[:1] == req.messages
     await client.aclose()

@@ -92,7 +92,7 @@ async def _squad_phase(engine) -> None:
             peak = max(peak, client.admission.reserved)
 
         client.admission = Admission(engine.slots, engine.pool, on_event=watch)
-        client._on_event = watch  # retries too, so a failure says why
+        client.on_event = watch  # retries too, so a failure says why
         results: list[ChatResult] = []
 
         async def agent(i: int) -> None:

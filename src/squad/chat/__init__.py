@@ -5,10 +5,11 @@ The runtime never talks HTTP. It builds a :class:`ChatRequest`, hands it to a
 Implementations:
 
 - :class:`squad.chat.client.EngineClient`: llama-server over HTTP (openai SDK), with squad's
-  admission, retries and stream rules;
+  admission, retries and stream rules, built as layers (:class:`squad.chat.wrapper.WrapperChatEngine`);
+- :class:`squad.chat.routing.Router`: several engines as one;
 - :class:`squad.testing.ScriptedEngine`: an in-process fake with scripted replies, for tests of
   policies, cancellation and hand-back that need no HTTP;
-- later: other engine kinds, or a proxy that admits on its own (``admission`` None).
+- later: other engine kinds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 from squad.events import Origin
 
 if TYPE_CHECKING:
-    from squad.sched.admission import Admission
     from squad.engine.info import EngineInfo
 
 __all__ = ["ChatEngine", "ChatRequest", "ChatResult", "Usage", "ToolCall", "CallTimings"]
@@ -123,20 +123,27 @@ class ChatResult:
 class ChatEngine(Protocol):
     """What the runtime needs from an engine.
 
-    - ``engine``: the read-back :class:`~squad.engine.info.EngineInfo` (settable after a reload);
-    - ``admission``: squad's :class:`~squad.sched.admission.Admission` for it, or None when the engine
-      admits on its own (a proxy);
+    - ``engine``: the read-back :class:`~squad.engine.info.EngineInfo` (read-only here; a client
+      that follows reloads sets its own, :attr:`squad.chat.client.EngineClient.engine`);
     - :meth:`count`: exact prompt tokens of ``messages`` (+ ``tools``);
     - :meth:`complete`: one call; raises the errors of :mod:`squad.errors`
       (:class:`~squad.errors.AgentRunError` and its kinds, :class:`~squad.errors.EngineError`);
+    - :meth:`engine_up`: whether the engine still answers (asked after a stream was cut, to tell a
+      dead engine from a call that failed on its own);
     - :meth:`aclose`: release connections.
+
+    Admission is not part of the seam: the session that built the engine holds it
+    (:attr:`squad.engine.session.EngineSession.admission`). Layers around a ``ChatEngine``
+    subclass :class:`squad.chat.wrapper.WrapperChatEngine`.
     """
 
-    engine: "EngineInfo"
-    admission: "Admission | None"
+    @property
+    def engine(self) -> "EngineInfo": ...
 
     async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int: ...
 
     async def complete(self, request: ChatRequest) -> ChatResult: ...
+
+    async def engine_up(self) -> bool: ...
 
     async def aclose(self) -> None: ...

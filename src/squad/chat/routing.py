@@ -99,12 +99,10 @@ class Router:
     """The :class:`~squad.chat.ChatEngine` over several open engine sessions (module docstring).
 
     ``sessions``: open :class:`~squad.engine.session.EngineSession` objects (at least one);
-    ``on_event``: receives ``engine.lost``, ``call.moved`` and ``engine.warning``. ``admission`` is
-    None: each engine admits its own calls. :meth:`complete` raises what the engine that served
-    the call raised, or :class:`~squad.errors.EngineGone` when every engine is lost.
+    ``on_event``: receives ``engine.lost``, ``call.moved`` and ``engine.warning``. Each engine
+    admits its own calls (``sessions[i].admission``). :meth:`complete` raises what the engine that
+    served the call raised, or :class:`~squad.errors.EngineGone` when every engine is lost.
     """
-
-    admission = None
 
     def __init__(self, sessions: Sequence[EngineSession], *, on_event: EventSink | None = None) -> None:
         if not sessions:
@@ -177,6 +175,13 @@ class Router:
                 self._homes[request.origin.conversation] = member
             result.engine, result.rerun_from = member.url, rerun_from
             return result
+
+    async def engine_up(self) -> bool:
+        """True while an engine in service answers ``/health``."""
+        for member in self._members:
+            if member.lost is None and await member.session.chat.engine_up():
+                return True
+        return False
 
     async def aclose(self) -> None:
         """Nothing of its own: the :class:`EngineGroup` closes the sessions."""

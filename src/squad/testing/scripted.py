@@ -92,5 +92,9 @@ class ScriptedEngine:
         raise AssertionError(f"unexpected call #{self._calls} from agent {request.agent!r}: the script is used up "
                              f"(last message: {request.messages[-1].get('content')!r:.80})")
 
+    async def engine_up(self) -> bool:
+        """Always: the script never dies."""
+        return True
+
     async def aclose(self) -> None:
         """Nothing to release."""

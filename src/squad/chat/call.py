@@ -1,0 +1,93 @@
+"""One call's state, shared by the layers of :class:`squad.chat.client.EngineClient`.
+
+The outermost layer opens a :class:`Call` for a :class:`~squad.chat.ChatRequest` (:func:`opened`);
+the layers under it find it with :func:`call_for` (a ``ContextVar``, so a layer of one's own put
+between them passes it on untouched): the retrying layer counts attempts on it, the admitted layer
+puts the attempt's count and reservation on it, the transport reads them. A layer used alone (no
+call open for its request) gets a fresh :class:`Call`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from squad.chat import ChatRequest
+from squad.chat.settle import Ending
+from squad.events import Event, EventSink
+
+if TYPE_CHECKING:
+    from squad.sched.admission import Admission
+
+__all__ = ["Call", "call_for", "opened", "emit"]
+
+_IDS = itertools.count(1)
+"""Call ids are unique in the process: ``c1``, ``c2``, ..."""
+
+_CURRENT: ContextVar["Call | None"] = ContextVar("squad_chat_call", default=None)
+
+
+@dataclass(eq=False)
+class Call:
+    """One ``complete()`` call across its attempts; ``id`` is the call id its events carry."""
+
+    request: ChatRequest
+    id: str = field(default_factory=lambda: f"c{next(_IDS)}")
+    started: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    restarted: bool = False
+    first_loading: float | None = None
+    overflows: int = 0
+    gone: int = 0
+    held: int = 0
+    """The most tokens this process had reserved when the engine overflowed (F20 message)."""
+    need: int = 0
+    """This call's own reservation (prompt + max_tokens)."""
+    # -- the current attempt, set by the admitted layer, read by the transport -----------------
+    prompt: int | None = None
+    """Counted prompt tokens (None: not counted yet)."""
+    admission: "Admission | None" = None
+    """The admission that reserved this attempt (None: none, or the endpoint admits on its own)."""
+    upstream: bool = False
+    """The endpoint admits on its own (squad serve): it is told who asks, and may queue the request."""
+    slot: int = -1
+    pin: int | None = None
+    """The engine slot (``id_slot``) that holds the call's shared prefix (:mod:`squad.sched.share`)."""
+    ending: Ending = field(default_factory=Ending)
+
+    @property
+    def agent(self) -> str:
+        return self.request.origin.agent
+
+
+def call_for(request: ChatRequest) -> Call:
+    """The call open for ``request`` (:func:`opened`), else a fresh one."""
+    call = _CURRENT.get()
+    return call if call is not None and call.request is request else Call(request)
+
+
+@contextlib.contextmanager
+def opened(request: ChatRequest) -> Iterator[Call]:
+    """Open a :class:`Call` for ``request`` for the layers below (or the one already open for it)."""
+    call = call_for(request)
+    token = _CURRENT.set(call)
+    try:
+        yield call
+    finally:
+        _CURRENT.reset(token)
+
+
+def emit(sink: EventSink | None, kind: type[Event], call: Call, engine: str, **data: Any) -> None:
+    """Send ``kind`` for ``call`` on ``engine`` (its base URL) to ``sink``; a failing sink is ignored
+    (a display bug must not break a call)."""
+    if sink is not None:
+        origin = call.request.origin
+        try:
+            sink(kind(agent=origin.agent, conversation=origin.conversation, parent=origin.parent,
+                      call=call.id, engine=engine, **data))
+        except Exception:  # noqa: BLE001 - a display bug must not break a call
+            pass
