@@ -4,6 +4,8 @@ EngineClient's own stack over the HTTP fake engine."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from squad import Agent, Squad
@@ -28,6 +30,14 @@ class Recorded(WrapperChatEngine):
         result = await super().complete(request)
         result.content += " [recorded]"
         return result
+
+
+if TYPE_CHECKING:  # mypy holds each implementation to the seam (run it on this file)
+    from squad.engine.info import EngineInfo
+    from squad.engine.session import EngineSession
+
+    def _implementations(info: EngineInfo, sessions: list[EngineSession]) -> list[ChatEngine]:
+        return [EngineClient(info), Router(sessions), ScriptedEngine(), Recorded(ScriptedEngine())]
 
 
 def test_every_chat_engine_satisfies_the_seam():

@@ -190,7 +190,8 @@ class EngineClient(WrapperChatEngine):
                         exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
                 emit(self._on_event, CallFailed, call, self.engine.base_url, error=type(exc).__name__,
                      message=str(exc), attempts=call.attempts)
-                exc.call_id = call.id  # type: ignore[attr-defined]  (the call its events name: squad.chat.routing)
+                # the call its events name, for squad.chat.routing's call.moved
+                exc.call_id = call.id  # type: ignore[attr-defined]
                 raise
         result.attempts, result.call = call.attempts, call.id
         timings = result.timings

@@ -114,7 +114,7 @@ class PromptCounter:
 
     def _find_local(self) -> "TokenCounter | None":
         if self._local_arg != "auto":
-            return self._local_arg  # type: ignore[return-value]
+            return self._local_arg
         from squad.engine.tokens import counter_for_model
 
         path = Path(self.model_path) if self.model_path else None

@@ -176,8 +176,9 @@ class StreamAssembly:
         _header(slot, "id", getattr(tc, "id", None))
         _header(slot, "type", getattr(tc, "type", None))
         _header(slot, "name", getattr(fn, "name", None))
-        if getattr(fn, "arguments", None):
-            slot["arguments"] += fn.arguments
+        arguments = getattr(fn, "arguments", None)
+        if arguments:
+            slot["arguments"] += arguments
 
     def result(self, agent: str, sent: float) -> ChatResult:
         """The finished call (``sent``: ``time.monotonic()`` when the request was sent).

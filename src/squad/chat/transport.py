@@ -98,8 +98,10 @@ class LlamaServerTransport:
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S)
         # squad's own deadlines (squad.chat.deadline) fire first: the SDK's are only a backstop
         backstop = self.deadlines.policy.longest_call + 30.0
+        # as keywords: the SDK's HTTP client is httpx's or, in newer SDKs, httpx2's (which takes httpx's limits)
+        pool: dict[str, Any] = {"limits": limits, "timeout": backstop}
         sdk = openai.AsyncOpenAI(base_url=info.base_url + "/v1", api_key=key, max_retries=0, timeout=backstop,
-                                 http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=backstop))
+                                 http_client=openai.DefaultAsyncHttpxClient(**pool))
         http = httpx.AsyncClient(base_url=info.base_url, headers={"Authorization": f"Bearer {key}"},
                                  timeout=httpx.Timeout(self.deadlines.policy.request_timeout or AUX_TIMEOUT_S,
                                                        connect=10.0), limits=limits)
