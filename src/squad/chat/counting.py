@@ -90,6 +90,7 @@ class PromptCounter:
                  local: "TokenCounter | None | Literal['auto']" = "auto", *, template: str | None = None) -> None:
         self.model_path, self._remote, self._local_arg = model_path, remote, local
         self.template = template
+        self._id_length = call_id_length(template)
         self._local: TokenCounter | None = None
         self._ready = False
         self._lock = anyio.Lock()
@@ -129,7 +130,7 @@ class PromptCounter:
         """``(tokens, local)``: the exact prompt count, and whether it was counted here (not
         by the engine). Tool call ids are counted as they are sent: fitted to what the template
         demands (:func:`squad.engine.template_profile.fit_call_ids`). Raises what ``remote`` raises."""
-        messages = fit_call_ids(messages, call_id_length(self.template))
+        messages = fit_call_ids(messages, self._id_length)
         key = _key(messages, tools)
         known = self._cache.get(key)
         if known is not None:

@@ -160,8 +160,10 @@ class EngineSpeed:
 class EngineDeadlines:
     """The deadline policy and measured speed of one engine, and its calls in flight.
 
-    ``watch(prompt, max_tokens)`` gives the :class:`CallWatch` for one attempt; a call that
-    starts or ends re-arms the others (batches are shared while several calls run)."""
+    ``watch(prompt, max_tokens)`` gives the :class:`CallWatch` for one attempt. A watch's window
+    depends on whether other calls run (batches are shared), so the calls in flight are re-armed
+    when that changes (a second call starts, all but one ended) and once when the engine first
+    reports progress; each watch re-arms itself on its own progress (O(1) per event)."""
 
     def __init__(self, policy: Deadlines | None = None, speed: EngineSpeed | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -182,6 +184,18 @@ class EngineDeadlines:
     def _changed(self) -> None:
         for w in self.active:
             w._arm()
+
+    def _entered(self, watch: "CallWatch") -> None:
+        self.active.add(watch)
+        if len(self.active) == 2:  # the first one is shared from now on
+            self._changed()
+        else:
+            watch._arm()
+
+    def _left(self, watch: "CallWatch") -> None:
+        self.active.discard(watch)
+        if len(self.active) == 1:  # the one left is alone again
+            self._changed()
 
 
 @dataclass(eq=False)
@@ -247,7 +261,8 @@ class CallWatch:
         p = self.policy
         if p.request_timeout is not None:
             return math.inf
-        shared = len(self.engine.active - {self}) > 0  # another call's batch may come first
+        active = self.engine.active
+        shared = len(active) > (1 if self in active else 0)  # another call's batch may come first
         speed = self.engine.speed  # the slower of this call's own and the engine's average
         prefill, decode = min(self.prefill, speed.prefill), min(self.decode, speed.decode)
         if self.generated == 0:
@@ -280,7 +295,9 @@ class CallWatch:
         total, cache = int(_num(prompt_progress.get("total"))), int(_num(prompt_progress.get("cache")))
         processed, ms = int(_num(prompt_progress.get("processed"))), _num(prompt_progress.get("time_ms"))
         self.progress_chunks += 1
-        self.engine.reports_progress = True
+        if not self.engine.reports_progress:  # a batch, not the whole prompt, bounds every window now
+            self.engine.reports_progress = True
+            self.engine._changed()
         if total > 0:
             self.prompt = total
         self.cache, self.processed = cache, max(self.processed, processed)
@@ -315,8 +332,7 @@ class CallWatch:
     def __enter__(self) -> "CallWatch":
         self.scope = anyio.CancelScope()
         self.scope.__enter__()
-        self.engine.active.add(self)
-        self.engine._changed()
+        self.engine._entered(self)
         return self
 
     def _passed(self, now: float) -> str | None:
@@ -329,8 +345,7 @@ class CallWatch:
 
     def __exit__(self, *exc: Any) -> bool:
         self.fired = self._passed(self.engine.clock())
-        self.engine.active.discard(self)
-        self.engine._changed()
+        self.engine._left(self)
         assert self.scope is not None
         swallowed = bool(self.scope.__exit__(*exc))
         if not self.scope.cancelled_caught:

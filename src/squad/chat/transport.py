@@ -69,6 +69,8 @@ class LlamaServerTransport:
                  counter: "TokenCounter | None | Literal['auto']" = "auto", on_event: EventSink | None = None) -> None:
         self.deadlines, self.on_event = deadlines, on_event
         self._engine = engine
+        self._template = (engine.call_id_length, engine.tool_call_prefix)
+        """What the engine's template demands (read from its text once, not per call)."""
         self._retired: list[openai.AsyncOpenAI | httpx.AsyncClient] = []
         self.counter = PromptCounter(engine.model_path, self._count_remote, counter, template=engine.chat_template)
         self.openai, self.http = self._connect(engine)
@@ -88,7 +90,7 @@ class LlamaServerTransport:
             self.openai, self.http = self._connect(info)
         if info.model_path != self._engine.model_path:  # another model: its speed is not known yet
             self.deadlines.speed = EngineSpeed()
-        self._engine = info
+        self._engine, self._template = info, (info.call_id_length, info.tool_call_prefix)
 
     def _connect(self, info: EngineInfo) -> tuple[openai.AsyncOpenAI, httpx.AsyncClient]:
         key = info.api_key or "none"
@@ -248,8 +250,8 @@ class LlamaServerTransport:
         llama-server continues (see :mod:`squad.engine.chat_templates`: b11434's ``required``
         alone lets a model write text first). Tool call ids are fitted to what the template demands
         (Mistral's: 9 alphanumeric characters, :attr:`EngineInfo.call_id_length`)."""
-        messages = fit_call_ids(req.messages, self._engine.call_id_length)  # ids the template accepts
-        prefix = self._engine.tool_call_prefix
+        id_length, prefix = self._template  # ids the template accepts, its call opener
+        messages = fit_call_ids(req.messages, id_length)
         if req.tool_choice == "required" and req.tools and prefix:
             return [*messages, {"role": "assistant", "content": prefix}]
         return messages
