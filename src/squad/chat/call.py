@@ -9,12 +9,11 @@ call open for its request) gets a fresh :class:`Call`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from squad.chat import ChatRequest
 from squad.chat.settle import Ending
@@ -70,15 +69,24 @@ def call_for(request: ChatRequest) -> Call:
     return call if call is not None and call.request is request else Call(request)
 
 
-@contextlib.contextmanager
-def opened(request: ChatRequest) -> Iterator[Call]:
-    """Open a :class:`Call` for ``request`` for the layers below (or the one already open for it)."""
-    call = call_for(request)
-    token = _CURRENT.set(call)
-    try:
-        yield call
-    finally:
-        _CURRENT.reset(token)
+class opened:
+    """``with opened(request) as call``: open a :class:`Call` for ``request`` for the layers below,
+    or take the one already open for it (then nothing is set: a layer costs a look-up)."""
+
+    __slots__ = ("call", "_token")
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.call = call_for(request)
+        self._token: Token[Call | None] | None = None
+
+    def __enter__(self) -> Call:
+        if _CURRENT.get() is not self.call:
+            self._token = _CURRENT.set(self.call)
+        return self.call
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
 
 
 def emit(sink: EventSink | None, kind: type[Event], call: Call, engine: str, **data: Any) -> None:
