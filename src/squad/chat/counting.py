@@ -21,15 +21,13 @@ import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 import anyio
 
 from squad.engine.template_profile import call_id_length, fit_call_ids
+from squad.engine.tokens import NotExact, TokenCounter, counter_for_model
 from squad.errors import SquadError
-
-if TYPE_CHECKING:
-    from squad.engine.tokens import TokenCounter
 
 __all__ = ["PromptCounter", "COUNT_CACHE", "MAX_BYTES_PER_TOKEN", "estimate_tokens", "estimate_chat_tokens",
            "ESTIMATE_OVERHEAD"]
@@ -116,8 +114,6 @@ class PromptCounter:
     def _find_local(self) -> "TokenCounter | None":
         if self._local_arg != "auto":
             return self._local_arg
-        from squad.engine.tokens import counter_for_model
-
         path = Path(self.model_path) if self.model_path else None
         if path is None or not path.is_file():
             return None
@@ -150,8 +146,6 @@ class PromptCounter:
     def _count_local(self, messages: list[dict], tools: list[dict] | None) -> int | None:
         if self._local is None:
             return None
-        from squad.engine.tokens import NotExact
-
         try:
             return self._local.count_chat(messages, tools)
         except (NotExact, TypeError, UnicodeError):  # not countable here (e.g. text that is not UTF-8)
