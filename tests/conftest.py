@@ -68,3 +68,13 @@ def llama_server_path() -> Path:
 def default_model_path() -> Path:
     """The default model's .gguf (SmolLM2-135M-Instruct Q4_1), pulled if absent."""
     return _need(_model(), _MODEL_FIX)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``-n auto --dist loadgroup``, the default addopts) a test file runs whole on
+    one worker, so its module-scoped engines start once; the Ray files share one worker, so two local
+    Ray clusters never start at once."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "ray" if item.get_closest_marker("ray") or "/test_ray" in path else path
+        item.add_marker(pytest.mark.xdist_group(group))
