@@ -18,6 +18,11 @@ import pytest
 
 from squad.errors import SquadError
 
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.isatty(1):
+    # an xdist worker inherits COLUMNS=80 from the controller; a plain run has none, and squad's tables then
+    # take their natural width (what the CLI tests read)
+    os.environ.pop("COLUMNS", None)
+
 _ENGINE_FIX = ("run `squad engine install` (the prebuilt engine) or `squad engine install --build` (a source build), "
                "or set SQUAD_LLAMA_SERVER=/path/to/llama-server")
 _MODEL_FIX = "run `squad models pull`"
