@@ -6,6 +6,8 @@ They prefer the session fixtures ``llama_server_path`` / ``default_model_path`` 
 
 from __future__ import annotations
 
+import re
+
 import os
 from pathlib import Path
 
@@ -67,3 +69,14 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
 
 
 THREADS = min(2, os.cpu_count() or 1)
+
+
+_SIZE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
+
+
+def engine_kv_bytes(log: str) -> tuple[int, list[tuple[int, int]]]:
+    """Bytes of every ``llama_kv_cache: size = X MiB (N cells, L layers, ...)`` line in ``log``
+    (one line per cache: a sliding-window model has two) and their (cells, layers)."""
+    found = _SIZE.findall(log)
+    total = sum(round(float(mib) * 2**20) for mib, _, _ in found)
+    return total, [(int(cells), int(layers)) for _, cells, layers in found]

@@ -384,7 +384,7 @@ async def test_tools_and_schema_rule(fam):
 
 @pytest.mark.timeout(120)
 async def test_kv_memory(fam):
-    from test_kv_estimate_real import engine_kv_bytes
+    from launch_support import engine_kv_bytes
 
     name, _info, plan, log, _http = fam
     logged, caches = engine_kv_bytes(log.read_text(errors="replace"))

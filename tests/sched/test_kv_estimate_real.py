@@ -15,6 +15,7 @@ import re
 
 import anyio
 import pytest
+from launch_support import engine_kv_bytes
 
 from squad.engine.launcher import Launcher
 from squad.engine.registry import resolve_model
@@ -22,17 +23,6 @@ from squad.errors import SquadError
 from squad.engine.session import EngineSpec, plan_engine
 
 pytestmark = pytest.mark.engine
-
-_SIZE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
-
-
-def engine_kv_bytes(log: str) -> tuple[int, list[tuple[int, int]]]:
-    """Bytes of every ``llama_kv_cache: size = X MiB (N cells, L layers, ...)`` line in ``log``
-    (one line per cache: a sliding-window model has two) and their (cells, layers)."""
-    found = _SIZE.findall(log)
-    total = sum(round(float(mib) * 2**20) for mib, _, _ in found)
-    return total, [(int(cells), int(layers)) for _, cells, layers in found]
-
 
 def test_engine_kv_size_line_parser():
     log = ("llama_kv_cache: size =   12.00 MiB (  4096 cells,   3 layers,  2/1 seqs), K (f16): 6.00 MiB\n"
