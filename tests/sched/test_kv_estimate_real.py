@@ -11,7 +11,6 @@ so the test pins that it stays within 2% and prints the difference.
 
 from __future__ import annotations
 
-import re
 
 import anyio
 import pytest
