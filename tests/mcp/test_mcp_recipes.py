@@ -123,7 +123,7 @@ def counted(monkeypatch):
         def count_text(self, text):
             return len(text.split())
 
-    monkeypatch.setattr(budgets, "_counter", lambda model: Counter())
+    monkeypatch.setattr(budgets, "chat_counter", lambda model: Counter())
     monkeypatch.setattr(budgets, "n_ctx_train", lambda model: 8192)
 
 

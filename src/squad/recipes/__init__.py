@@ -5,13 +5,20 @@ One way through (format in ``docs/recipes.md``):
 - :mod:`~squad.recipes.spec`: the file format as pydantic models (``extra="forbid"``).
 - :mod:`~squad.recipes.load`: strict YAML reading, every node with its line and column.
 - :mod:`~squad.recipes.check`: every check before any model call; builds the
-  :class:`Recipe` (:func:`load_recipe`, :func:`validate_recipe`, :func:`load_agents`).
-- :mod:`~squad.recipes.budgets`: budgets against the model file when it is on disk (training
-  context; fixed prompts counted with the model's tokenizer).
-- :mod:`~squad.recipes.model`: the checked :class:`Recipe` and :class:`Step`: its engine
-  spec, its workload for the planner, its templates rendered at run time.
+  :class:`Recipe` (:func:`load_recipe`, :func:`validate_recipe`, :func:`load_agents`), with
+  :mod:`~squad.recipes.check_agents` (agents, includes, MCP servers),
+  :mod:`~squad.recipes.check_flow` (steps, templates, @mentions) and
+  :mod:`~squad.recipes.params` (parameter values).
+- :mod:`~squad.recipes.model`: the checked :class:`Recipe` and :class:`Step`, pure data: its
+  engine spec, its workload for the planner, its templates rendered at run time; what it
+  counts with is injected (:attr:`Recipe.text_counter`).
+- :mod:`~squad.recipes.modelfile`: the only reads of the model file (on disk only: training
+  context, tokenizer); :mod:`~squad.recipes.fixed_prompts` and :mod:`~squad.recipes.budgets`
+  count prompts with it (fixed budgets checked, ``auto`` budgets planned);
+  :mod:`~squad.recipes.chunks` cuts text for ``split: chunks``.
 - :mod:`~squad.recipes.run`: running the flow on a :class:`squad.runtime.squad.Squad`
-  (:func:`run_recipe`); its MCP servers started, checked and counted (:func:`recipe_mcp`).
+  (:func:`run_recipe`, steps in :mod:`~squad.recipes.steps`, records in
+  :mod:`~squad.recipes.record`); its MCP servers started, checked and counted (:func:`recipe_mcp`).
 
 Every problem in a file is a :class:`~squad.errors.RecipeError` naming file, line, column
 and field.

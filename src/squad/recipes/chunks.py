@@ -6,11 +6,11 @@ line; a single line longer than the limit is cut inside, at the longest prefix t
 ``overlap`` repeats whole lines from the end of the previous chunk (at most ``overlap``
 tokens of them) at the start of the next.
 
-:func:`text_counter` gives the count to use for a model: its own tokenizer
-(:func:`squad.engine.tokens.counter_for_model`) when the GGUF file is on disk and supported,
-else :func:`estimate_tokens`, UTF-8 bytes / 2 rounded up. Code and prose tokenize at about
-3-4 bytes per token, so the estimate gives chunks about half the size asked for; it is not
-a bound for unusual text (a tokenizer may spend one token per byte).
+:func:`squad.recipes.modelfile.text_counter` gives the count to use for a model: its own
+tokenizer when the GGUF file is on disk and supported, else :func:`estimate_tokens`, UTF-8
+bytes / 2 rounded up. Code and prose tokenize at about 3-4 bytes per token, so the estimate
+gives chunks about half the size asked for; it is not a bound for unusual text (a tokenizer
+may spend one token per byte).
 """
 
 from __future__ import annotations
@@ -19,28 +19,10 @@ from collections.abc import Callable
 
 from squad.chat.counting import estimate_tokens
 
-__all__ = ["split_chunks", "estimate_tokens", "text_counter"]
+__all__ = ["split_chunks", "estimate_tokens", "Count"]
 
 Count = Callable[[str], int]
-
-
-def text_counter(model: str | None) -> tuple[Count, bool]:
-    """``(count, exact)`` for a recipe's checked model (None = the default model): the
-    model's own tokenizer when its file is on disk and supported (``exact`` True), else
-    :func:`estimate_tokens`. Never downloads anything."""
-    from squad.recipes.budgets import model_file
-
-    path = model_file(model)
-    if path is not None:
-        try:
-            from squad.engine.tokens import counter_for_model
-
-            counter = counter_for_model(path)
-        except Exception:  # noqa: BLE001 - an unreadable file: fall back to the estimate
-            counter = None
-        if counter is not None:
-            return counter.count_text, True
-    return estimate_tokens, False
+"""Tokens of a text."""
 
 
 def split_chunks(text: str, max_tokens: int, count: Count = estimate_tokens, *, overlap: int = 0) -> list[str]:

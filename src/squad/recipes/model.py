@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from squad.runtime.agent import MAX_SUB_DEPTH, Agent
+from squad.chat.counting import MAX_BYTES_PER_TOKEN, estimate_tokens
+from squad.chat.structured import OutputInvalid, OutputSchema, strip_fence
 from squad.errors import InvalidOutput, RecipeError
+from squad.recipes.chunks import Count, split_chunks
+from squad.recipes.spec import ParamSpec
+from squad.runtime.agent import MAX_SUB_DEPTH, Agent
 from squad.runtime.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.sched.policy import DEFAULT_QUEUE
-from squad.recipes.spec import ParamSpec
-from squad.chat.structured import OutputInvalid, OutputSchema, strip_fence
-from squad.templates import render_template
 from squad.sched.workload import Call, Delegate, Map, Node, Parallel, Sequence
+from squad.templates import render_template
 
 if TYPE_CHECKING:
-    from squad.mcp import MCPServer
     from squad.engine.session import EngineSpec
+    from squad.mcp import MCPServer
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "EmptyMapWarning", "StepBudget"]
 
@@ -128,6 +130,11 @@ class StepBudget:
     """Tokens planned for them: ``tool_rounds`` x (``max_tokens`` + results allowance)."""
 
 
+def _estimated(model: str | None) -> "tuple[Count, bool]":
+    """The :attr:`Recipe.text_counter` of a recipe built without one: the estimate."""
+    return estimate_tokens, False
+
+
 @dataclass
 class Recipe:
     """A loaded, checked recipe.
@@ -171,6 +178,11 @@ class Recipe:
     """Its ``engines:`` list (several engines, :mod:`squad.chat.routing`), else empty."""
     shared_input: str = "first"
     """Its ``shared_input:`` (:mod:`squad.sched.share`)."""
+    text_counter: "Callable[[str | None], tuple[Count, bool]]" = field(default=_estimated, repr=False, compare=False)
+    """How :meth:`items` counts the tokens of a chunk: ``(count, exact)`` for the recipe's model,
+    looked up each time (the model may be pulled after loading). Injected by the loader
+    (:func:`squad.recipes.modelfile.text_counter`: the model's own tokenizer when its file is on
+    disk); the default estimates (:func:`squad.chat.counting.estimate_tokens`)."""
 
     # --- workload ---------------------------------------------------------------------
     def engine_spec(self) -> "EngineSpec":
@@ -261,8 +273,6 @@ class Recipe:
         """``(characters, why)``: the most text one prompt to ``agent`` can be, at
         :data:`~squad.chat.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's
         training context while its budget is auto); None when neither is known."""
-        from squad.chat.counting import MAX_BYTES_PER_TOKEN
-
         budget = self.agents[agent].fixed_budget
         tokens, whose = (budget, f"agent '{agent}' has a budget of {budget:,} tokens") if budget else \
             (self.context_limit, f"the model's training context is {self.context_limit:,} tokens") if self.context_limit \
@@ -276,17 +286,15 @@ class Recipe:
         does not split into a list as declared.
 
         With ``split: chunks`` the text is cut by :func:`squad.recipes.chunks.split_chunks`,
-        counted with the model's own tokenizer when its file is on disk, else estimated
-        (:func:`squad.recipes.chunks.text_counter`); empty text gives no items."""
+        counted by :attr:`text_counter` (the model's own tokenizer when its file is on disk, else
+        estimated); empty text gives no items."""
         if step.split == "chunks":
-            from squad.recipes.chunks import split_chunks, text_counter
-
             if step.over[0] == "params":
                 value = self.params[step.over[1]]
                 text = "" if value is None else str(value)
             else:
                 text = str(outputs[step.over[1]]["output"])
-            count, _ = text_counter(self.model)
+            count, _ = self.text_counter(self.model)
             return split_chunks(text, step.chunk_tokens or 1, count, overlap=step.overlap)
         if step.over[0] == "params":
             value = self.params[step.over[1]]

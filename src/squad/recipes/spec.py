@@ -251,6 +251,17 @@ _TRUE = {"true", "yes", "on", "1", "y"}
 _FALSE = {"false", "no", "off", "0", "n"}
 
 
+def _number(name: str, value: Any, kind: type[int] | type[float], what: str) -> int | float:
+    """``value`` (a number, or a string of one; never a bool) as ``kind``; ``ValueError`` saying ``what``."""
+    allowed = (int, str) if kind is int else (int, float, str)
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        raise ValueError(f"parameter '{name}' expects {what}, got {value!r}")
+    try:
+        return kind(str(value).strip())
+    except ValueError:
+        raise ValueError(f"parameter '{name}' expects {what}, got {value!r}") from None
+
+
 def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
     """Turn a value (a ``-p`` string, or a YAML default) into the parameter's type.
 
@@ -266,19 +277,9 @@ def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
             raise ValueError(f"parameter '{name}' expects text, got a {type(value).__name__}")
         return value if isinstance(value, str) else _yaml_text(value)
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"parameter '{name}' expects a whole number, got {value!r}")
-        try:
-            return int(str(value).strip())
-        except ValueError:
-            raise ValueError(f"parameter '{name}' expects a whole number, got {value!r}") from None
+        return _number(name, value, int, "a whole number")
     if kind == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError(f"parameter '{name}' expects a number, got {value!r}")
-        try:
-            return float(str(value).strip())
-        except ValueError:
-            raise ValueError(f"parameter '{name}' expects a number, got {value!r}") from None
+        return _number(name, value, float, "a number")
     if kind == "bool":
         if isinstance(value, bool):
             return value
