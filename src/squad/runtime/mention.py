@@ -18,36 +18,14 @@ import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from squad.errors import MentionError
+from squad.templates.marks import DATA_CLOSE, DATA_OPEN, as_data, unmark  # the data marks live with the templates
 
 __all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest", "DATA_OPEN", "DATA_CLOSE",
            "as_data", "unmark", "quote_unknown"]
 
-DATA_OPEN = "\ufdd0"
-DATA_CLOSE = "\ufdd1"
-"""The marks around text that is data, not the author's words (module docstring). They are
-Unicode noncharacters (U+FDD0, U+FDD1), reserved for a program's internal use, so they never
-stand for anything in real text; :func:`as_data` removes them from the data it wraps, so data
-cannot close its own region early."""
-
-_MARKS = str.maketrans("", "", DATA_OPEN + DATA_CLOSE)
 _DATA = re.compile(f"{DATA_OPEN}[^{DATA_CLOSE}]*(?:{DATA_CLOSE}|\\Z)")
-
-
-def as_data(value: Any) -> str:
-    """``str(value)`` as one data region: wrapped in :data:`DATA_OPEN`/:data:`DATA_CLOSE`
-    (marks inside it removed). No @mention in it dispatches anyone::
-
-        await squad.run(f"@security review this file:\\n{as_data(source)}")
-    """
-    return DATA_OPEN + unmark(str(value)) + DATA_CLOSE
-
-
-def unmark(text: str) -> str:
-    """``text`` without the data marks (what the model sees)."""
-    return text.translate(_MARKS)
 
 
 def _mask(text: str) -> str:

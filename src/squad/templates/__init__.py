@@ -20,7 +20,7 @@ Rules:
   ``range()`` over the sandbox's ``MAX_RANGE`` of 100000 items, ``{{ 'x' * 10**9 }}``) is a
   :class:`RecipeError` too, never a traceback or a hang.
 - ``data=True`` (a recipe prompt as sent): the output of every ``{{ ... }}`` is data, wrapped
-  by :func:`squad.runtime.mention.as_data`, so only the template's own text can @mention an agent
+  by :func:`squad.templates.marks.as_data`, so only the template's own text can @mention an agent
   (field case F13); :func:`mark_tags` gives the source read the same way, for the checks
   made before rendering. Values inside the template (``{% if x == "a@b" %}``, ``| length``)
   are the plain values.
@@ -36,6 +36,7 @@ import jinja2
 from jinja2 import meta, nodes, pass_context
 
 from squad.errors import RecipeError
+from squad.templates.marks import as_data
 from squad.templates.sandbox import OUT, MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
 __all__ = ["AnyValue", "render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
@@ -129,8 +130,6 @@ def _data_env() -> BoundedSandbox:
     marks it; the template's own text goes through another one and stays as written."""
     global _DATA_ENV
     if _DATA_ENV is None:
-        from squad.runtime.mention import as_data
-
         count = _ENV.filters[OUT]
 
         @pass_context
@@ -214,11 +213,9 @@ def render_template(
 
 def mark_tags(source: str) -> str:
     """``source`` as the mention parser reads it before rendering: every ``{{ ... }}`` marked
-    as data (:func:`squad.runtime.mention.as_data`), as its output will be, and every ``{% ... %}`` tag
+    as data (:func:`squad.templates.marks.as_data`), as its output will be, and every ``{% ... %}`` tag
     left out, as it is when rendered (the text on both sides joins). ``source`` unchanged when
     it has no tags or does not lex."""
-    from squad.runtime.mention import as_data
-
     if "{{" not in source and "{%" not in source:
         return source
     out: list[str] = []

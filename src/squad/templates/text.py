@@ -1,0 +1,69 @@
+"""What may reach a prompt from a template: data (text, numbers, lists and mappings of them),
+never a Python object's repr (a macro not called, a generator, jinja's ``loop``)."""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+
+from squad.templates.meter import TemplateLimit
+
+__all__ = ["not_text", "refuse_internal"]
+
+_PLAIN = (str, int, float, type(None))
+_HOLDERS = (list, tuple, dict, set, frozenset)
+_GENERATED: tuple[type, ...] = (types.GeneratorType, range, type({}.items()), type({}.keys()), type({}.values()), map, filter, zip,
+              enumerate, reversed)
+_MAX_WALK = 10_000
+"""Items of a list or mapping :func:`not_text` looks into (a larger value is data in any case)."""
+
+
+def not_text(value: Any) -> str | None:
+    """Why ``value`` would reach a prompt as a Python object's repr rather than as data (a
+    jinja internal such as ``self`` or ``loop``, a function or method not called, a class, a
+    generator from ``map``/``select``, a ``range``), with the fix; None for text, numbers,
+    booleans, None and lists or mappings of those."""
+    stack, seen = [value], 0
+    while stack and seen < _MAX_WALK:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, (*_PLAIN, jinja2.Undefined)):  # an undefined one fails as undefined when printed
+            continue
+        if isinstance(item, Mapping) and isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+            continue
+        if isinstance(item, _HOLDERS):
+            stack.extend(item)
+            continue
+        return _why_not_text(item)
+    return None
+
+
+def _why_not_text(item: Any) -> str:
+    shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(item))
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    if isinstance(item, jinja2.runtime.Macro):
+        return f"it is the macro '{item.name}' itself ({shown}), not its text; write {item.name}() to call it"
+    if isinstance(item, type):
+        return f"it is the class {item.__name__!r} itself ({shown}), not a value; call it or drop it"
+    if isinstance(item, _GENERATED):
+        return (f"it is a lazy sequence ({type(item).__name__}, printed as {shown}), not its items; "
+                "add | list at the end of the expression, or | join(', ') for text")
+    if callable(item) and not isinstance(item, (jinja2.runtime.TemplateReference, jinja2.runtime.LoopContext)):
+        name = getattr(item, "__name__", None)
+        what = f"the function or method {name!r}" if name else f"a callable {type(item).__name__} object"
+        return f"it is {what} itself ({shown}), not its result; call it: add ()"
+    return (f"it is jinja's internal {type(item).__name__} object, which would be sent as {shown}; use a value "
+            "instead (params.NAME, steps.ID.output, item, loop.index)")
+
+
+def refuse_internal(value: Any, what: str) -> None:
+    """Raise :class:`TemplateLimit` when ``value`` is not data (:func:`not_text`), naming ``what``."""
+    problem = not_text(value)
+    if problem is not None:
+        raise TemplateLimit(f"{what} does not give text: {problem}")
