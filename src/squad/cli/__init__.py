@@ -4,7 +4,8 @@
 - ``config.py``: ``squad config show|path``
 - ``launch.py``: ``squad engine start|stop|status``, ``squad verify``
 - ``plan.py``: ``squad plan``
-- ``run.py``: ``squad run``, ``squad chat``, ``squad recipes validate``
+- ``run.py``: ``squad run``, ``squad recipes validate`` (what it prints: ``run_report.py``)
+- ``chat.py``: ``squad chat``
 - ``trace.py``: ``squad trace show|plot``
 - ``serve.py``: ``squad serve``
 """
@@ -16,6 +17,7 @@ from squad.cli import engine as _engine  # noqa: F401
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
+from squad.cli import chat as _chat  # noqa: F401
 from squad.cli import serve as _serve  # noqa: F401
 from squad.cli import trace as _trace  # noqa: F401
 from squad.cli._app import app, main, unwrap_help
