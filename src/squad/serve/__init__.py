@@ -5,7 +5,9 @@ points at ``http://127.0.0.1:8090/v1`` with the key squad serve printed; every g
 request is counted, reserved and queued by squad's :class:`~squad.sched.admission.Admission` before
 it reaches llama-server, so requests running together never exceed its slots or its KV pool.
 
-- :mod:`squad.serve.gateway`: the ASGI app (routes, key, relay, ``/squad/status``);
+- :mod:`squad.serve.gateway`: the ASGI app (routes, key, counting, ``/squad/status``);
+- :mod:`squad.serve.relay`: one admitted generation request, forwarded and relayed;
+- :mod:`squad.serve.http`: ASGI bodies, headers and JSON answers;
 - :mod:`squad.serve.demand`: one request's reservation (prompt + max_tokens) or its 400;
 - :mod:`squad.serve.fanout`: a list of prompts or ``n`` > 1, one reservation per completion;
 - :mod:`squad.serve.assemble`: a request not streamed (chat, completions, Responses, Messages) is

@@ -27,7 +27,8 @@ from squad.serve.stream_start import add_role
 from squad.serve.demand import Kind, Refused, demand_for, error_body
 
 if TYPE_CHECKING:
-    from squad.serve.gateway import Send, _Relay
+    from squad.serve.http import Send
+    from squad.serve.relay import Relay as _Relay
 
 __all__ = ["split", "fan_out", "MAX_PARTS", "OPENAI_PATHS"]
 

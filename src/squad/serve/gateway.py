@@ -23,38 +23,37 @@ connection is closed so llama-server stops the task, and its reservation is rele
 engine's ``/slots`` shows the slot free (:func:`squad.chat.settle.until_engine_free`: the engine
 notices a closed connection of a request it does not stream only at its next look, every 1 s). Every
 response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
+The request itself is :class:`squad.serve.relay.Relay`; ASGI plumbing is :mod:`squad.serve.http`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import secrets
-import time
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
 from squad._version import __version__
-from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
-from squad.chat.stream import Loading
-from squad.sched.admission import Admission, Reservation
 from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
-from squad.errors import AdmissionError, EngineError, EngineGone, UserError
-from squad.events import CallFailed, CallFinished, CallFirstToken, Event, EventSink, Origin, emit_to
+from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
+from squad.chat.settle import EngineSlots, Ending, until_engine_free
+from squad.chat.stream import Loading
+from squad.errors import EngineError, EngineGone, UserError
+from squad.events import Event, EventSink, emit_to
+from squad.sched.admission import Admission, Reservation
 from squad.serve import apis
-from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstream
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
-from squad.serve.early import EarlyStart
-from squad.serve.fanout import fan_out, split
+from squad.serve.http import (CLIENT_HEADER, PRIORITY_HEADER, SERVE_HEADER, Receive, Send, client_name, priority_of,
+                              read_body, relayed, send_json)
+from squad.serve.relay import Relay
 from squad.serve.status import Ledger, Live
-from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 from squad.serve.watch import waits_for
-from squad.chat.settle import EngineSlots, Ending, until_engine_free
 
 if TYPE_CHECKING:
     from squad.chat.counting import PromptCounter
@@ -63,13 +62,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Gateway", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER", "DEFAULT_MAX_TOKENS", "STATUS_PATH"]
 
-SERVE_HEADER = "x-squad-serve"
-"""Response header naming squad serve (its version): the endpoint admits on its own."""
-PRIORITY_HEADER = "x-squad-priority"
-"""Request header: a whole number, lower is admitted first (default 0); FIFO among equals."""
-CLIENT_HEADER = "x-squad-client"
-"""Request header naming the client for per-client counts (else the label of its key, else the body's
-``user`` / ``metadata.user_id`` field, else the peer address)."""
 STATUS_PATH = "/squad/status"
 DEFAULT_MAX_TOKENS = 1024
 """Tokens reserved for (and generated at most by) a request that gives no max_tokens."""
@@ -83,10 +75,6 @@ GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completion
                                "/completion": "completion", **apis.ROUTES}
 PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
 PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens", *apis.PASS_POST)
-_HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"}
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Gateway:
@@ -108,7 +96,6 @@ class Gateway:
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
                  on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
                  client_keys: dict[str, str] | None = None) -> None:
-
         if session.admission is None:
             raise UserError(f"the engine at {session.info.base_url} admits on its own (it is a squad serve "
                             "endpoint already): point clients at it directly")
@@ -215,7 +202,6 @@ class Gateway:
             return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
         how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
         if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-
             return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
         # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
         # {"model", "prompt", "add_special_tokens"} -> {"count", "tokens", ...}
@@ -264,17 +250,17 @@ class Gateway:
             await self._pass(scope, receive, tagged)
             return
         if not self._authorized(scope):
-            await _json(tagged, 401, error_body(401, "Invalid API Key: send the key squad serve printed, as "
+            await send_json(tagged, 401, error_body(401, "Invalid API Key: send the key squad serve printed, as "
                                                      "'Authorization: Bearer KEY'", "authentication_error"))
             return
         if path in GENERATION and method == "POST":
             await self._generate(scope, receive, tagged, GENERATION[path])
         elif path == STATUS_PATH and method == "GET":
-            await _json(tagged, 200, self.status())
+            await send_json(tagged, 200, self.status())
         elif (path in PASS_GET and method == "GET") or (path in PASS_POST and method == "POST"):
             await self._pass(scope, receive, tagged)
         else:
-            await _json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
+            await send_json(tagged, 404, error_body(404, f"squad serve has no {method} {path}", "not_found_error"))
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         """Whether the request carries a key; a labelled key's name goes to ``scope["squad.key_label"]``."""
@@ -296,8 +282,6 @@ class Gateway:
     def status(self) -> dict[str, Any]:
         """``/squad/status``: the engine, admission's slots/pool/queue, the ledger (running and
         queued requests, per-client counts, peaks) and re-plans. Tokens are KV cells."""
-        from pathlib import Path
-
         info, admission = self.engine, self.admission
         plan = self.session.plan
         ledger = self.ledger.view()
@@ -322,7 +306,7 @@ class Gateway:
     # -- passthrough ------------------------------------------------------------------------------
 
     async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        body = await _read_body(receive) if scope["method"] == "POST" else b""
+        body = await read_body(receive) if scope["method"] == "POST" else b""
         headers = {"content-type": "application/json"} if body else {}
         params = scope.get("query_string", b"").decode() or None
         try:
@@ -334,38 +318,38 @@ class Gateway:
                                                 params=params)
         except httpx.TransportError:
             if self.reloading or self.session.launcher is not None and self.session.launcher.running is False:
-                await _json(send, 503, error_body(503, "Loading model", "unavailable_error"))
+                await send_json(send, 503, error_body(503, "Loading model", "unavailable_error"))
             else:
-                await _json(send, 502, error_body(502, f"the engine at {self.engine.base_url} is not answering",
+                await send_json(send, 502, error_body(502, f"the engine at {self.engine.base_url} is not answering",
                                                   "server_error"))
             return
         if r.status_code == 404 and scope["path"] == "/health":  # a kind with no /health (Ollama, LM Studio)
-            await _json(send, 200, {"status": "ok", "engine": self.engine.kind,
+            await send_json(send, 200, {"status": "ok", "engine": self.engine.kind,
                                     "note": "the engine has no /health: squad serve answers for it"})
             return
-        await send({"type": "http.response.start", "status": r.status_code, "headers": _relayed(r.headers.raw)})
+        await send({"type": "http.response.start", "status": r.status_code, "headers": relayed(r.headers.raw)})
         await send({"type": "http.response.body", "body": r.content})
 
     # -- generation --------------------------------------------------------------------------------
 
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, kind: Kind) -> None:
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not an object")
-            priority = _priority(scope)
+            priority = priority_of(scope)
         except (ValueError, UnicodeDecodeError) as exc:
-            await _json(send, 400, error_body(400, f"squad serve could not read the request: {exc}",
+            await send_json(send, 400, error_body(400, f"squad serve could not read the request: {exc}",
                                               "invalid_request_error"))
             return
         except Refused as exc:
-            await _json(send, exc.status, exc.body)
+            await send_json(send, exc.status, exc.body)
             return
-        live = Live(id=f"r{next(self._ids)}", client=_client_name(scope, body), priority=priority,
+        live = Live(id=f"r{next(self._ids)}", client=client_name(scope, body), priority=priority,
                     stream=bool(body.get("stream")), api=kind)
         self.ledger.open(live)
-        relay = _Relay(self, live, scope, body, raw, kind)
+        relay = Relay(self, live, scope, body, raw, kind)
         outcome = "failed"
 
         async def ending(message: dict[str, Any]) -> None:  # a disconnect after the last byte is no disconnect
@@ -381,236 +365,3 @@ class Gateway:
         finally:
             self.ledger.close(live, "disconnected" if relay.disconnected else outcome)  # type: ignore[arg-type]
 
-
-class _Relay:
-    """One admitted generation request (see the module docstring)."""
-
-    def __init__(self, gateway: Gateway, live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
-                 kind: Kind) -> None:
-        self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
-        self.finished = self.disconnected = False
-        self.prompt_tokens = 0
-        """The prompt's tokens as squad counted them (0 until counted)."""
-
-    async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        """Cancel the request when the client disconnects (queued, waiting or streaming)."""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self.finished:
-                    self.disconnected = True
-                    scope.cancel()
-                return
-
-    async def run(self, send: Send) -> str:
-        """Admit, forward and relay; return the outcome for the ledger."""
-        g, live = self.g, self.live
-        admission = g.admission
-        try:  # tool choice and schemas as the engine honours them (squad.serve.apis)
-            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix, g.engine.call_id_length)
-            parts = split(body, self.kind, self.scope["path"])
-        except Refused as exc:
-            await _json(send, exc.status, exc.body)
-            return "refused"
-        if parts is not None:  # several prompts, or n > 1: one reservation per completion
-            self.body = body
-            return await fan_out(self, parts, send)
-        try:  # counted (squad.serve.apis)
-            demand = await apis.demand(body, self.kind, g)
-        except Refused as exc:
-            await _json(send, exc.status, exc.body)
-            return "refused" if exc.status == 400 else "failed"
-        content = self.raw if body is self.body else None
-        self.body = body
-        self.prompt_tokens = demand.prompt
-        if demand.defaulted:
-            self.body["max_tokens"] = demand.max_tokens
-            content = None
-        if content is None:
-            content = json.dumps(self.body).encode()
-        if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
-            content = json.dumps(streamed_upstream(self.body, self.kind)).encode()
-        g.ledger.move(live, "queued", tokens=demand.tokens)
-        origin = Origin(live.client, conversation=live.id)
-        early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
-        send = early.send if early is not None else send
-        try:
-            async with early.holding() if early is not None else contextlib.nullcontext():
-                async with admission.reserve(demand.tokens, agent=origin, priority=live.priority,
-                                             call=live.id) as held:
-                    if early is not None:
-                        await early.admitted()
-                    g.ledger.move(live, "running", slot=held.slot)
-                    async with g.until_engine_free(held) as ending:
-                        return await self._forward(send, content, held.queued_s, ending)
-        except AdmissionError as exc:  # the engine was reloaded smaller while it waited
-            await _json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
-            return "refused"
-
-    async def _forward(self, send: Send, content: bytes, queued_s: float, ending: Ending) -> str:
-        g, live = self.g, self.live
-        upstream = g.generation_upstream()
-        request = upstream.build_request("POST", self.scope["path"], content=content,
-                                         headers={"content-type": "application/json"},
-                                         params=self.scope.get("query_string", b"").decode() or None)
-        sent = time.monotonic()
-        ending.sent()
-        try:
-            try:
-                response = await upstream.send(request, stream=True)
-            except (httpx.ConnectError, httpx.RemoteProtocolError):
-                # a pooled connection the engine had just closed (keep-alive end, its per-connection
-                # request cap): the request got no answer, so it is resent once on a new connection (F22)
-                response = await upstream.send(request, stream=True)
-        except httpx.TransportError as exc:
-            self._emit(CallFailed, error="EngineGone", message=repr(exc), attempts=1)
-            await _json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
-                                              "server_error"))
-            return "failed"
-        ending.started()
-        if self.assembled and response.status_code == 200:
-            return await self._assemble(send, response, queued_s, ending, sent)
-        first, started = True, False
-        try:
-            headers = [*_relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            started = True
-            start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
-            async for chunk in response.aiter_raw():
-                if first:
-                    first = False
-                    self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
-                if start is not None:
-                    chunk = start.feed(chunk)
-                    if not chunk:
-                        continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            ending.done()  # the engine's answer was read to its end: its task is over
-            await send({"type": "http.response.body", "body": start.end() if start is not None else b""})
-        except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
-            self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
-            if not started:
-                await _json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
-            else:
-                frame = json.dumps(error_body(502, f"the engine broke off: {exc!r}", "server_error"))
-                await send({"type": "http.response.body",
-                            "body": f"data: {frame}\n\n".encode() if live.stream else b""})
-            return "failed"
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()  # on a disconnect too: the engine frees the slot at once
-        if response.status_code >= 400:
-            self._emit(CallFailed, error=f"HTTP {response.status_code}", message="", attempts=1)
-            return "failed"
-        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
-                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
-        return "completed"
-
-    def _first_event(self, status: int) -> FirstEvent | ResponsesStart | None:
-        """The mender of a streamed answer's first event (:mod:`squad.serve.stream_start`), if any."""
-        if not self.live.stream or status != 200:
-            return None
-        if self.kind == "messages":
-            return MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
-        if self.kind == "chat":
-            return ChatRole()
-        if self.kind == "responses":
-            return ResponsesStart(model=str(self.body.get("model") or ""))
-        return None
-
-    @property
-    def assembled(self) -> bool:
-        """A request the client does not stream, sent to llama-server streamed and answered whole
-        (:mod:`squad.serve.assemble`)."""
-        return (not self.live.stream and self.g.engine.kind == "llama.cpp"
-                and (self.scope["path"] in STREAMABLE_PATHS or self.kind in ("responses", "messages")))
-
-    async def _assemble(self, send: Send, response: httpx.Response, queued_s: float, ending: Ending,
-                        sent: float) -> str:
-        got = assembly_for(self.kind, model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
-        try:
-            try:
-                async for line in response.aiter_lines():
-                    if not got.started and line.startswith("data: "):
-                        self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
-                    got.line(line)
-                ending.done()  # read to its end: the engine's task is over
-            except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
-                self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
-                await _json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
-                return "failed"
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()  # on a disconnect too: the engine stops at its next token
-        status, body = got.answer()
-        if not got.done and status == 200:
-            status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
-        await _json(send, status, body, [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())])
-        if status != 200:
-            self._emit(CallFailed, error=f"HTTP {status}", message=str(body)[:200], attempts=1)
-            return "failed"
-        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
-                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None,
-                   slot=self.live.slot)
-        return "completed"
-
-    def _emit(self, kind: type[Event], **data: Any) -> None:
-        if self.g._sinks:
-            self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
-                             engine=self.g.engine.base_url, **data))
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-async def _json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": data})
-
-
-def _relayed(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in headers if k.lower() not in _HOP]
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("utf-8", "replace")  # HTTP carries bytes; clients send UTF-8 names
-    return None
-
-
-def _priority(scope: dict[str, Any]) -> int:
-    value = _header(scope, PRIORITY_HEADER.encode())
-    if value is None:
-        return 0
-    try:
-        priority = int(value)
-    except ValueError:
-        priority = None
-    if priority is None or not -1000 <= priority <= 1000:
-        raise Refused(400, f"{PRIORITY_HEADER}: write a whole number from -1000 to 1000 (lower is admitted first), "
-                           f"got {value!r}")
-    return priority
-
-
-def _client_name(scope: dict[str, Any], body: dict[str, Any]) -> str:
-    named = _header(scope, CLIENT_HEADER.encode())
-    if named:
-        return named[:64]
-    named = scope.get("squad.key_label") or apis.client_field(body)
-    if named:
-        return named[:64]
-    peer = scope.get("client")
-    return str(peer[0]) if peer else "?"

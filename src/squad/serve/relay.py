@@ -1,0 +1,209 @@
+"""One admitted generation request of ``squad serve``: admit, forward to the engine, relay the
+answer chunk by chunk (or assemble a whole one, :mod:`squad.serve.assemble`), with the call's
+events; several prompts or ``n`` > 1 go to :mod:`squad.serve.fanout` (the module docstring of
+:mod:`squad.serve.gateway` tells the whole round trip)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import httpx
+
+from squad.chat.settle import Ending
+from squad.errors import AdmissionError
+from squad.events import CallFailed, CallFinished, CallFirstToken, Event, Origin
+from squad.serve import apis
+from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstream
+from squad.serve.demand import Kind, Refused, error_body
+from squad.serve.early import EarlyStart
+from squad.serve.fanout import fan_out, split
+from squad.serve.http import Receive, Send, relayed, send_json
+from squad.serve.status import Live
+from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
+
+if TYPE_CHECKING:
+    from squad.serve.gateway import Gateway
+
+__all__ = ["Relay"]
+
+
+class Relay:
+    """One admitted generation request (see the module docstring)."""
+
+    def __init__(self, gateway: "Gateway", live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
+                 kind: Kind) -> None:
+        self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
+        self.finished = self.disconnected = False
+        self.prompt_tokens = 0
+        """The prompt's tokens as squad counted them (0 until counted)."""
+
+    async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        """Cancel the request when the client disconnects (queued, waiting or streaming)."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished:
+                    self.disconnected = True
+                    scope.cancel()
+                return
+
+    async def run(self, send: Send) -> str:
+        """Admit, forward and relay; return the outcome for the ledger."""
+        g, live = self.g, self.live
+        admission = g.admission
+        try:  # tool choice and schemas as the engine honours them (squad.serve.apis)
+            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix, g.engine.call_id_length)
+            parts = split(body, self.kind, self.scope["path"])
+        except Refused as exc:
+            await send_json(send, exc.status, exc.body)
+            return "refused"
+        if parts is not None:  # several prompts, or n > 1: one reservation per completion
+            self.body = body
+            return await fan_out(self, parts, send)
+        try:  # counted (squad.serve.apis)
+            demand = await apis.demand(body, self.kind, g)
+        except Refused as exc:
+            await send_json(send, exc.status, exc.body)
+            return "refused" if exc.status == 400 else "failed"
+        content = self.raw if body is self.body else None
+        self.body = body
+        self.prompt_tokens = demand.prompt
+        if demand.defaulted:
+            self.body["max_tokens"] = demand.max_tokens
+            content = None
+        if content is None:
+            content = json.dumps(self.body).encode()
+        if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
+            content = json.dumps(streamed_upstream(self.body, self.kind)).encode()
+        g.ledger.move(live, "queued", tokens=demand.tokens)
+        origin = Origin(live.client, conversation=live.id)
+        early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
+        send = early.send if early is not None else send
+        try:
+            async with early.holding() if early is not None else contextlib.nullcontext():
+                async with admission.reserve(demand.tokens, agent=origin, priority=live.priority,
+                                             call=live.id) as held:
+                    if early is not None:
+                        await early.admitted()
+                    g.ledger.move(live, "running", slot=held.slot)
+                    async with g.until_engine_free(held) as ending:
+                        return await self._forward(send, content, held.queued_s, ending)
+        except AdmissionError as exc:  # the engine was reloaded smaller while it waited
+            await send_json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
+            return "refused"
+
+    async def _forward(self, send: Send, content: bytes, queued_s: float, ending: Ending) -> str:
+        g, live = self.g, self.live
+        upstream = g.generation_upstream()
+        request = upstream.build_request("POST", self.scope["path"], content=content,
+                                         headers={"content-type": "application/json"},
+                                         params=self.scope.get("query_string", b"").decode() or None)
+        sent = time.monotonic()
+        ending.sent()
+        try:
+            try:
+                response = await upstream.send(request, stream=True)
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                # a pooled connection the engine had just closed (keep-alive end, its per-connection
+                # request cap): the request got no answer, so it is resent once on a new connection (F22)
+                response = await upstream.send(request, stream=True)
+        except httpx.TransportError as exc:
+            self._emit(CallFailed, error="EngineGone", message=repr(exc), attempts=1)
+            await send_json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",
+                                              "server_error"))
+            return "failed"
+        ending.started()
+        if self.assembled and response.status_code == 200:
+            return await self._assemble(send, response, queued_s, ending, sent)
+        first, started = True, False
+        try:
+            headers = [*relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            started = True
+            start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
+            async for chunk in response.aiter_raw():
+                if first:
+                    first = False
+                    self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
+                if start is not None:
+                    chunk = start.feed(chunk)
+                    if not chunk:
+                        continue
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            ending.done()  # the engine's answer was read to its end: its task is over
+            await send({"type": "http.response.body", "body": start.end() if start is not None else b""})
+        except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
+            self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+            if not started:
+                await send_json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+            else:
+                frame = json.dumps(error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                await send({"type": "http.response.body",
+                            "body": f"data: {frame}\n\n".encode() if live.stream else b""})
+            return "failed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # on a disconnect too: the engine frees the slot at once
+        if response.status_code >= 400:
+            self._emit(CallFailed, error=f"HTTP {response.status_code}", message="", attempts=1)
+            return "failed"
+        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
+        return "completed"
+
+    def _first_event(self, status: int) -> FirstEvent | ResponsesStart | None:
+        """The mender of a streamed answer's first event (:mod:`squad.serve.stream_start`), if any."""
+        if not self.live.stream or status != 200:
+            return None
+        if self.kind == "messages":
+            return MessagesStart(model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
+        if self.kind == "chat":
+            return ChatRole()
+        if self.kind == "responses":
+            return ResponsesStart(model=str(self.body.get("model") or ""))
+        return None
+
+    @property
+    def assembled(self) -> bool:
+        """A request the client does not stream, sent to llama-server streamed and answered whole
+        (:mod:`squad.serve.assemble`)."""
+        return (not self.live.stream and self.g.engine.kind == "llama.cpp"
+                and (self.scope["path"] in STREAMABLE_PATHS or self.kind in ("responses", "messages")))
+
+    async def _assemble(self, send: Send, response: httpx.Response, queued_s: float, ending: Ending,
+                        sent: float) -> str:
+        got = assembly_for(self.kind, model=str(self.body.get("model") or ""), input_tokens=self.prompt_tokens)
+        try:
+            try:
+                async for line in response.aiter_lines():
+                    if not got.started and line.startswith("data: "):
+                        self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
+                    got.line(line)
+                ending.done()  # read to its end: the engine's task is over
+            except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
+                self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+                await send_json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                return "failed"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # on a disconnect too: the engine stops at its next token
+        status, body = got.answer()
+        if not got.done and status == 200:
+            status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
+        await send_json(send, status, body, [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())])
+        if status != 200:
+            self._emit(CallFailed, error=f"HTTP {status}", message=str(body)[:200], attempts=1)
+            return "failed"
+        self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
+                   queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None,
+                   slot=self.live.slot)
+        return "completed"
+
+    def _emit(self, kind: type[Event], **data: Any) -> None:
+        if self.g._sinks:
+            self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
+                             engine=self.g.engine.base_url, **data))
