@@ -206,8 +206,8 @@ class MCPServers:
                 out[t.name] = t
         choice = agent.tool_choice
         if is_mcp_ref(choice) and (server is None or split_ref(choice)[0] == server):
-            chosen_server, chosen = split_ref(choice)
-            if not any(t.server == chosen_server and t.remote == chosen for t in out.values()):
+            chosen_server, chosen_tool = split_ref(choice)
+            if not any(t.server == chosen_server and t.remote == chosen_tool for t in out.values()):
                 gets = ", ".join(f"{t.server}.{t.remote}" for t in out.values()) or "none"
                 raise UserError(f"agent {agent.name!r} has tool_choice {choice!r}, but that is not one of the MCP "
                                 f"tools it gets ({gets}); name one of those, or use auto or required")

@@ -99,7 +99,7 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
     token s, tokens, tok/s, slot and engine (its base URL on several engines or a Ray worker,
     else None), for ``squad run``'s summary; a map item a Ray worker served also has ``worker``
     and ``retried`` (:class:`~squad.runtime.results.AgentResult`)."""
-    rows = []
+    rows: list[Mapping[str, Any]] = []
     for sid, r in run.results:
         t = r.timings
         rows.append({

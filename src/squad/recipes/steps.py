@@ -168,7 +168,7 @@ async def _map(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun) -> N
     if not items:
         _empty_map(recipe, squad, step, run)
         return
-    extra = {"chunks": len(items)} if step.split == "chunks" else {}
+    extra: dict[str, Any] = {"chunks": len(items)} if step.split == "chunks" else {}
     prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i, **extra)
                for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)

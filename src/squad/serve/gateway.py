@@ -136,7 +136,7 @@ class Gateway:
 
     @property
     def counter(self) -> "PromptCounter":
-        return self.session.chat.counter  # type: ignore[attr-defined]  (an EngineClient)
+        return self.session.chat.counter  # type: ignore[attr-defined]  # an EngineClient
 
     @property
     def upstream(self) -> httpx.AsyncClient:

@@ -165,8 +165,8 @@ def _check_filter(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str
         width = as_int(arg(0, "width", 80)) or 0
         meter.check(width, f"the 'center' filter (width {width:,})")
     elif name == "indent":
-        width = arg(0, "width", 4)
-        pad = width if isinstance(width, int) else len(str(width))
+        indent = arg(0, "width", 4)
+        pad = indent if isinstance(indent, int) else len(str(indent))
         meter.check(len(text) + (text.count("\n") + 1) * pad, f"the 'indent' filter (width {pad:,})")
     elif name == "format":
         meter.check(format_size(text, (args, kwargs), meter), "the 'format' filter")
