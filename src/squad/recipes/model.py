@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.chat.counting import MAX_BYTES_PER_TOKEN, estimate_tokens
 from squad.chat.structured import OutputInvalid, OutputSchema, strip_fence
+from squad.engine.session import EngineSpec
 from squad.errors import InvalidOutput, RecipeError
 from squad.recipes.chunks import Count, split_chunks
 from squad.recipes.spec import ParamSpec
@@ -32,7 +33,6 @@ from squad.sched.workload import Call, Delegate, Map, Node, Parallel, Sequence
 from squad.templates import render_template
 
 if TYPE_CHECKING:
-    from squad.engine.session import EngineSpec
     from squad.mcp import MCPServer
 
 __all__ = ["Recipe", "Step", "EngineSettings", "RecipeWarning", "EmptyMapWarning", "StepBudget"]
@@ -185,21 +185,17 @@ class Recipe:
     disk); the default estimates (:func:`squad.chat.counting.estimate_tokens`)."""
 
     # --- workload ---------------------------------------------------------------------
-    def engine_spec(self) -> "EngineSpec":
+    def engine_spec(self) -> EngineSpec:
         """The engine this recipe asks for: its model and pins (slots, context, KV cache type
         for K and V). ``squad run`` and ``squad plan`` both start from it, then apply their
         command-line overrides with :meth:`EngineSpec.but`."""
-        from squad.engine.session import EngineSpec
-
         e = self.engine
         return EngineSpec(model=self.model, slots=e.slots, ctx=e.ctx, cache_type_k=e.cache_type or "f16",
                           gpu_layers=e.gpu_layers, queue=e.queue or DEFAULT_QUEUE)
 
-    def engine_specs(self) -> list["EngineSpec"]:
+    def engine_specs(self) -> list[EngineSpec]:
         """The engines this recipe runs on: one spec per item of ``engines:`` (a launched one's
         model defaults to the recipe's ``model:``), else ``[engine_spec()]``."""
-        from squad.engine.session import EngineSpec
-
         if not self.engines:
             return [self.engine_spec()]
         queue = self.engine.queue or DEFAULT_QUEUE  # engine: queue applies to every engine unless an item sets its own
