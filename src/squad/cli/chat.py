@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, cast
 
 import anyio
 import typer
@@ -75,7 +75,7 @@ def _read_prompt() -> str:
         return input("you> ")
     sys.stdout.write("you> ")
     sys.stdout.flush()
-    line = sys.stdin.buffer.raw.readline()
+    line = cast(Any, sys.stdin.buffer).raw.readline()
     if not line:
         raise EOFError
     return line.decode("utf-8", "surrogateescape").rstrip("\r\n")
@@ -92,7 +92,8 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
         raise UserError("give --recipe or --agent-file, not both")
     if param and recipe is None:
         raise UserError("-p/--param sets a recipe's parameters: use it with --recipe")
-    base, servers = None, ()
+    base: Any = None
+    servers: tuple[Any, ...] = ()
     if recipe is not None:
         loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
         # a chat has no flow prompts to count: budgets the recipe left auto stay auto (the planner shares the context)

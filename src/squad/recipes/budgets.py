@@ -180,7 +180,8 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: GGUFCounter, tra
             continue
         check_size(step, who, system + text, trained)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        tools = (_tool_specs(who, subs) or []) + list(more_tools.get(who.name, ())) or None
+        listed: list[dict[str, Any]] = (_tool_specs(who, subs) or []) + [dict(t) for t in more_tools.get(who.name, ())]
+        tools = listed or None
         try:
             try:
                 prompt = counter.count_chat(messages, tools)

@@ -95,10 +95,10 @@ class FlowChecks:
         kind, schema = self.with_schema.get(sid, (None, None))
         if len(ref) > 2 and ref[2] not in _STEP_FIELDS and (schema is None or ref[2] != "value"):
             value = ", and value (its answer's parsed JSON)" if schema is not None else ""
-            hint = ("; give that step a schema: to use its parsed JSON as value" if ref[2] in ("value", "values")
+            why = ("; give that step a schema: to use its parsed JSON as value" if ref[2] in ("value", "values")
                     and schema is None else "")
-            raise src.error(f"steps.{sid}.{ref[2]}: a step has output (text) and outputs (list){value}{hint}", path)
-        if len(ref) > 3 and ref[2] == "value" and schema is not None:
+            raise src.error(f"steps.{sid}.{ref[2]}: a step has output (text) and outputs (list){value}{why}", path)
+        if len(ref) > 3 and ref[2] == "value" and schema is not None and kind is not None:
             self._value_key(sid, kind, schema.schema, ref[3:], src, path)
 
     def _value_key(self, sid: str, kind: str, schema: Mapping[str, Any], keys: tuple[str, ...], src: Located,
@@ -114,7 +114,8 @@ class FlowChecks:
                 raise src.error(f"steps.{sid}.value is a list (one value per item of the map): index it first, "
                                 f"e.g. steps.{sid}.value[0].{key}", path)
             if schema.get("type") == "array":
-                schema = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+                items = schema.get("items")
+                schema = items if isinstance(items, Mapping) else {}
                 if key.isdigit():
                     continue
             props = schema.get("properties")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.chat.counting import MAX_BYTES_PER_TOKEN, estimate_tokens
 from squad.chat.structured import OutputInvalid, OutputSchema, strip_fence
-from squad.engine.session import EngineSpec
+from squad.engine.spec import EngineSpec
 from squad.errors import InvalidOutput, RecipeError
 from squad.recipes.chunks import Count, split_chunks
 from squad.recipes.spec import ParamSpec
@@ -321,6 +321,7 @@ class Recipe:
         if step.kind != "map":
             return None
         source, name = step.over[0], step.over[1]
+        value: Any = None
         if source == "params":
             value = self.params.get(name)
             if value is None:

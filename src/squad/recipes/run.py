@@ -61,7 +61,7 @@ async def run_recipe(
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
-    engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
+    engines: list[Any] = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
         if len(engines) != 1:
             raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "

@@ -136,7 +136,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 def bound(ast: nodes.Template, env: jinja2.Environment) -> nodes.Template:
     """Rewrite ``ast`` in place so loops, ``~`` and output are counted (module docstring)."""
 
-    def wrap(node: nodes.Expr, name: str) -> nodes.Filter:
+    def wrap(node: Any, name: str) -> nodes.Filter:
         return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
 
     def concat(node: Any) -> Any:
