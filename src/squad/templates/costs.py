@@ -213,8 +213,13 @@ def _guard_sum(func: Callable[..., Any]) -> Callable[..., Any]:
     return total
 
 
-def counted(items: Iterable[Any], meter: Meter) -> Iterator[Any]:
+def _counted(items: Iterable[Any], meter: Meter) -> Iterator[Any]:
     """``items``, one step charged per item."""
     for item in items:
         meter.step()
         yield item
+
+
+counted = _counted
+"""``_counted``: its name is what a template that prints the generator sees
+(``<generator object _counted>``), kept as it was."""
