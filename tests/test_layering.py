@@ -66,7 +66,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 # issue 20: imports up the layers that the helpers who own these modules are taking out (the lead empties it)
 PENDING: dict[tuple[str, str], str] = {
     ("squad.chat.routing", "squad.engine.session"): "EngineGroup opens one EngineSession per engine",
-    ("squad.templates", "squad.runtime.mention"): "a template's @mentions are checked with the mention parser",
 }
 
 # module (or package) -> squad modules it must never import, though the layers would allow it
