@@ -72,11 +72,11 @@ def test_no_module_docstring_is_an_essay():
     assert not long, f"module docstrings over {MAX_MODULE_DOCSTRING} lines (move the design to docs/design/): {long}"
 
 
-def test_every_repo_file_the_docs_name_exists():
-    """``tests/...py``, ``src/squad/...py``, ``bench/...py`` and ``.ci/...`` paths in the docs."""
-    pattern = re.compile(r"(?<![\w/.:-])((?:tests|src/squad|bench)/[\w./-]+\.py|\.ci/[\w.-]+)")
-    docs = {where: text for where, text in texts().items() if where.endswith(".md")}
-    missing = sorted({f"{where}: {path}" for where, text in docs.items()
+def test_every_repo_file_the_code_and_docs_name_exists():
+    """``tests/...py``, ``src/squad/...py``, ``bench/...py``, ``examples/...py`` and ``.ci/...`` paths
+    in the package's source and in the docs (recipe paths in example output are made up)."""
+    pattern = re.compile(r"(?<![\w/.:-])((?:tests|src/squad|bench|examples)/[\w./-]+\.py|\.ci/[\w.-]+)")
+    missing = sorted({f"{where}: {path}" for where, text in texts().items()
                       for path in pattern.findall(text) if not (ROOT / path).exists()})
     assert not missing, "\n".join(missing)
 
