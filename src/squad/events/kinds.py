@@ -1,4 +1,4 @@
-"""Every kind of event squad emits, one frozen dataclass each (the table: :mod:`squad.events`)."""
+"""Every kind of event squad emits, one frozen dataclass each (the table: ``docs/design/events.md``)."""
 
 from __future__ import annotations
 
