@@ -13,9 +13,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Sequence
 
 import anyio
 import httpx
@@ -44,7 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent():  # type: ignore[no-untyped-def]
+def _die_with_parent() -> Callable[[], None] | None:
     """Linux: the engine gets SIGKILL when this process dies (squad's launcher does the same)."""
     try:
         from squad.engine.process import _pdeathsig_preexec
@@ -158,6 +158,8 @@ async def fake_engine_process(slots: int, n_ctx: int, model_path: str, token_del
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @dataclass

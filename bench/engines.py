@@ -27,9 +27,8 @@ import anyio
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BINARY, MODEL, THREADS, _die_with_parent, free_port, md_table, spread, story_prompt  # noqa: E402
-
-from squad.engine.binary import prebuilt_server_path  # noqa: E402
+from _common import BINARY, MODEL, THREADS, _die_with_parent, free_port, md_table, spread, story_prompt
+from squad.engine.binary import prebuilt_server_path
 
 SLOTS = 8
 CTX = 8192
@@ -75,7 +74,8 @@ async def measure(path: Path, tokens: int, env: dict[str, str], prompt_items: in
             gen = {"max_tokens": tokens, "temperature": 0, "ignore_eos": True}
             await _one(http, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})  # warm-up
             long = " ".join(story_prompt(i) for i in range(prompt_items))  # ~17 tokens each
-            r = await _one(http, {"messages": [{"role": "user", "content": long}], "max_tokens": 1, "cache_prompt": False})
+            r = await _one(http,
+                           {"messages": [{"role": "user", "content": long}], "max_tokens": 1, "cache_prompt": False})
             out["prompt_n"] = r["timings"]["prompt_n"]
             out["prompt_tps"] = r["timings"]["prompt_n"] / (r["timings"]["prompt_ms"] / 1000)
             r = await _one(http, {"messages": [{"role": "user", "content": story_prompt(0)}], **gen})
@@ -115,7 +115,8 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--omp", action="store_true",
                         help="also the source build with OMP_WAIT_POLICY=passive (it spins by default; "
                              "squad-llama-server sleeps)")
-    parser.add_argument("--prompt-items", type=int, default=60, help="story prompts in the long prompt (~17 tokens each)")
+    parser.add_argument("--prompt-items", type=int, default=60,
+                        help="story prompts in the long prompt (~17 tokens each)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.tokens, args.prompt_items = 2, 16, 15

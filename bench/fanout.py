@@ -24,14 +24,32 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    DEFAULTS_ARGS, MODEL, THREADS, CallResult, against, defaults_label, fmt, hand_engine, md_table, pct, ratios,
-    raw_client, raw_fanout, spread, story_prompt,
+from _common import (
+    DEFAULTS_ARGS,
+    MODEL,
+    THREADS,
+    CallResult,
+    against,
+    defaults_label,
+    fmt,
+    hand_engine,
+    md_table,
+    pct,
+    ratios,
+    raw_client,
+    raw_fanout,
+    spread,
+    story_prompt,
 )
+
+if TYPE_CHECKING:
+    from squad.events import Event
+    from squad.runtime.squad import Squad
 
 BUDGET = 512
 """Context tokens each agent may hold (prompt ~40 + max_tokens, with room)."""
@@ -71,12 +89,12 @@ class FirstTokens:
     def __init__(self) -> None:
         self.times: list[float] = []
 
-    def __call__(self, event) -> None:  # type: ignore[no-untyped-def]
+    def __call__(self, event: Event) -> None:
         if event.kind == "call.first_token":
             self.times.append(event.t)
 
 
-async def squad_fanout(sq, firsts: FirstTokens, prompts: list[str]) -> tuple[float, list[CallResult]]:  # type: ignore[no-untyped-def]
+async def squad_fanout(sq: Squad, firsts: FirstTokens, prompts: list[str]) -> tuple[float, list[CallResult]]:
     """``Squad.map`` over the prompts; first-token times come from squad's own events."""
     firsts.times.clear()
     t0 = time.monotonic()
@@ -95,9 +113,9 @@ async def squad_fanout(sq, firsts: FirstTokens, prompts: list[str]) -> tuple[flo
 
 async def run_k(k: int, max_tokens: int, repeats: int, hand: dict[str, tuple[str, object]]) -> dict[str, Way]:  # type: ignore[no-untyped-def]
     """All ways at K; ``hand`` maps the hand-engine ways to (engine label, their kept openai client)."""
-    from squad.sched.workload import Call, Map
     from squad.runtime.agent import Agent, Sampling
     from squad.runtime.squad import Squad
+    from squad.sched.workload import Call, Map
 
     prompts = [story_prompt(i) for i in range(k)]
     ways = {"squad": Way(), "raw": Way(), **{name: Way(engine=label) for name, (label, _) in hand.items()}}

@@ -34,12 +34,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODEL, hand_engine, md_table  # noqa: E402
+from _common import MODEL, hand_engine, md_table
+
+if TYPE_CHECKING:
+    from squad.chat import ChatEngine
 
 LINE = "Line {i}: the committee reviewed the budget, the schedule and the open risks."
 LONG_TEXT = " ".join(LINE.format(i=i) for i in range(50))  # ~700 tokens
@@ -52,7 +56,7 @@ class Run:
     """One workload under one policy: every call's (seconds from asking to done, prompt and
     generated tokens)."""
 
-    def __init__(self, chat, nonce: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, chat: ChatEngine, nonce: str) -> None:
         self.chat, self.nonce = chat, nonce
         self.times: dict[str, float] = {}
         self.prompt = self.generated = 0
@@ -93,12 +97,12 @@ async def _speeds(url: str, key: str) -> dict[str, float]:
         for streams in (1, 2, 3, 4):
             got: list[dict] = []
 
-            async def stream() -> None:
-                got.append(await one("Say hello to the team.", 96))
+            async def stream(into: list[dict]) -> None:
+                into.append(await one("Say hello to the team.", 96))
 
             async with anyio.create_task_group() as tg:
                 for _ in range(streams):
-                    tg.start_soon(stream)
+                    tg.start_soon(stream, got)
             decode[streams] = sum(t["predicted_n"] for t in got) / (max(t["predicted_ms"] for t in got) / 1000)
     return {"P": p, **{f"D{b}": v for b, v in decode.items()}, "D": max(decode.values())}
 

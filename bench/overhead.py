@@ -30,14 +30,22 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
-    MODEL, against, fake_engine_process, md_table, ratios, raw_client, raw_fanout, spread,
+from _common import (
+    MODEL,
+    against,
+    fake_engine_process,
+    md_table,
+    ratios,
+    raw_client,
+    raw_fanout,
+    spread,
 )
 
 MAX_TOKENS = 4
@@ -89,7 +97,7 @@ async def squad_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-async def traced(fn, *args) -> int:  # type: ignore[no-untyped-def]
+async def traced(fn: Callable[..., Awaitable[object]], *args: object) -> int:
     """Peak traced bytes above the starting point while ``fn(*args)`` runs."""
     gc.collect()
     tracemalloc.start()
@@ -189,7 +197,8 @@ async def main(argv: list[str] | None = None) -> str:
         f"{args.repeats} repeats, median (min–max))\n\n{md_table(headers, rows)}\n\n"
         "Targets, judged on the medians:\n\n" + "\n".join(targets) + "\n\n"
         "ms/call = wall time of N concurrent calls / N; CPU ms/call = this process's CPU time / N (the fake "
-        "engine runs in a process of its own, so the CPU columns are the client side alone). Each repeat times the second run of a fresh Squad and of a fresh openai "
+        "engine runs in a process of its own, so the CPU columns are the client side alone). Each repeat times the "
+        "second run of a fresh Squad and of a fresh openai "
         "client (the first, untimed, opens their connections). Overhead and squad/raw are computed per "
         "repeat from the paired squad and raw runs (their order alternating), then summarised. Memory: "
         "tracemalloc peak during one run / N.\n"

@@ -24,11 +24,12 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULTS_ARGS, MODEL, defaults_label, hand_engine, md_table, raw_fanout, story_prompt  # noqa: E402
+from _common import DEFAULTS_ARGS, MODEL, defaults_label, hand_engine, md_table, raw_fanout, story_prompt
 
 
 async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens: int, budget: int):  # type: ignore[no-untyped-def]
@@ -45,7 +46,7 @@ async def squad_run(base_url: str, api_key: str, prompts: list[str], max_tokens:
     return wall, len(results) - len(errors), errors, tokens
 
 
-async def naive_run(eng, prompts: list[str], max_tokens: int):  # type: ignore[no-untyped-def]
+async def naive_run(eng: Any, prompts: list[str], max_tokens: int) -> tuple[float, int, list[str], int]:
     """All prompts at once with plain openai + anyio: (wall s, completed, errors, generated tokens)."""
     wall, calls = await raw_fanout(eng.base_url, eng.api_key, prompts, max_tokens)
     errors = [c.error for c in calls if c.error]

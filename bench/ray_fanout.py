@@ -24,11 +24,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, md_table, pct, spread  # noqa: E402
+from _common import fmt, md_table, pct, spread
+
+if TYPE_CHECKING:
+    from squad.engine.session import EngineSpec
+    from squad.events import Event
+    from squad.recipes.model import Recipe
 
 
 def recipe_text(n: int) -> str:
@@ -57,7 +63,7 @@ flow:
 """
 
 
-async def run_ray(recipe, spec, workers: int) -> dict:
+async def run_ray(recipe: Recipe, spec: EngineSpec, workers: int) -> dict:
     import squad.cluster.ray as sray
     from squad.recipes import run_recipe
 
@@ -66,11 +72,11 @@ async def run_ray(recipe, spec, workers: int) -> dict:
     trips: dict[int, float] = {}
     real_start, real_run = sray._Pool.start, sray._Handle.run
 
-    async def start(self, *a, **kw):
+    async def start(self: sray._Pool, *a: Any, **kw: Any) -> None:
         await real_start(self, *a, **kw)
         marks["ready"] = time.monotonic()
 
-    async def run(self, index, item):
+    async def run(self: sray._Handle, index: int, item: Any) -> Any:
         sent = time.monotonic()
         result = await real_run(self, index, item)
         trips[index] = time.monotonic() - sent
@@ -139,7 +145,7 @@ async def main(argv: list[str] | None = None) -> str:
             "and Ray's cost, not a speed-up, which needs real nodes.\n")
 
 
-async def run_local_timed(recipe, spec) -> dict:
+async def run_local_timed(recipe: Recipe, spec: EngineSpec) -> dict:
     """The map on one local engine; each item's end time from its ``agent.finished`` event."""
     from squad.events import AgentFinished, EngineLoaded
     from squad.recipes import run_recipe
@@ -150,7 +156,7 @@ async def run_local_timed(recipe, spec) -> dict:
 
     restarts = 0
 
-    def sink(event) -> None:
+    def sink(event: Event) -> None:
         nonlocal restarts
         if isinstance(event, EngineLoaded):
             marks.setdefault("ready", time.monotonic())

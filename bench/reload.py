@@ -25,7 +25,7 @@ import anyio
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BINARY, MODEL, THREADS, _die_with_parent, free_port, md_table  # noqa: E402
+from _common import BINARY, MODEL, THREADS, _die_with_parent, free_port, md_table
 
 
 async def by_hand(argv: list[str], base_url: str) -> float:
@@ -93,7 +93,8 @@ async def main(argv: list[str] | None = None) -> str:
     ]
     table = md_table(["step", "median ms", "min ms", "max ms"], rows)
     text = (
-        f"### Reload: plan `-c 2048 -np 2 --kv-unified` (reload to `-c 4096 -np 4 --kv-unified`), {repeats} repeat(s)\n\n"
+        "### Reload: plan `-c 2048 -np 2 --kv-unified` (reload to `-c 4096 -np 4 --kv-unified`), "
+        f"{repeats} repeat(s)\n\n"
         f"{table}\n\nUnchanged plan kept the same process (no reload) in {sum(same_pid)}/{len(same_pid)} runs.\n\n"
         f"Hand-started command: `{commands[0]}` (API key in `LLAMA_API_KEY`).\n"
     )

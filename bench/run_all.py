@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         shown_python = python
     info = machine_info()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
     parts = [
         "# squad benchmarks",
         "",

@@ -124,7 +124,8 @@ def part_a() -> str:
 
 # --- (cost) --------------------------------------------------------------------------------------
 
-async def timed_stream(http: httpx.AsyncClient, url: str, key: str, max_tokens: int, **extra) -> tuple[float, list[float], int]:
+async def timed_stream(http: httpx.AsyncClient, url: str, key: str, max_tokens: int,
+                       **extra) -> tuple[float, list[float], int]:
     """One streamed chat request read as raw SSE lines (no SDK, so the client's own CPU stays
     small and equal for both ways): (seconds to the first content chunk, arrival times of the
     content chunks from the request's start, completion tokens from the usage chunk)."""
@@ -150,7 +151,8 @@ async def timed_stream(http: httpx.AsyncClient, url: str, key: str, max_tokens: 
     return arrivals[0], arrivals, tokens
 
 
-async def resent_once(http: httpx.AsyncClient, url: str, key: str, max_tokens: int, **extra) -> tuple[float, list[float], int]:
+async def resent_once(http: httpx.AsyncClient, url: str, key: str, max_tokens: int, **extra) -> tuple[float,
+                                                                                                      list[float], int]:
     """timed_stream, sent once more when the server closed the connection without any answer
     (a pooled connection it had just closed, field case F22; llama-server does so under load)."""
     try:
@@ -164,7 +166,8 @@ RESENT = [0]
 """Requests resent by resent_once in this run (printed with the tables)."""
 
 
-async def burst(url: str, key: str, streams: int, max_tokens: int, **extra) -> tuple[float, list[tuple[float, list[float], int]]]:
+async def burst(url: str, key: str, streams: int, max_tokens: int,
+                **extra) -> tuple[float, list[tuple[float, list[float], int]]]:
     """``streams`` requests at once: (wall seconds, each request's timed_stream)."""
     # below llama-server's 5 s keep-alive, so no pooled connection the engine has closed is reused
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=128, keepalive_expiry=2.0)

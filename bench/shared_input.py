@@ -21,16 +21,17 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import httpx
-from _common import BINARY, MODEL, THREADS
 
-from squad.runtime.agent import Agent
-from squad.events import CallFirstToken, Event
-from squad.runtime.squad import Squad
+from _common import BINARY, MODEL, THREADS
 from squad.engine.session import EngineSpec
+from squad.events import CallFirstToken, Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 FOCUS = ["security", "style", "tests", "performance", "docs"]
 WAYS = ("off", "first")
@@ -49,7 +50,8 @@ def python_source(lines: int, seed: int = 7) -> str:
         if i % 4 == 0:
             out += ["@dataclass", f"class {a.title()}{b.title()}{i}:", f'    """A {a} with its {b}."""', "",
                     f"    {a}_id: int", f"    {b}: str = \"\"", f"    {c}_count: int = {i % 9}", "",
-                    "    def to_json(self) -> str:", f"        return json.dumps({{'{a}': self.{a}_id, '{b}': self.{b}}})",
+                    "    def to_json(self) -> str:",
+                    f"        return json.dumps({{'{a}': self.{a}_id, '{b}': self.{b}}})",
                     ""]
         else:
             out += [f"def load_{a}_{b}_{i}(rows, {c}=None, limit={i % 50 + 10}):",
@@ -69,7 +71,8 @@ def processed(metrics: str) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-async def measured(squad: Squad, http: httpx.AsyncClient, seen: list[tuple[float, Event]], work) -> dict:  # type: ignore[no-untyped-def]
+async def measured(squad: Squad, http: httpx.AsyncClient, seen: list[tuple[float, Event]],
+                   work: Callable[[], Awaitable[object]]) -> dict:
     await anyio.sleep(0.5)
     for slot in range(squad.info.slots):  # no prompt left over from the case before
         await http.post(f"/slots/{slot}", params={"action": "erase"})
@@ -91,7 +94,8 @@ async def main(argv: list[str]) -> str:
     ap.add_argument("--quick", action="store_true", help="300 lines, K = 1 and 3 only")
     ap.add_argument("--sizes", help="file sizes in lines, e.g. 600 (default 300,600)")
     ap.add_argument("--ks", help="agent counts, e.g. 1,3 (default 1,3,5)")
-    ap.add_argument("--no-parallel", action="store_true", help="skip the Squad.parallel cases (with --big: the recipe only)")
+    ap.add_argument("--no-parallel", action="store_true",
+                    help="skip the Squad.parallel cases (with --big: the recipe only)")
     args = ap.parse_args(argv)
     sizes, ks = ([300], [1, 3]) if args.quick else ([300, 600], [1, 3, 5])
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else sizes
@@ -181,7 +185,8 @@ def table(rows: list[tuple[str, dict[str, dict]]], ks: list[int]) -> str:
             base = ones.get((size, way))
             ratio = f"{m['tokens'] / base:.2f}" if base and m["tokens"] == m["tokens"] else "-"
             label = "today (off)" if way == "off" else "shared (first)"
-            tokens = f"{m['tokens']:.0f}" if m["tokens"] == m["tokens"] else f"(engine per recipe) {m.get('prompt_sum', 0)} in prompts"
+            tokens = (f"{m['tokens']:.0f}" if m["tokens"] == m["tokens"]
+                      else f"(engine per recipe) {m.get('prompt_sum', 0)} in prompts")
             out.append(f"| {name} | {label} | {tokens} | {ratio} | {m['wall']:.1f} | "
                        f"{m['ttft_med']:.1f} / {m['ttft_last']:.1f} |")
         off, first = pair.get("off"), pair.get("first")

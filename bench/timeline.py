@@ -14,14 +14,14 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MODEL, THREADS  # noqa: E402
+from _common import MODEL, THREADS
 
 
 async def main(argv: list[str] | None = None) -> Path:
     from squad.cli.trace import plot_timeline
-    from squad.recipes import load_recipe, run_recipe
-    from squad.events.summary import summarize
     from squad.events.jsonl import JsonlTrace, load_trace
+    from squad.events.summary import summarize
+    from squad.recipes import load_recipe, run_recipe
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", nargs="?", type=Path, default=Path("recipes/review.yaml"))

@@ -30,12 +30,11 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BINARY, MODEL, THREADS, engine_build, md_table  # noqa: E402
-
-from squad.runtime.agent import Agent  # noqa: E402
-from squad.runtime.squad import Squad  # noqa: E402
-from squad.engine.session import EngineSpec  # noqa: E402
-from squad.runtime.tools import tool  # noqa: E402
+from _common import BINARY, MODEL, THREADS, engine_build, md_table
+from squad.engine.session import EngineSpec
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.runtime.tools import tool
 
 
 @tool

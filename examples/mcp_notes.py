@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer

@@ -15,9 +15,9 @@ import argparse
 
 import anyio
 
+from squad.events import Event
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
-from squad.events import Event
 
 SUB = dict(budget=512, max_tokens=40, sampling={"temperature": 0.3, "seed": 1, "repeat_penalty": 1.2})
 
@@ -34,7 +34,8 @@ AGENTS = [
         sub_agent_tools=False,
         sampling={"temperature": 0.3, "seed": 1, "repeat_penalty": 1.3},
     ),
-    Agent(name="security", description="security review", instructions="You are a security reviewer. One sentence.", **SUB),
+    Agent(name="security", description="security review", instructions="You are a security reviewer. One sentence.",
+          **SUB),
     Agent(name="style", description="code style", instructions="You are a Python style reviewer. One sentence.", **SUB),
     Agent(name="tests", description="test planning", instructions="You are a test engineer. One sentence.", **SUB),
 ]

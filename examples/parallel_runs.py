@@ -14,9 +14,9 @@ import argparse
 
 import anyio
 
-from squad.sched.workload import Call, Map
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
+from squad.sched.workload import Call, Map
 
 SUMMARIZER = Agent(
     name="summarizer",

@@ -47,7 +47,7 @@ class StandInHub:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "StandInHub":
+    def __enter__(self) -> StandInHub:
         import uvicorn
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -94,7 +94,7 @@ class StandInHub:
             self._shas[data] = digest.hexdigest()
         return self._shas[data]
 
-    def _app(self):  # noqa: ANN202
+    def _app(self):
         import anyio
         from starlette.applications import Starlette
         from starlette.requests import Request as HttpRequest
@@ -130,7 +130,7 @@ class StandInHub:
             stall = hub.stall_after.pop(name, None)
             drop = hub.drop_after.pop(name, None)
 
-            async def body():  # noqa: ANN202
+            async def body():
                 sent = start
                 with (data.open("rb") if isinstance(data, Path) else io.BytesIO(data)) as f:
                     f.seek(start)

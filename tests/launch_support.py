@@ -6,9 +6,8 @@ They prefer the session fixtures ``llama_server_path`` / ``default_model_path`` 
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 from pathlib import Path
 
 import psutil

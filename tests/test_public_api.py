@@ -9,7 +9,8 @@ EXPECTED = {
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",
-    "PlanMismatch", "EngineGone", "EngineLost", "MCPServerError", "ClusterError", "ModelError", "UnknownModel", "BadModelFile", "MCPServer",
+    "PlanMismatch", "EngineGone", "EngineLost", "MCPServerError", "ClusterError", "ModelError", "UnknownModel",
+            "BadModelFile", "MCPServer",
     "AgentRunError", "AdmissionError", "ToolResultTooLarge", "ContextExceeded", "PromptTooLong", "TruncatedStream",
     "ReasoningBudgetExhausted", "CallTimeout", "IncompleteAnswer", "InvalidOutput", "AgentCancelled",
 }

@@ -108,7 +108,8 @@ def chats() -> dict[str, tuple[list[dict], list[dict] | None]]:
         "tool_turns_without_tools": (tool_turns, None),
         "tools_system": (_sys_user(MENTIONS), TOOLS[:1]),
         "user_name_field": ([{"role": "user", "name": "alice", "content": "hello from alice"}], None),
-        "markdown": (_user("# Title\n\n- item *one*\n- item **two**\n\n```python\nprint('hi')\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |"), None),
+        "markdown": (_user("# Title\n\n- item *one*\n- item **two**\n\n```python\nprint('hi')\n```\n\n| a | b "
+                           "|\n|---|---|\n| 1 | 2 |"), None),
         "url_heavy": (_user("https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md#L10-L20 "
                             "and ftp://x.y/z?q=a%2Fb&r=%E2%9C%93"), None),
         "repeated_chars": (_user("a" * 300 + " " + "=" * 120 + "\n" + "-" * 80 + "!!!???..."), None),
@@ -135,7 +136,8 @@ def texts() -> dict[str, str]:
         "prose": PROSE, "non_ascii": NON_ASCII, "braces": BRACES, "mentions": MENTIONS,
         "whitespace": WHITESPACE, "special": SPECIAL_TEXT, "empty": "", "space": " ", "newline": "\n",
         "two_spaces_word": "  word", "crlf": "a\r\n\r\nb", "digits": "2024-06-01T12:34:56Z 1,000,000.00",
-        "korean": "한국어 텍스트", "emoji_zwj": "👨‍👩‍👧‍👦", "nbsp": "a\u00a0\u00a0b", "ideographic_space": "x\u3000\u3000y",
+        "korean": "한국어 텍스트", "emoji_zwj": "👨‍👩‍👧‍👦", "nbsp": "a\u00a0\u00a0b",
+        "ideographic_space": "x\u3000\u3000y",
         "tabs": "\t\tx\t", "trailing_ws": "end   ", "apostrophes": "don't 'quote' ’curly’",
         "json_compact": '{"a":[1,2,{"b":null}],"c":"d"}', "mention": "@alice: ping @bob",
         "email": "first.last+tag@sub.example.org", "im_end_only": "<|im_end|>",

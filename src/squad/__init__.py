@@ -21,9 +21,9 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from squad.errors import *  # noqa: F403
 from squad._moved import FINDER as _MOVED_FINDER
 from squad._version import __version__
+from squad.errors import *
 from squad.errors import __all__ as _error_names
 
 if _MOVED_FINDER not in sys.meta_path:  # the flat layout's import paths, for one release (squad._moved)
@@ -59,22 +59,22 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY, *_error_names]
 
 if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run time
-    from squad.runtime.agent import Agent, Sampling
     from squad.chat import ChatEngine, ChatRequest, ChatResult
     from squad.engine.control import attach
     from squad.engine.info import EngineInfo
     from squad.engine.launcher import Launcher
-    from squad.sched.plan import EnginePlan
+    from squad.engine.session import EngineSession, EngineSpec, plan_engine
     from squad.events import Event
     from squad.mcp import MCPServer
+    from squad.recipes import load_recipe
+    from squad.runtime.agent import Agent, Sampling
     from squad.runtime.mention import parse_mentions
     from squad.runtime.outcome import Outcome
-    from squad.sched.planner import plan
-    from squad.recipes import load_recipe
     from squad.runtime.results import AgentResult, RunResult
     from squad.runtime.squad import Squad, run_sync
-    from squad.engine.session import EngineSession, EngineSpec, plan_engine
     from squad.runtime.tools import Tool, tool
+    from squad.sched.plan import EnginePlan
+    from squad.sched.planner import plan
 
 
 def __getattr__(name: str) -> Any:

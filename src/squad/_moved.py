@@ -12,6 +12,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import warnings
+from collections.abc import Sequence
 from types import ModuleType
 
 MOVED: dict[str, str] = {
@@ -56,7 +57,8 @@ MOVED: dict[str, str] = {
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves an old dotted path in :data:`MOVED` to the module at its new path."""
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (the finder protocol)
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)

@@ -25,7 +25,8 @@ the same mechanism with :func:`adopt` (the guard watches its group) and :func:`s
 is left of the group once the library has stopped its leader).
 
 ``detached=True`` children (``squad engine start``) are meant to outlive squad: no PDEATHSIG,
-and the guard watches them only until :func:`let_go` hands them over (once the engine is up). Windows has no process groups to signal: there only the direct child is stopped.
+and the guard watches them only until :func:`let_go` hands them over (once the engine is up). Windows has no process
+groups to signal: there only the direct child is stopped.
 """
 
 from __future__ import annotations

@@ -52,7 +52,9 @@ class Config(BaseModel):
     model: str | None = Field(None, min_length=1, description="model reference used when none is given")
     llama_server: str | None = Field(None, min_length=1, description="path of the llama-server binary")
     threads: StrictInt | None = Field(None, ge=1, description="llama-server CPU threads (-t)")
-    gpu_layers: Annotated[StrictInt, Field(ge=0)] | Literal["all"] | None = Field(None, description="model layers offloaded to the GPU "
+    gpu_layers: Annotated[StrictInt, Field(ge=0)] | Literal["all"] | None = Field(None,
+                                                                                  description="model layers "
+                                                                                              "offloaded to the GPU "
                                                              "(-ngl): a number (0 = none) or all")
     api_key: str | None = Field(None, min_length=1, description="bearer key for engines at --url")
 
@@ -107,14 +109,15 @@ def _explain(path: Path, text: str, data: dict[str, Any], error: Any) -> str:
 
 def _line_of(text: str, key: str) -> int:
     """The line where ``key`` is set (1 when it cannot be found)."""
-    pattern = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*[=.\]]|^\s*\[\s*{re.escape(key)}\s*\]""")
+    name = re.escape(key)
+    pattern = re.compile(rf"""^\s*(?:{name}|"{name}"|'{name}')\s*[=.\]]|^\s*\[\s*{name}\s*\]""")
     for number, line in enumerate(text.splitlines(), 1):
         if pattern.search(line):
             return number
     return 1
 
 
-def with_config(spec: "EngineSpec", config: Config | None = None) -> "EngineSpec":
+def with_config(spec: EngineSpec, config: Config | None = None) -> EngineSpec:
     """``spec`` (a recipe's, with command-line overrides applied) with the config file's defaults
     in the launch settings nothing else set: model, binary, threads (and GPU layers where the
     spec has them). An engine at a URL takes none of them."""

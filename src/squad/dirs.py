@@ -79,7 +79,8 @@ def check_output_file(path: Path, option: str) -> Path:
     try:
         os.close(os.open(path, flags, 0o644))
     except OSError as exc:
-        raise UserError(f"{where}: cannot create or write the file there ({_reason(exc)}); choose another path") from None
+        raise UserError(f"{where}: cannot create or write the file there ({_reason(exc)}); "
+                        "choose another path") from None
     if not existed:
         with contextlib.suppress(OSError):
             path.unlink()

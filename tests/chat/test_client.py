@@ -8,7 +8,6 @@ import anyio
 import httpx
 import pytest
 
-from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.chat.client import EngineClient
 from squad.chat.wrapper import WrapperChatEngine
@@ -24,6 +23,7 @@ from squad.errors import (
     TruncatedStream,
 )
 from squad.events import Event, Origin
+from squad.sched.admission import Admission
 from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply, count_tokens
 
 pytestmark = pytest.mark.anyio

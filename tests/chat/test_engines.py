@@ -11,14 +11,14 @@ import dataclasses
 import anyio
 import pytest
 
-from squad.runtime.agent import Agent
 from squad.chat import ChatRequest
 from squad.chat.routing import EngineGroup, Router, combined
+from squad.engine.session import EngineSpec
 from squad.errors import EngineGone, PromptTooLong, TruncatedStream, UserError
 from squad.events import Event, Origin
-from squad.runtime.squad import Squad
-from squad.engine.session import EngineSpec
 from squad.events.summary import summarize
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.testing import FakeEngine, Reply, ScriptedEngine
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,8 @@ def worker(max_tokens: int = 8) -> Agent:
     return Agent(name="w", instructions="You work.", budget=512, max_tokens=max_tokens)
 
 
-def ask(conversation: str, text: str = "say something short", max_tokens: int = 8, budget: int | None = None) -> ChatRequest:
+def ask(conversation: str, text: str = "say something short", max_tokens: int = 8,
+        budget: int | None = None) -> ChatRequest:
     return ChatRequest(origin=Origin("w", conversation), messages=[{"role": "user", "content": text}],
                        max_tokens=max_tokens, budget=budget)
 
@@ -114,8 +115,8 @@ async def test_a_stopped_engine_is_taken_out_its_queue_moves_and_its_stream_is_r
 
 
 async def test_closing_an_admission_fails_its_queued_calls_with_engine_lost_and_keeps_running_ones() -> None:
-    from squad.sched.admission import Admission
     from squad.errors import EngineLost
+    from squad.sched.admission import Admission
 
     admission = Admission(1, 1000)
     outcomes: list[str] = []
@@ -207,7 +208,7 @@ async def test_an_engine_that_does_not_open_closes_the_others_and_raises_its_own
                 pass
         assert group._router is None
         with pytest.raises(UserError, match="not open"):
-            group.chat
+            group.chat  # noqa: B018 - reading it raises
 
 
 async def test_router_needs_an_engine() -> None:

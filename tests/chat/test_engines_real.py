@@ -14,10 +14,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from squad.runtime.agent import Agent
-from squad.events import Event
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

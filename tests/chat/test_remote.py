@@ -7,8 +7,8 @@ import stat
 
 import httpx
 import pytest
-from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp  # noqa: F401
 
+from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp  # noqa: F401
 from squad.engine import control, process
 from squad.engine.control import attach, control_client, pool_warning, read_engine, wait_healthy
 from squad.engine.info import EngineInfo
@@ -40,7 +40,8 @@ def fast_polls(monkeypatch):
 
 @pytest.mark.anyio
 async def test_wait_healthy_waits_out_loading():
-    answers = [httpx.ConnectError("refused")] + [httpx.Response(503, json=LOADING)] * 3 + [httpx.Response(200, json={"status": "ok"})]
+    answers = ([httpx.ConnectError("refused")] + [httpx.Response(503, json=LOADING)] * 3
+               + [httpx.Response(200, json={"status": "ok"})])
     async with control_client("http://engine", transport=scripted(answers)) as client:
         assert await wait_healthy(client, timeout=5) == 3
 
@@ -65,7 +66,8 @@ async def test_wait_healthy_stops_when_process_dies():
 @pytest.mark.anyio
 async def test_wrong_key_is_a_user_error():
     transport = httpx.MockTransport(
-        lambda r: httpx.Response(401, json={"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}})
+        lambda r: httpx.Response(401, json={"error": {"code": 401, "message": "Invalid API Key",
+                                                      "type": "authentication_error"}})
     )
     async with control_client("http://engine", "nope", transport=transport) as client:
         with pytest.raises(UserError, match="rejected the API key"):
@@ -73,11 +75,14 @@ async def test_wrong_key_is_a_user_error():
 
 
 def test_pool_warning_only_when_layout_unknown():
-    info = EngineInfo(base_url="http://x", api_key=None, slots=4, n_ctx=4096, kv_unified=None, pool=4096, launched=False)
+    info = EngineInfo(base_url="http://x", api_key=None, slots=4, n_ctx=4096, kv_unified=None, pool=4096,
+                      launched=False)
     assert "does not say whether its 4 slots share one KV pool" in pool_warning(info)
     assert "-np 4 without --kv-unified" in pool_warning(info)
-    assert pool_warning(EngineInfo(base_url="http://x", api_key=None, slots=1, n_ctx=4096, kv_unified=False, pool=4096)) is None
-    assert pool_warning(EngineInfo(base_url="http://x", api_key=None, slots=4, n_ctx=4096, kv_unified=True, pool=4096)) is None
+    assert pool_warning(EngineInfo(base_url="http://x", api_key=None, slots=1, n_ctx=4096, kv_unified=False,
+                                   pool=4096)) is None
+    assert pool_warning(EngineInfo(base_url="http://x", api_key=None, slots=4, n_ctx=4096, kv_unified=True,
+                                   pool=4096)) is None
 
 
 def test_saved_engine_round_trip_is_private(state_tmp):
@@ -139,7 +144,8 @@ async def test_attach_waits_while_the_engine_loads(server_bin, model_file, tmp_p
     port = free_port()
     plan = EnginePlan.simple(model_file, slots=1, n_ctx=1024)
     proc = process.spawn(
-        server_bin, build_args(plan, port=port, threads=THREADS), api_key="k", log_path=tmp_path / "e.log", detached=False
+        server_bin, build_args(plan, port=port, threads=THREADS), api_key="k", log_path=tmp_path / "e.log",
+                         detached=False
     )
     try:
         info = await attach(f"http://127.0.0.1:{port}", "k", load_timeout=120)

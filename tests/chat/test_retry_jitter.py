@@ -16,9 +16,9 @@ from squad.chat import ChatRequest
 from squad.chat.call import Call
 from squad.chat.client import EngineClient
 from squad.chat.retrying import WAITS
+from squad.chat.stream import InnocentOverflow, Loading
 from squad.errors import ContextExceeded, EngineGone
 from squad.events import Event, Origin
-from squad.chat.stream import InnocentOverflow, Loading
 from squad.testing import CONTEXT_EXCEEDED, FakeEngine, Reply
 
 SRC = Path(squad.__file__).parent

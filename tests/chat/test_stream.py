@@ -7,8 +7,8 @@ import pytest
 from openai._models import construct_type
 from openai.types.chat import ChatCompletionChunk
 
-from squad.errors import TruncatedStream
 from squad.chat.stream import StreamAssembly
+from squad.errors import TruncatedStream
 
 
 def chunk(*tool_deltas: dict, finish: str | None = None, content: str | None = None) -> ChatCompletionChunk:

@@ -9,14 +9,14 @@ import json
 import pytest
 from pydantic import BaseModel, field_validator
 
-from squad.runtime.agent import Agent
 from squad.chat import ChatResult, ToolCall
+from squad.chat.structured import OutputInvalid, OutputSchema
 from squad.errors import InvalidOutput, UserError
 from squad.events import OutputRetried
+from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
-from squad.chat.structured import OutputInvalid, OutputSchema
-from squad.testing import ScriptedEngine
 from squad.runtime.tools import tool
+from squad.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

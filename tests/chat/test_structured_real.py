@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from squad.engine.session import EngineSpec
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
-from squad.engine.session import EngineSpec
 from squad.runtime.tools import tool
 
 pytestmark = [pytest.mark.engine]

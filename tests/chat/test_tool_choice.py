@@ -8,28 +8,41 @@ from pathlib import Path
 
 import pytest
 
-from squad.runtime.agent import Agent, check_squad
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.chat.client import EngineClient
-from squad.engine.chat_templates import (CHATML_TOOLS, GRANITE_TOOLS, PHI3_TOOLS, chat_format, describe, handles_tools,
-                                         known_template, tool_template_for)
+from squad.engine.chat_templates import (
+    CHATML_TOOLS,
+    GRANITE_TOOLS,
+    PHI3_TOOLS,
+    chat_format,
+    describe,
+    handles_tools,
+    known_template,
+    tool_template_for,
+)
 from squad.engine.info import EngineInfo
-from squad.sched.plan import EnginePlan
+from squad.engine.session import with_chat_template
 from squad.errors import UserError
 from squad.events import Origin
+from squad.runtime.agent import Agent, check_squad
 from squad.runtime.squad import Squad
-from squad.engine.session import with_chat_template
-from squad.testing import ScriptedEngine
 from squad.runtime.tools import tool
+from squad.sched.plan import EnginePlan
+from squad.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
-SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
-           "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
-           "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+           "'<|im_start|>system\n"
+           "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif "
+           "%}{{'<|im_start|>' + "
+           "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if "
+           "add_generation_prompt %}"
            "{{ '<|im_start|>assistant\n' }}{% endif %}")
-QWEN_LIKE = ("{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
-             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+QWEN_LIKE = ("{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}{% endfor "
+             "%}<|im_end|>\n{% endif %}"
+             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_calls %}{% for c in "
+             "m.tool_calls %}"
              "<tool_call>{{ c.function.name }}</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}")
 PHI_LIKE = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}<|assistant|>\n"
 GRANITE_LIKE = ("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}<|end_of_text|>\n"
@@ -37,7 +50,8 @@ GRANITE_LIKE = ("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{
                 "<|end_of_text|>\n{% endfor %}<|start_of_role|>assistant<|end_of_role|>")
 CHATML_LISTS_TOOLS = ("{%- if tools %}<|im_start|>system\nList of tools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
                       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
-LLAMA3_LIKE = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}"
+LLAMA3_LIKE = ("{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+               "{% endfor %}")
 
 
 # --- which template the engine gets ------------------------------------------------------------
@@ -86,12 +100,14 @@ def test_squads_template_renders_tools_calls_and_results() -> None:
             {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "1", "type": "function", "function": {"name": "add", "arguments": {"a": 2}}},
                 {"id": "2", "type": "function", "function": {"name": "add", "arguments": '{"a": 3}'}}]},
-            {"role": "tool", "tool_call_id": "1", "content": "5"}, {"role": "tool", "tool_call_id": "2", "content": "6"}]
+            {"role": "tool", "tool_call_id": "1", "content": "5"},
+            {"role": "tool", "tool_call_id": "2", "content": "6"}]
     text = _render(CHATML_TOOLS.text, messages=msgs, tools=tools)
     assert '<tools>\n{"type": "function", "function": {"name": "add"' in text
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>\n'
             '<tool_call>\n{"name": "add", "arguments": {"a": 3}}\n</tool_call><|im_end|>\n') in text
-    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response><|im_end|>\n" in text
+    assert ("<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response>"
+            "<|im_end|>\n") in text
 
 
 def test_the_plan_passes_the_template_file_with_jinja_and_says_why() -> None:
@@ -208,7 +224,8 @@ async def test_a_call_cut_by_max_tokens_keeps_valid_json_in_the_history() -> Non
     """A reply that ran out of max_tokens inside a call's arguments: the tool answers with the
     error, and the history sent next holds ``{}`` (llama-server parses every call's arguments in
     the history and answers HTTP 500 to unfinished JSON)."""
-    cut = ChatResult(content="", tool_calls=[ToolCall("c1", "lookup", '{"q": "weather_a_b_b_b')], finish_reason="length")
+    cut = ChatResult(content="", tool_calls=[ToolCall("c1", "lookup", '{"q": "weather_a_b_b_b')],
+                     finish_reason="length")
     engine = ScriptedEngine(cut, "sorry")
     agent = Agent(name="a", tools=["lookup"], max_tokens=16)
     async with Squad([agent], engine=engine, tools=[lookup]) as sq:

@@ -62,7 +62,8 @@ async def test_a_toy_layer_inside_the_clients_stack_sees_every_attempt():
         client = EngineClient(fe.info, counter=None)
         layer = Recorded(client.retrying.inner)
         client.retrying.inner = layer
-        fe.script(Reply(status=500, error_message=CONTEXT_EXCEEDED), Reply(content="hello"))  # another client overflowed
+        fe.script(Reply(status=500, error_message=CONTEXT_EXCEEDED),
+                  Reply(content="hello"))  # another client overflowed
         async with Squad([Agent(name="main", budget=512, max_tokens=16)], engine=client) as sq:
             result = await sq.run("say hello")
         await client.aclose()

@@ -11,8 +11,8 @@ import pytest
 from cli_support import squad
 from squad.cli._app import engine_spec
 from squad.config import Config, api_key_for, config_path, load_config, with_config
-from squad.errors import UserError
 from squad.engine.session import EngineSpec
+from squad.errors import UserError
 from store_support import ollama_store
 
 

@@ -11,11 +11,10 @@ import anyio
 import pytest
 from rich.console import Console
 
-from squad.events import CallAdmitted, CallMoved, EngineLoaded, EngineLost
-from squad.testing import FakeEngine
-from squad.events.view import LiveView
-
 from cli_support import squad, state  # noqa: F401  (fixture)
+from squad.events import CallAdmitted, CallMoved, EngineLoaded, EngineLost
+from squad.events.view import LiveView
+from squad.testing import FakeEngine
 
 RECIPE = """\
 name: fan
@@ -48,7 +47,7 @@ def write(tmp_path: Path, engines: str = "") -> Path:
     return path
 
 
-def test_run_with_two_urls_spreads_the_map_and_the_trace_names_each_engine(capsys, tmp_path, state, two):  # noqa: F811
+def test_run_with_two_urls_spreads_the_map_and_the_trace_names_each_engine(capsys, tmp_path, state, two):
     trace = tmp_path / "t.jsonl"
     a, b = two
     code, out, err = squad(capsys, "run", write(tmp_path), "--url", a.base_url, "--url", b.base_url, "-q",
@@ -62,7 +61,7 @@ def test_run_with_two_urls_spreads_the_map_and_the_trace_names_each_engine(capsy
     assert "engine" in out and a.base_url.split("://")[1] in out and b.base_url.split("://")[1] in out
 
 
-def test_a_recipe_engines_list_attaches_to_each(capsys, tmp_path, state, two):  # noqa: F811
+def test_a_recipe_engines_list_attaches_to_each(capsys, tmp_path, state, two):
     a, b = two
     path = write(tmp_path, f"engines:\n  - {a.base_url}\n  - url: {b.base_url}\n")
     code, out, err = squad(capsys, "run", path, "--json")
@@ -71,7 +70,7 @@ def test_a_recipe_engines_list_attaches_to_each(capsys, tmp_path, state, two):  
     assert json.loads(out)["engine"]["base_url"] == f"{a.base_url}, {b.base_url}"
 
 
-def test_url_with_launch_options_is_refused_for_every_url(capsys, tmp_path, state, two):  # noqa: F811
+def test_url_with_launch_options_is_refused_for_every_url(capsys, tmp_path, state, two):
     a, b = two
     code, out, err = squad(capsys, "run", write(tmp_path), "--url", a.base_url, "--url", b.base_url, "--threads", "1")
     assert code == 2 and "--threads" in err and "Traceback" not in err
@@ -100,7 +99,7 @@ def test_the_plain_view_shows_each_engine_a_loss_and_a_moved_call() -> None:
     assert state.several and state.slots == 2 and "127.0.0.1:1 lost" in state.status_line()
 
 
-def test_one_engine_given_twice_is_refused_on_the_command_line_and_in_a_recipe(capsys, tmp_path, state, two):  # noqa: F811
+def test_one_engine_given_twice_is_refused_on_the_command_line_and_in_a_recipe(capsys, tmp_path, state, two):
     a, _ = two
     port = a.base_url.rsplit(":", 1)[1]
     for second in (a.base_url, f"http://localhost:{port}/", f"http://127.0.0.1:{port}/v1"):
@@ -118,7 +117,7 @@ def test_one_engine_given_twice_is_refused_on_the_command_line_and_in_a_recipe(c
     (["--slots", "2"], "slots"), (["--ctx", "4096"], "ctx"), (["--threads", "1"], "threads"),
     (["--ctk", "q8_0"], "cache_type"), (["--gpu-layers", "0"], "gpu_layers"),
 ])
-def test_an_option_each_engine_of_an_engines_list_sets_for_itself_is_refused(capsys, tmp_path, state, two, option, key):  # noqa: F811
+def test_an_option_each_engine_of_an_engines_list_sets_for_itself_is_refused(capsys, tmp_path, state, two, option, key):
     a, b = two
     path = write(tmp_path, f"engines:\n  - {a.base_url}\n  - {{threads: 1}}\n")
     for command in ("run", "plan") if option[0] != "--threads" else ("run",):  # squad plan has no --threads
@@ -128,7 +127,7 @@ def test_an_option_each_engine_of_an_engines_list_sets_for_itself_is_refused(cap
     assert not a.requests
 
 
-def test_model_and_launch_options_with_an_engines_list(capsys, tmp_path, state, two):  # noqa: F811
+def test_model_and_launch_options_with_an_engines_list(capsys, tmp_path, state, two):
     from squad.cli._app import recipe_engine_specs
     from squad.recipes import load_recipe
 
@@ -176,7 +175,7 @@ def run_losing_one(capsys, tmp_path: Path, *options: object) -> tuple[int, str, 
     return code, out, err, a, b
 
 
-def test_the_run_summary_says_which_engine_was_lost_and_which_served_each_agent(capsys, tmp_path, state):  # noqa: F811
+def test_the_run_summary_says_which_engine_was_lost_and_which_served_each_agent(capsys, tmp_path, state):
     code, out, err, a, b = run_losing_one(capsys, tmp_path)
     assert code == 0, err
     text = " ".join(err.split())
@@ -187,7 +186,7 @@ def test_the_run_summary_says_which_engine_was_lost_and_which_served_each_agent(
     assert len(rows) == 6 and all(f":{port_b}" in line or f":{port_a}" in line for line in rows)
 
 
-def test_the_run_json_lists_the_engines_lost_and_each_rows_engine(capsys, tmp_path, state):  # noqa: F811
+def test_the_run_json_lists_the_engines_lost_and_each_rows_engine(capsys, tmp_path, state):
     code, out, err, a, b = run_losing_one(capsys, tmp_path, "--json")
     assert code == 0, err
     data = json.loads(out)

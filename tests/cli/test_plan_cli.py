@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +54,8 @@ def run_json(capsys, *argv: str) -> dict:
 
 
 def test_quick_agents_four_at_once(capsys, model):
-    data = run_json(capsys, "plan", "--agents", "lead:4096,security:4096,style:4096,tests:4096", "--parallel", "--model", model)
+    data = run_json(capsys, "plan", "--agents", "lead:4096,security:4096,style:4096,tests:4096", "--parallel",
+                    "--model", model)
     assert (data["slots"], data["n_ctx"], data["kv_unified"]) == (4, 16384, True)
     assert data["kv_bytes"] == 16384 * 23040 and data["n_ctx_train"] == 8192
     assert data["memory_for_kv"] == 4 * 2**30
@@ -75,7 +75,8 @@ def test_memory_too_small_cuts_and_warns(capsys, model, monkeypatch):
 
 
 def test_pins_ctx_rounding_and_cache_type(capsys, model):
-    data = run_json(capsys, "plan", "--agents", "a:500", "--model", model, "--slots", "1", "--ctx", "1000", "--ctk", "q8_0")
+    data = run_json(capsys, "plan", "--agents", "a:500", "--model", model, "--slots", "1", "--ctx", "1000", "--ctk",
+                    "q8_0")
     assert (data["slots"], data["n_ctx"], data["requested_ctx"]) == (1, 1024, 1000)
     at = data["server_args"].index("-ctk")
     assert data["server_args"][at:at + 4] == ["-ctk", "q8_0", "-ctv", "q8_0"]
@@ -88,7 +89,8 @@ def test_recipe_plan_text(capsys, model, tmp_path):
     code, out, err = run(capsys, "plan", str(path), "-p", "diff=x", "--model", model)
     assert code == 0, err
     assert "lead waiting" in out and "×3" in out
-    assert "slots 4 = peak concurrency at step 1 (review) › lead waiting: lead, security, style, tests" in " ".join(out.split())
+    peak = "slots 4 = peak concurrency at step 1 (review) › lead waiting: lead, security, style, tests"
+    assert peak in " ".join(out.split())
     assert "--kv-unified" in out and "<PORT>" in out
 
 
@@ -154,7 +156,8 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         port = s.getsockname()[1]
     log = (tmp_path / "engine.log").open("w")
     proc = subprocess.Popen([str(llama_server_path), "-m", model, "-c", "2048", "-np", "2", "--kv-unified",
-                             "--host", "127.0.0.1", "--port", str(port), "-t", "2"], stdout=log, stderr=subprocess.STDOUT)
+                             "--host", "127.0.0.1", "--port", str(port), "-t", "2"], stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:

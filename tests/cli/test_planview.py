@@ -5,8 +5,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from squad.sched.planner import plan
 from squad.cli.planview import command_line, plan_json, render_plan
+from squad.sched.planner import plan
 from squad.sched.workload import Call, Map, Parallel, Sequence
 
 MODEL = Path("/models/my model.gguf")

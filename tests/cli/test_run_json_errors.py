@@ -34,7 +34,7 @@ def _doc(out: str) -> dict:
     return data
 
 
-def test_a_bad_recipe_gives_a_json_error_with_its_line(tmp_path, capsys, state):  # noqa: F811
+def test_a_bad_recipe_gives_a_json_error_with_its_line(tmp_path, capsys, state):
     path = tmp_path / "r.yaml"
     path.write_text(RECIPE.replace("{{ steps.first.output }}", "{{ steps.frist.output }}"))
     code, out, err = squad(capsys, "run", path, "--json")
@@ -51,7 +51,7 @@ def test_a_bad_recipe_gives_a_json_error_with_its_line(tmp_path, capsys, state):
     (["--url", "http://127.0.0.1:9"], "EngineGone"),
     (["--out", "/no/such/dir/out.txt"], "UserError"),
 ])
-def test_other_failures_before_the_run_give_a_json_error(tmp_path, capsys, state, argv, kind):  # noqa: F811
+def test_other_failures_before_the_run_give_a_json_error(tmp_path, capsys, state, argv, kind):
     path = tmp_path / "r.yaml"
     path.write_text(RECIPE)
     code, out, err = squad(capsys, "run", path, "--json", *argv)
@@ -61,7 +61,7 @@ def test_other_failures_before_the_run_give_a_json_error(tmp_path, capsys, state
     assert data["error"]["message"] and data["error"]["type"] == kind
 
 
-def test_a_step_that_fails_after_another_finished_keeps_it_in_the_one_document(tmp_path, capsys, state):  # noqa: F811
+def test_a_step_that_fails_after_another_finished_keeps_it_in_the_one_document(tmp_path, capsys, state):
     path = tmp_path / "r.yaml"
     path.write_text(RECIPE.replace("max_tokens: 16}", "max_tokens: 16}\nnon_answers: {truncated: fail}"))
 
@@ -78,7 +78,7 @@ def test_a_step_that_fails_after_another_finished_keeps_it_in_the_one_document(t
     assert data["finished"]["first"]["output"] == "first answer" and data["recipe"] == "two"
 
 
-def test_a_run_that_succeeds_says_ok(tmp_path, capsys, state):  # noqa: F811
+def test_a_run_that_succeeds_says_ok(tmp_path, capsys, state):
     path = tmp_path / "r.yaml"
     path.write_text(RECIPE)
 

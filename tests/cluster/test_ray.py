@@ -12,12 +12,12 @@ import anyio
 import pytest
 
 from cli_support import squad, state  # noqa: F401
-from squad.errors import UserError
 from squad.cluster.dispatch import WorkerLost
-from squad.runtime.mention import unmark
 from squad.cluster.ray import INSTALL_HINT, RayFanout, _ClusterSquad, _Pool, needs_local
+from squad.errors import UserError
 from squad.recipes import load_recipe, run_recipe, step_table
 from squad.recipes.run import execute_flow
+from squad.runtime.mention import unmark
 from squad.runtime.results import AgentResult
 from squad.runtime.squad import Squad
 from squad.testing import ScriptedEngine
@@ -139,7 +139,7 @@ def test_a_ray_run_needs_a_spec_to_launch(tmp_path: Path) -> None:
         anyio.run(lambda: run_recipe(recipe, engine=ScriptedEngine(), ray=RayFanout()))
 
 
-def test_cli_without_ray_says_how_to_install(tmp_path: Path, capsys, state, monkeypatch) -> None:  # noqa: F811
+def test_cli_without_ray_says_how_to_install(tmp_path: Path, capsys, state, monkeypatch) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE.format(flow=MAP))
     real = importlib.util.find_spec
@@ -152,7 +152,7 @@ def test_cli_without_ray_says_how_to_install(tmp_path: Path, capsys, state, monk
     (["--ray-workers", "2"], "--ray-workers sets the workers per node"),
     (["--ray", "local", "--url", "http://127.0.0.1:9"], "drop --url"),
 ])
-def test_cli_ray_option_errors(tmp_path: Path, capsys, state, argv, says) -> None:  # noqa: F811
+def test_cli_ray_option_errors(tmp_path: Path, capsys, state, argv, says) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE.format(flow=MAP))
     code, out, err = squad(capsys, "run", recipe, *argv)
@@ -233,8 +233,8 @@ def _closed_port() -> int:
 def test_a_cluster_address_must_answer_before_ray_init() -> None:
     import socket
 
-    from squad.errors import ClusterError
     from squad.cluster.local import probe
+    from squad.errors import ClusterError
 
     port = _closed_port()
     with pytest.raises(ClusterError, match=f"no Ray cluster .* answers at 127.0.0.1:{port}"):
@@ -250,8 +250,8 @@ def test_ray_s_own_connection_errors_become_one_line_cluster_errors(monkeypatch)
     import sys
     import types
 
-    from squad.errors import ClusterError
     from squad.cluster.local import connect
+    from squad.errors import ClusterError
 
     def init(**kwargs):
         raise ConnectionError("Could not find any running Ray instance.\n(more lines)")
@@ -267,7 +267,7 @@ def test_ray_s_own_connection_errors_become_one_line_cluster_errors(monkeypatch)
     (["--ray", "http://x"], 2, "is not a Ray address"),
     (["--ray", f"127.0.0.1:{_closed_port()}"], 1, "no Ray cluster (its GCS) answers"),
 ])
-def test_cli_bad_ray_addresses_are_one_line_errors(tmp_path: Path, capsys, state, argv, code,  # noqa: F811
+def test_cli_bad_ray_addresses_are_one_line_errors(tmp_path: Path, capsys, state, argv, code,
                                                    says) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(RECIPE.format(flow=MAP))
@@ -278,7 +278,7 @@ def test_cli_bad_ray_addresses_are_one_line_errors(tmp_path: Path, capsys, state
 
 # -- the launch settings, checked in the driver before the cluster (check_launch) ---------------------
 
-def test_an_unknown_model_fails_before_a_local_cluster_starts(tmp_path: Path, capsys, state,  # noqa: F811
+def test_an_unknown_model_fails_before_a_local_cluster_starts(tmp_path: Path, capsys, state,
                                                               monkeypatch) -> None:
     from squad.cluster.local import LocalCluster
 
@@ -293,8 +293,8 @@ def test_an_unknown_model_fails_before_a_local_cluster_starts(tmp_path: Path, ca
 
 
 def test_check_launch_on_an_existing_cluster_checks_only_the_model(tmp_path: Path) -> None:
-    from squad.errors import UnknownModel
     from squad.cluster.ray import check_launch
+    from squad.errors import UnknownModel
 
     recipe = _recipe(tmp_path, MAP)
     fanout = RayFanout(address="10.0.0.5:6379")
@@ -346,8 +346,8 @@ def test_an_item_that_failed_because_the_engine_died_is_lost_with_its_worker(tmp
     from anyio.from_thread import start_blocking_portal
 
     import squad.errors as errors
-    from squad.errors import EngineGone
     from squad.cluster.ray import _Worker
+    from squad.errors import EngineGone
 
     recipe = _recipe(tmp_path, MAP)
     worker = _Worker(recipe, recipe.engine_spec(), "w0@127.0.0.1", 1.0)
@@ -367,8 +367,8 @@ def test_an_item_that_failed_because_the_engine_died_is_lost_with_its_worker(tmp
 def test_a_cut_stream_with_the_engine_not_answering_is_a_death(tmp_path: Path) -> None:
     from anyio.from_thread import start_blocking_portal
 
-    from squad.errors import EngineGone, TruncatedStream
     from squad.cluster.ray import _Worker
+    from squad.errors import EngineGone, TruncatedStream
 
     recipe = _recipe(tmp_path, MAP)
     worker = _Worker(recipe, recipe.engine_spec(), "w0@127.0.0.1", 1.0)

@@ -18,6 +18,9 @@ import anyio
 import pytest
 
 from cli_support import squad, state  # noqa: F401
+from squad.cluster.dispatch import WorkerLost, dispatch
+from squad.cluster.ray import _Feed, _Outbox, _Pool, _Worker
+from squad.engine.session import EngineSpec
 from squad.events import (
     AgentFinished,
     AgentStarted,
@@ -32,15 +35,12 @@ from squad.events import (
     WorkerFailed,
     WorkerStarted,
 )
-from squad.cluster.dispatch import WorkerLost, dispatch
-from squad.cluster.ray import _Feed, _Outbox, _Pool, _Worker
+from squad.events.jsonl import JsonlTrace, load_trace
+from squad.events.summary import summarize
+from squad.events.view import ViewState
 from squad.recipes import load_recipe
 from squad.runtime.results import AgentResult
-from squad.engine.session import EngineSpec
-from squad.events.summary import summarize
 from squad.testing import FakeEngine
-from squad.events.jsonl import JsonlTrace, load_trace
-from squad.events.view import ViewState
 
 RECIPE = """\
 name: words
@@ -120,7 +120,7 @@ def _run_on_local_workers(tmp_path: Path, fakes: list[FakeEngine], monkeypatch, 
     return events, anyio.run(main), seen
 
 
-def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeypatch, capsys, state) -> None:  # noqa: F811
+def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeypatch, capsys, state) -> None:
     before = time.monotonic()
     events, results, seen = _run_on_local_workers(tmp_path, engines, monkeypatch)
     after = time.monotonic()
@@ -167,7 +167,7 @@ def test_workers_events_reach_the_driver_placed(tmp_path: Path, engines, monkeyp
         assert f"worker {w}: engine {u} ready at" in text and f"served {served[w]} item(s)" in text
 
 
-def test_each_item_s_own_messages_name_its_driver_index_not_0(tmp_path: Path, engines,  # noqa: F811
+def test_each_item_s_own_messages_name_its_driver_index_not_0(tmp_path: Path, engines,
                                                                monkeypatch) -> None:
     """Issue 19: a worker runs each item as a map of one prompt; what the worker itself writes
     about the item (its error, the events' labels, the trace summary) names the item by the
@@ -278,7 +278,7 @@ def _map(pool: _Pool, n: int) -> list[AgentResult]:
                                       output_type=None))
 
 
-def test_a_lost_attempt_is_counted_once_and_its_retry_is_in_the_trace(tmp_path: Path, capsys, state) -> None:  # noqa: F811
+def test_a_lost_attempt_is_counted_once_and_its_retry_is_in_the_trace(tmp_path: Path, capsys, state) -> None:
     pool, events, (w0, w1) = _eventful_pool(("w0@h", None), ("w1@h", 1))
     results = _map(pool, 5)
     assert [r.item for r in results] == list(range(5)) and results[1].worker == "w0@h" and results[1].retried

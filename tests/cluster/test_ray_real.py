@@ -4,6 +4,7 @@ started by the test, two workers on this machine (1 thread each, 2 slots, small 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -12,17 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import importlib.util
-
 import anyio
 import psutil
 import pytest
 
-from squad.events import AgentStarted, CallFinished, EngineLoaded, ItemLost, WorkerStarted
 from squad.cluster.ray import RayFanout
-from squad.recipes import load_recipe, run_recipe
-from squad.events.summary import summarize
+from squad.events import AgentStarted, CallFinished, EngineLoaded, ItemLost, WorkerStarted
 from squad.events.jsonl import JsonlTrace, load_trace
+from squad.events.summary import summarize
+from squad.recipes import load_recipe, run_recipe
 
 # not imported here: a local cluster sets its environment before Ray is imported (squad.cluster.ray)
 pytestmark = [pytest.mark.engine, pytest.mark.ray,

@@ -14,8 +14,8 @@ import types
 from pathlib import Path
 
 import pytest
-from pypi_support import fake_pypi
 
+from pypi_support import fake_pypi
 from squad.engine import binary, build, pypi
 from squad.engine.binary import (
     EngineBinary,

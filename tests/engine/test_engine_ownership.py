@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 
+from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 from squad.engine import process
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process groups")
@@ -79,7 +79,8 @@ class Run:
         argv = [sys.executable, "-m", "squad", "run", str(_recipe(tmp_path, model, **recipe)),  # type: ignore[arg-type]
                 "--llama-server", str(binary), "-t", str(THREADS), "--trace", str(self.trace)]
         with self.out.open("w") as out, self.err.open("w") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, "SQUAD_STATE_DIR": str(state)},
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err,
+                                         env={**os.environ, "SQUAD_STATE_DIR": str(state)},
                                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def wait_for(self, kind: str, timeout: float = 180.0) -> None:
@@ -312,7 +313,8 @@ async def test_a_server_without_this_launchs_key_is_not_adopted(impostor, tmp_pa
     binary.chmod(0o755)
     launcher = Launcher(EnginePlan(model=model_file, slots=1, n_ctx=512, kv_unified=False), binary=binary,
                         port=impostor, grace=1.0)
-    with pytest.raises(EngineStartError, match=f"port {impostor} on 127.0.0.1 is in use.*without this launch's API key"):
+    with pytest.raises(EngineStartError,
+                       match=f"port {impostor} on 127.0.0.1 is in use.*without this launch's API key"):
         await launcher.start()
     assert launcher.pid is None and launcher.info is None
 
@@ -451,7 +453,8 @@ def test_a_directory_as_binary_or_model_is_a_clear_error(tmp_path):
     (tmp_path / "bin" / "llama-server").chmod(0o755)
     as_binary = _cli("engine", "info", "--llama-server", str(tmp_path / "bin"))
     said = " ".join(as_binary.stderr.split())
-    assert as_binary.returncode == 2 and f"which is a directory: did you mean {tmp_path / 'bin' / 'llama-server'}?" in said
+    assert as_binary.returncode == 2
+    assert f"which is a directory: did you mean {tmp_path / 'bin' / 'llama-server'}?" in said
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "a.gguf").write_bytes(b"GGUF")
     as_model = _cli("models", "info", str(tmp_path / "models"))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from squad.engine.llama import CACHE_TYPES, KV_TYPE_BYTES, server_args
-from squad.errors import PlanError, RecipeError, UserError
-from squad.sched.planner import plan
-from squad.recipes import load_recipe
 from squad.engine.session import EngineSpec, plan_engine
+from squad.errors import PlanError, RecipeError, UserError
+from squad.recipes import load_recipe
+from squad.sched.planner import plan
 
 RECIPE = """\
 name: quantized

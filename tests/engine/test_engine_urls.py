@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
-from cli_support import squad
 
+from cli_support import squad
+from squad.engine.session import EngineSpec
 from squad.engine.urls import check_engine_url
 from squad.errors import UserError
-from squad.engine.session import EngineSpec
 
 BAD = [
     ("http://[::1", "Invalid IPv6 URL"),

@@ -35,8 +35,8 @@ import pytest
 from squad.chat.counting import PromptCounter
 from squad.dirs import cache_dir
 from squad.engine.launcher import Launcher
-from squad.engine.template_profile import fit_call_ids, strip_raw_markup
 from squad.engine.session import EngineSpec, plan_engine
+from squad.engine.template_profile import fit_call_ids, strip_raw_markup
 from squad.testing.tiny_models import FAMILIES, tiny_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
@@ -76,7 +76,8 @@ KNOWN: dict[tuple[str, str], str] = {
     ("deepseek-r1-distill", "named"): "b11434 ended the stream with 'does not match the expected peg-native format' "
                                       "(HTTP 500 frame) on random text",
     ("gpt-oss", "reasoning"): "b11434 answered HTTP 500 'does not match the expected peg-native format' to random text",
-    ("gpt-oss", "schema"): "b11434 applies the schema only after harmony's analysis channel, which random weights never "
+    ("gpt-oss",
+     "schema"): "b11434 applies the schema only after harmony's analysis channel, which random weights never "
                            "close within max_tokens (enable_thinking does not switch harmony's analysis off)",
 }
 
@@ -120,7 +121,8 @@ def corpus() -> dict[str, tuple[list[dict], list[dict] | None]]:
         # after a tool result: its roles must alternate)
         "tool-call+result": ([{"role": "user", "content": "Weather in Paris?"},
                               {"role": "assistant", "content": "", "tool_calls": [call]},
-                              {"role": "tool", "tool_call_id": "call_1", "content": "Paris: 21 C, sunny\n"}], [WEATHER]),
+                              {"role": "tool", "tool_call_id": "call_1", "content": "Paris: 21 C, sunny\n"}],
+                             [WEATHER]),
         "reasoning-in-history": ([{"role": "user", "content": "2+2?"},
                                   {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
                                   {"role": "user", "content": "3+3?"}], None),
@@ -297,8 +299,8 @@ async def test_reasoning(fam):
 
 
 async def _reasoning(name, info, http) -> None:
-    from squad.runtime.agent import Agent
     from squad.errors import ReasoningBudgetExhausted
+    from squad.runtime.agent import Agent
     from squad.runtime.results import AgentResult
     from squad.runtime.squad import Squad
 
@@ -412,7 +414,8 @@ async def test_builtin_tool_history_counts_as_the_engine(llama_server_path, defa
                          '{"city":"東京"}'):
                 messages = [{"role": "user", "content": "Read it."},
                             {"role": "assistant", "content": "", "tool_calls": [
-                                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": args}}]},
+                                {"id": "c1", "type": "function",
+                                 "function": {"name": "read_file", "arguments": args}}]},
                             {"role": "tool", "tool_call_id": "c1", "content": "hello\n"}]
                 truth = await _count(http, messages, [WEATHER])
                 assert counter.count_chat(messages, [WEATHER]) == truth, args

@@ -18,11 +18,11 @@ import json
 import httpx
 import pytest
 
-from squad.runtime.agent import Agent
 from squad.engine.registry import resolve_model
-from squad.errors import SquadError
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.errors import SquadError
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.runtime.tools import tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]

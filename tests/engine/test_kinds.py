@@ -15,10 +15,10 @@ import json
 import anyio
 import httpx
 import pytest
-from cli_support import squad
-from launch_support import THREADS, model_file, server_bin, state_tmp  # noqa: F401
 from starlette.routing import Route
 
+from cli_support import squad
+from launch_support import THREADS, model_file, server_bin, state_tmp  # noqa: F401
 from squad import Agent, Squad
 from squad.engine import control
 from squad.engine.control import attach
@@ -286,8 +286,8 @@ async def test_squad_serve_fronts_every_kind(fake, kind):
     """Chat through the endpoint is admitted within the kind's capacity; a text prompt is counted
     the kind's way (vLLM's /tokenize with a prompt, else squad's estimate), never with llama-server's
     /tokenize shape; /health answers even where the engine has none; /squad/status names the kind."""
-    from squad.serve.server import serving
     from squad.engine.session import EngineSpec
+    from squad.serve.server import serving
 
     async with fake() as fe:
         async with serving(EngineSpec(url=fe.base_url, api_key=fe.api_key), port=0) as served:
@@ -324,8 +324,8 @@ async def test_squad_serve_fronts_every_kind(fake, kind):
 
 @pytest.mark.engine
 @pytest.mark.anyio
-async def test_real_llama_server_is_detected_as_llama_cpp_with_capacity_from_props(server_bin, model_file,  # noqa: F811
-                                                                                   state_tmp, capsys):  # noqa: F811
+async def test_real_llama_server_is_detected_as_llama_cpp_with_capacity_from_props(server_bin, model_file,
+                                                                                   state_tmp, capsys):
     from squad.engine.launcher import Launcher
     from squad.sched.planner import EnginePlan
 

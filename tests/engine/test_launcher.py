@@ -16,8 +16,8 @@ from pathlib import Path
 import anyio
 import psutil
 import pytest
-from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 
+from launch_support import THREADS, anyio_backend, gone, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 from squad.engine import control, process
 from squad.engine import launcher as launcher_mod
 from squad.engine.launcher import (
@@ -381,7 +381,8 @@ async def test_a_late_engine_does_not_adopt_the_server_already_answering(server_
     impostor = _impostor(port)
     try:
         launcher = Launcher(real(model_file, 1, 512), binary=late, threads=THREADS, port=port)
-        with pytest.raises(EngineStartError, match=f"port {port} on 127.0.0.1 is in use.*not from the llama-server squad started"):
+        with pytest.raises(EngineStartError,
+                           match=f"port {port} on 127.0.0.1 is in use.*not from the llama-server squad started"):
             await launcher.start()
         assert launcher.pid is None and launcher.info is None
     finally:

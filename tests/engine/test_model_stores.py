@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import squad as run_cli
 from squad.engine import hub, stores
 from squad.engine.facts import read_model_facts
 from squad.engine.registry import find_model, list_stores, resolve_model
 from squad.errors import ModelError, UnknownModel
 from store_support import CARD, GEMMA_CARD, hf_cache, link, ollama_store, split_gguf
-from cli_support import squad as run_cli
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from squad.engine.session import EngineSpec
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
-from squad.engine.session import EngineSpec
 from store_support import CARD, hf_cache, link, ollama_store, split_gguf
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
@@ -28,7 +28,8 @@ async def test_a_model_from_each_store_runs(tmp_path, monkeypatch, llama_server_
     snapshot = hf_cache(tmp_path / "hf", "bartowski/SmolLM2-135M-Instruct-GGUF",
                         {"SmolLM2-135M-Instruct-Q4_1.gguf": default_model_path, "README.md": CARD})
     ollama_store(tmp_path / "ollama", default_model_path, "smollm2", "135m")
-    lms = link(default_model_path, tmp_path / "lmstudio" / "HuggingFaceTB" / "SmolLM2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    lms = link(default_model_path,
+               tmp_path / "lmstudio" / "HuggingFaceTB" / "SmolLM2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     parts = split_gguf(default_model_path, tmp_path / "split" / "SmolLM2-Q4_1.gguf", parts=2)
     cases = {
         "hf:bartowski/SmolLM2-135M-Instruct-GGUF:Q4_1": snapshot / "SmolLM2-135M-Instruct-Q4_1.gguf",

@@ -11,8 +11,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from pypi_support import fake_pypi
 
+from pypi_support import fake_pypi
 from squad.engine import pypi, registry
 from squad.engine.facts import read_model_facts
 from squad.engine.registry import (

@@ -14,9 +14,9 @@ from test_binary import fake_exe
 from squad.engine import binary
 from squad.engine.binary import prebuilt_server_path, resolve_llama_server
 from squad.engine.launcher import build_args
-from squad.sched.plan import EnginePlan
 from squad.engine.prebuilt_server import FLAGS, llama_cpp_tag, parse, version_line
 from squad.errors import EngineNotFound, UserError
+from squad.sched.plan import EnginePlan
 
 HAVE_PREBUILT = prebuilt_server_path() is not None
 needs_prebuilt = pytest.mark.skipif(not HAVE_PREBUILT, reason="needs the prebuilt extra (xllamacpp)")

@@ -14,12 +14,12 @@ import os
 
 import httpx
 import pytest
-from token_corpus import chats
 
 from squad.engine import binary
 from squad.engine.binary import prebuilt_server_path
 from squad.engine.launcher import Launcher
 from squad.sched.plan import EnginePlan
+from token_corpus import chats
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

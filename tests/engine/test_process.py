@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_support import anyio_backend, gone, state_tmp, wait_gone  # noqa: F401
 
+from launch_support import anyio_backend, gone, state_tmp, wait_gone  # noqa: F401
 from squad.engine import process
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="process groups are POSIX")

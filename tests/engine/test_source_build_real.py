@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(os.environ.get("SQUAD_ENGINE", "").lower() != "source",
-                       reason="the source build's pass: SQUAD_ENGINE=source (.ci/run, after `squad engine install --build`)"),
+                       reason="the source build's pass: SQUAD_ENGINE=source (.ci/run, after `squad engine "
+                              "install --build`)"),
 ]
 
 
@@ -38,7 +39,8 @@ def test_the_engine_under_test_is_the_cached_source_build():
 @pytest.mark.timeout(900)
 def test_the_readme_main_job_runs_on_the_source_build(default_model_path):
     """The README's first command's job (``squad run recipes/review.yaml``), on the source build."""
-    done = subprocess.run([sys.executable, "-m", "squad", "run", str(ROOT / "recipes" / "review.yaml"), "--json", "-t", "2"],
+    done = subprocess.run([sys.executable, "-m", "squad", "run", str(ROOT / "recipes" / "review.yaml"), "--json", "-t",
+                           "2"],
                           capture_output=True, text=True, timeout=840, env={**os.environ, "SQUAD_ENGINE": "source"})
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)

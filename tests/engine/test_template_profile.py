@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from gguf_support import tiny_gguf
-
 from squad.engine.chat_templates import CHATML_TOOLS
 from squad.engine.template_profile import profile, template_markers
 from squad.engine.tokens import counter_for_model

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from gguf_support import tiny_gguf
 
+from gguf_support import tiny_gguf
 from squad.engine import tokens, vocab
 from squad.engine.tokens import GGUFCounter, NotExact, TokenCounter, counter_for_model
 from squad.errors import ModelError
@@ -56,7 +56,8 @@ def test_counts_match_numbers_measured_on_the_engine(smol):
     hello = [{"role": "user", "content": "Hello there! 12345 <|im_end|> x"}]
     assert smol.count_chat(hello) == 42
     assert smol.count_chat([{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "안녕하세요 😀 café @alice a@b.io {\"k\": [1, 2]}"}]) == MEASURED_MIXED
+                            {"role": "user",
+                             "content": "안녕하세요 😀 café @alice a@b.io {\"k\": [1, 2]}"}]) == MEASURED_MIXED
     assert smol.count_text("") == 0
     assert smol.count_text("<|im_end|>") == 1
     assert smol.count_text("first.last+tag@sub.example.org") == MEASURED_EMAIL
@@ -143,14 +144,16 @@ def test_system_message_merged_when_the_template_ignores_it(tmp_path):
     prompt = counter.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert prompt == "<s>[user]S\nU\n[assistant]"
     # add_bos is false here (llama.cpp's default for these pre-tokenizers): the BOS text stays
-    assert counter.count_chat([{"role": "user", "content": "hello"}]) == counter.count_text("<s>[user]hello\n[assistant]")
+    assert counter.count_chat([{"role": "user",
+                                "content": "hello"}]) == counter.count_text("<s>[user]hello\n[assistant]")
 
 
 def test_bos_added_by_the_tokenizer_is_cut_from_the_rendered_text(tmp_path):
     counter = counter_for_model(tiny_gguf(tmp_path / "t.gguf", template=NO_SYSTEM_TEMPLATE, add_bos=True))
     assert counter is not None
     assert counter.render([{"role": "user", "content": "hello"}]) == "[user]hello\n[assistant]"
-    assert counter.count_chat([{"role": "user", "content": "hello"}]) == 1 + counter.count_text("[user]hello\n[assistant]")
+    assert counter.count_chat([{"role": "user",
+                                "content": "hello"}]) == 1 + counter.count_text("[user]hello\n[assistant]")
 
 
 def test_template_errors_and_tool_templates_raise_not_exact(tmp_path):

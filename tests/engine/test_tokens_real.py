@@ -11,11 +11,11 @@ import dataclasses
 
 import httpx
 import pytest
-from token_corpus import chats, texts
 
 from squad.engine.launcher import Launcher
 from squad.engine.tokens import NotExact, counter_for_model
 from squad.sched.planner import EnginePlan
+from token_corpus import chats, texts
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -53,7 +53,8 @@ async def test_counter_matches_engine_on_corpus(engine, default_model_path):
             results[name] = (r.json()["input_tokens"], local)
 
         # Outside what the counter reproduces: it must say so (callers then ask the engine).
-        for messages in ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],):
+        for messages in ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                         ):
             r = await http.post("/v1/chat/completions/input_tokens", json={"messages": messages})
             assert r.status_code == 200, r.text[:300]
             with pytest.raises(NotExact):
@@ -110,7 +111,8 @@ TOOL_CHATS = {
 async def tool_engine(llama_server_path, default_model_path):
     from squad.engine.chat_templates import CHATML_TOOLS
 
-    plan = dataclasses.replace(EnginePlan.simple(default_model_path, slots=1, n_ctx=2048), chat_template=CHATML_TOOLS.path)
+    plan = dataclasses.replace(EnginePlan.simple(default_model_path, slots=1, n_ctx=2048),
+                               chat_template=CHATML_TOOLS.path)
     async with Launcher(plan, binary=llama_server_path, threads=2) as launcher:
         yield launcher.info
 

@@ -9,12 +9,12 @@ import sys
 
 import anyio
 import pytest
-from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 
+from launch_support import THREADS, anyio_backend, model_file, server_bin, state_tmp, wait_gone  # noqa: F401
 from squad.engine.control import attach
 from squad.engine.launcher import Launcher
-from squad.sched.planner import EnginePlan
 from squad.engine.verify import RequestTiming, VerifyReport, _checks, verify_engine
+from squad.sched.planner import EnginePlan
 
 
 def report(busy: int = 4, timings: list[tuple[float, float]] | None = None, n_ctx: int = 8192) -> VerifyReport:
@@ -80,7 +80,8 @@ def squad(*args: str, env: dict | None = None, timeout: float = 240) -> subproce
 
 @pytest.mark.engine
 def test_squad_verify_passes_on_the_real_engine(server_bin, model_file, state_tmp):
-    done = squad("verify", "--model", str(model_file), "--llama-server", str(server_bin), "-t", str(THREADS), "--json", "--max-tokens", "24",
+    done = squad("verify", "--model", str(model_file), "--llama-server", str(server_bin), "-t", str(THREADS), "--json",
+                 "--max-tokens", "24",
                  "--slots", "4", "-c", "8192")  # the same option names as run, plan, chat and engine start
     assert done.returncode == 0, done.stdout + done.stderr
     out = json.loads(done.stdout)

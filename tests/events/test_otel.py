@@ -11,18 +11,18 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind, StatusCode  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 
-from squad.runtime.agent import Agent  # noqa: E402
-from squad.errors import AgentRunError, UserError  # noqa: E402
-from squad.events import Event  # noqa: E402
-from squad.events.otel import OtelSink, configured_provider  # noqa: E402
-from squad.runtime.squad import Squad  # noqa: E402
-from squad.engine.session import EngineSpec  # noqa: E402
-from squad.testing import ScriptedEngine  # noqa: E402
+from squad.engine.session import EngineSpec
+from squad.errors import AgentRunError, UserError
+from squad.events import Event
+from squad.events.otel import OtelSink, configured_provider
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -30,8 +30,8 @@ from squad.events import (
     Event,
     MentionDispatched,
 )
-from squad.events.summary import summarize
 from squad.events.jsonl import JsonlTrace, default_trace_path, jsonable, load_trace
+from squad.events.summary import summarize
 
 URL = "http://127.0.0.1:8080"
 T0 = 100.0
@@ -250,7 +250,8 @@ def test_summarize_concurrent_calls_of_one_agent_and_a_retried_call_is_one_span(
     assert list(spans) == ["c1", "c2"]
     assert (spans["c1"].admitted, spans["c1"].end, spans["c1"].slot, spans["c1"].retried) == approx((0.7, 0.9, 3, True))
     assert (spans["c1"].error, spans["c1"].completion_tokens) == (None, 5)
-    assert (spans["c2"].end, spans["c2"].slot, spans["c2"].retried, spans["c2"].completion_tokens) == approx((0.5, 5, False, 7))
+    assert (spans["c2"].end, spans["c2"].slot, spans["c2"].retried,
+            spans["c2"].completion_tokens) == approx((0.5, 5, False, 7))
     m = s.agents["map"]
     assert (m.calls, m.completion_tokens, m.slots, m.errors, m.status) == (2, 12, [3, 5], [], "done")
     assert s.max_in_flight == 2

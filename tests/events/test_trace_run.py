@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from squad.runtime.agent import Agent
 from squad.cli.trace import plot_timeline
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
-from squad.events.summary import summarize
 from squad.events.jsonl import JsonlTrace, load_trace
+from squad.events.summary import summarize
 from squad.events.view import LiveView
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +66,8 @@ async def test_trace_of_a_run_on_the_real_engine(tmp_path, llama_server_path, de
     out = io.StringIO()
     view = LiveView(console=Console(file=out, width=140))
     with JsonlTrace(tmp_path / "run.jsonl") as trace, view:
-        async with Squad(writers(), engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
+        async with Squad(writers(),
+                         engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
                          on_event=[trace, view]) as sq:
             results = await sq.parallel([(n, f"Say hello to {n}.") for n in ("ann", "bob", "cat")])
     assert all(r.ok for r in results), [str(r.error) for r in results]

@@ -208,7 +208,8 @@ def test_planner_and_engine_warnings_are_shown_in_both_modes():
     for live in (False, True):
         out = io.StringIO()
         with LiveView(on=True, console=Console(file=out, width=120), live=live) as view:
-            view(ev(EnginePlanned, 0.0, slots=1, n_ctx=1024, warnings=["1 slot(s) but 3 agents run at once: serialized"]))
+            view(ev(EnginePlanned, 0.0, slots=1, n_ctx=1024,
+                    warnings=["1 slot(s) but 3 agents run at once: serialized"]))
             view(ev(EngineWarning, 0.1, "a", warning="agent 'a' has tools but the template drops them"))
         text = out.getvalue()
         assert "warning: 1 slot(s) but 3 agents run at once: serialized" in text, live

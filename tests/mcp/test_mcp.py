@@ -17,16 +17,16 @@ from pathlib import Path
 import anyio
 import psutil
 import pytest
-from launch_support import gone, wait_gone
-from mcp_support import http_server  # noqa: F401 - a fixture
 from pydantic import ValidationError
 
+from launch_support import gone, wait_gone
+from mcp_support import http_server  # noqa: F401 - a fixture
 from squad import children
-from squad.runtime.agent import Agent
 from squad.chat import ChatResult, ToolCall
 from squad.errors import MCPServerError, UserError
 from squad.events import ToolCalled
 from squad.mcp import MCPServer, MCPServers, model_name
+from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
 from squad.testing import ScriptedEngine
 
@@ -178,7 +178,8 @@ async def test_a_tool_the_server_does_not_have_is_refused_at_open_with_its_tools
     with pytest.raises(UserError) as info:
         async with Squad([Agent(name="a", tools=["t.ech"])], engine=ScriptedEngine(), mcp_servers=[STDIO]):
             pass
-    assert "agent 'a' lists tool 't.ech', but MCP server 't' has no tool 'ech'; did you mean 't.echo'?" in str(info.value)
+    said = "agent 'a' lists tool 't.ech', but MCP server 't' has no tool 'ech'; did you mean 't.echo'?"
+    assert said in str(info.value)
 
 
 async def test_two_tools_with_one_name_are_refused():
@@ -255,6 +256,8 @@ def test_no_server_process_outlives_squad_killed_or_interrupted(sig, code):
     finally:
         if holder.poll() is None:
             holder.kill()
+        holder.wait()
+        holder.stdout.close()
         for p in psutil.Process().children(recursive=True):
             if p.pid != children.guard_pid():
                 p.kill()

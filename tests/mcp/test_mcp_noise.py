@@ -15,17 +15,16 @@ import anyio
 import pytest
 from rich.console import Console
 
-from squad.runtime.agent import Agent
+from cli_support import squad, state  # noqa: F401  (fixture)
 from squad.chat import ChatResult, ToolCall
 from squad.errors import MCPServerError
 from squad.events import MCPWarning
-from squad.mcp import MCPServer, MCPServers, _StdoutNoise
-from squad.runtime.squad import Squad
 from squad.events.summary import summarize
-from squad.testing import FakeEngine, Reply, ScriptedEngine
 from squad.events.view import LiveView
-
-from cli_support import squad, state  # noqa: F401  (fixture)
+from squad.mcp import MCPServer, MCPServers, _StdoutNoise
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.testing import FakeEngine, Reply, ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 NOISY = Path(__file__).resolve().parents[1] / "mcp_noisy_server.py"
@@ -160,7 +159,7 @@ flow:
 
 
 @pytest.mark.parametrize("quiet", [False, True])
-def test_squad_run_says_it_in_one_line_live_and_in_the_summary(capsys, tmp_path, state, quiet):  # noqa: F811
+def test_squad_run_says_it_in_one_line_live_and_in_the_summary(capsys, tmp_path, state, quiet):
     fe = FakeEngine(slots=2, n_ctx=4096)
     anyio.run(fe.start)
     try:
@@ -184,7 +183,8 @@ def test_squad_run_says_it_in_one_line_live_and_in_the_summary(capsys, tmp_path,
 
 # --- content that is not text: described with its MIME type, URI and size, never dumped -------------------------
 
-CONTENT = MCPServer(name="c", command="python", args=(str(Path(__file__).resolve().parents[1] / "mcp_content_server.py"),))
+CONTENT = MCPServer(name="c", command="python",
+                    args=(str(Path(__file__).resolve().parents[1] / "mcp_content_server.py"),))
 
 
 async def test_content_that_is_not_text_is_described_not_dumped():
@@ -214,7 +214,7 @@ def test_what_a_server_leaves_out_is_said_so():
 
 
 @pytest.mark.parametrize("command", [["recipes", "validate", "--check-mcp"], ["plan", "--check-mcp"]])
-def test_check_mcp_says_it_in_one_line(capsys, tmp_path, state, command):  # noqa: F811
+def test_check_mcp_says_it_in_one_line(capsys, tmp_path, state, command):
     path = tmp_path / "noisy.yaml"
     path.write_text(RECIPE.format(server=json.dumps(str(NOISY))), encoding="utf-8")
     code, out, err = squad(capsys, *command, path)

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from launch_support import gone, wait_gone
 from mcp_support import http_server  # noqa: F401 - a fixture
-
-from squad.runtime.agent import Agent
 from squad.chat import ChatRequest, ChatResult, ToolCall
-from squad.mcp import MCPServer
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSession, EngineSpec
+from squad.mcp import MCPServer
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 pytestmark = [pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from squad.cli import main as squad_main
 from squad.cli._app import collect_params
 from squad.engine.llama import round_ctx
 from squad.errors import RecipeError, UserError
-from squad.sched.planner import plan
 from squad.recipes import load_recipe
 from squad.recipes.budgets import headroom
+from squad.sched.planner import plan
 from squad.sched.workload import Call, Parallel, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ async def test_the_runtime_uses_the_planned_budget_for_auto(tmp_path):
         assert sq.context_limit(agents[0]) == sq.info.n_ctx  # hand-back / chat history fallback
         sq.session.plan = dataclasses.replace(plan(sq.workload, model=tmp_path / "m.gguf", n_ctx_train=8192))
         assert sq.session.plan.budgets == {"lead": 4096, "a": 512}  # 8192 / 2 agents at once
-        assert sq.budget_of(agents[0]) == 4096 and sq._resolved(agents[0]).budget == 4096  # noqa: SLF001
+        assert sq.budget_of(agents[0]) == 4096 and sq._resolved(agents[0]).budget == 4096
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 from squad.errors import RecipeError
+from squad.events.summary import summarize
+from squad.events.view import ViewState
 from squad.recipes import load_recipe, run_recipe, step_table
 from squad.recipes.chunks import estimate_tokens, split_chunks
-from squad.events.summary import summarize
 from squad.testing import FakeEngine, Reply
-from squad.events.view import ViewState
 
 
 def words(text: str) -> int:
@@ -118,7 +118,8 @@ def test_chunk_keys_are_checked(tmp_path, map_, extra, message):
 
 
 def test_chunk_keys_need_split_chunks(tmp_path):
-    text = RECIPE.replace("MAP", "params.code").replace("split: chunks", "split: lines").replace("EXTRA", "chunk_tokens: 5")
+    text = RECIPE.replace("MAP", "params.code").replace("split: chunks", "split: lines").replace("EXTRA",
+                                                                                                 "chunk_tokens: 5")
     with pytest.raises(RecipeError, match="chunk_tokens and overlap apply only to a map step with split: chunks"):
         load_recipe(write(tmp_path, text.replace("of {{ chunks }}", "")))
 
@@ -132,7 +133,8 @@ def test_chunks_variable_only_with_split_chunks(tmp_path):
 @pytest.mark.anyio
 async def test_map_over_chunks_one_item_per_chunk_labelled(tmp_path):
     code = "".join(f"line {i} " + "word " * 20 + "\n" for i in range(30))  # ~130 bytes a line
-    path = write(tmp_path, RECIPE.replace("MAP", "params.code").replace("EXTRA", "chunk_tokens: 150\n    concurrency: 2"))
+    path = write(tmp_path,
+                 RECIPE.replace("MAP", "params.code").replace("EXTRA", "chunk_tokens: 150\n    concurrency: 2"))
     recipe = load_recipe(path, {"code": code})
     expected = recipe.items(recipe.steps_by_id()["parts"], {})
     assert len(expected) >= 2 and "".join(expected) == code

@@ -63,8 +63,8 @@ def test_review_recipe_reads_a_long_file_in_chunks(capsys, tmp_path, llama_serve
         labels = sorted(r["agent"] for r in data["agents"] if r["step"] == name)
         assert labels == sorted(f"{name}[{i}]" for i in range(n))
     assert data["engine"]["slots"] == 3  # one chunk per reviewer at a time
-    from squad.events.summary import summarize
     from squad.events.jsonl import load_trace
+    from squad.events.summary import summarize
 
     agents = summarize(load_trace(tmp_path / "t.jsonl")).agents
     assert {f"security[{i}]" for i in range(n)} <= set(agents)

@@ -58,7 +58,8 @@ def write(tmp_path: Path, *, over: str = "params.items", split: str = "", settin
     (tmp_path / "notes.txt").write_text("one\ntwo\n", encoding="utf-8")
     path = tmp_path / "r.yaml"
     chunking = "    chunk_tokens: 200\n" if split == "chunks" else ""
-    path.write_text(RECIPE.replace("MAP", over).replace("    SPLIT\n", f"    split: {split}\n{chunking}" if split else "")
+    path.write_text(RECIPE.replace("MAP", over).replace("    SPLIT\n",
+                                                        f"    split: {split}\n{chunking}" if split else "")
                     .replace("SETTING\n", f"{setting}\n" if setting else ""), encoding="utf-8")
     return path
 

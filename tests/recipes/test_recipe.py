@@ -6,8 +6,8 @@ import pytest
 
 from squad.errors import InvalidOutput, RecipeError
 from squad.recipes import load_recipe, run_recipe, validate_recipe
-from squad.testing import FakeEngine, Reply
 from squad.sched.workload import Call, Delegate, Map, Parallel, Sequence
+from squad.testing import FakeEngine, Reply
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -38,7 +38,8 @@ def test_shipped_workloads(default_model_path):  # auto budgets: counted with th
     summary = load_recipe(RECIPES / "summarize.yaml").workload()
     assert summary.items[0] == Map(Call("summarizer", 256), count=3, limit=3, label="summaries")
     debate = load_recipe(RECIPES / "mentions.yaml").workload()
-    assert debate.items == (Delegate(Call("host", 512), Parallel((Call("optimist", 256), Call("skeptic", 256))), "debate"),)
+    assert debate.items == (Delegate(Call("host", 512), Parallel((Call("optimist", 256), Call("skeptic", 256))),
+                                     "debate"),)
 
 
 def test_map_count_follows_the_list_param_and_step_output_is_unknown(tmp_path):
@@ -93,7 +94,8 @@ def test_unused_param_is_a_warning(tmp_path):
     ("list", "a, b", ["a", "b"]), ("list", "x\ny", ["x", "y"]), ("list", ["p", "q"], ["p", "q"]),
 ])
 def test_param_types(tmp_path, kind, given, expected):
-    path = write(tmp_path, BASE + f"params:\n  v: {{type: {kind}}}\nflow:\n  - agent: a\n    prompt: '{{{{ params.v }}}}'\n")
+    path = write(tmp_path,
+                 BASE + f"params:\n  v: {{type: {kind}}}\nflow:\n  - agent: a\n    prompt: '{{{{ params.v }}}}'\n")
     assert load_recipe(path, {"v": given}).params["v"] == expected
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf_support
 import pytest
 
+import gguf_support
 from squad.cli import main as squad_main
 from squad.engine.llama import round_ctx
 from squad.engine.tokens import counter_for_model
@@ -105,7 +105,8 @@ def test_prompts_known_only_at_run_time_are_not_counted(default_model_path, tmp_
 
 
 def test_sub_agents_make_the_count_a_lower_bound(default_model_path, tmp_path):
-    agents = "  lead: {instructions: 'Helpers: {% for a in agents %}{{ a.name }} {% endfor %}', budget: 512, agents: [writer]}\n"
+    agents = ("  lead: {instructions: 'Helpers: {% for a in agents %}{{ a.name }} {% endfor %}', budget: 512, "
+              "agents: [writer]}\n")
     path = write_recipe(tmp_path, agents=agents, prompt="@writer {{ params.text }}")
     path.write_text(path.read_text().replace("main: writer", "main: lead"))
     with pytest.raises(RecipeError) as info:

@@ -11,7 +11,8 @@ from squad.testing import FakeEngine, Reply
 @pytest.mark.anyio
 async def test_chat_loop_mentions_and_unknown_warning():
     agents = [
-        Agent(name="lead", instructions="You are lead.", budget=1024, max_tokens=32, agents=("a",), sub_agent_tools=False),
+        Agent(name="lead", instructions="You are lead.", budget=1024, max_tokens=32, agents=("a",),
+              sub_agent_tools=False),
         Agent(name="a", instructions="You are a.", budget=512, max_tokens=32),
     ]
     lines = iter(["@a say hi and @zzz too", "plain question", "/quit", "never read"])

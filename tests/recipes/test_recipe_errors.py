@@ -25,7 +25,8 @@ CASES = [
     ("template_syntax.yaml", 6, 13, "flow[0].prompt", "template syntax error: unexpected end of template"),
     ("bad_map.yaml", 6, 10, "flow[0].map", "undefined template variable 'params.items' (declared parameters: none)"),
     ("alias_bomb.yaml", 6, 4, "e", "the YAML expands to more than 20000 nodes (an alias bomb?)"),
-    ("python_tag.yaml", 6, 13, "flow[0].prompt", "YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed"),
+    ("python_tag.yaml", 6, 13, "flow[0].prompt",
+     "YAML tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed"),
     ("yaml11.yaml", 1, 1, None, "recipes are read as YAML 1.2; remove the '%YAML 1.1' directive"),
     ("engine_and_engines.yaml", 4, 1, "engines",
      "give either engine: (one engine) or engines: (several), not both; move its settings into each item of engines:"),
@@ -127,4 +128,5 @@ def test_an_agents_file_s_include_errors_name_their_line(tmp_path, include, line
     err = info.value
     where = "b.yaml" if "cycle" in says else "a.yaml"
     assert Path(err.file).name == where and err.line == line and err.field == "include[0]", str(err)
-    assert says in err.problem and any(w in err.problem for w in ("remove", "fix the path", "give the path of an agents file"))
+    assert says in err.problem and any(w in err.problem for w in ("remove", "fix the path",
+                                                                  "give the path of an agents file"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from squad.errors import RecipeError
-from squad.templates.sandbox import MAX_STEPS, MAX_VALUE, flat_size
 from squad.templates import render_template
+from squad.templates.sandbox import MAX_STEPS, MAX_VALUE, flat_size
 
 BOMBS = [
     # arithmetic that builds huge integers

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_support import engine, squad, state  # noqa: F401 - fixtures
 
+from cli_support import engine, squad, state  # noqa: F401 - fixtures
 from squad.errors import InvalidOutput, RecipeError
 from squad.recipes import load_recipe, run_recipe, validate_recipe
 from squad.testing import Reply
@@ -137,7 +137,8 @@ def test_step_schemas_are_sent_per_call_and_values_reach_later_prompts(tmp_path,
 
 
 def test_value_of_a_step_without_a_schema_is_a_recipe_error_at_its_line(tmp_path):
-    text = STEPS.replace('    prompt: "Where is Big Ben?"\n    schema: ' + CITY + "\n", '    prompt: "Where is Big Ben?"\n')
+    text = STEPS.replace('    prompt: "Where is Big Ben?"\n    schema: ' + CITY + "\n",
+                         '    prompt: "Where is Big Ben?"\n')
     with pytest.raises(RecipeError, match=r"steps\.first\.value: .*give that step a schema") as caught:
         validate_recipe(_write(tmp_path, text))
     assert caught.value.line == 18

@@ -9,16 +9,16 @@ import json
 import re
 from pathlib import Path
 
-import gguf_support
 import pytest
 from pydantic import ValidationError
 
-from squad.runtime.agent import Agent
+import gguf_support
 from squad.cli import main as squad_main
 from squad.engine.facts import check_gguf
 from squad.errors import AgentRunError, ModelError, RecipeError, UserError
-from squad.runtime.mention import unmark
 from squad.recipes import load_recipe, validate_recipe
+from squad.runtime.agent import Agent
+from squad.runtime.mention import unmark
 from squad.runtime.squad import Squad
 from squad.testing import FakeEngine
 
@@ -53,7 +53,8 @@ def recipe(params: str = "", agents: str = "  a: {max_tokens: 32}\n", flow: str 
     ("{% if params.flag %}{{ [] | first | upper }}{% endif %}", "fix this expression"),
 ])
 def test_validate_renders_every_prompt_with_the_parameters(tmp_path, template, problem):
-    params = "  topic: {type: string, default: cats}\n  n: {type: int, required: true}\n  flag: {type: bool, required: true}\n"
+    params = ("  topic: {type: string, default: cats}\n  n: {type: int, required: true}\n"
+              "  flag: {type: bool, required: true}\n")
     path = write(tmp_path, recipe(params=params, flow=f"  - id: x\n    prompt: \"{template} {{{{ params.n }}}} "
                                                        f"{{{{ params.flag }}}} {{{{ params.topic }}}}\"\n"))
     with pytest.raises(RecipeError) as info:
@@ -80,7 +81,8 @@ def test_instructions_and_later_steps_are_rendered_too(tmp_path):
     with pytest.raises(RecipeError) as info:
         validate_recipe(path)
     assert (info.value.line, info.value.field) == (line_of(path, "instructions:"), "agents.a.instructions")
-    flow = ("  - id: facts\n    prompt: hi\n  - parallel:\n      - id: one\n        prompt: \"{{ steps.facts.output }}\"\n"
+    flow = ("  - id: facts\n    prompt: hi\n  - parallel:\n      - id: one\n        prompt: \"{{ "
+            "steps.facts.output }}\"\n"
             "      - id: two\n        prompt: \"{{ steps.facts.output | int }} {{ 1 / 0 }}\"\n"
             "  - prompt: \"{{ steps.one.output }} {{ steps.two.outputs | length }}\"\n")
     path = write(tmp_path, recipe(flow=flow))
@@ -131,7 +133,8 @@ def test_a_string_parameter_keeps_the_text_as_written(tmp_path):
     params = ("  version: {type: string, default: 1.10}\n  big: {default: 1e3}\n  yes_text: {default: true}\n"
               "  tone: {type: enum, choices: [1.10, 1.2], default: 1.10}\n  xs: {type: list, default: [1.10, 2.0]}\n"
               "  n: {type: number, default: 1.10}\n")
-    flow = "  - prompt: \"{{ params.version }} {{ params.big }} {{ params.yes_text }} {{ params.tone }} {{ params.xs }} {{ params.n }}\"\n"
+    flow = ("  - prompt: \"{{ params.version }} {{ params.big }} {{ params.yes_text }} {{ params.tone }} "
+            "{{ params.xs }} {{ params.n }}\"\n")
     loaded = load_recipe(write(tmp_path, recipe(params=params, flow=flow)))
     assert loaded.params == {"version": "1.10", "big": "1e3", "yes_text": "true", "tone": "1.10",
                              "xs": ["1.10", "2.0"], "n": 1.1}
@@ -187,7 +190,8 @@ def test_map_over_a_parameter_without_items_is_an_error(tmp_path, kind, split, p
     choices = ", choices: [a]" if kind == "enum" else ""
     flow = f"  - map: params.p\n{f'    split: {split}' + chr(10) if split else ''}    prompt: \"{{{{ item }}}}\"\n"
     with pytest.raises(RecipeError) as info:
-        validate_recipe(write(tmp_path, recipe(params=f"  p: {{type: {kind}, default: {default}{choices}}}\n", flow=flow)))
+        validate_recipe(write(tmp_path,
+                              recipe(params=f"  p: {{type: {kind}, default: {default}{choices}}}\n", flow=flow)))
     assert info.value.field == "flow[0].map" and problem in info.value.problem
 
 

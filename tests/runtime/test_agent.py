@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from squad.runtime.agent import Agent, Sampling, check_squad
 from squad.errors import RecipeError, UserError
+from squad.runtime.agent import Agent, Sampling, check_squad
 
 
 def test_defaults_and_sampling_params() -> None:
@@ -60,7 +60,8 @@ def test_squad_checks_names_sub_agents_tools_and_cycles() -> None:
 
 def test_instructions_are_a_sandboxed_strict_template() -> None:
     sub = Agent(name="style", description="checks style")
-    lead = Agent(name="lead", instructions="I am {{ name }}. Helpers: {% for a in agents %}@{{ a.name }} ({{ a.description }}){% endfor %}. Topic {{ topic }}. JSON {\"k\": 1}")
+    lead = Agent(name="lead", instructions="I am {{ name }}. Helpers: {% for a in agents %}@{{ a.name }} ({{ "
+                                           "a.description }}){% endfor %}. Topic {{ topic }}. JSON {\"k\": 1}")
     text = lead.system_prompt([sub], {"topic": "diffs"})
     assert text == 'I am lead. Helpers: @style (checks style). Topic diffs. JSON {"k": 1}'
     with pytest.raises(RecipeError, match="topic"):

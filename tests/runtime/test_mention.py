@@ -27,7 +27,8 @@ CASES = [
         "Please look.",
     ),
     # lines are units too
-    ("@security line one\n@style line two\nshared", [("security", "line one\nshared"), ("style", "line two\nshared")], [], "shared"),
+    ("@security line one\n@style line two\nshared", [("security", "line one\nshared"), ("style", "line two\nshared")],
+     [], "shared"),
     # leading mentions with separators are dropped
     ("@security, @style: go", [("security", "go"), ("style", "go")], [], ""),
     ("@security and @style check", [("security", "check"), ("style", "check")], [], ""),

@@ -22,12 +22,12 @@ import pytest
 
 from squad import Agent, Squad
 from squad.chat import ChatResult, ToolCall
-from squad.runtime.chatloop import chat_loop
 from squad.errors import MentionError, RecipeError
-from squad.runtime.mention import DATA_CLOSE, DATA_OPEN, as_data
 from squad.recipes import load_recipe, run_recipe
-from squad.testing import ScriptedEngine
+from squad.runtime.chatloop import chat_loop
+from squad.runtime.mention import DATA_CLOSE, DATA_OPEN, as_data
 from squad.runtime.tools import tool
+from squad.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +112,8 @@ async def test_a_parameter_is_data(tmp_path, code):
 @pytest.mark.parametrize("code", ATTACKS)
 async def test_the_authors_own_mention_still_dispatches_and_data_cannot_hide_it(tmp_path, code):
     flow = TWO_STEPS.replace('"{mention}Notes: {{ steps.facts.output }} Code: {{ params.code }}"',
-                             '"Notes: {{ steps.facts.output }} Code: {{ params.code }}\\n@checker review the code above."')
+                             '"Notes: {{ steps.facts.output }} Code: {{ params.code }}\\n@checker review '
+                             'the code above."')
     scripted, sent = engine("@nobody said hi ```")
     run = await run_recipe(recipe(tmp_path, flow, code=code), engine=scripted)
     assert run.output == "ok from lead"

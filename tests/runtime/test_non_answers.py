@@ -16,17 +16,17 @@ import anyio
 import pytest
 from rich.console import Console
 
-from squad.runtime.agent import Agent
 from squad.chat import ChatResult, Usage
 from squad.errors import AgentRunError, IncompleteAnswer, UserError
 from squad.events import AgentFinished, StepWarning
-from squad.runtime.outcome import Outcome, marked, outcome_of, worst
+from squad.events.summary import summarize
+from squad.events.view import LiveView, ViewState
 from squad.recipes import load_recipe, run_recipe, step_table
+from squad.runtime.agent import Agent
+from squad.runtime.outcome import Outcome, marked, outcome_of, worst
 from squad.runtime.results import AgentResult
 from squad.runtime.squad import Squad
-from squad.events.summary import summarize
 from squad.testing import FakeEngine, Reply, ScriptedEngine
-from squad.events.view import LiveView, ViewState
 
 pytestmark = pytest.mark.anyio
 
@@ -167,7 +167,8 @@ async def test_a_step_setting_overrides_the_recipes(tmp_path):
 
 
 @pytest.mark.parametrize("setting, where, field, message", [
-    ("non_answers: {truncated: maybe}", "recipe", "non_answers.truncated", "use 'accept', 'mark' or 'fail', got 'maybe'"),
+    ("non_answers: {truncated: maybe}", "recipe", "non_answers.truncated",
+     "use 'accept', 'mark' or 'fail', got 'maybe'"),
     ("non_answers: {truncted: fail}", "step", "flow[0].non_answers.truncted",
      "unknown key 'truncted'; did you mean 'truncated'?"),
     ("non_answers: {failed: mark}", "step", "flow[0].non_answers.failed", "unknown key 'failed'"),
@@ -284,7 +285,8 @@ def map_engine() -> ScriptedEngine:
 async def test_map_items_are_marked_and_named_agent_i(tmp_path):
     engine, events = map_engine(), []
     run = await run_recipe(recipe_with(tmp_path, "", MAP), engine=engine, on_event=events.append)
-    assert run.steps["summaries"]["outputs"] == ["about x0.", "about x1 and [truncated at max_tokens]", "[failed: boom]"]
+    assert run.steps["summaries"]["outputs"] == ["about x0.", "about x1 and [truncated at max_tokens]",
+                                                 "[failed: boom]"]
     writer_prompt = [r.messages[-1]["content"] for r in engine.requests if who(r) == "writer"][0]
     assert "about x1 and [truncated at max_tokens]" in writer_prompt and "[failed: boom]" in writer_prompt
     [(sid, warning)] = run.warnings

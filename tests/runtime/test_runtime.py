@@ -11,14 +11,14 @@ from typing import Any
 import anyio
 import pytest
 
-from squad.runtime.agent import Agent
 from squad.errors import AgentCancelled, MentionError, UserError
 from squad.events import Event
+from squad.runtime.agent import Agent
 from squad.runtime.handback import CUT_MARK
 from squad.runtime.squad import Squad, default_workload, run_sync
-from squad.testing import FakeEngine, Reply, count_tokens
 from squad.runtime.tools import tool
 from squad.sched.workload import Call, Delegate, Parallel
+from squad.testing import FakeEngine, Reply, count_tokens
 
 pytestmark = pytest.mark.anyio
 

@@ -14,10 +14,10 @@ import anyio
 import httpx
 import pytest
 
-from squad.runtime.agent import Agent
-from squad.events import Event
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 
@@ -67,7 +67,8 @@ async def test_fan_out_beyond_slots_never_exceeds_slots_in_flight(
 ) -> None:
     events: list[Event] = []
     names = [f"s{i}" for i in range(5)]
-    async with Squad(squad_of(names), engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
+    async with Squad(squad_of(names),
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
                      on_event=events.append) as sq:
         assert sq.info.slots == 2
         seen: list[int] = []
@@ -94,7 +95,8 @@ async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
     import signal
 
     events: list[Event] = []
-    async with Squad(squad_of(["alpha"]), engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
+    async with Squad(squad_of(["alpha"]),
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
                      on_event=events.append) as sq:
         first = await sq.run_agent("alpha", "Say hello.")
         plan_before, old_pid = sq.session.plan, sq.session.launcher.pid
@@ -115,7 +117,8 @@ async def test_prompts_are_counted_locally_and_match_the_engines_usage(
 ) -> None:
     """On a launched engine every prompt is counted with the model's own tokenizer (no round
     trip), and what admission reserved is exactly the engine's prompt count + max_tokens."""
-    text = "Review this:\n" + Path(__file__).read_text()[:1500].replace("@", "(at)") + "\nnaïve café 한국어 🙂 {\"k\": 1} ops@example.org"
+    text = ("Review this:\n" + Path(__file__).read_text()[:1500].replace("@", "(at)")
+            + "\nnaïve café 한국어 🙂 {\"k\": 1} ops@example.org")
     agents = [a.model_copy(update={"budget": 2048}) for a in squad_of(["security", "style"])]
     seen: list[Event] = []
     async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),

@@ -15,15 +15,15 @@ import pytest
 from rich.console import Console
 
 from squad import Agent, Squad
-from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH
 from squad.chat import ChatResult, ToolCall
 from squad.errors import RecipeError, UserError
 from squad.events import ToolLimited
-from squad.recipes import load_recipe, run_recipe
-from squad.events.summary import summarize
-from squad.testing import ScriptedEngine
 from squad.events.jsonl import JsonlTrace, load_trace
+from squad.events.summary import summarize
 from squad.events.view import LiveView
+from squad.recipes import load_recipe, run_recipe
+from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH
+from squad.testing import ScriptedEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from squad.runtime.agent import Agent
 from squad.chat import ChatResult, ToolCall
 from squad.errors import ToolResultTooLarge
 from squad.events import ToolTruncated
-from squad.mcp import MCPServer
-from squad.runtime.squad import Squad
 from squad.events.summary import summarize
+from squad.events.view import ViewState
+from squad.mcp import MCPServer
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
+from squad.runtime.toolroom import CUT_MARK
+from squad.runtime.tools import tool
 from squad.testing import FakeEngine, Reply, ScriptedEngine
 from squad.testing.counting import count_tokens
-from squad.runtime.tools import tool
-from squad.runtime.toolroom import CUT_MARK
-from squad.events.view import ViewState
 
 pytestmark = pytest.mark.anyio
 SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
@@ -128,7 +128,8 @@ async def test_several_results_of_one_round_share_the_room():
     SIZE["n"] = 20_000
     events = []
     async with FakeEngine(slots=1, n_ctx=8192) as fe:
-        fe.script(Reply(tool_calls=[{"name": "fetch", "arguments": '{"page": "a"}'}, {"name": "short", "arguments": "{}"},
+        fe.script(Reply(tool_calls=[{"name": "fetch", "arguments": '{"page": "a"}'},
+                                    {"name": "short", "arguments": "{}"},
                                     {"name": "fetch", "arguments": '{"page": "b"}'}]), Reply(content="done"))
         agent = Agent(name="reader", tools=["fetch", "short"], budget=1024, max_tokens=32)
         async with Squad([agent], engine=fe.info, tools=[fetch, short], on_event=events.append) as sq:

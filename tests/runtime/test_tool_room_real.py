@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from squad.runtime.agent import Agent
-from squad.events import CallFinished, Event, ToolTruncated
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import CallFinished, Event, ToolTruncated
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.runtime.tools import tool
 
 pytestmark = [pytest.mark.engine]

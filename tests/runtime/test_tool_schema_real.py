@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from squad.runtime.agent import Agent
-from squad.events import Event
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.runtime.tools import tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]

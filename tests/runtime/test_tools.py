@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from enum import Enum
 from types import SimpleNamespace
-from typing import Annotated, Callable, Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import anyio
 import pytest

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from squad.runtime.agent import Agent
 from squad.engine.chat_templates import CHATML_TOOLS
-from squad.events import Event
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.runtime.tools import tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from squad.sched.admission import Admission
 from squad.errors import AdmissionError
 from squad.events import Event
+from squad.sched.admission import Admission
 
 pytestmark = pytest.mark.anyio
 

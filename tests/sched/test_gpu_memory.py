@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from squad.sched import memory as machine
-from squad.errors import UserError
-from squad.sched.memory import GPU_MARGIN, GpuDevice, gpu_devices, kv_memory
 from squad.engine.session import EngineSpec, plan_engine
+from squad.errors import UserError
+from squad.sched import memory as machine
+from squad.sched.memory import GPU_MARGIN, GpuDevice, gpu_devices, kv_memory
 from squad.sched.workload import Call, Parallel
 
 GIB = 2**30

@@ -11,15 +11,14 @@ so the test pins that it stays within 2% and prints the difference.
 
 from __future__ import annotations
 
-
 import anyio
 import pytest
-from launch_support import engine_kv_bytes
 
+from launch_support import engine_kv_bytes
 from squad.engine.launcher import Launcher
 from squad.engine.registry import resolve_model
-from squad.errors import SquadError
 from squad.engine.session import EngineSpec, plan_engine
+from squad.errors import SquadError
 
 pytestmark = pytest.mark.engine
 

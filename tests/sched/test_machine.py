@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from squad.sched import memory as machine
 from squad.errors import UserError
+from squad.sched import memory as machine
 
 
 @pytest.mark.parametrize("text, value", [

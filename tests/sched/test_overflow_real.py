@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.client import EngineClient
 from squad.engine.launcher import Launcher
 from squad.engine.llama import CONTEXT_EXCEEDED
 from squad.events import Event, Origin
+from squad.sched.admission import Admission
 from squad.sched.planner import EnginePlan
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]

@@ -18,9 +18,9 @@ from squad.sched.planner import (
     DEFAULT_SLOTS,
     MAX_SLOTS,
     EnginePlan,
+    PlanFacts,
     check_attached,
     plan,
-    PlanFacts,
     plan_for_replan,
     round_ctx,
 )

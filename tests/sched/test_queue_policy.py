@@ -6,11 +6,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from squad.sched.admission import Admission
+from squad.engine.session import EngineSpec
 from squad.errors import UserError
 from squad.events import Origin
+from squad.sched.admission import Admission
 from squad.sched.policy import BackfillQueue, FifoQueue, ProgramQueue, queue_policy
-from squad.engine.session import EngineSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -120,27 +120,32 @@ async def test_program_policy_serves_the_program_with_least_service_first():
 
 async def test_priority_still_comes_first_under_every_policy():
     for name in ("fifo", "backfill", "program"):
-        adm = Admission(slots=1, pool=1000, queue=name)
-        order: list[str] = []
-        gate = anyio.Event()
+        assert await _admitted_after_a_holder(name) == ["main", "sub"], name
 
-        async def holder() -> None:
-            async with adm.reserve(10, agent="holder"):
-                await gate.wait()
 
-        async def call(agent: str, priority: int) -> None:
-            async with adm.reserve(10, agent=agent, priority=priority):
-                order.append(agent)
+async def _admitted_after_a_holder(queue: str) -> list[str]:
+    """A holder of the one slot, then ``sub`` (priority 1), then ``main`` (priority 0): the order they got in."""
+    adm = Admission(slots=1, pool=1000, queue=queue)
+    order: list[str] = []
+    gate = anyio.Event()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(holder)
-            await anyio.sleep(0.01)
-            tg.start_soon(call, "sub", 1)
-            await anyio.sleep(0.005)
-            tg.start_soon(call, "main", 0)
-            await anyio.sleep(0.02)
-            gate.set()
-        assert order == ["main", "sub"], name
+    async def holder() -> None:
+        async with adm.reserve(10, agent="holder"):
+            await gate.wait()
+
+    async def call(agent: str, priority: int) -> None:
+        async with adm.reserve(10, agent=agent, priority=priority):
+            order.append(agent)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        await anyio.sleep(0.01)
+        tg.start_soon(call, "sub", 1)
+        await anyio.sleep(0.005)
+        tg.start_soon(call, "main", 0)
+        await anyio.sleep(0.02)
+        gate.set()
+    return order
 
 
 async def test_cancelled_waiter_leaves_every_policy_cleanly():

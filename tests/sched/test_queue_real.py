@@ -12,13 +12,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from squad.sched.admission import Admission
 from squad.chat import ChatRequest
 from squad.chat.client import EngineClient
 from squad.engine.launcher import Launcher
-from squad.events import Event, Origin
-from squad.sched.planner import EnginePlan
 from squad.engine.session import EngineSpec
+from squad.events import Event, Origin
+from squad.sched.admission import Admission
+from squad.sched.planner import EnginePlan
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

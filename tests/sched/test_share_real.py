@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from squad.runtime.agent import Agent
-from squad.events import CallAdmitted, Event
-from squad.runtime.squad import Squad
 from squad.engine.session import EngineSpec
+from squad.events import CallAdmitted, Event
+from squad.runtime.agent import Agent
+from squad.runtime.squad import Squad
 from squad.sched.share import arrange
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]

@@ -4,7 +4,7 @@ the scripted engine. Admission keeps the books; the policy only picks."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import anyio
 import pytest

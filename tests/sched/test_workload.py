@@ -4,7 +4,18 @@ import math
 
 import pytest
 
-from squad.sched.workload import Call, Delegate, Map, Parallel, Sequence, Stage, calls, peak_concurrency, peak_context, stages
+from squad.sched.workload import (
+    Call,
+    Delegate,
+    Map,
+    Parallel,
+    Sequence,
+    Stage,
+    calls,
+    peak_concurrency,
+    peak_context,
+    stages,
+)
 
 lead, sec, style, tests_ = (Call(n, 4096) for n in ("lead", "security", "style", "tests"))
 big = Call("big", 8000)

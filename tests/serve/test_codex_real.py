@@ -15,6 +15,7 @@ import time
 
 import httpx
 import pytest
+
 from serve_support import NPM_PREFIX, npm_cli, squad_serve
 
 pytestmark = pytest.mark.engine

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpx
@@ -188,7 +189,8 @@ def test_litellm(served):
     chunks = list(litellm.completion(messages=asked, stream=True, **common))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}},
                                                               "required": ["city"]}}}]
     messages = [{"role": "user", "content": ASK}]
     first = litellm.completion(messages=messages, tools=tools, tool_choice="required", **common).choices[0].message

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
+from squad.engine.session import EngineSpec
 from squad.serve import DEFAULT_MAX_TOKENS, serving
 from squad.serve.demand import Refused, demand_for, read_max_tokens
-from squad.engine.session import EngineSpec
 from squad.testing import FakeEngine, count_tokens
 
 pytestmark = pytest.mark.anyio
@@ -210,8 +210,8 @@ async def test_fifo_within_priority_and_lower_first():
                 async with holding(client, "first"):  # the one slot, until every other request is queued
                     for tag, priority in (("low-a", 5), ("high-a", 1), ("low-b", 5), ("high-b", 1), ("plain", None)):
                         tg.start_soon(send, tag, priority)
-                        await wait_for(lambda n=len(served.gateway.admission.queued) + 1:
-                                       len(served.gateway.admission.queued) == n)
+                        queued = len(served.gateway.admission.queued) + 1
+                        await wait_for(lambda n=queued: len(served.gateway.admission.queued) == n)
             order = [r["messages"][0]["content"] for r in fe.requests]
     assert order == ["first", "plain", "high-a", "high-b", "low-a", "low-b"]
     bad = None
@@ -337,7 +337,8 @@ async def test_status_shows_slots_pool_queue_and_per_client_counts():
             async with anyio.create_task_group() as tg:
                 async with holding(client, "w0 w1", {"X-Squad-Client": "alice"}):  # leaves before it ends
                     for who in ("bob", "bob"):
-                        tg.start_soon(lambda who=who: client.post("/v1/chat/completions", headers={"X-Squad-Client": who},
+                        tg.start_soon(lambda who=who: client.post("/v1/chat/completions",
+                                                                  headers={"X-Squad-Client": who},
                                                                  json={"messages": ask(2), "max_tokens": 10}))
                     await wait_for(lambda: len(served.gateway.admission.queued) == 2)
                     status = (await client.get("/squad/status")).json()
@@ -460,7 +461,8 @@ def test_a_streamed_answer_is_put_together_as_the_answer_not_streamed():
 
     assert streamed_upstream({"messages": [], "stream": False}) == {
         "messages": [], "stream": True, "stream_options": {"include_usage": True}}
-    head = {"id": "chatcmpl-1", "created": 7, "model": "m", "system_fingerprint": "b0", "object": "chat.completion.chunk"}
+    head = {"id": "chatcmpl-1", "created": 7, "model": "m", "system_fingerprint": "b0",
+            "object": "chat.completion.chunk"}
     lines = [
         {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"role": "assistant", "content": None}}]},
         {**head, "choices": [{"index": 0, "finish_reason": None, "delta": {"reasoning_content": "hm"}}]},
@@ -488,7 +490,8 @@ def test_a_streamed_answer_is_put_together_as_the_answer_not_streamed():
     for piece, reason in (("Once", None), (" upon", "length")):
         text.chunk({"id": "cmpl-2", "object": "text_completion", "choices": [
             {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}]})
-    assert text.answer()[1]["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]
+    assert text.answer()[1]["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None,
+                                            "finish_reason": "length"}]
 
     broken = Assembly()
     broken.line('data: {"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}')
@@ -507,7 +510,8 @@ def test_responses_and_messages_streams_are_put_together_as_their_answers_not_st
             "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}}
     responses = assembly_for("responses")
     for event in ({"type": "response.created", "response": {**done, "status": "in_progress", "output": []}},
-                  {"type": "response.output_text.delta", "delta": "Hi"}, {"type": "response.completed", "response": done}):
+                  {"type": "response.output_text.delta", "delta": "Hi"},
+                  {"type": "response.completed", "response": done}):
         responses.line(f"data: {json.dumps(event)}")
     assert responses.done and responses.answer() == (200, {**done, "completed_at": 9})
 

@@ -8,11 +8,11 @@ import anyio
 import httpx
 import pytest
 
+from squad.engine.session import EngineSpec
 from squad.serve import serving
 from squad.serve.apis import client_field, prepare
 from squad.serve.demand import Refused, read_max_tokens
 from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
-from squad.engine.session import EngineSpec
 from squad.testing import FakeEngine
 
 PREFIX = "<tool_call>\n"
@@ -23,7 +23,8 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def test_chat_required_is_prefilled_and_a_named_tool_is_required_alone():
-    body = {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}
+    body = {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required",
+            "response_format": {"type": "json_object"}}
     sent = force_chat(body, PREFIX)
     assert sent["messages"][-1] == {"role": "assistant", "content": PREFIX}
     assert "response_format" not in sent  # its grammar would win over the call
@@ -32,7 +33,8 @@ def test_chat_required_is_prefilled_and_a_named_tool_is_required_alone():
                         "tool_choice": {"type": "function", "function": {"name": "b"}}}, PREFIX)
     assert named["tool_choice"] == "required" and [t["function"]["name"] for t in named["tools"]] == ["b"]
     assert named["messages"][-1]["content"] == PREFIX
-    for unchanged in ({"messages": USER, "tools": CHAT_TOOLS}, {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "auto"},
+    for unchanged in ({"messages": USER, "tools": CHAT_TOOLS},
+                      {"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "auto"},
                       {"messages": USER, "tool_choice": "required"}):
         assert force_chat(unchanged, PREFIX) == unchanged
     no_template = force_chat({"messages": USER, "tools": CHAT_TOOLS, "tool_choice": "required"}, None)
@@ -41,30 +43,37 @@ def test_chat_required_is_prefilled_and_a_named_tool_is_required_alone():
 
 def test_a_named_tool_not_offered_is_a_400_naming_the_offered_ones():
     with pytest.raises(Refused) as got:
-        force_chat({"messages": USER, "tools": CHAT_TOOLS, "tool_choice": {"type": "function", "function": {"name": "z"}}},
+        force_chat({"messages": USER, "tools": CHAT_TOOLS,
+                    "tool_choice": {"type": "function", "function": {"name": "z"}}},
                    PREFIX)
     assert got.value.status == 400 and "'z'" in got.value.body["error"]["message"]
     assert "a, b" in got.value.body["error"]["message"]
 
 
 def test_responses_forcing_and_text_format():
-    sent = force_responses({"input": "hi", "tools": RESP_TOOLS, "tool_choice": {"type": "function", "name": "a"}}, PREFIX)
+    sent = force_responses({"input": "hi", "tools": RESP_TOOLS, "tool_choice": {"type": "function", "name": "a"}},
+                           PREFIX)
     assert sent["tool_choice"] == "required" and [t["name"] for t in sent["tools"]] == ["a"]
     assert sent["input"] == [{"role": "user", "content": "hi"},
-                             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": PREFIX}]}]
+                             {"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": PREFIX}]}]
     after_call = [{"role": "user", "content": "hi"},
                   {"type": "function_call", "call_id": "c1", "name": "a", "arguments": "{}"}]
-    assert force_responses({"input": after_call, "tools": RESP_TOOLS, "tool_choice": "required"}, PREFIX)["input"] == after_call
+    assert force_responses({"input": after_call, "tools": RESP_TOOLS, "tool_choice": "required"},
+                           PREFIX)["input"] == after_call
     schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
-    fmt = force_responses({"input": "hi", "text": {"format": {"type": "json_schema", "name": "X", "schema": schema}}}, None)
-    assert fmt["response_format"] == {"type": "json_schema", "json_schema": {"name": "X", "schema": schema, "strict": True}}
+    fmt = force_responses({"input": "hi", "text": {"format": {"type": "json_schema", "name": "X", "schema": schema}}},
+                          None)
+    assert fmt["response_format"] == {"type": "json_schema",
+                                      "json_schema": {"name": "X", "schema": schema, "strict": True}}
     assert force_responses({"input": "hi", "text": {"format": {"type": "json_object"}}}, None)["response_format"] == \
         {"type": "json_object"}
     plain = {"input": "hi", "text": {"format": {"type": "text"}}}
     assert prepare(plain, "responses", PREFIX) is plain
 
 
-CUT_CALLS = [{"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}},
+CUT_CALLS = [{"id": "a", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}},
              {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}},
              {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '["Paris"]'}},
              {"id": "d", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
@@ -167,7 +176,8 @@ async def test_a_queued_stream_starts_early_and_keeps_its_connection_alive(monke
 
                         async def second() -> None:
                             stream = await sdk.chat.completions.create(model="x", messages=USER, max_tokens=5,
-                                                                       stream=True, extra_headers={"X-Squad-Client": "late"})
+                                                                       stream=True,
+                                                                       extra_headers={"X-Squad-Client": "late"})
                             got.extend([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
                         tg.start_soon(second)

@@ -331,7 +331,8 @@ def test_structured_output_for_chat_and_responses(served):
 @pytest.mark.timeout(900)
 def test_a_burst_of_responses_and_messages_overflows_directly_and_completes_through_serve(served):
     """Eight streams (four Responses, four Messages), each ~650 prompt tokens + 48 generated
-    (ignore_eos; a Messages answer that ends its turn before is whole too): four at once need more than the 2,048-token pool."""
+    (ignore_eos; a Messages answer that ends its turn before is whole too): four at once need more than the 2,048-token
+    pool."""
     url, pid = served
     engine, engine_key = engine_of(url, pid)
 

@@ -16,7 +16,6 @@ import pytest
 
 from serve_support import squad_serve
 
-
 pytestmark = pytest.mark.engine
 
 KEY = "serve-test-key-0123456789abcdef"
@@ -59,7 +58,8 @@ def test_the_openai_sdk_streams_and_completes_through_serve(served):
 def test_no_key_no_answer_and_it_listens_on_loopback_only(served):
     url, pid = served
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        r = httpx.post(url + "/v1/chat/completions", headers=headers, json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(url + "/v1/chat/completions", headers=headers,
+                       json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 401
     listening = [c.laddr for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_LISTEN]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)

@@ -2,8 +2,9 @@
 and a list of prompts.
 
 - 100 clients, half streaming, disconnect at once: the engine's own ``/slots`` shows every slot
-  idle within 2 s (plus three of its decode steps on a machine so loaded that one step is slow), squad's books never show a slot free that the engine still uses, and a burst
-  afterwards that fills the pool exactly finishes without ``Context size has been exceeded``.
+  idle within 2 s (plus three of its decode steps on a machine so loaded that one step is slow), squad's books never
+  show a slot free that the engine still uses, and a burst afterwards that fills the pool exactly finishes without
+  ``Context size has been exceeded``.
 - One non-streamed request whose client leaves (chat, Responses, Messages): squad keeps it reserved
   until the engine let go, and the engine lets go within the same 2 s.
 - ``/v1/completions`` with a list of prompts (and ``n``), streamed and not: one reservation per

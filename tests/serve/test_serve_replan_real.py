@@ -10,8 +10,8 @@ import anyio
 import httpx
 import pytest
 
-from squad.serve.server import serving
 from squad.engine.session import EngineSpec
+from squad.serve.server import serving
 
 pytestmark = [pytest.mark.engine, pytest.mark.anyio]
 

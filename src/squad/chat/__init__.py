@@ -14,8 +14,9 @@ Implementations:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from squad.events import Origin
 
@@ -138,7 +139,7 @@ class ChatEngine(Protocol):
     """
 
     @property
-    def engine(self) -> "EngineInfo": ...
+    def engine(self) -> EngineInfo: ...
 
     async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int: ...
 

@@ -16,7 +16,8 @@ deadlines allow for the endpoint's queue.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, AsyncContextManager
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -51,8 +52,8 @@ class AdmittedChatEngine(WrapperChatEngine):
     """
 
     def __init__(self, inner: ChatEngine, admission: Admission | None, *, counter: PromptCounter,
-                 slots: EngineSlots, http: "Callable[[], httpx.AsyncClient]",
-                 messages: "Callable[[ChatRequest], list[dict[str, Any]]]",
+                 slots: EngineSlots, http: Callable[[], httpx.AsyncClient],
+                 messages: Callable[[ChatRequest], list[dict[str, Any]]],
                  on_event: EventSink | None = None) -> None:
         super().__init__(inner)
         self.admission, self.counter, self.slots = admission, counter, slots
@@ -93,7 +94,7 @@ class AdmittedChatEngine(WrapperChatEngine):
                 self.on_event(EngineWarning(engine=engine.base_url, warning=warning))
         return result
 
-    def _reserve(self, call: Call, need: int, shared: int) -> AsyncContextManager[Reservation]:
+    def _reserve(self, call: Call, need: int, shared: int) -> AbstractAsyncContextManager[Reservation]:
         req = call.request
         if self.admission is None:
             return contextlib.nullcontext(Reservation(req.origin, need, call=call.id))

@@ -27,7 +27,7 @@ __all__ = ["Call", "call_for", "opened", "emit"]
 _IDS = itertools.count(1)
 """Call ids are unique in the process: ``c1``, ``c2``, ..."""
 
-_CURRENT: ContextVar["Call | None"] = ContextVar("squad_chat_call", default=None)
+_CURRENT: ContextVar[Call | None] = ContextVar("squad_chat_call", default=None)
 
 
 @dataclass(eq=False)
@@ -49,7 +49,7 @@ class Call:
     # -- the current attempt, set by the admitted layer, read by the transport -----------------
     prompt: int | None = None
     """Counted prompt tokens (None: not counted yet)."""
-    admission: "Admission | None" = None
+    admission: Admission | None = None
     """The admission that reserved this attempt (None: none, or the endpoint admits on its own)."""
     upstream: bool = False
     """The endpoint admits on its own (squad serve): it is told who asks, and may queue the request."""

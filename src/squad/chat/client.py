@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.admitted import AdmittedChatEngine
@@ -68,14 +69,14 @@ class EngineClient(WrapperChatEngine):
         self,
         engine: EngineInfo,
         *,
-        admission: "Admission | None | Literal['auto']" = "auto",
+        admission: Admission | None | Literal['auto'] = "auto",
         request_timeout: float | None = None,
         on_event: EventSink | None = None,
         restart: Callable[[], Awaitable[EngineInfo]] | None = None,
         gone_reason: Callable[[], Awaitable[str | None]] | None = None,
         load_deadline: float = 120.0,
         max_attempts: int = 3,
-        counter: "TokenCounter | None | Literal['auto']" = "auto",
+        counter: TokenCounter | None | Literal['auto'] = "auto",
         deadlines: Deadlines | None = None,
     ) -> None:
         policy = deadlines or Deadlines()
@@ -165,7 +166,7 @@ class EngineClient(WrapperChatEngine):
         """True if the engine answers ``/health`` at all within ``probes`` tries."""
         return await self.transport.engine_up(probes)
 
-    async def __aenter__(self) -> "EngineClient":
+    async def __aenter__(self) -> EngineClient:
         return self
 
     # -- calls --------------------------------------------------------------------------------

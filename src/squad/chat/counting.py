@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Literal
+from typing import Literal
 
 import anyio
 
@@ -85,7 +86,7 @@ class PromptCounter:
     """
 
     def __init__(self, model_path: str, remote: Remote,
-                 local: "TokenCounter | None | Literal['auto']" = "auto", *, template: str | None = None) -> None:
+                 local: TokenCounter | None | Literal['auto'] = "auto", *, template: str | None = None) -> None:
         self.model_path, self._remote, self._local_arg = model_path, remote, local
         self.template = template
         self._id_length = call_id_length(template)
@@ -97,7 +98,7 @@ class PromptCounter:
         """How many counts had to ask the engine."""
 
     @property
-    def local(self) -> "TokenCounter | None":
+    def local(self) -> TokenCounter | None:
         """The local counter in use (after :meth:`prepare`), or None."""
         return self._local
 
@@ -111,7 +112,7 @@ class PromptCounter:
                 self._local = await anyio.to_thread.run_sync(self._find_local)
                 self._ready = True
 
-    def _find_local(self) -> "TokenCounter | None":
+    def _find_local(self) -> TokenCounter | None:
         if self._local_arg != "auto":
             return self._local_arg
         path = Path(self.model_path) if self.model_path else None

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import anyio
 
@@ -175,7 +176,7 @@ class EngineDeadlines:
         """True once the engine sent a ``prompt_progress`` chunk (then a batch, not the whole
         prompt, is the longest silence before the first token)."""
 
-    def watch(self, prompt: int, max_tokens: int, *, queued_upstream: bool = False) -> "CallWatch":
+    def watch(self, prompt: int, max_tokens: int, *, queued_upstream: bool = False) -> CallWatch:
         """The watch for one attempt of ``prompt`` counted tokens and ``max_tokens``.
         ``queued_upstream``: the endpoint admits on its own (squad serve) and may hold the request
         in its queue before answering, so the derived deadlines count from its answer."""
@@ -183,16 +184,16 @@ class EngineDeadlines:
 
     def _changed(self) -> None:
         for w in self.active:
-            w._arm()
+            w._arm()  # noqa: SLF001 - same module: the engine re-arms its watches
 
-    def _entered(self, watch: "CallWatch") -> None:
+    def _entered(self, watch: CallWatch) -> None:
         self.active.add(watch)
         if len(self.active) == 2:  # the first one is shared from now on
             self._changed()
         else:
-            watch._arm()
+            watch._arm()  # noqa: SLF001 - same module: the engine re-arms its watches
 
-    def _left(self, watch: "CallWatch") -> None:
+    def _left(self, watch: CallWatch) -> None:
         self.active.discard(watch)
         if len(self.active) == 1:  # the one left is alone again
             self._changed()
@@ -297,7 +298,7 @@ class CallWatch:
         self.progress_chunks += 1
         if not self.engine.reports_progress:  # a batch, not the whole prompt, bounds every window now
             self.engine.reports_progress = True
-            self.engine._changed()
+            self.engine._changed()  # noqa: SLF001 - same module: a watch tells its engine
         if total > 0:
             self.prompt = total
         self.cache, self.processed = cache, max(self.processed, processed)
@@ -329,10 +330,10 @@ class CallWatch:
 
     # -- the context manager ----------------------------------------------------------------
 
-    def __enter__(self) -> "CallWatch":
+    def __enter__(self) -> CallWatch:
         self.scope = anyio.CancelScope()
         self.scope.__enter__()
-        self.engine._entered(self)
+        self.engine._entered(self)  # noqa: SLF001 - same module: a watch tells its engine
         return self
 
     def _passed(self, now: float) -> str | None:
@@ -345,7 +346,7 @@ class CallWatch:
 
     def __exit__(self, *exc: Any) -> bool:
         self.fired = self._passed(self.engine.clock())
-        self.engine._left(self)
+        self.engine._left(self)  # noqa: SLF001 - same module: a watch tells its engine
         assert self.scope is not None
         swallowed = bool(self.scope.__exit__(*exc))
         if not self.scope.cancelled_caught:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import httpx

@@ -14,21 +14,22 @@ Design: docs/design/routing.md
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import anyio
 from anyio.abc import AsyncResource
 
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.engine.info import EngineInfo
-from squad.sched.plan import EnginePlan
+from squad.engine.session import EngineSession, EngineSpec
 from squad.engine.urls import engine_key
 from squad.errors import EngineGone, EngineLost, TruncatedStream, UserError
 from squad.events import CallMoved, EngineWarning, Event, EventSink, emit_to
 from squad.events import EngineLost as EngineLostEvent
-from squad.engine.session import EngineSession, EngineSpec
+from squad.sched.plan import EnginePlan
 from squad.sched.workload import Call, Node
 
 __all__ = ["EngineGroup", "Router", "combined", "engine_key", "check_distinct"]  # engine_key: squad.engine.urls
@@ -350,7 +351,7 @@ class EngineGroup(AsyncResource):
     async def replan(self, concurrent: Iterable[Call], *, why: str = "") -> bool:
         return False
 
-    async def __aenter__(self) -> "EngineGroup":
+    async def __aenter__(self) -> EngineGroup:
         failed: list[BaseException] = []
 
         async def open_one(session: EngineSession) -> None:

@@ -20,16 +20,18 @@ running, it stops at its next write), else :data:`ENGINE_NOTICE_S` after the clo
 the engine had not picked up yet is picked up and stopped within it). An engine without
 ``/slots`` (vLLM, Ollama, SGLang, ...) gets :data:`ENGINE_NOTICE_S`. One that never shows the
 slot free (another program uses it directly) is given up on after :data:`SETTLE_TIMEOUT`
-(:data:`CALL_SETTLE_TIMEOUT` for squad's own client) with an ``engine.warning``. An engine that stopped answering holds nothing.
+(:data:`CALL_SETTLE_TIMEOUT` for squad's own client) with an ``engine.warning``. An engine that stopped answering holds
+nothing.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -135,7 +137,7 @@ class Ending:
 
 
 @asynccontextmanager
-async def until_engine_free(admission: "Admission | None", reservation: "Reservation", slots: EngineSlots | None, *,
+async def until_engine_free(admission: Admission | None, reservation: Reservation, slots: EngineSlots | None, *,
                             on_event: EventSink | None = None, timeout: float = SETTLE_TIMEOUT,
                             ) -> AsyncIterator[Ending]:
     """Use inside ``async with admission.reserve(...) as reservation:`` around the request; tell
@@ -154,7 +156,7 @@ async def until_engine_free(admission: "Admission | None", reservation: "Reserva
                 await _settle(admission, reservation, slots, ending, on_event, timeout)
 
 
-async def _settle(admission: "Admission", reservation: "Reservation", slots: EngineSlots, ending: Ending,
+async def _settle(admission: Admission, reservation: Reservation, slots: EngineSlots, ending: Ending,
                   on_event: EventSink | None, timeout: float) -> None:
     reservation.settling = True
     closed = time.monotonic()

@@ -23,7 +23,8 @@ before the first token is :class:`EngineGone` (safe to resend), after it a trunc
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import openai
 

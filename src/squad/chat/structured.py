@@ -63,7 +63,7 @@ class OutputSchema:
     adapter: Any = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, spec: "OutputSchema | type | dict[str, Any] | Any") -> "OutputSchema":
+    def of(cls, spec: OutputSchema | type | dict[str, Any] | Any) -> OutputSchema:
         """An :class:`OutputSchema` from a pydantic model class or other type pydantic can
         validate, or a JSON schema dict. Raises :class:`~squad.errors.UserError` for a dict
         that is not a valid JSON schema or a type pydantic cannot make a schema for."""
@@ -75,7 +75,8 @@ class OutputSchema:
             try:
                 jsonschema.validators.validator_for(spec).check_schema(spec)
             except jsonschema.SchemaError as exc:
-                raise UserError(f"the output schema is not a valid JSON schema: {exc.message}; fix the schema") from None
+                raise UserError("the output schema is not a valid JSON schema: "
+                                f"{exc.message}; fix the schema") from None
             return cls(schema=spec, name=_name(str(spec.get("title") or "answer")))
         if not _is_type(spec):  # never a string: pydantic would evaluate it as Python code
             raise UserError(f"output_type must be a pydantic model class, a type such as list[str], or a JSON schema "
@@ -86,7 +87,8 @@ class OutputSchema:
             adapter = TypeAdapter(spec)
             schema = adapter.json_schema()
         except (PydanticSchemaGenerationError, PydanticUserError, TypeError, NameError) as exc:
-            raise UserError(f"output_type {spec!r:.80} is not a type pydantic can validate ({str(exc).splitlines()[0]}); "
+            raise UserError(f"output_type {spec!r:.80} is not a type pydantic can validate "
+                            f"({str(exc).splitlines()[0]}); "
                             "pass a pydantic model class or a JSON schema") from None
         return cls(schema=schema, name=_name(getattr(spec, "__name__", "") or "answer"), adapter=adapter)
 

@@ -66,7 +66,7 @@ class LlamaServerTransport:
     """
 
     def __init__(self, engine: EngineInfo, *, deadlines: EngineDeadlines,
-                 counter: "TokenCounter | None | Literal['auto']" = "auto", on_event: EventSink | None = None) -> None:
+                 counter: TokenCounter | None | Literal['auto'] = "auto", on_event: EventSink | None = None) -> None:
         self.deadlines, self.on_event = deadlines, on_event
         self._engine = engine
         self._template = (engine.call_id_length, engine.tool_call_prefix)

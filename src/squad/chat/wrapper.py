@@ -32,7 +32,7 @@ class WrapperChatEngine:
         self.inner = inner
 
     @property
-    def engine(self) -> "EngineInfo":
+    def engine(self) -> EngineInfo:
         return self.inner.engine
 
     async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
@@ -47,7 +47,7 @@ class WrapperChatEngine:
     async def aclose(self) -> None:
         await self.inner.aclose()
 
-    async def __aenter__(self) -> "WrapperChatEngine":
+    async def __aenter__(self) -> WrapperChatEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

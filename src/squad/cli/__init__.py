@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
+from squad.cli import chat as _chat  # noqa: F401
 from squad.cli import config as _config  # noqa: F401  (registers commands)
 from squad.cli import engine as _engine  # noqa: F401
 from squad.cli import launch as _launch  # noqa: F401
 from squad.cli import plan as _plan  # noqa: F401
 from squad.cli import run as _run  # noqa: F401
-from squad.cli import chat as _chat  # noqa: F401
 from squad.cli import serve as _serve  # noqa: F401
 from squad.cli import trace as _trace  # noqa: F401
 from squad.cli._app import app, main, unwrap_help

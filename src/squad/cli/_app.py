@@ -214,8 +214,8 @@ def config_model() -> str | None:
     return load_config().model
 
 
-def engine_spec(base: "EngineSpec | None" = None, *, url: str | None = None, api_key: str | None = None,
-                **overrides: Any) -> "EngineSpec":
+def engine_spec(base: EngineSpec | None = None, *, url: str | None = None, api_key: str | None = None,
+                **overrides: Any) -> EngineSpec:
     """The :class:`~squad.engine.session.EngineSpec` a command runs on: ``base`` (a recipe's
     :meth:`~squad.recipes.Recipe.engine_spec`, or the default) with the command-line
     ``overrides`` that were given (model, slots, ctx, cache types, binary, threads), then the
@@ -250,7 +250,7 @@ def _flag(key: str) -> str:
     return _FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
-def recipe_engine_specs(recipe: Any, **overrides: Any) -> list["EngineSpec"]:
+def recipe_engine_specs(recipe: Any, **overrides: Any) -> list[EngineSpec]:
     """The engines a command runs a recipe on (``squad run``, ``squad plan``): its one engine with
     the command-line ``overrides`` (:func:`engine_spec`), or, for an ``engines:`` list, one spec
     per item where an option means one thing for all of them:

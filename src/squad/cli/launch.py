@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import anyio
 import psutil
@@ -24,24 +24,24 @@ from squad.cli.engine import engine_app, progress_status
 from squad.engine.control import attach, control_client, pool_warning, read_engine
 from squad.engine.info import EngineInfo
 from squad.engine.llama import DEFAULT_SLOTS
-from squad.sched.plan import EnginePlan
 from squad.engine.process import alive, stop_pid
 from squad.engine.saved import SavedEngine, SavedPlan, load_saved_engine, save_engine, saved_engine_path
 from squad.errors import EngineGone, UserError
+from squad.sched.plan import EnginePlan
 
 __all__ = ["verify", "engine_start", "engine_stop", "engine_status"]
 
 
 @app.command("verify")
 def verify(
-    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
-    slots: Annotated[Optional[int], options.slots()] = 4,
-    ctx: Annotated[Optional[int], options.ctx()] = 8192,
-    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
-    threads: Annotated[Optional[int], options.threads()] = None,
+    model: Annotated[str | None, options.model("smollm2-135m")] = None,
+    slots: Annotated[int | None, options.slots()] = 4,
+    ctx: Annotated[int | None, options.ctx()] = 8192,
+    llama_server: Annotated[Path | None, options.llama_server()] = None,
+    threads: Annotated[int | None, options.threads()] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Tokens each request generates.")] = 48,
     as_json: Annotated[bool, options.as_json("Print a JSON report instead of tables.")] = False,
-    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
+    load_timeout: Annotated[float | None, options.load_timeout()] = None,
 ) -> None:
     """Check that the engine serves parallel slots with one shared context (the product page's test).
 
@@ -86,13 +86,13 @@ def verify(
 
 @engine_app.command("start")
 def engine_start(
-    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
-    slots: Annotated[Optional[int], options.slots()] = DEFAULT_SLOTS,
-    ctx: Annotated[Optional[int], options.ctx()] = 8192,
-    port: Annotated[Optional[int], options.port("Port on 127.0.0.1 (default: a free one).")] = None,
-    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
-    threads: Annotated[Optional[int], options.threads()] = None,
-    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
+    model: Annotated[str | None, options.model("smollm2-135m")] = None,
+    slots: Annotated[int | None, options.slots()] = DEFAULT_SLOTS,
+    ctx: Annotated[int | None, options.ctx()] = 8192,
+    port: Annotated[int | None, options.port("Port on 127.0.0.1 (default: a free one).")] = None,
+    llama_server: Annotated[Path | None, options.llama_server()] = None,
+    threads: Annotated[int | None, options.threads()] = None,
+    load_timeout: Annotated[float | None, options.load_timeout()] = None,
 ) -> None:
     """Start an engine that keeps running after this command (stop it with `squad engine stop`).
 
@@ -110,7 +110,8 @@ def engine_start(
 
     saved = load_saved_engine()
     if saved is not None and alive(saved.pid, saved.create_time):
-        raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with `squad engine stop`")
+        raise UserError(f"an engine already runs at {saved.url} (pid {saved.pid}); stop it first with "
+                        "`squad engine stop`")
     from squad.engine.facts import read_model_facts
     from squad.engine.session import with_chat_template
 
@@ -158,16 +159,19 @@ def engine_stop() -> None:
     """Stop the engine `squad engine start` left running (SIGTERM, then SIGKILL after 5 s)."""
     saved = load_saved_engine()
     if saved is None:
-        raise UserError(f"no engine to stop: {saved_engine_path()} does not exist (start one with `squad engine start`)")
+        raise UserError(f"no engine to stop: {saved_engine_path()} does not exist (start one with "
+                        "`squad engine start`)")
     stopped = stop_pid(saved.pid, create_time=saved.create_time)
     saved_engine_path().unlink(missing_ok=True)
-    console.print(f"stopped engine at {saved.url} (pid {saved.pid})" if stopped else f"engine at {saved.url} was not running")
+    console.print(f"stopped engine at {saved.url} (pid {saved.pid})" if stopped
+                  else f"engine at {saved.url} was not running")
 
 
 @engine_app.command("status")
 def engine_status(
-    url: Annotated[Optional[str], options.url("The engine's root URL (default: the one `squad engine start` left running).")] = None,
-    api_key: Annotated[Optional[str], options.api_key()] = None,
+    url: Annotated[str | None,
+                   options.url("The engine's root URL (default: the one `squad engine start` left running).")] = None,
+    api_key: Annotated[str | None, options.api_key()] = None,
     as_json: Annotated[bool, options.as_json()] = False,
 ) -> None:
     """Show what a running engine applied: slots, n_ctx, busy slots, model, build, unified KV or not."""
@@ -176,7 +180,8 @@ def engine_status(
         if saved is None:
             raise UserError("no engine given: pass --url URL, or start one with `squad engine start`")
         if not alive(saved.pid, saved.create_time):
-            raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not running; start it again")
+            raise EngineGone(f"the engine `squad engine start` left at {saved.url} (pid {saved.pid}) is not "
+                             "running; start it again")
         url, api_key = saved.url, saved.api_key
     else:
         from squad.config import api_key_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,22 +22,29 @@ __all__ = ["plan_command", "parse_agents"]
 
 @app.command("plan")
 def plan_command(
-    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe YAML file.", show_default=False)] = None,
+    recipe: Annotated[Path | None, typer.Argument(help="Recipe YAML file.", show_default=False)] = None,
     param: Annotated[list[str], options.param()] = [],  # noqa: B006
-    model: Annotated[Optional[str], options.model("the recipe's model, else smollm2-135m")] = None,
-    slots: Annotated[Optional[int], options.slots("planned from the workload")] = None,
-    ctx: Annotated[Optional[int], options.ctx("planned from the budgets")] = None,
-    ctk: Annotated[Optional[str], options.ctk()] = None,
-    ctv: Annotated[Optional[str], options.ctv()] = None,
-    gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
+    model: Annotated[str | None, options.model("the recipe's model, else smollm2-135m")] = None,
+    slots: Annotated[int | None, options.slots("planned from the workload")] = None,
+    ctx: Annotated[int | None, options.ctx("planned from the budgets")] = None,
+    ctk: Annotated[str | None, options.ctk()] = None,
+    ctv: Annotated[str | None, options.ctv()] = None,
+    gpu_layers: Annotated[str | None, options.gpu_layers()] = None,
     backend: Annotated[str, typer.Option("--backend", help="llama-server, mlx or attached.")] = "llama-server",
-    mlx_batch: Annotated[Optional[int], typer.Option("--mlx-batch", show_default=False, help="MLX max batch size (MLX only).")] = None,
-    url: Annotated[Optional[str], options.url("With --backend attached: the running engine to check the plan against.")] = None,
-    api_key: Annotated[Optional[str], options.api_key()] = None,
-    agents: Annotated[Optional[str], typer.Option("--agents", show_default=False, help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in tokens or auto).")] = None,
-    parallel: Annotated[bool, typer.Option("--parallel", help="With --agents: all at once (default: one after another).")] = False,
+    mlx_batch: Annotated[int | None,
+                         typer.Option("--mlx-batch", show_default=False, help="MLX max batch size (MLX only).")] = None,
+    url: Annotated[str | None,
+                   options.url("With --backend attached: the running engine to check the plan against.")] = None,
+    api_key: Annotated[str | None, options.api_key()] = None,
+    agents: Annotated[str | None,
+                      typer.Option("--agents", show_default=False,
+                                   help="Quick workload instead of a recipe: NAME:BUDGET,NAME:BUDGET,... (BUDGET in "
+                                        "tokens or auto).")] = None,
+    parallel: Annotated[bool, typer.Option("--parallel",
+                                           help="With --agents: all at once (default: one after another).")] = False,
     as_json: Annotated[bool, options.as_json("Print the plan as JSON.")] = False,
-    check_mcp: Annotated[bool, options.check_mcp("check the tools its agents name and count their schemas in the auto budgets")] = False,
+    check_mcp: Annotated[bool, options.check_mcp("check the tools its agents name and count their schemas in "
+                                                 "the auto budgets")] = False,
 ) -> None:
     """Plan slots and context for a recipe and show why: the concurrency timeline, KV memory
     against the memory available, warnings and the exact llama-server command line."""
@@ -152,7 +159,7 @@ def _render_sharing(recipe: Any, *, attached: bool) -> None:
             console.print("  " + escape(line), soft_wrap=True)
 
 
-def _never_fit(the_plan: "EnginePlan", rows: Any, recipe_warnings: Any = ()) -> "EnginePlan":
+def _never_fit(the_plan: EnginePlan, rows: Any, recipe_warnings: Any = ()) -> EnginePlan:
     """``the_plan`` with a warning for each step whose counted prompt + max_tokens is more than
     one request may hold (that call can never fit, whatever waits: say what to change), and
     for each map step known to have no items (:class:`~squad.recipes.model.EmptyMapWarning`)."""
@@ -190,7 +197,8 @@ def _several(specs: list[Any], workload: Node | None, *, as_json: bool, reads: A
         if spec.url is not None:
             shown.append({"engine": i, "url": spec.url, "note": "attached: its capacity is read when the run attaches"})
             continue
-        shown.append({"engine": i, "share": round(share, 4), "plan": plan_engine(spec, workload, pull=False, share=share),
+        shown.append({"engine": i, "share": round(share, 4),
+                      "plan": plan_engine(spec, workload, pull=False, share=share),
                       "binary": _binary(spec.binary)})
     if as_json:
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
@@ -219,7 +227,8 @@ def _mcp(loaded: Any, start: bool) -> None:
     names = ", ".join(s.name for s in loaded.mcp_servers)
     if not start:
         err_console.print(f"note: MCP server(s) {names} not started, so their tool schemas are not counted in the "
-                          "auto budgets (squad run counts them); pass --check-mcp to start them and count", soft_wrap=True)
+                          "auto budgets (squad run counts them); pass --check-mcp to start them and count",
+                          soft_wrap=True)
         return
     import anyio
 
@@ -294,7 +303,7 @@ def parse_agents(text: str) -> tuple[Call, ...]:
     return tuple(calls)
 
 
-def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "EnginePlan":
+def _check_engine(the_plan: EnginePlan, url: str, api_key: str | None) -> EnginePlan:
     """Read the attached engine's /props and add a warning for each way it is too small."""
     import dataclasses
 
@@ -307,7 +316,8 @@ def _check_engine(the_plan: "EnginePlan", url: str, api_key: str | None) -> "Eng
     info = anyio.run(attach, url, api_key_for(url, api_key))
     found = check_attached(the_plan, info.slots, info.n_ctx, kv_unified=info.kv_unified)
     reason = f"attached engine at {url}: {info.slots} slot(s), context {info.n_ctx:,} per slot"
-    return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,), warnings=the_plan.warnings + tuple(found))
+    return dataclasses.replace(the_plan, reasons=the_plan.reasons + (reason,),
+                               warnings=the_plan.warnings + tuple(found))
 
 
 def _binary(given: str | Path | None) -> str:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import anyio
 import typer
 
 from squad.cli import options
-from squad.cli._app import (app, collect_params, config_model, console, engine_spec, err_console,
-                            recipe_engine_specs)
+from squad.cli._app import app, collect_params, config_model, console, engine_spec, err_console, recipe_engine_specs
 from squad.cli.run_report import esc, json_errors, keep_finished, print_result
 from squad.errors import RecipeError, UserError
 
@@ -88,27 +87,47 @@ def _check_mcp(loaded: Any) -> list[str]:
 def run_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)],
     param: Annotated[list[str], options.param("Parameter")] = [],  # noqa: B006
-    model: Annotated[Optional[str], options.model("the recipe's model")] = None,
-    slots: Annotated[Optional[int], options.slots("planned from the recipe's flow")] = None,
-    ctx: Annotated[Optional[int], options.ctx("planned from the recipe's budgets")] = None,
-    ctk: Annotated[Optional[str], options.ctk()] = None,
-    ctv: Annotated[Optional[str], options.ctv()] = None,
-    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
+    model: Annotated[str | None, options.model("the recipe's model")] = None,
+    slots: Annotated[int | None, options.slots("planned from the recipe's flow")] = None,
+    ctx: Annotated[int | None, options.ctx("planned from the recipe's budgets")] = None,
+    ctk: Annotated[str | None, options.ctk()] = None,
+    ctv: Annotated[str | None, options.ctv()] = None,
+    llama_server: Annotated[Path | None, options.llama_server()] = None,
     url: Annotated[list[str], options.url("Attach to the engine at this URL instead of launching one; repeat it "
                                           "to spread the agents over several engines.")] = [],  # noqa: B006
-    api_key: Annotated[Optional[str], options.api_key()] = None,
-    threads: Annotated[Optional[int], options.threads()] = None,
-    gpu_layers: Annotated[Optional[str], options.gpu_layers()] = None,
+    api_key: Annotated[str | None, options.api_key()] = None,
+    threads: Annotated[int | None, options.threads()] = None,
+    gpu_layers: Annotated[str | None, options.gpu_layers()] = None,
     as_json: Annotated[bool, options.as_json("Print output, steps and per-agent stats as JSON.")] = False,
-    out: Annotated[Optional[Path], options.out("Also write the final output to this file (checked before the engine starts).")] = None,
+    out: Annotated[Path | None,
+                   options.out("Also write the final output to this file (checked before the engine starts).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live view, no summary: only the output.")] = False,
-    trace: Annotated[Optional[Path], typer.Option("--trace", show_default=False, help="Write the run trace (JSONL) to this file (default: a new file in the traces folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
-    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
-    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
-    queue: Annotated[Optional[str], options.queue()] = None,
-    otel: Annotated[bool, typer.Option("--otel", help="Also export the run as OpenTelemetry spans (GenAI conventions; needs squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), configured by the standard OTEL_* variables.")] = False,
-    ray: Annotated[Optional[str], typer.Option("--ray", metavar="[ADDRESS]", show_default=False, help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster on 127.0.0.1; a bare --ray uses $RAY_ADDRESS if set, else 'local'. Each node runs --ray-workers workers, each with its own llama-server planned for its share of the node's memory; items go to workers as their engine slots free up, results come back in input order, an item whose worker dies is run once more on another. Other steps (calls, parallel blocks, maps of the main agent) run here on a local engine, launched only if the recipe has one.")] = None,
-    ray_workers: Annotated[Optional[int], typer.Option("--ray-workers", min=1, show_default=False, help="With --ray: workers per node (default 1), each planning for 1/N of the node's memory.")] = None,
+    trace: Annotated[Path | None,
+                     typer.Option("--trace", show_default=False,
+                                  help="Write the run trace (JSONL) to this file (default: a new file in the traces "
+                                       "folder of squad's state directory, $SQUAD_STATE_DIR).")] = None,
+    load_timeout: Annotated[float | None, options.load_timeout()] = None,
+    request_timeout: Annotated[float | None, options.request_timeout()] = None,
+    queue: Annotated[str | None, options.queue()] = None,
+    otel: Annotated[bool,
+                    typer.Option("--otel",
+                                 help="Also export the run as OpenTelemetry spans (GenAI conventions; needs "
+                                      "squad\\[otel]). The exporter is OTEL_TRACES_EXPORTER (otlp, console, ...), "
+                                      "configured by the standard OTEL_* variables.")] = False,
+    ray: Annotated[str | None,
+                   typer.Option("--ray", metavar="[ADDRESS]", show_default=False,
+                                help="Run the recipe's map steps over a Ray cluster (needs squad\\[ray]): ADDRESS of a "
+                                     "cluster (auto, HOST:PORT, ray://HOST:10001) or 'local' for a one-machine cluster "
+                                     "on 127.0.0.1; a bare --ray uses $RAY_ADDRESS if set, else 'local'. Each node "
+                                     "runs --ray-workers workers, each with its own llama-server planned for its share "
+                                     "of the node's memory; items go to workers as their engine slots free up, results "
+                                     "come back in input order, an item whose worker dies is run once more on another. "
+                                     "Other steps (calls, parallel blocks, maps of the main agent) run here on a local "
+                                     "engine, launched only if the recipe has one.")] = None,
+    ray_workers: Annotated[int | None,
+                           typer.Option("--ray-workers", min=1, show_default=False,
+                                        help="With --ray: workers per node (default 1), each planning for 1/N of "
+                                             "the node's memory.")] = None,
 ) -> None:
     """Run a recipe: validate, plan the engine, launch it, run the flow, print the output.
 
@@ -134,19 +153,19 @@ def run_command(
     Exit codes: 0 done; 1 a step failed or an answer missed its schema (what finished is
     kept); 2 bad input (recipe, parameters, options: nothing was run); 130 interrupted
     (Ctrl-C); 143 terminated (SIGTERM)."""
+    from squad.chat.routing import check_distinct
     from squad.dirs import ENGINE_STATE, check_state_dirs
-    from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
     from squad.events.jsonl import JsonlTrace, default_trace_path
     from squad.events.view import live_view
-
-    from squad.chat.routing import check_distinct
+    from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
 
     _check_outputs(recipe, out, trace)
     check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
-                     cache_type_v=ctv or ctk, load_timeout=load_timeout, gpu_layers=options.parse_gpu_layers(gpu_layers))
+                     cache_type_v=ctv or ctk, load_timeout=load_timeout,
+                     gpu_layers=options.parse_gpu_layers(gpu_layers))
     # --url (repeatable) replaces the recipe's engine(s); else the recipe's engine, or its engines: list
     specs = ([engine_spec(None, url=u, api_key=api_key, **overrides) for u in url] if url else
              recipe_engine_specs(loaded, **overrides))
@@ -182,7 +201,7 @@ def run_command(
 
     try:
         result = anyio.run(main)
-    except BaseException as exc:  # noqa: BLE001 - re-raised: only keeps what finished
+    except BaseException as exc:
         kept = keep_finished(loaded, record, exc, out=out, as_json=as_json)
         if kept is not None:  # --json: printed with the error (json_errors), one document on stdout
             try:
@@ -208,8 +227,8 @@ def _ray_fanout(address: str | None, workers: int | None, url: list[str] | None)
         return None
     if url is not None:
         raise UserError("--ray launches an engine on each node: drop --url (or drop --ray to use that engine)")
-    from squad.cluster.ray import RayFanout, require_ray
     from squad.cluster.local import check_address
+    from squad.cluster.ray import RayFanout, require_ray
 
     require_ray()
     if address == "default":  # a bare --ray: Ray's own rule, $RAY_ADDRESS if set, else a cluster on this machine

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import anyio
 import typer
@@ -19,22 +19,22 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 @app.command("serve")
 def serve_command(
-    model: Annotated[Optional[str], options.model("smollm2-135m")] = None,
-    slots: Annotated[Optional[int], options.slots("auto: planned, then re-planned from what clients ask")] = None,
-    ctx: Annotated[Optional[int], options.ctx("auto: planned, then re-planned from what clients ask")] = None,
-    ctk: Annotated[Optional[str], options.ctk("f16")] = None,
-    ctv: Annotated[Optional[str], options.ctv()] = None,
-    llama_server: Annotated[Optional[Path], options.llama_server()] = None,
-    threads: Annotated[Optional[int], options.threads()] = None,
+    model: Annotated[str | None, options.model("smollm2-135m")] = None,
+    slots: Annotated[int | None, options.slots("auto: planned, then re-planned from what clients ask")] = None,
+    ctx: Annotated[int | None, options.ctx("auto: planned, then re-planned from what clients ask")] = None,
+    ctk: Annotated[str | None, options.ctk("f16")] = None,
+    ctv: Annotated[str | None, options.ctv()] = None,
+    llama_server: Annotated[Path | None, options.llama_server()] = None,
+    threads: Annotated[int | None, options.threads()] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on; 127.0.0.1 keeps it to this machine.")]
     = "127.0.0.1",
     port: Annotated[int, options.port("Port to listen on (default: 8090).")] = 8090,
-    api_key: Annotated[Optional[str], typer.Option(
+    api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="SQUAD_SERVE_API_KEY", show_default=False,
         help="The key clients must send (Authorization: Bearer KEY); default: a random one, printed.")] = None,
-    url: Annotated[Optional[str], options.url("Serve an engine already running at this URL instead of starting "
+    url: Annotated[str | None, options.url("Serve an engine already running at this URL instead of starting "
                                               "one (no re-planning then).")] = None,
-    engine_api_key: Annotated[Optional[str], typer.Option(
+    engine_api_key: Annotated[str | None, typer.Option(
         "--engine-api-key", envvar="LLAMA_API_KEY", show_default=False,
         help="Bearer key of the engine at --url (default: the key `squad engine start` recorded for it).")] = None,
     default_max_tokens: Annotated[int, typer.Option(
@@ -46,29 +46,29 @@ def serve_command(
     = 300.0,
     watch: Annotated[bool, typer.Option("--watch", help="Show the live view: slots, pool, queue, one row per client.")]
     = False,
-    cors_origin: Annotated[Optional[list[str]], typer.Option(
+    cors_origin: Annotated[list[str] | None, typer.Option(
         "--cors-origin", show_default=False,
         help="A web origin (https://app.example:3000, or *) whose pages may call squad serve from a browser; "
              "repeat for more. Default: none beyond its own.")] = None,
-    client_key: Annotated[Optional[list[str]], typer.Option(
+    client_key: Annotated[list[str] | None, typer.Option(
         "--client-key", show_default=False,
         help="NAME=KEY: another key clients may send; requests with it are counted and shown as NAME. Repeatable.")]
     = None,
-    load_timeout: Annotated[Optional[float], options.load_timeout()] = None,
-    request_timeout: Annotated[Optional[float], options.request_timeout()] = None,
-    queue: Annotated[Optional[str], options.queue()] = None,
+    load_timeout: Annotated[float | None, options.load_timeout()] = None,
+    request_timeout: Annotated[float | None, options.request_timeout()] = None,
+    queue: Annotated[str | None, options.queue()] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
-    the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request through squad: counted, reserved (prompt + max_tokens),
-    queued by priority (header X-Squad-Priority, lower first), released when it ends or the client
-    leaves. Requests running together never exceed the engine's slots or its KV pool, whichever
-    tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
+    the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request
+    through squad: counted, reserved (prompt + max_tokens), queued by priority (header X-Squad-Priority, lower first),
+    released when it ends or the client leaves. Requests running together never exceed the engine's slots or its KV
+    pool, whichever tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
 
     Point any OpenAI-compatible client at http://127.0.0.1:8090/v1 with the printed key.
     """
     from squad.dirs import ENGINE_STATE, check_state_dirs
-    from squad.serve.server import bind, serving
     from squad.events.view import LiveView
+    from squad.serve.server import bind, serving
 
     if url is None:
         check_state_dirs(*ENGINE_STATE)

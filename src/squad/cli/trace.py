@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Mapping, Optional
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -16,8 +17,8 @@ from squad.cli._app import app, console
 from squad.dirs import check_output_file
 from squad.errors import UserError
 from squad.events import Event
-from squad.events.summary import CallSpan, TraceSummary, engine_labels, engine_legend, short_url, summarize
 from squad.events.jsonl import default_trace_dir, load_trace
+from squad.events.summary import CallSpan, TraceSummary, engine_labels, engine_legend, short_url, summarize
 
 trace_app = typer.Typer(help="Inspect run traces (JSON Lines written by every `squad run`).", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
@@ -28,7 +29,7 @@ PLOT_FORMATS = ("png", "svg", "pdf")
 FileArg = typer.Argument(None, help="Trace file (.jsonl). Default: the newest trace of this machine.")
 
 
-def resolve_trace(path: Optional[Path]) -> Path:
+def resolve_trace(path: Path | None) -> Path:
     """``path``, or the newest ``*.jsonl`` in the traces directory; UserError when none."""
     if path is not None:
         return path
@@ -41,9 +42,10 @@ def resolve_trace(path: Optional[Path]) -> Path:
 
 @trace_app.command("show")
 def show(
-    file: Optional[Path] = FileArg,
+    file: Path | None = FileArg,
     as_json: Annotated[bool, options.as_json("Print the summary as JSON.")] = False,
-    calls: Annotated[bool, typer.Option("--calls", help="Also list every engine call: its id, conversation, parent, slot, times.")] = False,
+    calls: Annotated[bool, typer.Option("--calls", help="Also list every engine call: its id, conversation, "
+                                                        "parent, slot, times.")] = False,
 ) -> None:
     """Summarize a trace: per agent status (done, truncated, empty, failed, cancelled), queue
     time, first token, end, tokens, slot, errors and warnings; with --calls one row per engine
@@ -66,7 +68,8 @@ def show(
         console.print(f"[red]engine {escape(short_url(loss.engine))} lost[/] at {loss.t:.2f}s: {escape(loss.reason)} "
                       f"({loss.remaining} left)", soft_wrap=True)
     for w in summary.workers:  # a Ray run
-        console.print(f"worker {escape(w.worker)}: engine {escape(w.engine or '-')} ready at {w.t:.2f}s, {w.slots} slots, "
+        console.print(f"worker {escape(w.worker)}: engine {escape(w.engine or '-')} ready at {w.t:.2f}s, "
+                      f"{w.slots} slots, "
                       f"pool {w.pool} tokens; served {w.items} item(s), {w.calls} call(s)", soft_wrap=True)
     console.print(f"max calls in flight: {summary.max_in_flight}")
     if several and (legend := engine_legend(labels)):
@@ -93,7 +96,8 @@ def _agent_table(summary: TraceSummary, labels: Mapping[str, str] | None = None)
     several = labels is not None
     engines = {a.name: ",".join(labels.get(e, short_url(e)) for e in a.engines) or "-"
                for a in summary.agents.values()} if labels is not None else {}
-    table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    table = Table(title="agents (times in seconds from trace start)", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
+                  pad_edge=False)
     for column, justify in [
         ("agent", "left"), *([("engine", "left")] if several else []), ("status", "left"), ("start", "right"),
         ("wait", "right"), ("1st tok", "right"), ("end", "right"), ("calls", "right"), ("in tok", "right"),
@@ -101,7 +105,8 @@ def _agent_table(summary: TraceSummary, labels: Mapping[str, str] | None = None)
     ]:
         # the status and the engine are never cut ("truncated" must read as itself in a narrow terminal; the
         # engine column is not last, where a table wider than the terminal is cropped)
-        least = 9 if column == "status" else max(map(len, engines.values()), default=0) + 1 if column == "engine" else None
+        least = 9 if column == "status" else max(map(len, engines.values()),
+                                                 default=0) + 1 if column == "engine" else None
         table.add_column(column, justify=justify, no_wrap=True, min_width=least)  # type: ignore[arg-type]
     style = {"done": "green", "failed": "red", "cancelled": "red", "running": "yellow", "truncated": "yellow",
              "empty": "yellow"}
@@ -162,8 +167,9 @@ def _events(path: Path) -> list[Event]:
 
 @trace_app.command("plot")
 def plot(
-    file: Optional[Path] = FileArg,
-    out: Annotated[Path, options.out(f"Image to write; its suffix picks the format ({', '.join(PLOT_FORMATS)}).")] = Path("timeline.png"),
+    file: Path | None = FileArg,
+    out: Annotated[Path, options.out("Image to write; its suffix picks the format "
+                                     f"({', '.join(PLOT_FORMATS)}).")] = Path("timeline.png"),
 ) -> None:
     """Draw a timeline: agents as bars over time, coloured by slot, queue waits hatched."""
     check_output_file(out, "--out")
@@ -213,7 +219,8 @@ def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
     for load in summary.engine_loads:
         ax.axvline(load.t, color="#555555", ls="--", lw=1)
         ax.annotate(
-            f"engine: {load.slots} slots, pool {load.pool or load.n_ctx} tokens", (load.t, -0.8), fontsize=8, color="#555555",
+            f"engine: {load.slots} slots, pool {load.pool or load.n_ctx} tokens", (load.t, -0.8), fontsize=8,
+                    color="#555555",
             xytext=(3, 0), textcoords="offset points", va="center",
         )
     ax.set_yticks(range(len(agents)), agents)
@@ -241,7 +248,8 @@ def plot_timeline(summary: TraceSummary, out: Path, *, title: str = "") -> None:
         plt.close(fig)
 
 
-def _draw_span(ax, span: CallSpan, y: int, end: float, height: float, cmap, slots_seen: set[int]) -> None:  # type: ignore[no-untyped-def]
+def _draw_span(ax: Any, span: CallSpan, y: int, end: float, height: float, cmap: Any,
+               slots_seen: set[int]) -> None:
     stop = span.end if span.end is not None else end
     colour = cmap((span.slot or 0) % 10)
     if span.slot is not None:

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 

@@ -26,8 +26,9 @@ one temp dir. Ray starts its processes as children of this one (``gcs_server``, 
 the log monitor; the raylet starts the ``ray::`` agents and workers, a worker its
 llama-server): :meth:`LocalCluster.collect` records that tree (the children whose command
 line names the cluster's temp dir, and all their descendants), and :meth:`LocalCluster.stop`
-calls ``ray.shutdown()`` and then kills what it recorded that is still alive :data:`STOP_GRACE` seconds later (SIGKILL: the agents ignore SIGTERM and otherwise linger for a minute or
-more), so no process of the cluster outlives the run, also after Ctrl-C during its start.
+calls ``ray.shutdown()`` and then kills what it recorded that is still alive :data:`STOP_GRACE` seconds later (SIGKILL:
+the agents ignore SIGTERM and otherwise linger for a minute or more), so no process of the cluster outlives the run,
+also after Ctrl-C during its start.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def connect(address: str) -> Any:
         ray.init(address=address, **_QUIET)
     except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
         raise ClusterError(f"could not connect to the Ray cluster at {address!r} ({_first_line(exc)}): start it "
-                           "(`ray start --head`), fix --ray, or run on a cluster of this machine: --ray local") from None
+                           "(`ray start --head`), fix --ray, or run on a cluster of this "
+                           "machine: --ray local") from None
     return ray
 
 

@@ -3,8 +3,9 @@ and :class:`_ClusterSquad`, what a recipe's flow runs on under Ray. Rules: :mod:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, Sequence
+from typing import Any
 
 import anyio
 
@@ -140,7 +141,7 @@ class _Handle:
 
     actor: Any
     info: WorkerInfo
-    feed: "_Feed"
+    feed: _Feed
 
     @property
     def id(self) -> str:

@@ -17,17 +17,24 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
 
 import anyio
 
 from squad.cluster.dispatch import RETRIES
 from squad.cluster.local import LocalCluster, check_address, connect
-from squad.cluster.pool import _ClusterSquad, _Pool
-from squad.cluster.worker import WorkerInfo
+
+# the pool, the worker and the relay as their earlier home named them (tests import them from here)
+from squad.cluster.pool import CLOSE_TIMEOUT, _ClusterSquad, _failure, _Handle, _Pool, _reason  # noqa: F401
+from squad.cluster.relay import _ITEM, FLUSH_TIMEOUT, POLL_S, _clock_offsets, _Feed, _fetch, _Outbox  # noqa: F401
+from squad.cluster.worker import (
+    WorkerInfo,
+    _Worker,  # noqa: F401
+)
 from squad.engine.session import EngineSpec, plan_engine
 from squad.errors import ClusterError, ModelError, UnknownModel, UserError
 from squad.events import ClusterStarting, EventSink, emit_to
@@ -35,11 +42,6 @@ from squad.recipes.model import Recipe
 from squad.recipes.run import RecipeRun, execute_flow, recipe_mcp
 from squad.runtime.results import AgentResult
 from squad.runtime.squad import Squad
-
-# the pool, the worker and the relay as their earlier home named them (tests import them from here)
-from squad.cluster.pool import CLOSE_TIMEOUT, _failure, _Handle, _reason  # noqa: E402,F401
-from squad.cluster.relay import _ITEM, FLUSH_TIMEOUT, POLL_S, _clock_offsets, _Feed, _fetch, _Outbox  # noqa: E402,F401
-from squad.cluster.worker import _Worker  # noqa: E402,F401
 
 __all__ = ["RayFanout", "WorkerInfo", "run_on_ray", "check_launch", "needs_local", "require_ray", "INSTALL_HINT"]
 
@@ -147,7 +149,8 @@ class RayFanout:
             async with anyio.create_task_group() as feeds:  # one task per worker fetching its events
                 pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
                 try:
-                    await pool.start(recipe, spec, address=self.address, per_node=self.workers_per_node, share=self.share,
+                    await pool.start(recipe, spec, address=self.address, per_node=self.workers_per_node,
+                                     share=self.share,
                                      notes=self.notes)
                     self.workers = [w.info for w in pool.workers]
                     if cluster is not None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import anyio
 

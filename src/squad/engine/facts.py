@@ -262,87 +262,115 @@ def check_gguf(path: Path) -> None:
 
 
 def _walk_gguf(path: Path, data: Any, size: int) -> None:
-    from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
-
     if data[:4] != b"GGUF":
         raise BadModelFile(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, a GGUF file with "
-                         "b'GGUF'; give the path of a .gguf model")
-    pos = 4
-    where = "its header"
-
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        need = struct.calcsize(fmt)
-        if pos + need > size:
-            raise BadModelFile(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
-        value = struct.unpack_from(fmt, data, pos)
-        pos += need
-        return value[0] if len(value) == 1 else value
-
-    def skip(n: int) -> None:
-        nonlocal pos
-        if n < 0 or pos + n > size:
-            raise BadModelFile(f"{path} is truncated: it ends at byte {size:,}, inside {where}; {_FETCH_AGAIN}")
-        pos += n
-
-    def text() -> str:
-        n = take("<Q")
-        skip(n)
-        return bytes(data[pos - n:pos]).decode("utf-8", "replace")
-
-    def value(kind: int, depth: int = 0) -> Any:
-        if kind in _SCALAR_SIZES:
-            start = pos
-            skip(_SCALAR_SIZES[kind])
-            return int.from_bytes(data[start:pos], "little") if kind in (4, 10) else None
-        if kind == 8:
-            text()
-        elif kind == 9 and depth == 0:
-            item, count = take("<I"), take("<Q")
-            if item in _SCALAR_SIZES:
-                skip(_SCALAR_SIZES[item] * count)
-            else:
-                for _ in range(count):
-                    value(item, depth + 1)
-        else:
-            raise BadModelFile(f"{path} is damaged: unknown GGUF value type {kind} in {where}; {_FETCH_AGAIN}")
-        return None
-
-    version = take("<I")
+                           "b'GGUF'; give the path of a .gguf model")
+    walk = _GgufWalk(path, data, size)
+    version = walk.take("<I")
     if version not in (2, 3):
         raise BadModelFile(f"{path}: GGUF version {version} is not supported (llama.cpp reads versions 2 and 3); "
-                         "convert the model again with a current llama.cpp")
-    n_tensors, n_kv = take("<Q"), take("<Q")
+                           "convert the model again with a current llama.cpp")
+    n_tensors, n_kv = walk.take("<Q"), walk.take("<Q")
     if n_tensors > size or n_kv > size:
         raise BadModelFile(f"{path} is damaged: its header claims {n_tensors:,} tensors and {n_kv:,} metadata keys; "
-                         f"{_FETCH_AGAIN}")
-    alignment = GGUF_DEFAULT_ALIGNMENT
-    for i in range(n_kv):
-        where = f"metadata key {i + 1} of {n_kv}"
-        key = text()
-        where = f"the value of metadata key {key!r}"
-        found = value(take("<I"))
-        if key == "general.alignment" and found:
-            alignment = found
-    end = 0
-    for i in range(n_tensors):
-        where = f"tensor info {i + 1} of {n_tensors}"
-        name = text()
-        dims = [take("<Q") for _ in range(take("<I"))]
-        kind, offset = take("<I"), take("<Q")
-        try:
-            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            raise ModelError(f"{path}: tensor {name!r} has tensor type {kind}, unknown to this gguf package; "
-                             "upgrade squad's gguf dependency or use another model") from None
-        elements = 1
-        for d in dims:
-            elements *= d
-        end = max(end, offset + elements // block * block_bytes)
-    data_start = -(-pos // alignment) * alignment
+                           f"{_FETCH_AGAIN}")
+    alignment = walk.metadata(n_kv)
+    end = walk.tensors(n_tensors)
+    data_start = -(-walk.pos // alignment) * alignment
     if data_start + end > size:
         raise BadModelFile(f"{path} is truncated: its tensors need {data_start + end:,} bytes, the file has {size:,}; "
-                         f"{_FETCH_AGAIN}")
+                           f"{_FETCH_AGAIN}")
+
+
+class _GgufWalk:
+    """A bounds-checked cursor over the ``size`` bytes of a GGUF file (``data``: bytes or an mmap);
+    ``pos`` starts after the magic. A read past the end raises :class:`BadModelFile` naming
+    ``where``, the part of the file being read."""
+
+    def __init__(self, path: Path, data: Any, size: int) -> None:
+        self.path, self.data, self.size = path, data, size
+        self.pos = 4
+        self.where = "its header"
+
+    def _truncated(self) -> BadModelFile:
+        return BadModelFile(f"{self.path} is truncated: it ends at byte {self.size:,}, inside {self.where}; "
+                            f"{_FETCH_AGAIN}")
+
+    def take(self, fmt: str) -> Any:
+        """One ``struct`` format read at ``pos`` (a tuple when ``fmt`` has several fields)."""
+        need = struct.calcsize(fmt)
+        if self.pos + need > self.size:
+            raise self._truncated()
+        value = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += need
+        return value[0] if len(value) == 1 else value
+
+    def skip(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self._truncated()
+        self.pos += n
+
+    def text(self) -> str:
+        n = self.take("<Q")
+        self.skip(n)
+        return bytes(self.data[self.pos - n:self.pos]).decode("utf-8", "replace")
+
+    def value(self, kind: int, depth: int = 0) -> Any:
+        """A metadata value of GGUF value type ``kind``: the integer for uint32 and uint64, else None
+        (strings, arrays and other scalars are only skipped; arrays of arrays one level deep)."""
+        if kind in _SCALAR_SIZES:
+            start = self.pos
+            self.skip(_SCALAR_SIZES[kind])
+            return int.from_bytes(self.data[start:self.pos], "little") if kind in (4, 10) else None
+        if kind == 8:
+            self.text()
+        elif kind == 9 and depth == 0:
+            item, count = self.take("<I"), self.take("<Q")
+            if item in _SCALAR_SIZES:
+                self.skip(_SCALAR_SIZES[item] * count)
+            else:
+                for _ in range(count):
+                    self.value(item, depth + 1)
+        else:
+            raise BadModelFile(f"{self.path} is damaged: unknown GGUF value type {kind} in {self.where}; "
+                               f"{_FETCH_AGAIN}")
+        return None
+
+    def metadata(self, n_kv: int) -> int:
+        """Walk the ``n_kv`` metadata pairs; the tensor data alignment in bytes (``general.alignment``)."""
+        from gguf.constants import GGUF_DEFAULT_ALIGNMENT
+
+        alignment = GGUF_DEFAULT_ALIGNMENT
+        for i in range(n_kv):
+            self.where = f"metadata key {i + 1} of {n_kv}"
+            key = self.text()
+            self.where = f"the value of metadata key {key!r}"
+            found = self.value(self.take("<I"))
+            if key == "general.alignment" and found:
+                alignment = found
+        return alignment
+
+    def tensors(self, n_tensors: int) -> int:
+        """Walk the ``n_tensors`` tensor infos; where the last tensor ends, in bytes from the start of
+        the tensor data. Raises :class:`ModelError` for a tensor type the gguf package does not know."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        end = 0
+        for i in range(n_tensors):
+            self.where = f"tensor info {i + 1} of {n_tensors}"
+            name = self.text()
+            dims = [self.take("<Q") for _ in range(self.take("<I"))]
+            kind, offset = self.take("<I"), self.take("<Q")
+            try:
+                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            except (ValueError, KeyError):
+                raise ModelError(f"{self.path}: tensor {name!r} has tensor type {kind}, unknown to this gguf package; "
+                                 "upgrade squad's gguf dependency or use another model") from None
+            elements = 1
+            for d in dims:
+                elements *= d
+            end = max(end, offset + elements // block * block_bytes)
+        return end
 
 
 def read_fields(path: Path) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def parse_hf(spec: str) -> HfRef:
     if not spec.lower().endswith(".gguf") and ":" in spec:
         path, _, quant = spec.rpartition(":")
     pieces = path.split("/")
-    if len(pieces) < 2 or not all(pieces) or ".." in pieces or (len(pieces) > 2 and quant) or not (quant is None or quant):
+    if len(pieces) < 2 or not all(pieces) or ".." in pieces or (len(pieces) > 2 and quant) or not (quant is None
+                                                                                                   or quant):
         raise UnknownModel(f"hf:{spec} is not a Hugging Face reference; write hf:ORG/REPO, hf:ORG/REPO:QUANT "
                            "(e.g. hf:bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M) or hf:ORG/REPO/FILE.gguf")
     if len(pieces) > 2 and not pieces[-1].lower().endswith(".gguf"):
@@ -229,7 +230,7 @@ def _download(ref: HfRef, say: Progress) -> StoredModel:
         _fetch_card(ref.repo_id)
     except ModelError:
         raise
-    except Exception as exc:  # noqa: BLE001 - huggingface_hub/httpx errors, said in squad's words
+    except Exception as exc:  # huggingface_hub/httpx errors, said in squad's words
         raise _hub_error(ref, exc) from exc
     assert first is not None
     say(f"downloaded {first}")

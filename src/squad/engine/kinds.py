@@ -159,16 +159,20 @@ class _Pins:
             if pin is not None:
                 self.sources[name] = f"pin {name}={pin} (the server does not report it)"
                 return pin
-            self.sources[name] = f"default {default}: {default_why}; pin it with --{name} N ({name}=N in code) to change it"
+            self.sources[name] = (f"default {default}: {default_why}; pin it with --{name} N ({name}=N in code) "
+                                  "to change it")
             if warn:
-                self.warnings.append(f"the server does not report its {'concurrency' if name == 'slots' else 'context'}: "
-                                     f"squad assumes {name}={default}; pass --{name} N ({name}=N in code) if it serves more")
+                self.warnings.append("the server does not report its "
+                                     f"{'concurrency' if name == 'slots' else 'context'}: "
+                                     f"squad assumes {name}={default}; pass --{name} N ({name}=N in code) "
+                                     "if it serves more")
             return default
         if pin is not None and pin < reported:
             self.sources[name] = f"pin {name}={pin} (the server reports {reported}, {where})"
             return pin
         if pin is not None and pin > reported:
-            self.warnings.append(f"{name}={pin} is above what the server reports ({reported}, {where}): squad uses {reported}")
+            self.warnings.append(f"{name}={pin} is above what the server reports ({reported}, {where}): squad "
+                                 f"uses {reported}")
         self.sources[name] = where
         return reported
 
@@ -208,7 +212,8 @@ async def _sglang(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
     if context is None and _int(info.get("max_req_input_len")) is not None:
         context, context_where = int(info["max_req_input_len"]) + 1, f"{path} max_req_input_len + 1"
     capacity = _int(info.get("max_total_num_tokens"))
-    n_ctx = pins.take("ctx", context, context_where, default=DEFAULT_CTX, default_why="SGLang reported no context length")
+    n_ctx = pins.take("ctx", context, context_where, default=DEFAULT_CTX,
+                      default_why="SGLang reported no context length")
     pool = capacity or n_ctx
     pins.sources["pool"] = f"{path} max_total_num_tokens" if capacity else "one context (no KV capacity reported)"
     n_slots = _derived_slots(pins, running, running_where, pool, n_ctx, "SGLang reported no max_running_requests")
@@ -245,7 +250,8 @@ def _derived_slots(pins: _Pins, reported: int | None, where: str, pool: int, n_c
     else capacity / context (every request could use a full context and still fit)."""
     if reported is not None or pins.slots is not None:
         return pins.take("slots", reported, where, default=1, default_why=why)
-    pins.sources["slots"] = (f"KV capacity {pool} / context {n_ctx} ({why}; pin --slots N, slots=N in code, to run more requests at once)")
+    pins.sources["slots"] = (f"KV capacity {pool} / context {n_ctx} ({why}; pin --slots N, slots=N in code, to run "
+                             "more requests at once)")
     return max(1, pool // n_ctx)
 
 
@@ -273,7 +279,8 @@ async def _ollama(client: httpx.AsyncClient, pins: _Pins) -> Capacity | None:
                         default_why="Ollama does not report OLLAMA_NUM_PARALLEL; its own default is 1",
                         warn=False)  # 1 is Ollama's own default, not a guess
     pins.sources["pool"] = f"slots × context ({n_slots} × {n_ctx}): Ollama gives each parallel request its own num_ctx"
-    return _done("ollama", pins, n_slots, n_ctx, n_slots * n_ctx, model=str(loaded[0].get("name", "")) if loaded else "",
+    return _done("ollama", pins, n_slots, n_ctx, n_slots * n_ctx,
+                 model=str(loaded[0].get("name", "")) if loaded else "",
                  version=str(version["version"]))
 
 

@@ -56,7 +56,8 @@ class LaunchedEngine:
         handle.launcher = Launcher(planned, binary=spec.binary, threads=spec.threads,
                                    request_timeout=spec.request_timeout, load_timeout=spec.load_timeout,
                                    port=free_port(),  # one port across reloads
-                                   on_progress=handle._loading if on_event is not None else None)
+                                   # the handle's own progress sink (squad.engine.provider)
+                                   on_progress=handle._loading if on_event is not None else None)  # noqa: SLF001
         try:
             info = await handle.launcher.start()
             return await handle.connect(info, admits=spec.admits, queue=spec.queue,

@@ -27,7 +27,6 @@ pid files the next launch reaps are the last resort. How, and what each guarante
 from __future__ import annotations
 
 import dataclasses
-
 import secrets
 import subprocess
 import time
@@ -45,8 +44,8 @@ from squad.engine.control import EngineState, control_client, read_engine, wait_
 from squad.engine.info import EngineInfo
 from squad.engine.llama import launch_args, slot_ctx, slot_save_args
 from squad.engine.stores import model_bytes
-from squad.sched.plan import EnginePlan
 from squad.errors import EngineError, EngineLoadTimeout, EngineStartError, ModelError, PlanMismatch
+from squad.sched.plan import EnginePlan
 
 __all__ = [
     "Launcher",

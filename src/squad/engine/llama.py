@@ -19,9 +19,9 @@ a number or a flag of the engine's itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Sequence
 
 from squad.errors import PlanError
 

@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
 
 _REASONING = {"none": "NONE", "auto": "AUTO", "deepseek": "DEEPSEEK", "deepseek-legacy": "DEEPSEEK_LEGACY"}
 _FLASH = {"on": "ENABLED", "off": "DISABLED", "auto": "AUTO"}
-FLAGS: tuple[str, ...] = tuple(s for a in _parser()._actions for s in a.option_strings)
+# argparse lists its flags nowhere public
+FLAGS: tuple[str, ...] = tuple(s for a in _parser()._actions for s in a.option_strings)  # noqa: SLF001
 """Every llama-server flag the prebuilt engine takes; any other is refused (exit 2)."""
 
 
@@ -143,19 +144,7 @@ def _params(ns: argparse.Namespace, api_key: str | None) -> Any:
     p.endpoint_props = ns.props
     if ns.verbose:
         p.verbosity = 10**6  # llama-server's -v: log everything
-    if ns.cache_type_k:
-        p.cache_type_k = _ggml_type(x, ns.cache_type_k)
-    if ns.cache_type_v:
-        p.cache_type_v = _ggml_type(x, ns.cache_type_v)
-    if ns.chat_template_file:
-        with open(ns.chat_template_file, encoding="utf-8") as f:
-            p.chat_template = f.read()
-    elif ns.chat_template:
-        p.chat_template = ns.chat_template
-    if ns.reasoning_format:
-        p.reasoning_format = getattr(x.common_reasoning_format, f"COMMON_REASONING_FORMAT_{_REASONING[ns.reasoning_format]}")
-    if ns.flash_attn:
-        p.flash_attn_type = getattr(x.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{_FLASH[ns.flash_attn]}")
+    _set_formats(p, x, ns)
     if ns.gpu_layers is not None:
         p.n_gpu_layers = {"auto": -1, "all": -2}.get(ns.gpu_layers) or int(ns.gpu_layers)
     threads = ns.threads if ns.threads is not None else _math_cpus()
@@ -172,6 +161,25 @@ def _params(ns: argparse.Namespace, api_key: str | None) -> Any:
     if api_key:
         p.api_keys = [k for k in api_key.split(",") if k]
     return p
+
+
+def _set_formats(p: Any, x: Any, ns: argparse.Namespace) -> None:
+    """The KV cache types, chat template, reasoning format and flash attention of ``p`` (xllamacpp's
+    ``CommonParams``; ``x``: the imported extension) from the parsed flags."""
+    if ns.cache_type_k:
+        p.cache_type_k = _ggml_type(x, ns.cache_type_k)
+    if ns.cache_type_v:
+        p.cache_type_v = _ggml_type(x, ns.cache_type_v)
+    if ns.chat_template_file:
+        with open(ns.chat_template_file, encoding="utf-8") as f:
+            p.chat_template = f.read()
+    elif ns.chat_template:
+        p.chat_template = ns.chat_template
+    if ns.reasoning_format:
+        p.reasoning_format = getattr(x.common_reasoning_format,
+                                     f"COMMON_REASONING_FORMAT_{_REASONING[ns.reasoning_format]}")
+    if ns.flash_attn:
+        p.flash_attn_type = getattr(x.llama_flash_attn_type, f"LLAMA_FLASH_ATTN_TYPE_{_FLASH[ns.flash_attn]}")
 
 
 def _ggml_type(x: Any, name: str) -> Any:
@@ -235,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(version_line())
     try:
         server = xllamacpp.Server(params)  # returns once the model is loaded; HTTP answers 503 until then
-    except Exception as exc:  # load or bind failure: the log above holds llama.cpp's own reason
+    except Exception as exc:  # noqa: BLE001 - load or bind failure: the log above holds llama.cpp's own reason
         _say(f"error: the prebuilt engine failed to start: {exc}")
         return 1
     _say(f"squad-llama-server: serving on {server.listening_address}")

@@ -17,8 +17,9 @@ A new engine kind is a new module with a provider class; ``Squad(engine=provider
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 
@@ -47,7 +48,7 @@ class EngineProvider(Protocol):
     Raises the errors of :mod:`squad.errors` (a model not found, a plan that cannot fit, an
     engine that does not start or answer)."""
 
-    async def open(self, workload: Node | None, on_event: EventSink | None = None) -> "EngineHandle": ...
+    async def open(self, workload: Node | None, on_event: EventSink | None = None) -> EngineHandle: ...
 
 
 def loaded_event(info: EngineInfo, reason: str) -> EngineLoaded:
@@ -85,7 +86,7 @@ class EngineHandle:
     # -- building ------------------------------------------------------------------------------
 
     async def connect(self, info: EngineInfo, *, admits: bool = False, queue: str = DEFAULT_QUEUE,
-                      request_timeout: float | None = None, restart: bool = False) -> "EngineHandle":
+                      request_timeout: float | None = None, restart: bool = False) -> EngineHandle:
         """Make the admission (none when the engine admits on its own: ``admits``, or a squad
         serve endpoint that says so) and the client for ``info``, and read the model's tokenizer
         so calls count prompts without a round trip. ``restart``: a launched engine that dies is
@@ -105,7 +106,7 @@ class EngineHandle:
             raise
         return self
 
-    def use(self, chat: ChatEngine) -> "EngineHandle":
+    def use(self, chat: ChatEngine) -> EngineHandle:
         """Use ``chat`` as it is (its own admission, if it has one); :meth:`aclose` leaves it open."""
         self._chat, self._admission = chat, getattr(chat, "admission", None)
         return self

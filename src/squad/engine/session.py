@@ -17,7 +17,7 @@ Data flows one way through here::
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 from anyio.abc import AsyncResource
 
@@ -37,7 +37,7 @@ from squad.sched.workload import Call, Node
 
 __all__ = ["EngineSpec", "EngineSession", "EngineSource", "plan_engine", "provider_for", "with_chat_template"]
 
-EngineSource = Union[EngineSpec, EngineInfo, ChatEngine, EngineProvider]
+EngineSource = EngineSpec | EngineInfo | ChatEngine | EngineProvider
 """What ``engine=`` takes: a spec (launch or attach), an engine's info, a chat engine, a provider."""
 
 
@@ -121,7 +121,7 @@ class EngineSession(AsyncResource):
 
     # -- open and close ----------------------------------------------------------------------
 
-    async def __aenter__(self) -> "EngineSession":
+    async def __aenter__(self) -> EngineSession:
         provider = provider_for(self._engine, share=self.share, restart=self.restart_on_death)
         self._handle = await provider.open(self.workload, self._emit if self._sinks else None)
         self._emit(loaded_event(self._handle.info, self._handle.reason))

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from squad.engine.llama import check_cache_type
+from squad.engine.urls import check_engine_url
 from squad.errors import UserError
 from squad.sched.plan import Backend
 from squad.sched.policy import DEFAULT_QUEUE, QUEUE_POLICIES
-from squad.engine.urls import check_engine_url
 
 __all__ = ["EngineSpec"]
 
@@ -117,7 +117,7 @@ class EngineSpec:
         """``(type_k, type_v)`` as the engine will be started."""
         return self.cache_type_k, self.cache_type_v or self.cache_type_k
 
-    def but(self, **given: object) -> "EngineSpec":
+    def but(self, **given: object) -> EngineSpec:
         """A copy with the given fields replaced, ignoring those given as None (command-line
         overrides on top of a recipe's settings)."""
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})  # type: ignore[arg-type]

@@ -177,7 +177,8 @@ def _ollama_parts(name: str) -> tuple[str, str, str, str]:
     rest, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "")
     pieces = rest.split("/")
     if not 1 <= len(pieces) <= 3 or not all(pieces) or not re.fullmatch(r"[\w.-]*", tag):
-        raise UnknownModel(f"ollama:{name} is not an Ollama model name; write ollama:NAME[:TAG], e.g. ollama:qwen2.5:0.5b")
+        raise UnknownModel(f"ollama:{name} is not an Ollama model name; write ollama:NAME[:TAG], e.g. "
+                           "ollama:qwen2.5:0.5b")
     host = pieces[0] if len(pieces) == 3 else _OLLAMA_HOST
     namespace = pieces[-2] if len(pieces) >= 2 else _OLLAMA_NAMESPACE
     return host, namespace, pieces[-1], tag or _OLLAMA_TAG

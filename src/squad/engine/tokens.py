@@ -216,7 +216,7 @@ def counter_for_model(path: str | Path, *, template: str | None = None) -> GGUFC
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _lock:
         counter = _counter(*key)
-        if counter is None or template is None or template == counter._meta.template:
+        if counter is None or template is None or template == counter._meta.template:  # noqa: SLF001 - same module
             return counter
         return _with_template(counter, template)
 
@@ -236,8 +236,8 @@ def offline_counting(path: str | Path, *, template: str | None = None) -> tuple[
         if not why and template is not None and any(marker in template for marker in SPECIAL_TEMPLATE_MARKERS):
             why = "the engine special-cases this chat template"
         return False, str(why or "the chat template cannot be rendered here")
-    src = counter._src
-    if counter._exact_tools:
+    src = counter._src  # noqa: SLF001 - same module
+    if counter._exact_tools:  # noqa: SLF001 - same module
         return True, ""
     asked = [what for what, word in (("tools", "tools"), ("tool calls", "tool_calls"),
                                      ("reasoning in the history", "reasoning_content")) if word in src]
@@ -273,8 +273,8 @@ def _with_template(counter: GGUFCounter, template: str) -> GGUFCounter | None:
     from dataclasses import replace
 
     try:
-        return GGUFCounter(counter.path, counter._tok, replace(counter._meta, template=template,
-                                                                has_tool_use_template=False))
+        meta = replace(counter._meta, template=template, has_tool_use_template=False)  # noqa: SLF001 - same module
+        return GGUFCounter(counter.path, counter._tok, meta)  # noqa: SLF001 - same module
     except Exception:  # noqa: BLE001 -- a template jinja2 cannot compile
         return None
 

@@ -167,15 +167,18 @@ def _checks(report: VerifyReport) -> list[Check]:
     reqs = report.requests
     failed = [r for r in reqs if r.error or r.first_token is None]
     checks = [
-        Check("/props n_ctx", report.n_ctx == round_ctx(report.ctx_asked), str(report.n_ctx), str(round_ctx(report.ctx_asked))),
-        Check("/props total_slots", report.total_slots == report.parallel, str(report.total_slots), str(report.parallel)),
+        Check("/props n_ctx", report.n_ctx == round_ctx(report.ctx_asked), str(report.n_ctx),
+              str(round_ctx(report.ctx_asked))),
+        Check("/props total_slots", report.total_slots == report.parallel, str(report.total_slots),
+              str(report.parallel)),
         Check(
             "requests finished",
             not failed,
             f"{len(reqs) - len(failed)}/{len(reqs)}" + (f" ({failed[0].error})" if failed and failed[0].error else ""),
             f"{len(reqs)}/{len(reqs)}",
         ),
-        Check("max busy slots (/slots)", report.max_busy_slots == report.parallel, str(report.max_busy_slots), str(report.parallel)),
+        Check("max busy slots (/slots)", report.max_busy_slots == report.parallel, str(report.max_busy_slots),
+              str(report.parallel)),
     ]
     if not failed:
         firsts = [(r.index, r.first_token) for r in reqs if r.first_token is not None]  # every one: none failed

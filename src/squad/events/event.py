@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 __all__ = ["Event", "Origin", "item_label", "EVENT_TYPES", "event_from_record"]
 
-EVENT_TYPES: dict[str, type["Event"]] = {}
+EVENT_TYPES: dict[str, type[Event]] = {}
 """Every event class by its ``kind``."""
 
 _PLACE = ("agent", "conversation", "parent", "call", "engine", "worker")

@@ -87,7 +87,7 @@ class JsonlTrace:
         self.count = 0
         """Events written so far."""
 
-    def __enter__(self) -> "JsonlTrace":
+    def __enter__(self) -> JsonlTrace:
         self._open()
         return self
 
@@ -130,8 +130,8 @@ class JsonlTrace:
 
 def load_trace(path: Path | str) -> list[Event]:
     """Read a JSONL trace written by :class:`JsonlTrace` as typed events; ``t`` stays relative
-    to its start. Lines of kinds this version does not know are skipped. A torn last line (the run crashed mid-write) is skipped. Raises :class:`UserError` when
-    the file is missing or a line is not a trace event.
+    to its start. Lines of kinds this version does not know are skipped. A torn last line (the run crashed mid-write) is
+    skipped. Raises :class:`UserError` when the file is missing or a line is not a trace event.
     """
     path = Path(path)
     try:

@@ -3,7 +3,7 @@ table column, :func:`engine_legend` saying which label is which engine."""
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 __all__ = ["short_url", "engine_labels", "engine_legend"]

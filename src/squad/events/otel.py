@@ -12,7 +12,6 @@ Design (span names and attributes): docs/design/otel.md
 
 from __future__ import annotations
 
-
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -74,7 +73,7 @@ class OtelSink:
         self._call_conversation: dict[str, str] = {}
         self._closed = False
 
-    def __enter__(self) -> "OtelSink":
+    def __enter__(self) -> OtelSink:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -226,7 +225,8 @@ class OtelSink:
         span.end(end_time=end_ns)
 
     def _start_call(self, event: Event) -> Any:
-        parent = self._agent_span(event.conversation, event.agent, event.parent, event.wall) if event.conversation else None
+        parent = self._agent_span(event.conversation, event.agent, event.parent,
+                                  event.wall) if event.conversation else None
         ctx = self._trace.set_span_in_context(parent) if parent is not None else self._parent
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -302,7 +302,8 @@ def _exporter(name: str) -> Any:
     found = [e for e in entry_points(group="opentelemetry_traces_exporter") if e.name == name]
     if not found:
         have = sorted({e.name for e in entry_points(group="opentelemetry_traces_exporter")})
-        raise UserError(f"no OpenTelemetry span exporter {name!r} is installed (installed: {', '.join(have) or 'none'}); "
+        raise UserError(f"no OpenTelemetry span exporter {name!r} is installed (installed: "
+                        f"{', '.join(have) or 'none'}); "
                         f"{INSTALL_HINT} for OTLP, or set OTEL_TRACES_EXPORTER=console")
     return found[0].load()()
 
@@ -320,8 +321,8 @@ def model_label(model: str | Path | None) -> str:
 def export_run(name: str, *, model: str | None = None) -> AbstractContextManager[OtelSink]:
     """What ``squad run --otel`` does: a :func:`configured_provider`, one ``invoke_workflow {name}``
     span (``gen_ai.operation.name`` = ``invoke_workflow``) holding the whole run, and an
-    :class:`OtelSink` (``model``: its ``gen_ai.request.model``) whose top-level conversations nest in it. On exit the workflow span ends
-    (status ERROR if the run raised) and the provider is flushed and shut down.
+    :class:`OtelSink` (``model``: its ``gen_ai.request.model``) whose top-level conversations nest in it. On exit the
+    workflow span ends (status ERROR if the run raised) and the provider is flushed and shut down.
 
     Raises :class:`UserError` (SDK or exporter missing) when called, before anything runs: the
     provider and its exporter are set up here, once.

@@ -6,7 +6,8 @@ a run."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from squad.events.event import Event
 

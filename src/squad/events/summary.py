@@ -15,8 +15,9 @@ it started) are left out, and the item's row gets a note saying so.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from squad.events import (
     AgentCancelled,
@@ -35,17 +36,17 @@ from squad.events import (
     EngineLost,
     Event,
     ItemLost,
-    WorkerStarted,
     MCPWarning,
-    StepWarning,
     OutputRetried,
+    StepWarning,
     ToolLimited,
     ToolTruncated,
+    WorkerStarted,
     item_label,
 )
-from squad.runtime.outcome import worst
 from squad.events.jsonl import jsonable
-from squad.events.names import engine_labels, engine_legend, short_url  # noqa: F401 - their earlier home
+from squad.events.names import engine_labels, engine_legend, short_url
+from squad.runtime.outcome import worst
 
 __all__ = ["summarize", "TraceSummary", "AgentSummary", "CallSpan", "EngineLoad", "EngineLoss", "RayWorker",
            "short_url", "engine_labels", "engine_legend"]

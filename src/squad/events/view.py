@@ -69,7 +69,7 @@ class LiveView:
         self._live: Live | None = None
         self._clock_offset: float | None = None
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         if self.on and self.live_mode:
             self._live = Live(_Renderable(self), console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()

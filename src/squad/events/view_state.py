@@ -13,15 +13,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from squad.events.names import short_url
 from squad.events import (
     AgentCancelled,
     AgentFailed,
     AgentFinished,
     AgentStarted,
     CallAdmitted,
-    ClusterConnected,
-    ClusterStarting,
     CallFailed,
     CallFinished,
     CallFirstToken,
@@ -29,6 +26,8 @@ from squad.events import (
     CallQueued,
     CallReleased,
     CallRetried,
+    ClusterConnected,
+    ClusterStarting,
     EngineExited,
     EngineLoaded,
     EngineLoading,
@@ -40,6 +39,7 @@ from squad.events import (
     WorkerStarted,
     item_label,
 )
+from squad.events.names import short_url
 
 _RAY = (ClusterStarting, ClusterConnected, WorkerStarted, WorkerFailed, ItemLost)
 """A Ray run's progress: printed as lines in both modes."""

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 from squad.mcp.connection import StdoutNoise as _StdoutNoise  # noqa: F401 - tests reach it here
 from squad.mcp.connection import stderr_tail
-from squad.mcp.server import (SERVER_NAME, MCPServer, is_mcp_ref, model_name, resolve_cwd, split_ref, unknown_server,
-                              unknown_tool)
+from squad.mcp.server import (
+                              SERVER_NAME,
+                              MCPServer,
+                              is_mcp_ref,
+                              model_name,
+                              resolve_cwd,
+                              split_ref,
+                              unknown_server,
+                              unknown_tool,
+)
 from squad.mcp.servers import MCPServers
 from squad.mcp.tool import MCPTool, result_text
 

@@ -33,7 +33,7 @@ _NOISE_SHOWN = 80
 """Characters of a non-MCP stdout line quoted in a warning."""
 
 
-OPENING: ContextVar["Connection | None"] = ContextVar("squad_mcp_opening", default=None)
+OPENING: ContextVar[Connection | None] = ContextVar("squad_mcp_opening", default=None)
 """The server being opened. Set while the SDK's stdio transport starts, so its spawn and the
 tasks it starts (its stdout reader) see which server they serve."""
 
@@ -92,7 +92,7 @@ def hook_spawn() -> None:
         return process
 
     adopted.squad_hook = True  # type: ignore[attr-defined]
-    stdio._create_platform_compatible_process = adopted
+    stdio._create_platform_compatible_process = adopted  # noqa: SLF001 - the SDK's stdio spawn has no public hook
 
 
 class Connection:

@@ -62,7 +62,7 @@ class MCPServer(BaseModel):
     start_timeout: float = Field(default=30.0, gt=0, description="seconds to start and list tools")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "MCPServer":
+    def _one_kind(self) -> MCPServer:
         if (self.command is None) == (self.url is None):
             raise ValueError("give a command (a server squad starts) or a url (a streamable-HTTP server), not both")
         if self.url is not None:

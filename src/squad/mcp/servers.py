@@ -88,7 +88,7 @@ class MCPServers:
     def __bool__(self) -> bool:
         return bool(self.servers)
 
-    async def __aenter__(self) -> "MCPServers":
+    async def __aenter__(self) -> MCPServers:
         """Start the servers one after another; each is served by a task of one task group
         (the SDK's client must be entered and left in one task)."""
         group = anyio.create_task_group()
@@ -125,9 +125,10 @@ class MCPServers:
         """Open ``server``, report its :class:`Connection` and hold it open until closing.
         Raises :class:`MCPServerError` before it is reported; never after (a server that dies
         mid-run fails its tool calls, not the squad)."""
-        from mcp import Client, StdioServerParameters
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
+
+        from mcp import Client, StdioServerParameters
 
         with contextlib.ExitStack() as files:
             stderr: IO[str] | None = None

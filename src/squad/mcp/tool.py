@@ -19,7 +19,7 @@ __all__ = ["MCPTool", "ToolCaller", "AnyArguments", "never_called", "result_text
 class ToolCaller(Protocol):
     """What calls an :class:`MCPTool` on its open server (:class:`squad.mcp.connection.Connection`)."""
 
-    async def call(self, tool: "MCPTool", args: dict[str, Any]) -> ToolOutcome: ...
+    async def call(self, tool: MCPTool, args: dict[str, Any]) -> ToolOutcome: ...
 
 
 class AnyArguments(BaseModel):

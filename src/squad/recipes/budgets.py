@@ -97,7 +97,8 @@ def _plan_step(recipe: Recipe, step: Step, counter: GGUFCounter, trained: int | 
         for child in step.steps:
             rows += _plan_step(recipe, child, counter, trained, outputs, sizes, unset, extra)
         sizes[step.id] = sum(sizes[c.id] for c in step.steps)
-        outputs[step.id] = {"output": _stand_in(sizes[step.id]), "outputs": [outputs[c.id]["output"] for c in step.steps]}
+        outputs[step.id] = {"output": _stand_in(sizes[step.id]),
+                            "outputs": [outputs[c.id]["output"] for c in step.steps]}
         return rows
     agent = recipe.agents[step.agent]
     refs = template_paths(step.prompt)
@@ -210,7 +211,8 @@ class ToolRoundsWarning(RecipeWarning):
     """A budget that cannot hold an agent's tool rounds (made again each time budgets are planned)."""
 
 
-def _rounds_warning(step: Step, agent: Agent, need: int, rounds: int, budget: int, trained: int | None) -> RecipeWarning:
+def _rounds_warning(step: Step, agent: Agent, need: int, rounds: int, budget: int,
+                    trained: int | None) -> RecipeWarning:
     """A budget that holds the prompt and the answer but not every tool round: results get cut."""
     per = agent.max_tokens + TOOL_RESULT_TOKENS
     fits = max(0, (budget - need) // per)

@@ -56,7 +56,8 @@ from squad.runtime.agent import Agent
 from squad.runtime.outcome import DEFAULT_HANDLING, Outcome
 from squad.sched.planner import round_ctx
 
-__all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params", "stand_in"]  # the last two: squad.recipes.params
+__all__ = ["load_recipe", "validate_recipe", "load_agents", "resolve_params",
+           "stand_in"]  # the last two: squad.recipes.params
 
 def load_recipe(path: Path | str, params: Mapping[str, str | list[str]] | None = None, *,
                 require_params: bool = True, model: str | None = None, default_model: str | None = None,
@@ -240,7 +241,8 @@ class _Loader(AgentChecks, FlowChecks):
         if model.endswith(".gguf") or "/" in model or "\\" in model:
             path = (self.path.parent / Path(model).expanduser()).resolve()
             if not path.exists():
-                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the path or use a known model name", where)
+                raise self.located.error(f"model file not found: {path} (paths are relative to the recipe); fix the "
+                                         "path or use a known model name", where)
             try:
                 check_gguf(path)
                 read_model_facts(path)

@@ -53,7 +53,8 @@ class AgentChecks:
                                     f"(.yaml) in it (paths are relative to {Path(located.file).name})",
                                     ("include", i))
             if not target.is_file():
-                raise located.error(f"included file not found: {here / rel}; fix the path (relative to {Path(located.file).name})", ("include", i))
+                raise located.error(f"included file not found: {here / rel}; fix the path (relative to "
+                                    f"{Path(located.file).name})", ("include", i))
             sub = read_yaml(target, shown=str(Path(located.file).parent / rel))
             self.reads.append((str(target), f"agents included by {Path(located.file).name}"))
             try:
@@ -79,7 +80,8 @@ class AgentChecks:
         agents: dict[str, Agent] = {}
         for name, (data, src, base) in raw.items():
             if not re.match(NAME_PATTERN, name):
-                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'; rename it", base, key=True)
+                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'; rename it",
+                                base, key=True)
             if "name" in data:
                 raise src.error("an agent's name is its key; remove 'name:'", (*base, "name"), key=True)
             try:

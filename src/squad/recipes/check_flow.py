@@ -70,7 +70,8 @@ class FlowChecks:
                     did = "; item and index exist only in a map step"
                 if root == "chunks":
                     did = "; chunks exists only in a map step with split: chunks"
-                raise src.error(f"undefined template variable '{root}'{did} (templates here may use: {', '.join(allowed)})", path)
+                raise src.error(f"undefined template variable '{root}'{did} (templates here may use: "
+                                f"{', '.join(allowed)})", path)
             if root == "params" and len(ref) > 1:
                 self._param_ref(ref[1], src, path)
             if root == "steps" and len(ref) > 1:
@@ -81,14 +82,16 @@ class FlowChecks:
             hint = difflib.get_close_matches(name, list(self.specs), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             have = ", ".join(sorted(self.specs)) or "none"
-            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have}); declare it under params: or fix the name", path)
+            raise src.error(f"undefined template variable 'params.{name}'{did} (declared parameters: {have}); declare "
+                            "it under params: or fix the name", path)
         self.used_params.add(name)
 
     def _step_ref(self, ref: tuple[str, ...], src: Located, path: Path_, done: set[str]) -> None:
         sid = ref[1]
         if sid not in done:
             if sid in self.ids or sid in self._all_ids:
-                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it: move this step after '{sid}'", path)
+                raise src.error(f"step '{sid}' has not finished at this point; a step may use only steps before it: "
+                                f"move this step after '{sid}'", path)
             hint = difflib.get_close_matches(sid, list(self.ids) + list(self._all_ids), n=1)
             did = f"; did you mean '{hint[0]}'?" if hint else ""
             raise src.error(f"unknown step id '{sid}' in steps.{sid}{did}", path)
@@ -169,7 +172,8 @@ class FlowChecks:
         prompt_path = (*path, "prompt")
         roots = {"params", "steps"} | ({"item", "index"} if spec.kind == "map" else set())
         roots |= {"chunks"} if spec.split == "chunks" else set()
-        self._check_refs(spec.prompt or "", self.located, prompt_path, roots=roots, done=done, in_map=spec.kind == "map")
+        self._check_refs(spec.prompt or "", self.located, prompt_path, roots=roots, done=done,
+                         in_map=spec.kind == "map")
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
@@ -204,7 +208,8 @@ class FlowChecks:
                 "use a string or file parameter, or drop split: chunks", path)
         if over[0] == "steps" and over[-1] == "outputs":
             raise self.located.error(
-                f"split: chunks cuts a text, but steps.{over[1]}.outputs is a list; map over steps.{over[1]}.output", path)
+                f"split: chunks cuts a text, but steps.{over[1]}.outputs is a list; map over steps.{over[1]}.output",
+                                     path)
 
     def _map_ref(self, ref: str, path: Path_, done: set[str]) -> tuple[str, ...]:
         text = ref.strip().removeprefix("{{").removesuffix("}}").strip()

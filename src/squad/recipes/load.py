@@ -276,7 +276,8 @@ def pydantic_error(
         return located.error("needs at least one entry, got none; add one", loc)
     if kind in _BOUNDS:
         limit = (err.get("ctx") or {}).get(_BOUND_KEYS[kind])
-        return located.error(f"must be {_BOUNDS[kind]} {limit}, got {given!r}; write a number {_BOUNDS[kind]} {limit}", loc)
+        return located.error(f"must be {_BOUNDS[kind]} {limit}, got {given!r}; write a number {_BOUNDS[kind]} {limit}",
+                             loc)
     message = _EXPECTED.get(kind) or err["msg"].removeprefix("Value error, ")
     if given is None and "got None" in message or (given is None and kind in _EXPECTED):
         return located.error(_no_value(message, loc, model, base), loc)
@@ -352,7 +353,8 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
             if typing.get_origin(current) in (list, tuple, dict) or isinstance(part, int):
                 inner = [a for a in typing.get_args(current) if a is not type(None) and a is not Ellipsis]
                 current = inner[-1] if inner else current
-        while typing.get_origin(current) is typing.Union or str(typing.get_origin(current)) == "<class 'types.UnionType'>":
+        while (typing.get_origin(current) is typing.Union
+               or str(typing.get_origin(current)) == "<class 'types.UnionType'>"):
             options = [a for a in typing.get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
             if not options:
                 break

@@ -92,7 +92,7 @@ class Step:
     to_main: bool = False
     prompt: str = ""
     mentions: tuple[str, ...] = ()
-    steps: tuple["Step", ...] = ()
+    steps: tuple[Step, ...] = ()
     policy: Literal["collect", "fail-fast"] = "collect"
     over: tuple[str, ...] = ()
     split: Literal["lines", "json", "chunks"] = "lines"
@@ -130,7 +130,7 @@ class StepBudget:
     """Tokens planned for them: ``tool_rounds`` x (``max_tokens`` + results allowance)."""
 
 
-def _estimated(model: str | None) -> "tuple[Count, bool]":
+def _estimated(model: str | None) -> tuple[Count, bool]:
     """The :attr:`Recipe.text_counter` of a recipe built without one: the estimate."""
     return estimate_tokens, False
 
@@ -168,7 +168,7 @@ class Recipe:
     output_schema: dict[str, Any] | None = None
     warnings: list[RecipeWarning] = field(default_factory=list)
     budgets: tuple[StepBudget, ...] = ()
-    mcp_servers: tuple["MCPServer", ...] = ()
+    mcp_servers: tuple[MCPServer, ...] = ()
     tool_locs: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     planned: frozenset[str] = frozenset()
     reads: tuple[tuple[str, str], ...] = ()
@@ -178,7 +178,7 @@ class Recipe:
     """Its ``engines:`` list (several engines, :mod:`squad.chat.routing`), else empty."""
     shared_input: str = "first"
     """Its ``shared_input:`` (:mod:`squad.sched.share`)."""
-    text_counter: "Callable[[str | None], tuple[Count, bool]]" = field(default=_estimated, repr=False, compare=False)
+    text_counter: Callable[[str | None], tuple[Count, bool]] = field(default=_estimated, repr=False, compare=False)
     """How :meth:`items` counts the tokens of a chunk: ``(count, exact)`` for the recipe's model,
     looked up each time (the model may be pulled after loading). Injected by the loader
     (:func:`squad.recipes.modelfile.text_counter`: the model's own tokenizer when its file is on
@@ -271,7 +271,8 @@ class Recipe:
         training context while its budget is auto); None when neither is known."""
         budget = self.agents[agent].fixed_budget
         tokens, whose = (budget, f"agent '{agent}' has a budget of {budget:,} tokens") if budget else \
-            (self.context_limit, f"the model's training context is {self.context_limit:,} tokens") if self.context_limit \
+            (self.context_limit,
+             f"the model's training context is {self.context_limit:,} tokens") if self.context_limit \
             else (None, "")
         if tokens is None:
             return None, ""
@@ -343,7 +344,7 @@ class Recipe:
         return f"parameter '{name}' is empty text" if not text.strip() else \
             f"parameter '{name}' gives no items (split: {step.split})"
 
-    def empty_maps(self, unset: "set[str] | frozenset[str]" = frozenset()) -> list[tuple[Step, str]]:
+    def empty_maps(self, unset: set[str] | frozenset[str] = frozenset()) -> list[tuple[Step, str]]:
         """``(step, why)`` of every map step whose items are known before the run to be none
         (:meth:`no_items` with the parameter values; ``unset``: required parameters without a
         value yet, not known); ``squad plan`` and validate warn of them."""

@@ -45,8 +45,8 @@ class RecipeRun:
     results: list[tuple[str, AgentResult]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)
-    plan: "EnginePlan | None" = None
-    info: "EngineInfo | None" = None
+    plan: EnginePlan | None = None
+    info: EngineInfo | None = None
     workers: list[dict[str, Any]] = field(default_factory=list)
 
     @property

@@ -39,16 +39,16 @@ class Fanout(Protocol):
     whole flow there and returns what it produced."""
 
     async def run(self, recipe: Recipe, *, engine: Any, on_event: Any = None,
-                  record: "RecipeRun | None" = None) -> "RecipeRun": ...
+                  record: RecipeRun | None = None) -> RecipeRun: ...
 
 
 async def run_recipe(
     recipe: Recipe,
     *,
-    engine: "EngineSpec | EngineInfo | ChatEngine | Sequence[EngineSpec | EngineInfo | ChatEngine] | None" = None,
-    on_event: "EventSink | list[EventSink] | None" = None,
+    engine: EngineSpec | EngineInfo | ChatEngine | Sequence[EngineSpec | EngineInfo | ChatEngine] | None = None,
+    on_event: EventSink | list[EventSink] | None = None,
     record: RecipeRun | None = None,
-    ray: "Fanout | None" = None,
+    ray: Fanout | None = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
@@ -61,7 +61,8 @@ async def run_recipe(
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
-    engines: list[Any] = list(engine) if isinstance(engine, (list, tuple)) else [engine] if engine else recipe.engine_specs()
+    engines: list[Any] = list(engine) if isinstance(engine,
+                                                    (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
         if len(engines) != 1:
             raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "
@@ -83,7 +84,7 @@ async def run_recipe(
 
 
 @asynccontextmanager
-async def recipe_mcp(recipe: Recipe) -> "AsyncIterator[MCPServers]":
+async def recipe_mcp(recipe: Recipe) -> AsyncIterator[MCPServers]:
     """Start ``recipe``'s MCP servers (none: nothing starts), check the MCP tools each agent
     names against what its server lists, and count those tools' schemas into the ``auto``
     budgets (:func:`squad.recipes.budgets.plan_budgets`); the servers stop on exit.

@@ -12,13 +12,22 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 from squad.engine.urls import check_engine_url
 
-__all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec", "AgentFileSpec",
+__all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec",
+           "AgentFileSpec",
            "PARAM_TYPES", "coerce_param"]
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
@@ -56,13 +65,14 @@ class EngineSection(_Strict):
     @classmethod
     def _auto_or_number(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str) and value != "auto":
-            raise ValueError(f"{info.field_name} must be auto or a number of {'slots' if info.field_name == 'slots' else 'tokens'}, got {value!r}")
+            raise ValueError(f"{info.field_name} must be auto or a number of "
+                             f"{'slots' if info.field_name == 'slots' else 'tokens'}, got {value!r}")
         if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{info.field_name} must be auto or a whole number, got {value!r}")
         return value
 
     @model_validator(mode="after")
-    def _range(self) -> "EngineSection":
+    def _range(self) -> EngineSection:
         if isinstance(self.slots, int) and not 1 <= self.slots <= MAX_SLOTS:
             raise ValueError(f"slots must be auto or 1..{MAX_SLOTS}, got {self.slots}")
         if isinstance(self.ctx, int) and self.ctx < 256:
@@ -93,11 +103,11 @@ class EngineItem(EngineSection):
         return value
 
     @model_validator(mode="after")
-    def _range(self) -> "EngineItem":
+    def _range(self) -> EngineItem:
         if self.url is None:
             if self.api_key is not None:
                 raise ValueError("api_key is the key of an engine at a url; add url: or remove api_key")
-            return EngineSection._range(self)
+            return EngineSection._range(self)  # noqa: SLF001 - this module's validator
         check_engine_url(self.url)  # a ValueError: reported at the item's file:line
         launch = [k for k in ("model", "cache_type", "gpu_layers", "threads") if getattr(self, k) is not None]
         if launch:
@@ -119,7 +129,7 @@ class ParamSpec(_Strict):
     choices: list[str] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParamSpec":
+    def _consistent(self) -> ParamSpec:
         if self.type == "enum" and not self.choices:
             raise ValueError("an enum parameter needs choices; add choices: [a, b, ...]")
         if self.type != "enum" and self.choices is not None:
@@ -164,7 +174,7 @@ class StepSpec(_Strict):
     id: str | None = Field(default=None, pattern=ID_PATTERN)
     agent: str | None = None
     prompt: str | None = None
-    parallel: list["StepSpec"] | None = None
+    parallel: list[StepSpec] | None = None
     policy: Literal["collect", "fail-fast"] | None = None
     map: str | None = None
     split: Literal["lines", "json", "chunks"] | None = None
@@ -181,12 +191,14 @@ class StepSpec(_Strict):
         return "map" if self.map is not None else "call"
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "StepSpec":
+    def _one_kind(self) -> StepSpec:
         if self.parallel is not None:
-            extra = [k.rstrip("_") for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap", "concurrency",
+            extra = [k.rstrip("_") for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap",
+                                             "concurrency",
                                               "schema_") if getattr(self, k) is not None]
             if extra:
-                raise ValueError(f"a parallel step holds only id, policy, non_answers and parallel; move {', '.join(extra)} "
+                raise ValueError("a parallel step holds only id, policy, non_answers and parallel; move "
+                                 f"{', '.join(extra)} "
                                  "into its steps")
             if not self.parallel:
                 raise ValueError("parallel needs at least one step")
@@ -301,7 +313,8 @@ def coerce_param(name: str, spec: ParamSpec, value: Any, base_dir: Path) -> Any:
     try:
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise ValueError(f"parameter '{name}': file not found: {path}; give an existing file (a default is relative to the recipe, a -p value to the current directory)") from None
+        raise ValueError(f"parameter '{name}': file not found: {path}; give an existing file (a default is relative to "
+                         "the recipe, a -p value to the current directory)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"parameter '{name}': cannot read {path} as UTF-8 text: {exc}") from None
 

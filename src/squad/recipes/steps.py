@@ -17,13 +17,12 @@ from squad.errors import AgentCancelled, AgentRunError, IncompleteAnswer, Mentio
 from squad.events import StepWarning
 from squad.recipes.model import Recipe, Step
 from squad.recipes.record import RecipeRun, entry, outcome_of_error, plain, record_failure, shown
+from squad.runtime.conversation import incomplete_answer
+from squad.runtime.ops import SquadOps
 from squad.runtime.outcome import Outcome, fix_for, marked, worst
 from squad.runtime.results import AgentResult
 from squad.sched.share import sharing
 from squad.templates import template_paths
-
-from squad.runtime.conversation import incomplete_answer
-from squad.runtime.ops import SquadOps
 
 __all__ = ["execute_flow"]
 
@@ -105,7 +104,8 @@ def _warn(squad: SquadOps, step: Step, result: AgentResult, run: RecipeRun) -> N
             else "the model gave an empty answer")
     effect = ("the step fails" if handling == "fail"
               else f"it is passed on marked {marked(outcome, '').strip()}")
-    warning = (f"step '{step.id}' (agent '{result.label}'): {what}: {fix_for(outcome, result.agent, result.max_tokens)}; "
+    warning = (f"step '{step.id}' (agent '{result.label}'): {what}: "
+               f"{fix_for(outcome, result.agent, result.max_tokens)}; "
                f"{effect} (non_answers.{outcome.value}: {handling})")
     run.warnings.append((step.id, warning))
     squad.emit(StepWarning(agent=result.agent, conversation=result.conversation, step=step.id, label=result.label,

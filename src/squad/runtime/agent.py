@@ -12,14 +12,24 @@ Design (every field, its unit and default): docs/design/agent.md
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from squad.chat.structured import OutputSchema, output_schema
 from squad.errors import UserError
 from squad.mcp import is_mcp_ref, split_ref, unknown_server
-from squad.chat.structured import OutputSchema, output_schema
 from squad.templates import render_template
 
 __all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
@@ -81,7 +91,8 @@ class Agent(BaseModel):
                                       description="levels of sub-agent tool calls in a run it starts")
     max_sub_calls: int | None = Field(default=None, ge=1, strict=True,
                                       description="sub-agent tool calls in a run it starts")
-    tool_results: Literal["cut", "fail"] = Field(default="cut", description="a tool result over the room left: cut or fail")
+    tool_results: Literal["cut", "fail"] = Field(default="cut",
+                                                 description="a tool result over the room left: cut or fail")
     max_tool_rounds: int | None = Field(default=None, ge=1, strict=True,
                                         description="model rounds of one turn that may call tools")
 
@@ -97,10 +108,11 @@ class Agent(BaseModel):
             return value
         if isinstance(value, str) and value.strip().isdigit():
             return int(value)
-        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}; write auto or a number such as 2048")
+        raise ValueError(f"expected auto or a whole number of tokens, got {value!r}; write auto or a "
+                         "number such as 2048")
 
     @model_validator(mode="after")
-    def _check(self) -> "Agent":
+    def _check(self) -> Agent:
         if isinstance(self.budget, bool) or (isinstance(self.budget, int) and self.budget < 1):
             raise ValueError(f"budget must be auto or a positive number of tokens, got {self.budget!r}")
         if isinstance(self.budget, int) and self.max_tokens >= self.budget:
@@ -123,7 +135,7 @@ class Agent(BaseModel):
         return None if self.budget == "auto" else int(self.budget)
 
     @classmethod
-    def build(cls, **fields: Any) -> "Agent":
+    def build(cls, **fields: Any) -> Agent:
         """Like ``Agent(**fields)`` but raises :class:`~squad.errors.UserError` with a readable
         message instead of pydantic's ``ValidationError``."""
         try:
@@ -131,7 +143,7 @@ class Agent(BaseModel):
         except ValidationError as exc:
             raise agent_error(exc, fields.get("name")) from None
 
-    def system_prompt(self, sub_agents: Sequence["Agent"] = (), variables: Mapping[str, Any] | None = None) -> str:
+    def system_prompt(self, sub_agents: Sequence[Agent] = (), variables: Mapping[str, Any] | None = None) -> str:
         """Render ``instructions`` with the sandboxed template environment.
 
         Raises the template module's error (a :class:`~squad.errors.UserError`) for an unknown

@@ -19,8 +19,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Literal, Sequence
+from typing import Literal
 
 import anyio
 
@@ -119,7 +120,8 @@ async def run_block(names: Sequence[str], one: One, *, policy: Policy,
                     results[i] = result
 
                 results[i] = result = await one(i, limiter, reason, record)
-                if policy == "fail-fast" and result.error is not None and result.cancelled_reason is None and not failed:
+                if (policy == "fail-fast" and result.error is not None and result.cancelled_reason is None
+                        and not failed):
                     failed.append(names[i])
                     tg.cancel_scope.cancel(f"sibling {names[i]!r} failed")
 

@@ -10,7 +10,8 @@ It is the library's loop; ``squad chat`` only wires it to the terminal.
   A mention with nothing to do (``@security`` alone) is an error; the line is not run.
 - An answer that stopped at max_tokens (or is empty) is followed by a warning with the fix.
 - History is kept within half of the main agent's budget (tokens, counted exactly; an auto
-  budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a time (:func:`trim_history`).
+  budget as the plan resolved it, :meth:`Squad.budget_of`): the oldest turns are dropped first, a whole user turn at a
+  time (:func:`trim_history`).
 - ``/quit`` or ``/exit`` (or end of input) ends the loop.
 """
 
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.from_thread

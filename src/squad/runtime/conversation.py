@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Callable, Collection, Mapping, Sequence, Union
+from typing import Any
 
 import anyio
 
@@ -70,11 +71,11 @@ class Conversations:
     max_sub_depth: int
     max_sub_calls: int
     shared_input: str
-    session: Union[EngineSession, EngineGroup]
+    session: EngineSession | EngineGroup
     _mcp_tools: dict[str, dict[str, MCPTool]]
     _sinks: list[EventSink]
     _tool_warned: set[str]
-    _conversations: "itertools.count[int]"
+    _conversations: itertools.count[int]
 
     @property
     def info(self) -> EngineInfo:
@@ -179,7 +180,8 @@ class Conversations:
         if self.shared_input == "off":
             return None
         arrangement = arrange(prompts)
-        return ShareGroup(arrangement, mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
+        return ShareGroup(arrangement,
+                          mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
 
     async def _recorded(
         self,
@@ -247,7 +249,8 @@ class Conversations:
         tools = self._tools_for(agent, priority, subs, variables, origin=origin, notes=notes)
         if tools and self.info.template_has_tools is False and agent.name not in self._tool_warned:
             self._tool_warned.add(agent.name)  # once per agent
-            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=no_tool_template(agent.name, tools)))
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url,
+                                     warning=no_tool_template(agent.name, tools)))
         system = self._system(agent, variables)
         group = current_group()
         if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
@@ -317,5 +320,6 @@ def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
     """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
     what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
             if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
-    return IncompleteAnswer(f"agent '{result.label}' {what}: {fix_for(result.outcome, result.agent, result.max_tokens)}",
+    return IncompleteAnswer(f"agent '{result.label}' {what}: "
+                            f"{fix_for(result.outcome, result.agent, result.max_tokens)}",
                             agent=result.agent, outcome=result.outcome.value, partial=result.output or "")

@@ -5,7 +5,8 @@ for forms given together that exclude each other."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from squad.chat.routing import EngineGroup
 from squad.engine.session import EngineSession, EngineSource, EngineSpec
@@ -38,7 +39,7 @@ def chosen_engine(engine: Any, engines: Any, short: Mapping[str, Any], queue: st
 
 
 def session_for(engine: Any, engines: Any, short: Mapping[str, Any], queue: str | None, workload: Node,
-                sink: EventSink | None) -> Union[EngineSession, EngineGroup]:
+                sink: EventSink | None) -> EngineSession | EngineGroup:
     """The session of a squad: ``engines=[...]`` (:func:`_several`), ``engine=`` (any
     :data:`~squad.engine.session.EngineSource`), else the spec the short forms make."""
     if engines is not None or isinstance(engine, (list, tuple)):
@@ -48,7 +49,7 @@ def session_for(engine: Any, engines: Any, short: Mapping[str, Any], queue: str 
 
 
 def _several(engine: Any, engines: Any, short: Mapping[str, Any], workload: Node,
-             sink: EventSink | None) -> Union[EngineSession, EngineGroup]:
+             sink: EventSink | None) -> EngineSession | EngineGroup:
     """The session for ``engines=[...]``: one engine alone is an ordinary session."""
     if isinstance(engine, (list, tuple)):
         raise UserError("engine= takes one engine: give several as engines=[...]")

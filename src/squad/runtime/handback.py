@@ -13,7 +13,8 @@ answer it cut.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from squad.chat import ChatEngine
 from squad.events import AnswerCut, EventSink, Origin

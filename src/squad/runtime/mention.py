@@ -85,7 +85,7 @@ class MentionParse:
             f"'@{name}' is mentioned with nothing to do: write its task after the mention "
             f"(e.g. '@{name} check the login code')" for name in self.idle]
 
-    def check(self, known: Iterable[str] = ()) -> "MentionParse":
+    def check(self, known: Iterable[str] = ()) -> MentionParse:
         """Return self, or raise :class:`MentionError` naming every unknown mention and every
         idle agent (:meth:`problems`), followed by the known names."""
         if self.unknown or self.idle:

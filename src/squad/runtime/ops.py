@@ -5,7 +5,8 @@ neither the flow nor the cluster imports the other."""
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Protocol
+from collections.abc import Collection, Iterable
+from typing import Any, Protocol
 
 from squad.events import Event
 from squad.runtime.blocks import Policy

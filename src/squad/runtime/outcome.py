@@ -12,8 +12,9 @@ Design (the table, and what flows on where): docs/design/non-answers.md
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 __all__ = ["Outcome", "Handling", "HANDLINGS", "DEFAULT_HANDLING", "outcome_of", "marked", "fix_for", "worst"]
 

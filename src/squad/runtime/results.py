@@ -10,8 +10,9 @@ never an ``output`` and never enters a history. Each result's ``outcome``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from squad.errors import AgentCancelled, AgentRunError, IncompleteAnswer
 from squad.runtime.outcome import Outcome, marked, outcome_of
@@ -40,7 +41,7 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def __add__(self, other: "Usage") -> "Usage":
+    def __add__(self, other: Usage) -> Usage:
         return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
 
 
@@ -100,7 +101,7 @@ class AgentResult:
     cancelled_reason: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
-    subs: list["AgentResult"] = field(default_factory=list)
+    subs: list[AgentResult] = field(default_factory=list)
     conversation: str | None = None
     item: int | None = None
     finish_reason: str | None = None

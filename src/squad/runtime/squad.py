@@ -32,8 +32,9 @@ a run is a conversation the caller starts (a ``run`` turn with its @mentioned su
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import anyio
 
@@ -50,8 +51,8 @@ from squad.runtime.handback import TextCounter, hand_back
 from squad.runtime.mention import Dispatch, parse_mentions, unmark
 from squad.runtime.outcome import Outcome
 from squad.runtime.results import AgentResult, RunResult, first_failure
-from squad.runtime.tools import Tool
 from squad.runtime.toolroom import MAX_TOOL_ROUNDS
+from squad.runtime.tools import Tool
 from squad.sched.share import SHARE_MODES
 from squad.sched.workload import Call, Delegate, Node, Parallel
 
@@ -84,9 +85,9 @@ class Squad(Conversations):
     agents may name. ``mcp_servers`` (:class:`~squad.mcp.MCPServer`) are MCP servers whose
     tools agents name as ``server.tool`` or ``server.*``: they start when the squad opens,
     before the engine, and stop when it closes (:mod:`squad.mcp`); an
-    :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every agent's instructions template.
-    ``replan=True`` lets a turn that @mentions more agents than the engine has slots reload
-    a launched engine with more slots (otherwise they queue in squad, with an event).
+    :class:`~squad.mcp.MCPServers` already open is used as it is and left open. ``variables`` are passed to every
+    agent's instructions template. ``replan=True`` lets a turn that @mentions more agents than the engine has slots
+    reload a launched engine with more slots (otherwise they queue in squad, with an event).
     ``queue`` orders the calls waiting for admission (:mod:`squad.sched.policy`: ``program``
     default, ``fifo``, ``backfill``).
     ``max_tool_rounds`` bounds tool-calling rounds per agent turn; after that the model is
@@ -177,7 +178,7 @@ class Squad(Conversations):
             raise AttributeError(f"Squad.{name} moved: use {MOVED[name]}")
         raise AttributeError(f"'Squad' object has no attribute {name!r}")
 
-    async def __aenter__(self) -> "Squad":
+    async def __aenter__(self) -> Squad:
         if self._own_mcp:
             await self.mcp.__aenter__()  # before the engine: a server that fails costs no model load
         self.mcp.listen(self._emit)  # its warnings so far (a server's stdout noise) and later ones (an exit)
@@ -413,7 +414,8 @@ class Squad(Conversations):
         system = self._system(main, variables)
         prefix = ([{"role": "system", "content": system}] if system else []) + [*map(dict, history)]
         specs = [t.spec() for t in self._tools_for(main, 0, [], variables).values()] or None
-        return await hand_back(self.chat, origin or Origin(main.name), budget=self.context_limit(main), max_tokens=main.max_tokens,
+        return await hand_back(self.chat, origin or Origin(main.name), budget=self.context_limit(main),
+                               max_tokens=main.max_tokens,
                                prefix=prefix, tools=specs, text=text, subs=subs, count_text=self._count_text,
                                on_event=self._emit)
 

@@ -7,8 +7,8 @@ the call, the tool definitions it offers), counted exactly (:meth:`~squad.chat.C
 While more tool rounds may follow, the results leave room for one more of them
 (``max_tokens`` for the call + :data:`RESULT_FLOOR`); when the results fit whole only without
 that room, or it would leave them less than :data:`RESULT_FLOOR` tokens each, the next round
-offers no tools (the model answers with what it has) and the results get all the room. Several results of one round share the room
-equally (one shorter than its share keeps all of it and leaves the rest to the others). A cut
+offers no tools (the model answers with what it has) and the results get all the room. Several results of one round
+share the room equally (one shorter than its share keeps all of it and leaves the rest to the others). A cut
 result keeps its longest prefix that fits and ends with :data:`CUT_MARK`, which names the
 tool and what was dropped; :class:`Cut` records it (the caller emits ``tool.truncated``).
 
@@ -18,8 +18,9 @@ An agent's ``tool_results: fail`` makes a result that does not fit a
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 from squad.chat import ChatEngine
 from squad.chat.counting import MAX_BYTES_PER_TOKEN
@@ -142,7 +143,8 @@ async def fit_results(
         room -= over
     raise ToolResultTooLarge(
         f"agent '{agent}': its budget of {limit:,} tokens has no room left for the result of tool "
-        f"'{calls[0][1]}' (not even a note that it was cut): {_budget_fix(agent, limit + max(0, -room) + 256, trained)}",
+        f"'{calls[0][1]}' (not even a note that it was cut): "
+        f"{_budget_fix(agent, limit + max(0, -room) + 256, trained)}",
         agent=agent, tool=calls[0][1])
 
 

@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Awaitable, Callable, Mapping, Sequence, get_type_hints
+from typing import Annotated, Any, get_type_hints
 
 import anyio
 import docstring_parser
-from pydantic import (BaseModel, ConfigDict, Field, PydanticInvalidForJsonSchema, PydanticSchemaGenerationError,
-                      PydanticUserError, ValidationError, create_model)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticInvalidForJsonSchema,
+    PydanticSchemaGenerationError,
+    PydanticUserError,
+    ValidationError,
+    create_model,
+)
 
 from squad.errors import UserError
 
@@ -53,7 +62,7 @@ class Tool:
     @classmethod
     def from_function(
         cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
-    ) -> "Tool":
+    ) -> Tool:
         """Build a tool from ``fn``'s signature, type hints and docstring.
 
         Raises :class:`UserError` for ``*args``/``**kwargs`` parameters, a parameter type
@@ -92,7 +101,7 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters()},
         }
 
-    async def call(self, arguments: str) -> "ToolOutcome":
+    async def call(self, arguments: str) -> ToolOutcome:
         """Validate ``arguments`` (a JSON object as text) and run the function.
 
         Never raises for a bad call or a failing function: the outcome carries the error text.

@@ -21,18 +21,19 @@ removed from it, with a note (:func:`squad.engine.template_profile.strip_raw_mar
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
-from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.chat import ChatEngine, ChatRequest, ChatResult
+from squad.chat.structured import OutputInvalid, OutputSchema, retry_message
 from squad.engine.template_profile import strip_raw_markup
 from squad.errors import InvalidOutput, UserError
 from squad.events import EventSink, Origin, OutputRetried, ToolCalled, ToolTruncated
-from squad.runtime.handback import TextCounter
 from squad.mcp import is_mcp_ref, split_ref
+from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
+from squad.runtime.handback import TextCounter
 from squad.runtime.results import AgentResult, slot_of, timings_of, usage_of
-from squad.chat.structured import OutputInvalid, OutputSchema, retry_message
 from squad.runtime.toolroom import Cut, fit_results, request_limit
 from squad.runtime.tools import Tool, arguments_for_history, run_tool_calls
 
@@ -206,7 +207,8 @@ async def run_turn(
         # grammar is one or more <tool_call> blocks), so squad keeps only the first call itself
         wanted = reply.tool_calls if agent.parallel_tool_calls else reply.tool_calls[:1]
         convo.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_for_history(c.arguments)}}
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": arguments_for_history(c.arguments)}}
             for c in wanted
         ]})
         tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
@@ -228,7 +230,8 @@ async def run_turn(
         usage=usage_of(calls), timings=timings_of(calls, time.monotonic() - start),
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
-        max_tokens=agent.max_tokens, notes=[*notes, *(rerun_note(c) for c in calls if c.rerun_from)], engine=reply.engine,
+        max_tokens=agent.max_tokens, notes=[*notes, *(rerun_note(c) for c in calls if c.rerun_from)],
+                       engine=reply.engine,
     )
 
 

@@ -24,9 +24,10 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, cast
+from typing import TYPE_CHECKING, cast
 
 import anyio
 
@@ -70,7 +71,7 @@ class _Waiter:
     error: AdmissionError | EngineLost | None = None
 
 
-def _limit_note(info: "EngineInfo") -> str:
+def _limit_note(info: EngineInfo) -> str:
     if info.truncates:
         return (f" ({info.kind} would silently truncate a longer prompt, so squad refuses it before sending: "
                 "it was not sent)")
@@ -94,7 +95,7 @@ class Admission:
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
                  on_event: EventSink | None = None, engine: str | None = None, limit_note: str = "",
-                 queue: "str | QueuePolicy | None" = None) -> None:
+                 queue: str | QueuePolicy | None = None) -> None:
         self._check_shape(slots, pool)
         self.queue: QueuePolicy = queue_policy(queue)
         self.limit_note = limit_note
@@ -111,15 +112,15 @@ class Admission:
         """Set by :meth:`close`: the engine was lost; every reservation fails with it."""
 
     @classmethod
-    def for_engine(cls, info: "EngineInfo", *, on_event: EventSink | None = None,
-                   queue: "str | QueuePolicy | None" = None) -> "Admission":
+    def for_engine(cls, info: EngineInfo, *, on_event: EventSink | None = None,
+                   queue: str | QueuePolicy | None = None) -> Admission:
         """Admission for an engine as it reported itself: its slots, its pool, and each
         request kept under the per-slot context ``info.n_ctx`` (which is below the pool when
         KV is not unified, or when one slot is capped at the training context)."""
         return cls(info.slots, info.pool, per_request_limit=info.n_ctx, on_event=on_event, engine=info.base_url,
                    limit_note=_limit_note(info), queue=queue)
 
-    def adopt(self, info: "EngineInfo") -> None:
+    def adopt(self, info: EngineInfo) -> None:
         """Take a reloaded engine's slots and pool (see :meth:`resize`)."""
         self.engine, self.limit_note = info.base_url, _limit_note(info)
         self.resize(info.slots, info.pool, per_request_limit=info.n_ctx)

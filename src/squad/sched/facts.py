@@ -6,9 +6,9 @@ turns it into an :class:`~squad.sched.plan.EnginePlan` without I/O; whoever buil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from squad.engine.llama import MAX_SLOTS, check_cache_type
 from squad.errors import PlanError

@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 import psutil
 
@@ -67,7 +67,7 @@ def memory_for_kv(model: Path | str | None = None) -> int:
 
 # --- GPU memory ------------------------------------------------------------------------------
 
-GpuLayers = Union[int, Literal["all"]]
+GpuLayers = int | Literal["all"]
 """``-ngl``: how many model layers llama-server stores in GPU memory (a count, or ``"all"``)."""
 
 GPU_MARGIN = 1 << 30

@@ -68,7 +68,7 @@ class EnginePlan:
     per_slot_ctx: int | None = field(default=None, compare=False)
     reasons: tuple[str, ...] = field(default=(), compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
-    timeline: "tuple[Stage, ...]" = field(default=(), compare=False)
+    timeline: tuple[Stage, ...] = field(default=(), compare=False)
     requested_ctx: int | None = field(default=None, compare=False)
     memory_for_kv: int | None = field(default=None, compare=False)
     n_ctx_train: int | None = field(default=None, compare=False)
@@ -88,6 +88,6 @@ class EnginePlan:
                            chat_template=self.chat_template, gpu_layers=self.gpu_layers)
 
     @classmethod
-    def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> "EnginePlan":
+    def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> EnginePlan:
         """A plan with the given slots and context and the unified-KV rule applied."""
         return cls(model=Path(model), slots=slots, n_ctx=round_ctx(n_ctx), kv_unified=slots >= 2)

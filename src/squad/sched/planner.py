@@ -19,9 +19,10 @@ Rules come from the product page (``docs/product.md`` facts 3-10):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, overload
+from typing import Any, overload
 
 from squad.engine.llama import CTX_ROUND, DEFAULT_SLOTS, MAX_SLOTS, round_ctx, slot_ctx
 from squad.sched import sizing

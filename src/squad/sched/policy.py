@@ -17,7 +17,8 @@ waiting calls and picks one that fits, the split vLLM's scheduler makes between 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from squad.sched.policies.backfill import BackfillQueue
 from squad.sched.policies.fifo import FifoQueue
@@ -46,11 +47,11 @@ class QueuePolicy(Protocol):
 
     def remove(self, waiting: Waiting) -> bool: ...
 
-    def pick(self, fits: Callable[["Reservation"], bool]) -> Waiting | None: ...
+    def pick(self, fits: Callable[[Reservation], bool]) -> Waiting | None: ...
 
     def ordered(self) -> list[Waiting]: ...
 
-    def served(self, reservation: "Reservation", held_s: float) -> None: ...
+    def served(self, reservation: Reservation, held_s: float) -> None: ...
 
 
 DEFAULT_QUEUE = "program"
@@ -65,7 +66,7 @@ QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
 """Policies selectable by name (``queue="fifo"``, ``--queue``, a recipe's ``engine: queue:``)."""
 
 
-def queue_policy(policy: "str | QueuePolicy | None") -> QueuePolicy:
+def queue_policy(policy: str | QueuePolicy | None) -> QueuePolicy:
     """A queue policy from its name (``fifo``, ``backfill``, ``program``), an instance (kept),
     or None (:data:`DEFAULT_QUEUE`). Raises ``ValueError`` naming the known policies for an unknown name."""
     if policy is None:

@@ -7,8 +7,9 @@ asks its :class:`~squad.sched.policy.QueuePolicy` to pick; the policies
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from squad.sched.admission import Reservation
@@ -20,7 +21,7 @@ class Waiting(Protocol):
     """A call in the queue: its reservation request and its arrival number ``seq``."""
 
     @property
-    def reservation(self) -> "Reservation": ...
+    def reservation(self) -> Reservation: ...
 
     @property
     def seq(self) -> int: ...
@@ -31,7 +32,7 @@ class Room:
     """What Admission has free when it asks a policy to pick: call it with a reservation to
     know whether that fits now (a free slot is given: Admission asks only then)."""
 
-    fits: Callable[["Reservation"], bool]
+    fits: Callable[[Reservation], bool]
     free: int
     """KV cells of the pool not reserved, in tokens."""
     pool: int
@@ -40,5 +41,5 @@ class Room:
     running: int
     """Calls in flight."""
 
-    def __call__(self, reservation: "Reservation") -> bool:
+    def __call__(self, reservation: Reservation) -> bool:
         return self.fits(reservation)

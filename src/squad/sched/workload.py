@@ -17,7 +17,6 @@ import heapq
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = [
     "Call",
@@ -48,19 +47,19 @@ class Call:
 
 @dataclass(frozen=True)
 class Sequence:
-    items: tuple["Node", ...]
+    items: tuple[Node, ...]
     label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Parallel:
-    items: tuple["Node", ...]
+    items: tuple[Node, ...]
     label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
 @dataclass(frozen=True)
 class Map:
-    item: "Node"
+    item: Node
     count: int | None = None
     limit: int | None = None
     label: str | None = field(default=None, compare=False)  # display only, like Call.label
@@ -69,11 +68,11 @@ class Map:
 @dataclass(frozen=True)
 class Delegate:
     main: Call
-    subs: "Node"
+    subs: Node
     label: str | None = field(default=None, compare=False)  # display only, like Call.label
 
 
-Node = Union[Call, Sequence, Parallel, Map, Delegate]
+Node = Call | Sequence | Parallel | Map | Delegate
 
 
 @dataclass(frozen=True)

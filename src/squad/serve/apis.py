@@ -47,8 +47,8 @@ def prepare(body: dict[str, Any], kind: Kind, prefix: str | None, call_ids: int 
     """``body`` as it is sent for ``kind`` (tool choice, schemas and the history's tool calls,
     :mod:`squad.serve.forcing`); ``call_ids``: the length the engine's template demands of the
     history's tool call ids (chat ``tool_calls[].id``/``tool_call_id``, Responses ``call_id``,
-    Messages ``tool_use.id``/``tool_result.tool_use_id``) (:attr:`squad.engine.info.EngineInfo.call_id_length`), fitted as
-    squad's own client does."""
+    Messages ``tool_use.id``/``tool_result.tool_use_id``) (:attr:`squad.engine.info.EngineInfo.call_id_length`), fitted
+    as squad's own client does."""
     force = {"chat": force_chat, "responses": force_responses, "messages": force_messages}.get(kind)
     out = repair_history(body, kind)
     if call_ids and kind == "chat" and isinstance(out.get("messages"), list):
@@ -82,14 +82,14 @@ def _fit_blocks(message: Any, length: int) -> Any:
     return message if all(a is b for a, b in zip(fixed, blocks)) else {**message, "content": fixed}
 
 
-async def count(gateway: "Gateway", body: dict[str, Any], kind: Kind) -> int:
+async def count(gateway: Gateway, body: dict[str, Any], kind: Kind) -> int:
     """Prompt tokens of a Responses/Messages body (the engine's count endpoint) or an embeddings
     input (the sum over its texts). Raises :class:`Refused`: the engine's own 4xx message for a
     body it cannot read, 503 while it loads; :class:`~squad.errors.EngineGone` when it does not answer."""
     if kind == "embeddings":
         texts = body.get("input", body.get("content"))
         texts = texts if isinstance(texts, list) and texts and not isinstance(texts[0], int) else [texts]
-        return sum([await gateway._count_text(t) for t in texts])
+        return sum([await gateway._count_text(t) for t in texts])  # noqa: SLF001 - squad serve's own counting
     if kind == "messages" and not isinstance(body.get("messages"), list):
         raise Refused(400, "messages must be a list of Anthropic messages", param="messages")
     if kind == "responses" and "input" not in body:
@@ -111,7 +111,7 @@ async def count(gateway: "Gateway", body: dict[str, Any], kind: Kind) -> int:
     return int(r.json()["input_tokens"])
 
 
-async def demand(body: dict[str, Any], kind: Kind, gateway: "Gateway") -> Demand:
+async def demand(body: dict[str, Any], kind: Kind, gateway: Gateway) -> Demand:
     """What ``body`` reserves (:func:`squad.serve.demand.demand_for`; an embeddings request: its
     input and no generation)."""
     limit = gateway.admission.limit

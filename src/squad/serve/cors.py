@@ -12,7 +12,8 @@ it has. ``squad serve --cors-origin ORIGIN`` (repeatable; ``*`` for any) allows 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from squad.serve.demand import error_body
 

@@ -5,8 +5,8 @@
 project's one counter (:class:`~squad.chat.counting.PromptCounter`: the model's own tokenizer and
 chat template, else the engine's ``/v1/chat/completions/input_tokens``; for a plain-text prompt
 ``/tokenize``). ``max_tokens`` is what llama-server would generate at most: ``n_predict``,
-``max_completion_tokens``, ``max_tokens`` or (Responses) ``max_output_tokens`` (the largest one given); a request without any gets
-the server's stated default, written into the request so the engine stops there.
+``max_completion_tokens``, ``max_tokens`` or (Responses) ``max_output_tokens`` (the largest one given); a request
+without any gets the server's stated default, written into the request so the engine stops there.
 
 A request that cannot be admitted is a :class:`Refused`: an HTTP status and an OpenAI-shaped
 error body with the numbers (``{"error": {"message", "type", "param", "code", ...}}``).
@@ -14,8 +14,9 @@ error body with the numbers (``{"error": {"message", "type", "param", "code", ..
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Literal
 
 from squad.engine.llama import round_ctx
 

@@ -14,8 +14,9 @@ carry a late error).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 
@@ -44,7 +45,7 @@ class EarlyStart:
         self._lock = anyio.Lock()
 
     @asynccontextmanager
-    async def holding(self) -> AsyncIterator["EarlyStart"]:
+    async def holding(self) -> AsyncIterator[EarlyStart]:
         """Keep the client's connection alive while the block waits; :meth:`admitted` ends that.
         What the block raises comes out as it is (not in an exception group)."""
         error: BaseException | None = None

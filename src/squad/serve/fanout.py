@@ -23,8 +23,8 @@ import httpx
 from squad.errors import AdmissionError
 from squad.events import Origin
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, data_of, streamed_upstream
-from squad.serve.stream_start import add_role
 from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.stream_start import add_role
 
 if TYPE_CHECKING:
     from squad.serve.http import Send
@@ -85,14 +85,14 @@ def _part(body: dict[str, Any], prompt: Any) -> dict[str, Any]:
     return part
 
 
-async def fan_out(relay: "_Relay", parts: list[dict[str, Any]], send: "Send") -> str:
+async def fan_out(relay: _Relay, parts: list[dict[str, Any]], send: Send) -> str:
     """Answer ``relay``'s request from ``parts`` (see the module docstring); return the outcome
     for the ledger."""
     return await _Fanout(relay, parts, send).run()
 
 
 class _Fanout:
-    def __init__(self, relay: "_Relay", parts: list[dict[str, Any]], send: "Send") -> None:
+    def __init__(self, relay: _Relay, parts: list[dict[str, Any]], send: Send) -> None:
         self.relay, self.parts, self.send = relay, parts, send
         self.g = relay.g
         self.stream = bool(relay.body.get("stream"))

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from squad.serve.demand import Refused
 from squad.runtime.tools import arguments_for_history
+from squad.serve.demand import Refused
 
 __all__ = ["force_chat", "force_responses", "force_messages", "repair_history"]
 

@@ -41,7 +41,7 @@ import httpx
 from squad._version import __version__
 from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
 from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
-from squad.chat.settle import EngineSlots, Ending, until_engine_free
+from squad.chat.settle import Ending, EngineSlots, until_engine_free
 from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
 from squad.events import Event, EventSink, emit_to
@@ -49,8 +49,18 @@ from squad.sched.admission import Admission, Reservation
 from squad.serve import apis
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
-from squad.serve.http import (CLIENT_HEADER, PRIORITY_HEADER, SERVE_HEADER, Receive, Send, client_name, priority_of,
-                              read_body, relayed, send_json)
+from squad.serve.http import (
+    CLIENT_HEADER,
+    PRIORITY_HEADER,
+    SERVE_HEADER,
+    Receive,
+    Send,
+    client_name,
+    priority_of,
+    read_body,
+    relayed,
+    send_json,
+)
 from squad.serve.relay import Relay
 from squad.serve.status import Ledger, Live
 from squad.serve.watch import waits_for
@@ -92,7 +102,7 @@ class Gateway:
     on its own: another squad serve).
     """
 
-    def __init__(self, session: "EngineSession", *, api_key: str | None = None,
+    def __init__(self, session: EngineSession, *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
                  on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
                  client_keys: dict[str, str] | None = None) -> None:
@@ -131,11 +141,11 @@ class Gateway:
         return admission
 
     @property
-    def engine(self) -> "EngineInfo":
+    def engine(self) -> EngineInfo:
         return self.session.info
 
     @property
-    def counter(self) -> "PromptCounter":
+    def counter(self) -> PromptCounter:
         return self.session.chat.counter  # type: ignore[attr-defined]  # an EngineClient
 
     @property
@@ -220,7 +230,7 @@ class Gateway:
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
 
-    def until_engine_free(self, held: Reservation) -> "AbstractAsyncContextManager[Ending]":
+    def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:
         """Wrap the engine round trip of an admitted request (``held``) with this:
         :func:`squad.chat.settle.until_engine_free` on this gateway's engine. A request that ends on
         squad's side before the engine's answer was read to its end (client gone, timeout, broken

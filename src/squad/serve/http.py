@@ -4,7 +4,8 @@ headers squad serve reads and writes (``X-Squad-Serve``, ``X-Squad-Priority``, `
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from squad.serve import apis
 from squad.serve.demand import Refused

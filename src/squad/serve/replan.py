@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -53,7 +54,7 @@ class Replanner:
     the plan; ``check_every``: seconds between looks; ``log``: receives one line per decision.
     """
 
-    def __init__(self, gateway: "Gateway", *, interval: float = REPLAN_INTERVAL, sustain: float = SUSTAIN_S,
+    def __init__(self, gateway: Gateway, *, interval: float = REPLAN_INTERVAL, sustain: float = SUSTAIN_S,
                  check_every: float = 0.25, log: Callable[[str], None] | None = None) -> None:
         self.gateway, self.interval, self.sustain, self.check_every = gateway, interval, sustain, check_every
         self.log = log
@@ -117,7 +118,7 @@ class Replanner:
         self._say(f"engine reloaded in {took:.1f} s: {session.info.slots} slots, pool {session.info.pool:,} tokens")
         return True
 
-    async def _plan(self, slots: int, n_ctx: int) -> "EnginePlan | None":
+    async def _plan(self, slots: int, n_ctx: int) -> EnginePlan | None:
         spec = self.gateway.session.spec
         assert spec is not None
         plan = await anyio.to_thread.run_sync(plan_engine, spec.but(slots=slots, ctx=n_ctx), None)

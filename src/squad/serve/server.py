@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -43,8 +44,8 @@ class Served:
     url: str
     api_key: str
     gateway: Gateway
-    session: "EngineSession"
-    replanner: "Replanner | None" = None
+    session: EngineSession
+    replanner: Replanner | None = None
 
     @property
     def base_url(self) -> str:
@@ -74,17 +75,17 @@ def bind(host: str = HOST, port: int = PORT) -> socket.socket:
 
 
 @asynccontextmanager
-async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, port: int = PORT,
+async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port: int = PORT,
                   api_key: str | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS,
                   replan_interval: float | None = None, on_event: EventSink | None = None,
-                  log: "Callable[[str], None] | None" = None, sock: socket.socket | None = None,
+                  log: Callable[[str], None] | None = None, sock: socket.socket | None = None,
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   ) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
-    squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound socket
-    (:func:`bind`) instead of ``host:port``. ``cors_origins``: web origins allowed besides its own
+    squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound
+    socket (:func:`bind`) instead of ``host:port``. ``cors_origins``: web origins allowed besides its own
     (:mod:`squad.serve.cors`). ``client_keys``: more keys by client name (a request with one is
     counted under that name). Raises :class:`UserError` (port taken, or the
     engine at the URL admits on its own) and the session's errors.
@@ -92,40 +93,47 @@ async def serving(engine: "EngineSpec | EngineSession", *, host: str = HOST, por
     import uvicorn
 
     _Server = _server_class()
+    ours = sock is None  # a socket squad bound here is closed here, also when the session cannot start
     sock = sock or bind(host, port)
     host, port = sock.getsockname()[:2]
-    async with _session(engine, on_event) as session:
-        spec = session.spec
-        gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
-                          request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
-                          cors_origins=cors_origins, client_keys=client_keys)
-        config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
-        server = _Server(config)
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-        replanner = None
-        if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots, spec.ctx):
-            replanner = Replanner(gateway, interval=replan_interval, log=log)
-        async with anyio.create_task_group() as tg:
-            async def run_server() -> None:
-                await server.serve(sockets=[sock])
-                tg.cancel_scope.cancel()  # uvicorn stopped by itself (SIGINT/SIGTERM): end the block too
+    try:
+        async with _session(engine, on_event) as session:
+            spec = session.spec
+            gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
+                              request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
+                              cors_origins=cors_origins, client_keys=client_keys)
+            config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
+                                    timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
+            server = _Server(config)
+            url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+            replanner = None
+            if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots,
+                                                                                                    spec.ctx):
+                replanner = Replanner(gateway, interval=replan_interval, log=log)
+            async with anyio.create_task_group() as tg:
+                async def run_server() -> None:
+                    await server.serve(sockets=[sock])
+                    tg.cancel_scope.cancel()  # uvicorn stopped by itself (SIGINT/SIGTERM): end the block too
 
-            tg.start_soon(run_server)
-            if replanner is not None:
-                tg.start_soon(replanner.run)
-            while not server.started:
-                if server.should_exit:
-                    raise UserError(f"squad serve could not start on {url}")
-                await anyio.sleep(0.01)
-            try:
-                yield Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session,
-                             replanner=replanner)
-            finally:
-                server.should_exit = True
+                tg.start_soon(run_server)
                 if replanner is not None:
-                    replanner.stop()
-                await gateway.aclose()  # shielded
+                    tg.start_soon(replanner.run)
+                while not server.started:
+                    if server.should_exit:
+                        raise UserError(f"squad serve could not start on {url}")
+                    await anyio.sleep(0.01)
+                try:
+                    yield Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session,
+                                 replanner=replanner)
+                finally:
+                    server.should_exit = True
+                    if replanner is not None:
+                        replanner.stop()
+                    await gateway.aclose()  # shielded
+
+    finally:
+        if ours:
+            sock.close()
 
 
 def _server_class() -> type:
@@ -143,7 +151,7 @@ def _server_class() -> type:
 
 
 @asynccontextmanager
-async def _session(engine: "EngineSpec | EngineSession", on_event: EventSink | None) -> AsyncIterator["EngineSession"]:
+async def _session(engine: EngineSpec | EngineSession, on_event: EventSink | None) -> AsyncIterator[EngineSession]:
     if isinstance(engine, EngineSession):
         yield engine
         return

@@ -37,9 +37,10 @@ from jinja2 import meta, nodes, pass_context
 
 from squad.errors import RecipeError
 from squad.templates.marks import as_data
-from squad.templates.sandbox import OUT, MAX_VALUE, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
+from squad.templates.sandbox import MAX_VALUE, OUT, BoundedSandbox, Meter, TemplateLimit, bound, flat_size, metered
 
-__all__ = ["AnyValue", "render_template", "template_variables", "template_paths", "check_template", "environment", "mark_tags"]
+__all__ = ["AnyValue", "render_template", "template_variables", "template_paths", "check_template", "environment",
+           "mark_tags"]
 
 _ENV = BoundedSandbox(
     undefined=jinja2.StrictUndefined,
@@ -59,14 +60,14 @@ class AnyValue(dict):
         super().__init__()
         self.text = text
 
-    def __missing__(self, key: Any) -> "AnyValue":
+    def __missing__(self, key: Any) -> AnyValue:
         return self
 
     def __str__(self) -> str:
         return self.text
 
     @classmethod
-    def many(cls, text: str) -> list["AnyValue"]:
+    def many(cls, text: str) -> list[AnyValue]:
         """A stand-in list (a map's values): one item when iterated, any index readable."""
         return _AnyList([cls(text)])
 
@@ -103,7 +104,8 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
         ast = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
         raise _error(
-            f"template syntax error{_line(source, exc.lineno)}: {(exc.message or '').rstrip('.')}; only {{{{ ... }}}} and "
+            f"template syntax error{_line(source, exc.lineno)}: {(exc.message or '').rstrip('.')}; only "
+            f"{{{{ ... }}}} and "
             "{% ... %} are template syntax, write literal braces as plain text",
             where,
             loc,
@@ -198,15 +200,17 @@ def render_template(
     except TemplateLimit as exc:
         raise _error(f"template error: {exc}", where, loc) from None
     except RecursionError:
-        raise _error("template error: macros call themselves too deeply; end the recursion sooner", where, loc) from None
+        raise _error("template error: macros call themselves too deeply; end the recursion sooner", where,
+                     loc) from None
     except jinja2.UndefinedError as exc:
         raise _error(_explain_undefined(source, variables, exc), where, loc) from None
     except jinja2.exceptions.SecurityError as exc:
-        raise _error(f"template not allowed by the sandbox: {str(exc).rstrip('.')}; templates may not reach Python internals or "
+        raise _error(f"template not allowed by the sandbox: {str(exc).rstrip('.')}; templates may not reach "
+                     "Python internals or "
                      "change values: remove this expression", where, loc) from None
     except jinja2.TemplateError as exc:
         raise _error(f"template error: {exc}; fix this expression", where, loc) from None
-    except Exception as exc:  # the template's own arithmetic, a bad + ...
+    except Exception as exc:  # noqa: BLE001 - the template's own arithmetic, a bad + ...
         problem = str(exc) or type(exc).__name__
         raise _error(f"template error: {problem} ({type(exc).__name__}); fix this expression", where, loc) from None
 

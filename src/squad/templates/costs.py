@@ -18,8 +18,7 @@ from typing import Any
 
 import jinja2
 
-from squad.templates.meter import (FIX, MAX_INT_DIGITS, Meter, TemplateLimit, as_int, current_meter, flat_size,
-                                   size_of)
+from squad.templates.meter import FIX, MAX_INT_DIGITS, Meter, TemplateLimit, as_int, current_meter, flat_size, size_of
 from squad.templates.text import refuse_internal
 
 __all__ = ["check_binop", "format_size", "check_str_method", "replace_size", "checked_join", "take", "guard_filter",
@@ -128,7 +127,7 @@ def guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         return _guard_join(func)
     if name == "sum":
         return _guard_sum(func)
-    pass_arg = jinja2.utils._PassArg.from_obj(func)
+    pass_arg = jinja2.utils._PassArg.from_obj(func)  # noqa: SLF001 - jinja2's pass_context marker has no public reader
 
     @functools.wraps(func)
     def guarded(*call_args: Any, **kwargs: Any) -> Any:

@@ -25,8 +25,17 @@ from jinja2 import nodes, pass_context
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from squad.templates.costs import check_binop, check_str_method, checked_join, counted, guard_filter
-from squad.templates.meter import (MAX_INT_DIGITS, MAX_STEPS, MAX_VALUE, Meter, TemplateLimit, current_meter, flat_size,
-                                   metered, size_of)
+from squad.templates.meter import (
+    MAX_INT_DIGITS,
+    MAX_STEPS,
+    MAX_VALUE,
+    Meter,
+    TemplateLimit,
+    current_meter,
+    flat_size,
+    metered,
+    size_of,
+)
 from squad.templates.text import not_text, refuse_internal
 
 __all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT", "not_text",

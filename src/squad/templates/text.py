@@ -16,7 +16,8 @@ __all__ = ["not_text", "refuse_internal"]
 
 _PLAIN = (str, int, float, type(None))
 _HOLDERS = (list, tuple, dict, set, frozenset)
-_GENERATED: tuple[type, ...] = (types.GeneratorType, range, type({}.items()), type({}.keys()), type({}.values()), map, filter, zip,
+_GENERATED: tuple[type, ...] = (types.GeneratorType, range, type({}.items()), type({}.keys()), type({}.values()), map,
+                                filter, zip,
               enumerate, reversed)
 _MAX_WALK = 10_000
 """Items of a list or mapping :func:`not_text` looks into (a larger value is data in any case)."""

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 _KINDS = ("FakeVLLM", "FakeSGLang", "FakeOllama", "FakeLMStudio")
 
-__all__ = ["ScriptedEngine", "FakeEngine", "FakeVLLM", "FakeSGLang", "FakeOllama", "FakeLMStudio", "Reply", "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD",
+__all__ = ["ScriptedEngine", "FakeEngine", "FakeVLLM", "FakeSGLang", "FakeOllama", "FakeLMStudio", "Reply",
+           "count_tokens", "MESSAGE_OVERHEAD", "PROMPT_OVERHEAD",
            "CONTEXT_EXCEEDED"]
 
 

@@ -21,8 +21,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import anyio
 
@@ -80,7 +81,8 @@ class FakeEngine:
     ) -> None:
         self.slots, self.n_ctx, self.api_key = slots, n_ctx, api_key
         self.prompt_delay, self.n_batch = prompt_delay, n_batch
-        self.load_time, self.token_delay, self.n_ctx_train, self.model_path = load_time, token_delay, n_ctx_train, model_path
+        self.load_time, self.token_delay = load_time, token_delay
+        self.n_ctx_train, self.model_path = n_ctx_train, model_path
         self.responder: Callable[[dict], Reply] | None = None
         self.requests: list[dict] = []
         self.count_requests = 0
@@ -164,7 +166,7 @@ class FakeEngine:
         await self.start()
         return self.info
 
-    async def __aenter__(self) -> "FakeEngine":
+    async def __aenter__(self) -> FakeEngine:
         await self.start()
         return self
 
@@ -322,7 +324,8 @@ class FakeEngine:
         return _SlotStream(self._sse(run, first, chunks, body), release=release, engine=self,
                            media_type="text/event-stream")
 
-    async def _collect(self, run: "_Run", first: dict, chunks: AsyncIterator[dict], release: Callable[[], None]) -> Response:
+    async def _collect(self, run: _Run, first: dict, chunks: AsyncIterator[dict],
+                       release: Callable[[], None]) -> Response:
         try:
             async for _ in chunks:
                 pass
@@ -342,7 +345,7 @@ class FakeEngine:
                              "choices": [{"index": 0, "message": message, "finish_reason": run.finish_reason}],
                              "usage": run.usage(), "timings": run.timings()})
 
-    async def _sse(self, run: "_Run", first: dict, chunks: AsyncIterator[dict], body: dict) -> AsyncIterator[bytes]:
+    async def _sse(self, run: _Run, first: dict, chunks: AsyncIterator[dict], body: dict) -> AsyncIterator[bytes]:
         def frame(obj: dict) -> bytes:
             return f"data: {json.dumps(obj)}\n\n".encode()
 
@@ -364,7 +367,8 @@ class FakeEngine:
 class _SlotStream(StreamingResponse):
     """A streaming response that frees its slot however it ends (done, error, disconnect)."""
 
-    def __init__(self, content: AsyncIterator[bytes], *, release: Callable[[], None], engine: FakeEngine, media_type: str) -> None:
+    def __init__(self, content: AsyncIterator[bytes], *, release: Callable[[], None], engine: FakeEngine,
+                 media_type: str) -> None:
         super().__init__(content, media_type=media_type)
         self._release, self._engine, self._done = release, engine, False
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -83,7 +84,7 @@ class _Slot:
 class _Run:
     """One request's generation: yields chat.completion.chunk dicts, one token each."""
 
-    def __init__(self, fe: "FakeEngine", slot: _Slot, body: dict, reply: Reply, n_prompt: int) -> None:
+    def __init__(self, fe: FakeEngine, slot: _Slot, body: dict, reply: Reply, n_prompt: int) -> None:
         self.fe, self.slot, self.body, self.reply, self.n_prompt = fe, slot, body, reply, n_prompt
         self.id = f"chatcmpl-fake{slot.task}"
         self.content = self.reasoning = ""
@@ -157,7 +158,7 @@ class _Run:
         delay = fe.token_delay if r.token_delay is None else r.token_delay
         tokens, tool_calls, forced = self._plan()
         slot.n_remain = len(tokens)
-        fe._charge(slot, self.n_prompt)  # prefill
+        fe._charge(slot, self.n_prompt)  # prefill  # noqa: SLF001 - the fake engine's own books
         async for progress in self._prefill():
             yield progress
         started = False
@@ -169,7 +170,7 @@ class _Run:
             if r.error_after is not None and i >= r.error_after:
                 raise _Failed(r.error_message)
             await anyio.sleep(delay)
-            fe._charge(slot, 1)
+            fe._charge(slot, 1)  # noqa: SLF001 - the fake engine's own books
             self.n_decoded += 1
             slot.n_decoded, slot.n_remain = self.n_decoded, slot.n_remain - 1
             text = word if (self.content if kind == "content" else self.reasoning) == "" else " " + word
@@ -188,7 +189,7 @@ class _Run:
         for index, call in enumerate(tool_calls):
             await anyio.sleep(delay)
             args = call.get("arguments", "{}")
-            fe._charge(slot, 1 + _words(args))
+            fe._charge(slot, 1 + _words(args))  # noqa: SLF001 - the fake engine's own books
             self.n_decoded += 1 + _words(args)
             call_id = call.get("id") or f"call_{slot.task}_{index}"
             self.tool_calls.append({"id": call_id, "type": "function",

@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 
-from squad.sched.admission import Admission
 from squad.chat import ChatRequest, ChatResult, Usage
 from squad.engine.info import EngineInfo
 from squad.events import EventSink
+from squad.sched.admission import Admission
 from squad.testing.counting import _words, count_tokens
 
 __all__ = ["ScriptedEngine", "Scripted"]
 
-Scripted = Union[str, ChatResult, BaseException]
+Scripted = str | ChatResult | BaseException
 """One scripted outcome: answer text, a full result, or an exception to raise."""
 
 

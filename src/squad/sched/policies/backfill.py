@@ -7,7 +7,8 @@ Then the head blocks the queue like ``fifo`` until it fits, so it waits at most 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from squad.sched.policies.fifo import FifoQueue
 

@@ -6,7 +6,8 @@ short calls that would fit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from squad.sched.admission import Reservation
