@@ -35,6 +35,7 @@ from squad.cluster.worker import (
     WorkerInfo,
     _Worker,  # noqa: F401
 )
+from squad.engine.registry import is_reference, resolve_model
 from squad.engine.session import EngineSpec, plan_engine
 from squad.errors import ClusterError, ModelError, UnknownModel, UserError
 from squad.events import ClusterStarting, EventSink, emit_to
@@ -240,8 +241,6 @@ def check_launch(recipe: Recipe, spec: EngineSpec, fanout: RayFanout) -> None:
 
     Raises :class:`~squad.errors.UnknownModel`, :class:`~squad.errors.PlanError`,
     :class:`~squad.errors.ModelError`, :class:`UserError` (exit 2 from the CLI)."""
-    from squad.engine.registry import is_reference, resolve_model  # start-up: the model hubs' clients
-
     if fanout.address is None:
         plan_engine(spec, recipe.workload(), share=fanout.share)
         return

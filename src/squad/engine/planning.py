@@ -12,6 +12,7 @@ from typing import cast
 
 from squad.engine.chat_templates import describe, tool_template_for
 from squad.engine.facts import read_model_facts
+from squad.engine.registry import resolve_model
 from squad.engine.spec import EngineSpec
 from squad.engine.template_profile import profile
 from squad.errors import SquadError
@@ -33,8 +34,6 @@ def plan_engine(spec: EngineSpec, workload: Node | None, *, pull: bool = True, s
     Raises :class:`~squad.errors.ModelError` (no such model) or
     :class:`~squad.errors.PlanError` (the workload cannot be planned).
     """
-    from squad.engine.registry import resolve_model  # start-up: the registry brings the model hubs' clients (~55 ms)
-
     model_path = resolve_model(spec.model, pull=pull)
     facts = read_model_facts(model_path)
     ctk, ctv = spec.kv_types

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from squad.dirs import state_dir
 from squad.errors import UserError
 from squad.events import (
     Event,
@@ -62,8 +63,6 @@ def jsonable(value: Any) -> Any:
 def default_trace_path() -> Path:
     """A fresh trace path: ``state_dir()/traces/run-YYYYmmdd-HHMMSS-ffffff.jsonl``
     (the directory is created; the file is not)."""
-    from squad.dirs import state_dir
-
     folder = state_dir() / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"run-{datetime.now():%Y%m%d-%H%M%S-%f}.jsonl"
@@ -160,6 +159,4 @@ def load_trace(path: Path | str) -> list[Event]:
 
 def default_trace_dir() -> Path:
     """Where :func:`default_trace_path` puts traces."""
-    from squad.dirs import state_dir
-
     return state_dir() / "traces"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from squad.engine.registry import DEFAULT_MODEL
 from squad.errors import UserError
 from squad.events import Event
 
@@ -311,8 +312,6 @@ def _exporter(name: str) -> Any:
 def model_label(model: str | Path | None) -> str:
     """``gen_ai.request.model`` for a model argument: a known name as is, a path by its file
     name, None as the default model's name."""
-    from squad.engine.registry import DEFAULT_MODEL
-
     if model is None:
         return DEFAULT_MODEL
     return Path(model).name if isinstance(model, Path) or "/" in str(model) else str(model)
