@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 import squad
 
 SRC = Path(squad.__file__).parent
