@@ -1,34 +1,15 @@
 """The Ray cluster of a ``--ray`` run: check its address, connect to it, or start a local one
 and stop every process of it. Used by :class:`squad.cluster.ray.RayFanout`.
 
-**Addresses** (``squad run --ray ADDRESS``, ``RayFanout(address=...)``), checked by
-:func:`check_address` before anything starts:
+Addresses (:func:`check_address`): ``local`` (None in the API: a one-node cluster on 127.0.0.1),
+``auto``, ``HOST:PORT`` (a GCS), ``ray://HOST:PORT`` (Ray Client); anything else is a
+:class:`~squad.errors.UserError` (exit 2). An address where nothing accepts a TCP connection
+within :data:`PROBE_TIMEOUT` seconds (:func:`probe`), or Ray's own error while connecting, is a
+:class:`~squad.errors.ClusterError` (exit 1). :class:`LocalCluster` records the process tree Ray
+starts and kills what is left :data:`STOP_GRACE` seconds after ``ray.shutdown()``, so no process
+of it outlives the run.
 
-- ``local`` (None in the API): a one-node cluster squad starts on 127.0.0.1 for the run;
-- ``auto``: the cluster Ray finds on this machine (``$RAY_ADDRESS``, or the one ``ray start``
-  left);
-- ``HOST:PORT``: a cluster's GCS, as ``ray start --head`` prints it (port 6379 by default);
-- ``ray://HOST:PORT``: through Ray Client (port 10001 by default; needs ``pip install
-  'ray[client]'``, checked here).
-
-Anything else is a :class:`~squad.errors.UserError` (exit 2) listing these. Before
-``ray.init``, ``HOST:PORT`` and ``ray://HOST:PORT`` must accept a TCP connection within
-:data:`PROBE_TIMEOUT` seconds (:func:`probe`), else :class:`~squad.errors.ClusterError` (exit 1:
-the address is well formed, and that nothing answers there is the state of the world at run
-time, as for an engine at ``--url`` that does not answer; exit 2 is for input that is wrong
-whatever runs). Ray's own errors while connecting (``auto`` with no cluster running, a
-version mismatch) become a :class:`~squad.errors.ClusterError` with Ray's first line. Not
-caught here: an address whose port accepts connections but is no Ray GCS waits out Ray's own
-timeouts.
-
-**A local cluster** (:class:`LocalCluster`) runs on 127.0.0.1 only, its logs and sockets under
-one temp dir. Ray starts its processes as children of this one (``gcs_server``, ``raylet``,
-the log monitor; the raylet starts the ``ray::`` agents and workers, a worker its
-llama-server): :meth:`LocalCluster.collect` records that tree (the children whose command
-line names the cluster's temp dir, and all their descendants), and :meth:`LocalCluster.stop`
-calls ``ray.shutdown()`` and then kills what it recorded that is still alive :data:`STOP_GRACE` seconds later (SIGKILL:
-the agents ignore SIGTERM and otherwise linger for a minute or more), so no process of the cluster outlives the run,
-also after Ctrl-C during its start.
+Design: docs/design/ray.md
 """
 
 from __future__ import annotations
