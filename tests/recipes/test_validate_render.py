@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import gguf_support
 from squad.cli import main as squad_main
-from squad.engine.facts import check_gguf
+from squad.engine.gguf import check_gguf
 from squad.errors import AgentRunError, ModelError, RecipeError, UserError
 from squad.recipes import load_recipe, validate_recipe
 from squad.runtime.agent import Agent

@@ -5,32 +5,22 @@ with the ``gguf`` package, maintained with llama.cpp); ``ModelFacts.kv_bytes_per
 the arithmetic of ``docs/llama-facts.md`` ("KV memory per token").
 
 Model facts are cached as JSON in ``cache_dir()/facts/`` keyed by the file's resolved path,
-size and mtime, so only the first read of a model parses the GGUF. The same per-file disk
-cache (:func:`cache_entry`, :func:`read_entry`, :func:`write_entry`) and GGUF reading
-(:func:`is_gguf`, :func:`read_fields`) serve the token counter (:mod:`squad.engine.tokens`).
-
-:func:`check_gguf` says what is wrong with a file that is not a complete GGUF (a directory,
-0 bytes, another format, cut short in its header or its tensor data) in squad's words, before
-any reader meets it with a numpy error.
+size and mtime (:mod:`squad.engine.model_cache`), so only the first read of a model parses the
+GGUF; reading and checking GGUF files is :mod:`squad.engine.gguf` (both re-exported here).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-import mmap
-import os
-import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from squad.dirs import cache_dir
+from squad.engine.gguf import check_gguf, is_gguf, read_fields
 from squad.engine.llama import kv_row_bytes, round_ctx
+from squad.engine.model_cache import cache_entry, read_entry, write_entry
 from squad.engine.stores import model_bytes
-from squad.errors import BadModelFile, ModelError
+from squad.errors import ModelError
 
 __all__ = [
     "ModelFacts",
@@ -224,169 +214,6 @@ def _parse_facts(path: Path) -> ModelFacts:
 # --- reading a GGUF file ------------------------------------------------------------------
 
 
-def is_gguf(path: Path) -> bool:
-    """True if ``path`` starts with the GGUF magic ``b"GGUF"`` (False if unreadable)."""
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-"""Bytes of each GGUF scalar value type (``gguf.GGUFValueType``; 8 = string, 9 = array)."""
-
-_FETCH_AGAIN = "fetch or copy the file again (squad models pull NAME --force for a known model)"
-
-
-def check_gguf(path: Path) -> None:
-    """Raise ``ModelError`` naming ``path`` and what is wrong unless it is a complete GGUF file:
-    a directory, missing, empty, not starting with ``b"GGUF"``, an unknown GGUF version, or
-    cut short (inside its metadata, or shorter than its tensors need). Reads only the header
-    and metadata (GGUF v2/v3 layout from ggml's ``gguf.cpp``; tensor sizes from
-    ``gguf.GGML_QUANT_SIZES``): milliseconds, no numpy."""
-    path = Path(path)
-    if path.is_dir():
-        raise BadModelFile(f"{path} is a directory, not a model file; give the path of the .gguf file")
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ModelError(f"{path}: no such model file ({exc.strerror or exc})") from None
-    if size == 0:
-        raise BadModelFile(f"{path} is empty (0 bytes): the download or copy did not finish; {_FETCH_AGAIN}")
-    try:
-        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            _walk_gguf(path, data, size)
-    except OSError as exc:
-        raise ModelError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
-
-
-def _walk_gguf(path: Path, data: Any, size: int) -> None:
-    if data[:4] != b"GGUF":
-        raise BadModelFile(f"{path} is not a GGUF file: it starts with {bytes(data[:4])!r}, a GGUF file with "
-                           "b'GGUF'; give the path of a .gguf model")
-    walk = _GgufWalk(path, data, size)
-    version = walk.take("<I")
-    if version not in (2, 3):
-        raise BadModelFile(f"{path}: GGUF version {version} is not supported (llama.cpp reads versions 2 and 3); "
-                           "convert the model again with a current llama.cpp")
-    n_tensors, n_kv = walk.take("<Q"), walk.take("<Q")
-    if n_tensors > size or n_kv > size:
-        raise BadModelFile(f"{path} is damaged: its header claims {n_tensors:,} tensors and {n_kv:,} metadata keys; "
-                           f"{_FETCH_AGAIN}")
-    alignment = walk.metadata(n_kv)
-    end = walk.tensors(n_tensors)
-    data_start = -(-walk.pos // alignment) * alignment
-    if data_start + end > size:
-        raise BadModelFile(f"{path} is truncated: its tensors need {data_start + end:,} bytes, the file has {size:,}; "
-                           f"{_FETCH_AGAIN}")
-
-
-class _GgufWalk:
-    """A bounds-checked cursor over the ``size`` bytes of a GGUF file (``data``: bytes or an mmap);
-    ``pos`` starts after the magic. A read past the end raises :class:`BadModelFile` naming
-    ``where``, the part of the file being read."""
-
-    def __init__(self, path: Path, data: Any, size: int) -> None:
-        self.path, self.data, self.size = path, data, size
-        self.pos = 4
-        self.where = "its header"
-
-    def _truncated(self) -> BadModelFile:
-        return BadModelFile(f"{self.path} is truncated: it ends at byte {self.size:,}, inside {self.where}; "
-                            f"{_FETCH_AGAIN}")
-
-    def take(self, fmt: str) -> Any:
-        """One ``struct`` format read at ``pos`` (a tuple when ``fmt`` has several fields)."""
-        need = struct.calcsize(fmt)
-        if self.pos + need > self.size:
-            raise self._truncated()
-        value = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += need
-        return value[0] if len(value) == 1 else value
-
-    def skip(self, n: int) -> None:
-        if n < 0 or self.pos + n > self.size:
-            raise self._truncated()
-        self.pos += n
-
-    def text(self) -> str:
-        n = self.take("<Q")
-        self.skip(n)
-        return bytes(self.data[self.pos - n:self.pos]).decode("utf-8", "replace")
-
-    def value(self, kind: int, depth: int = 0) -> Any:
-        """A metadata value of GGUF value type ``kind``: the integer for uint32 and uint64, else None
-        (strings, arrays and other scalars are only skipped; arrays of arrays one level deep)."""
-        if kind in _SCALAR_SIZES:
-            start = self.pos
-            self.skip(_SCALAR_SIZES[kind])
-            return int.from_bytes(self.data[start:self.pos], "little") if kind in (4, 10) else None
-        if kind == 8:
-            self.text()
-        elif kind == 9 and depth == 0:
-            item, count = self.take("<I"), self.take("<Q")
-            if item in _SCALAR_SIZES:
-                self.skip(_SCALAR_SIZES[item] * count)
-            else:
-                for _ in range(count):
-                    self.value(item, depth + 1)
-        else:
-            raise BadModelFile(f"{self.path} is damaged: unknown GGUF value type {kind} in {self.where}; "
-                               f"{_FETCH_AGAIN}")
-        return None
-
-    def metadata(self, n_kv: int) -> int:
-        """Walk the ``n_kv`` metadata pairs; the tensor data alignment in bytes (``general.alignment``)."""
-        from gguf.constants import GGUF_DEFAULT_ALIGNMENT
-
-        alignment = GGUF_DEFAULT_ALIGNMENT
-        for i in range(n_kv):
-            self.where = f"metadata key {i + 1} of {n_kv}"
-            key = self.text()
-            self.where = f"the value of metadata key {key!r}"
-            found = self.value(self.take("<I"))
-            if key == "general.alignment" and found:
-                alignment = found
-        return alignment
-
-    def tensors(self, n_tensors: int) -> int:
-        """Walk the ``n_tensors`` tensor infos; where the last tensor ends, in bytes from the start of
-        the tensor data. Raises :class:`ModelError` for a tensor type the gguf package does not know."""
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        end = 0
-        for i in range(n_tensors):
-            self.where = f"tensor info {i + 1} of {n_tensors}"
-            name = self.text()
-            dims = [self.take("<Q") for _ in range(self.take("<I"))]
-            kind, offset = self.take("<I"), self.take("<Q")
-            try:
-                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-            except (ValueError, KeyError):
-                raise ModelError(f"{self.path}: tensor {name!r} has tensor type {kind}, unknown to this gguf package; "
-                                 "upgrade squad's gguf dependency or use another model") from None
-            elements = 1
-            for d in dims:
-                elements *= d
-            end = max(end, offset + elements // block * block_bytes)
-        return end
-
-
-def read_fields(path: Path) -> dict[str, Any]:
-    """The GGUF metadata fields of ``path`` by key (``gguf.GGUFReader(...).fields``).
-
-    Raises ``ModelError`` when the reader fails (damaged or truncated file). The reader walks
-    the whole vocabulary: ~2 s for the default model.
-    """
-    from gguf import GGUFReader  # numpy-heavy; import when needed
-
-    try:
-        return GGUFReader(path, "r").fields
-    except Exception as exc:  # the reader raises bare ValueErrors etc. for damaged files
-        raise BadModelFile(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
-
-
 def _per_layer(value: Any, n_layer: int, path: Path) -> tuple[int, ...]:
     if isinstance(value, list):
         if len(value) != n_layer:
@@ -425,41 +252,3 @@ def _opt_int(value: Any) -> int | None:
 
 def _opt_str(value: object) -> str | None:
     return str(value) if value else None
-
-
-# --- the per-file disk cache --------------------------------------------------------------
-
-
-def cache_entry(kind: str, key: dict[str, object]) -> Path:
-    """``cache_dir()/<kind>/<hash of key>.json``: where data derived from one model file is kept.
-    ``key`` names the file's version: ``{"path": resolved, "size": bytes, "mtime_ns": ns}``."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir() / kind / f"{digest}.json"
-
-
-def read_entry(entry: Path, key: dict[str, object], version: int) -> dict[str, Any] | None:
-    """The JSON object in ``entry`` if it is readable and for ``key`` and format ``version``,
-    else None (the caller rebuilds and rewrites it)."""
-    try:
-        record = json.loads(entry.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("version") != version or record.get("key") != key:
-        return None
-    return record
-
-
-def write_entry(entry: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` to ``entry`` atomically (a concurrent reader sees the old or the new file).
-    A cache that cannot be written is not an error: it only costs a rebuild next time."""
-    tmp: Path | None = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=entry.parent, suffix=".tmp")
-        tmp = Path(name)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(record) + "\n")
-        os.replace(tmp, entry)
-    except OSError:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ import httpx
 
 from squad.dirs import cache_dir
 from squad.engine import hub, pypi, stores
-from squad.engine.facts import is_gguf
+from squad.engine.gguf import is_gguf
 from squad.engine.stores import StoredModel, model_bytes
 from squad.errors import BadModelFile, ModelError, UnknownModel
 

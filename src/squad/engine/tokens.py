@@ -24,7 +24,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from squad.engine import vocab
 from squad.engine.chat_templates import known_template
-from squad.engine.facts import cache_entry, read_entry, read_fields, write_entry
+from squad.engine.gguf import read_fields
+from squad.engine.model_cache import cache_entry, read_entry, write_entry
 from squad.engine.vocab import CACHE_VERSION, SPECIAL_TEMPLATE_MARKERS, SPECIAL_TOKEN_TYPES, VocabMeta, load_entry
 from squad.errors import ModelError, SquadError
 

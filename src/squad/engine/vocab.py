@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from squad.engine.facts import read_entry, read_fields
+from squad.engine.gguf import read_fields
+from squad.engine.model_cache import read_entry
 
 __all__ = ["CACHE_VERSION", "FULL_REGEX", "PRE_SPLITS", "SPECIAL_TEMPLATE_MARKERS", "SPECIAL_TOKEN_TYPES", "VocabMeta",
            "build_record", "build_tokenizer", "load_entry"]

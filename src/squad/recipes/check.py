@@ -22,7 +22,7 @@ the sandbox's limit, ``{{ params.topic.nosuch }}``, a template that builds too m
 too long, :mod:`squad.templates.sandbox`) is a file:line error too. Types are strict: YAML ``true`` is
 not the number 1, and a parameter of type string keeps a default such as ``1.10`` as written
 (field case F21). A ``model:`` path must be a complete GGUF file
-(:func:`squad.engine.facts.check_gguf`). What cannot be checked because the model file is
+(:func:`squad.engine.gguf.check_gguf`). What cannot be checked because the model file is
 not on this machine is said in :attr:`Recipe.unchecked`.
 
 At run time templates are rendered again, one field at a time (:meth:`Recipe.render_prompt`).
@@ -40,7 +40,8 @@ from pydantic import ValidationError
 
 from squad.chat.routing import duplicate_message, engine_key
 from squad.chat.structured import OutputSchema
-from squad.engine.facts import check_gguf, read_model_facts
+from squad.engine.facts import read_model_facts
+from squad.engine.gguf import check_gguf
 from squad.engine.registry import DEFAULT_MODEL, find_model, is_reference, known_models
 from squad.errors import ModelError, UnknownModel
 from squad.mcp import MCPServer
