@@ -299,7 +299,9 @@ PEERS = {"agents-responses": "agents", "agents-chat": "agents", "pydantic-ai": "
 def test_eight_concurrent_runs_fail_directly_and_complete_through_serve(served, name):
     pytest.importorskip(PEERS[name])
     url, pid = served
-    (child,) = [c for c in psutil.Process(pid).children(recursive=True) if "llama-server" in c.name()]
+    # the source build's process is named llama-server; the prebuilt engine runs as `python .../squad-llama-server`
+    (child,) = [c for c in psutil.Process(pid).children(recursive=True)
+                if "llama-server" in c.name() or any(part.endswith("llama-server") for part in c.cmdline()[:2])]
     engine_key = child.environ()["LLAMA_API_KEY"]  # squad serve's secret; read here only to go around it
     engine = httpx.get(url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}).json()["engine"]["url"]
     run = _runner(name)

@@ -49,7 +49,9 @@ def status(url: str) -> dict:
 
 def engine_of(url: str, pid: int) -> tuple[str, str]:
     """The engine's URL and key (squad serve's secret; read here only to go around it)."""
-    (child,) = [c for c in psutil.Process(pid).children(recursive=True) if "llama-server" in c.name()]
+    # the source build's process is named llama-server; the prebuilt engine runs as `python .../squad-llama-server`
+    (child,) = [c for c in psutil.Process(pid).children(recursive=True)
+                if "llama-server" in c.name() or any(part.endswith("llama-server") for part in c.cmdline()[:2])]
     return status(url)["engine"]["url"], child.environ()["LLAMA_API_KEY"]
 
 
