@@ -44,8 +44,14 @@ def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: 
         yield url, proc
     finally:
         proc.send_signal(2)
-        proc.wait(30)
-        log.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # still an error, but nothing is left running behind the test
+            proc.kill()
+            proc.wait(30)
+            raise
+        finally:
+            log.close()
 
 
 NPM_PREFIX = Path.home() / ".cache" / "squad" / "npm"
