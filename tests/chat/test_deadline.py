@@ -110,6 +110,31 @@ async def test_progress_extends_the_bound_and_the_error_says_what_was_measured()
     assert "not resent unchanged" in message
 
 
+def test_a_window_is_never_tighter_than_a_gap_the_call_already_showed():
+    """The last, smaller batch of a long prompt attends over more context, and a shared CPU slows unevenly: its window
+    is at least margin x the longest batch this call has waited for (a CI run stopped a 478-token last batch at 9 s
+    after 2,048-token batches of 12 s each). Between tokens likewise."""
+    speed = EngineSpeed()
+    speed.observe({"prompt_n": 4000, "prompt_ms": 16_000.0, "predicted_n": 40, "predicted_ms": 500.0})  # 250 / 80
+    engine, clock = _engine(speed, no_progress_floor=0.01)
+    watch = engine.watch(4597, 32)
+    watch.started()
+    clock.now += 12.5
+    watch.progress({"total": 4597, "cache": 23, "processed": 2071, "time_ms": 12_500})
+    assert watch.longest_prefill_gap == 0  # the first batch's wait includes the slot's start: not a batch's time
+    clock.now += 12.5
+    watch.progress({"total": 4597, "cache": 23, "processed": 4119, "time_ms": 25_000})
+    assert watch.longest_prefill_gap == 12.5
+    assert watch.window() == pytest.approx(3 * 12.5)  # not 3 x (478 / 164 + 1 / 80) = 9 s
+    watch.token()
+    assert watch.window() == pytest.approx(3 * 8 / 80)  # decoding: the tokens' own rate again
+    clock.now += 2.0
+    watch.token()
+    clock.now += 0.1
+    watch.token()
+    assert watch.longest_decode_gap == 2.0 and watch.window() == pytest.approx(3 * 2.0)
+
+
 def test_time_in_an_endpoints_own_queue_is_not_the_calls_work():
     """squad serve admits on its own: until it answers, only the longest-call cap applies."""
     engine, clock = _engine(floor=60, no_progress_floor=10)

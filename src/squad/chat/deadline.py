@@ -220,6 +220,10 @@ class CallWatch:
     live_prefill: float | None = None
     live_decode: float | None = None
     first_token_at: float | None = None
+    longest_prefill_gap: float = 0.0
+    """Seconds of the longest wait between two signs of progress before the first token."""
+    longest_decode_gap: float = 0.0
+    """Seconds of the longest wait between two generated tokens."""
     bound: float = math.inf
     scope: anyio.CancelScope | None = None
     """The attempt's cancel scope while the watch is entered (made in the caller's event loop)."""
@@ -269,9 +273,12 @@ class CallWatch:
         if self.generated == 0:
             left = max(1, self.prompt - self.processed)
             chunk = (p.n_batch if shared else min(p.n_batch, left)) if self.engine.reports_progress else left
-            work = chunk / prefill + 1 / decode
+            work = max(chunk / prefill + 1 / decode, self.longest_prefill_gap)
         else:
-            work = DECODE_WINDOW_TOKENS / decode + (p.n_batch / prefill if shared else 0)
+            work = max(DECODE_WINDOW_TOKENS / decode + (p.n_batch / prefill if shared else 0), self.longest_decode_gap)
+        # never tighter than a gap this call already showed: a later batch attends over more context and a shared
+        # CPU slows unevenly, so the average speed alone under-estimates the next wait (a CI run stopped the last
+        # 478-token batch of a 4,597-token prompt after 9 s, its first two batches having taken longer each)
         return max(p.no_progress_floor, p.margin * work)
 
     def deadline(self) -> float:
@@ -305,7 +312,7 @@ class CallWatch:
         new = self.processed - cache
         if new >= MIN_PREFILL_SAMPLE and ms > 0:
             self.live_prefill = new / (ms / 1000)
-        self._moved(f"{self.processed:,} of {self.prompt:,} prompt tokens processed")
+        self._moved(f"{self.processed:,} of {self.prompt:,} prompt tokens processed", batch=True)
 
     def token(self) -> None:
         """A chunk with generated text or a tool call arrived."""
@@ -317,8 +324,13 @@ class CallWatch:
             self.live_decode = (self.generated - 1) / (now - self.first_token_at)
         self._moved(f"{self.generated:,} tokens generated")
 
-    def _moved(self, what: str) -> None:
-        self.last, self.last_what = self.engine.clock(), what
+    def _moved(self, what: str, batch: bool = False) -> None:
+        now = self.engine.clock()
+        if batch and self.progress_chunks > 1:
+            self.longest_prefill_gap = max(self.longest_prefill_gap, now - self.last)  # one batch's time
+        elif self.generated > 1:
+            self.longest_decode_gap = max(self.longest_decode_gap, now - self.last)
+        self.last, self.last_what = now, what
         if self.policy.request_timeout is None:  # re-estimated from the speed this call really gets
             self.bound = max(self.bound, min(self.sent + self.policy.longest,
                                              self.last + self.policy.margin * self.estimate()))
