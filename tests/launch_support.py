@@ -67,7 +67,19 @@ def wait_gone(pid: int, timeout: float = 15.0) -> bool:
     return gone(pid)
 
 
-THREADS = min(2, os.cpu_count() or 1)
+def _threads() -> int:
+    """CPU threads per engine in the tests: the usable cores shared among pytest-xdist's workers. llama.cpp's threads
+    spin at each operation's barrier, so two engines of 2 threads each on 2 cores wait on one another's time slices
+    at every step (measured: bench/threads.py); one thread each keeps both cores busy without that."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, min(4, cores // workers))
+
+
+THREADS = _threads()
 
 
 _SIZE = re.compile(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")

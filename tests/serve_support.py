@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from launch_support import THREADS
 from squad.engine.process import free_port
 
 
@@ -27,7 +28,8 @@ def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: 
            "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     log = open(state / "serve.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", str(ctx),
-                             "-np", str(slots), "-t", "2", "--llama-server", str(llama_server), "-m", str(model)],
+                             "-np", str(slots), "-t", str(THREADS), "--llama-server", str(llama_server),
+                             "-m", str(model)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

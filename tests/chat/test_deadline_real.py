@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.chat import ChatRequest
 from squad.chat.client import EngineClient
 from squad.chat.deadline import CallWatch, Deadlines
@@ -34,7 +35,7 @@ def _review(lines: list[str]) -> list[dict]:
 @pytest.mark.timeout(1500)  # ~4,500 prompt tokens on 2 shared cores (measured at 10 tok/s under load 17)
 async def test_a_large_prompt_under_a_tiny_floor_completes_on_progress(llama_server_path, default_model_path):
     plan = EnginePlan.simple(default_model_path, slots=1, n_ctx=8192)
-    async with Launcher(plan, binary=llama_server_path, threads=2) as launcher:
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS) as launcher:
         info = launcher.info
         assert info is not None
         lines = "".join(p.read_text() for p in SOURCES).splitlines(keepends=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
@@ -46,7 +47,7 @@ def capital(country: str) -> str:
 
 
 def _spec(llama_server_path: Path, default_model_path: Path) -> EngineSpec:
-    return EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=2048)
+    return EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=1, ctx=2048)
 
 
 @pytest.mark.anyio
@@ -95,7 +96,7 @@ def _run(tmp_path: Path, llama_server_path: Path, schema: str) -> tuple[subproce
     out = tmp_path / "out.txt"
     env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, "-m", "squad", "run", str(recipe), "--llama-server", str(llama_server_path),
-                           "-t", "2", "-q", "--out", str(out), "--trace", str(tmp_path / "trace.jsonl")],
+                           "-t", str(THREADS), "-q", "--out", str(out), "--trace", str(tmp_path / "trace.jsonl")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     return proc, out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import squad
+from launch_support import THREADS
 from squad.engine.process import stop_pid
 
 RECIPE = textwrap.dedent("""\
@@ -156,7 +157,7 @@ def test_attached_engine_smaller_than_the_plan_warns(capsys, model, llama_server
         port = s.getsockname()[1]
     log = (tmp_path / "engine.log").open("w")
     proc = subprocess.Popen([str(llama_server_path), "-m", model, "-c", "2048", "-np", "2", "--kv-unified",
-                             "--host", "127.0.0.1", "--port", str(port), "-t", "2"], stdout=log,
+                             "--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS)], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

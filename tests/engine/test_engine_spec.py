@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.engine.llama import CACHE_TYPES, KV_TYPE_BYTES, server_args
 from squad.engine.session import EngineSpec, plan_engine
 from squad.errors import PlanError, RecipeError, UserError
@@ -118,7 +119,7 @@ def test_plan_and_run_start_the_engine_with_the_same_argv(tmp_path, llama_server
                              timeout=120)
     assert planned.returncode == 0, planned.stderr
     server_args_planned = json.loads(planned.stdout)["server_args"]
-    ran = subprocess.run([*squad, "run", str(recipe), "--llama-server", str(wrapper), "-t", "2", "-q",
+    ran = subprocess.run([*squad, "run", str(recipe), "--llama-server", str(wrapper), "-t", str(THREADS), "-q",
                           "--trace", str(tmp_path / "t.jsonl")], capture_output=True, text=True, env=env, timeout=300)
     assert ran.returncode == 0, ran.stderr
     started = argv_log.read_text().splitlines()

@@ -26,12 +26,14 @@ table is written from it).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.chat.counting import PromptCounter
 from squad.dirs import cache_dir
 from squad.engine.launcher import Launcher
@@ -101,9 +103,14 @@ class known:
 def record(family: str, check: str, value: object) -> None:
     """Add one measured fact to the matrix report."""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(REPORT.read_text()) if REPORT.is_file() else {}
+    try:
+        data = json.loads(REPORT.read_text())
+    except (OSError, ValueError):  # none yet, or left empty by a run stopped mid-write (a CI run read '')
+        data = {}
     data.setdefault(family, {})[check] = value
-    REPORT.write_text(json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True))
+    part = REPORT.with_name(f"{REPORT.name}.{os.getpid()}.part")
+    part.write_text(json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True))
+    os.replace(part, REPORT)  # whole or not at all
 
 
 def corpus() -> dict[str, tuple[list[dict], list[dict] | None]]:
@@ -144,7 +151,8 @@ async def fam(request, llama_server_path, tmp_path_factory):
     path = tiny_model(name)
     plan = plan_engine(EngineSpec(model=path, slots=2, ctx=8192), None)
     logs = tmp_path_factory.mktemp(f"logs-{name}")
-    async with Launcher(plan, binary=llama_server_path, threads=2, log_dir=logs, extra_args=["-lv", "4"]) as engine:
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS, log_dir=logs,
+                        extra_args=["-lv", "4"]) as engine:
         assert engine.info is not None and engine.log_path is not None
         headers = {"Authorization": f"Bearer {engine.info.api_key}"} if engine.info.api_key else {}
         async with httpx.AsyncClient(base_url=engine.info.base_url, headers=headers, timeout=300) as http:
@@ -404,7 +412,7 @@ async def test_builtin_tool_history_counts_as_the_engine(llama_server_path, defa
     from squad.engine.tokens import counter_for_model
 
     plan = plan_engine(EngineSpec(model=default_model_path, slots=1, ctx=4096), None)
-    async with Launcher(plan, binary=llama_server_path, threads=2) as engine:
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS) as engine:
         info = engine.info
         counter = counter_for_model(default_model_path, template=info.chat_template)
         assert counter is not None

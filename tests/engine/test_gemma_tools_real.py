@@ -18,6 +18,7 @@ import json
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.registry import resolve_model
 from squad.engine.session import EngineSpec
 from squad.errors import SquadError
@@ -56,7 +57,7 @@ async def test_gemma3_forced_tool_call_goes_through_squads_chatml_template(llama
     agent = Agent(name="helper", instructions="You answer questions. Use the tools when they help.", budget=2048,
                   max_tokens=32, tools=["get_weather"], tool_choice="required", parallel_tool_calls=False,
                   sampling={"temperature": 0.0, "seed": 1})
-    spec = EngineSpec(model=gemma, binary=llama_server_path, threads=2, ctx=4096)
+    spec = EngineSpec(model=gemma, binary=llama_server_path, threads=THREADS, ctx=4096)
     async with Squad([agent], engine=spec, tools=[get_weather]) as sq:
         async with httpx.AsyncClient(base_url=sq.info.base_url,
                                      headers={"Authorization": f"Bearer {sq.info.api_key}"}) as http:

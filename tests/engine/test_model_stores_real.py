@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
@@ -40,7 +41,7 @@ async def test_a_model_from_each_store_runs(tmp_path, monkeypatch, llama_server_
     agent = Agent(name="a", instructions="Answer in three words.", budget=256, max_tokens=8,
                   sampling={"temperature": 0.0, "seed": 1})
     for ref, path in cases.items():
-        async with Squad([agent], engine=EngineSpec(model=ref, binary=llama_server_path, threads=2)) as sq:
+        async with Squad([agent], engine=EngineSpec(model=ref, binary=llama_server_path, threads=THREADS)) as sq:
             assert Path(sq.info.model_path) == path, ref
             result = await sq.run("Name a colour.")
         assert result.main.ok and result.output.strip(), (ref, result.main.summary())

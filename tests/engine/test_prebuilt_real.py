@@ -15,6 +15,7 @@ import os
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine import binary
 from squad.engine.binary import prebuilt_server_path
 from squad.engine.launcher import Launcher
@@ -57,7 +58,7 @@ def _headers(info) -> dict[str, str]:
 @pytest.mark.timeout(300)
 async def test_prebuilt_answers_what_squad_reads_like_llama_server(prebuilt, default_model_path):
     plan = EnginePlan.simple(default_model_path, slots=4, n_ctx=1000)
-    async with Launcher(plan, binary=prebuilt, threads=2) as engine:
+    async with Launcher(plan, binary=prebuilt, threads=THREADS) as engine:
         info = engine.info
         assert (info.slots, info.n_ctx, info.pool, info.n_ctx_train) == (4, 1024, 1024, 8192)  # unified: n_ctx = pool
         assert info.kind == "llama.cpp"
@@ -88,7 +89,7 @@ async def test_source_build_and_prebuilt_agree(prebuilt, source_build, default_m
     plan = EnginePlan.simple(default_model_path, slots=2, n_ctx=3000)
     seen = {}
     for name, path in (("source", source_build), ("prebuilt", prebuilt)):
-        async with Launcher(plan, binary=path, threads=2) as engine:
+        async with Launcher(plan, binary=path, threads=THREADS) as engine:
             info = engine.info
             counts = {}
             async with httpx.AsyncClient(base_url=info.base_url, headers=_headers(info), timeout=120) as http:

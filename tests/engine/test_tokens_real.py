@@ -12,6 +12,7 @@ import dataclasses
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.launcher import Launcher
 from squad.engine.tokens import NotExact, counter_for_model
 from squad.sched.planner import EnginePlan
@@ -28,7 +29,7 @@ def anyio_backend():
 @pytest.fixture
 async def engine(llama_server_path, default_model_path):
     plan = EnginePlan.simple(default_model_path, slots=1, n_ctx=2048)
-    async with Launcher(plan, binary=llama_server_path, threads=2) as launcher:
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS) as launcher:
         assert launcher.info is not None
         yield launcher.info
 
@@ -113,7 +114,7 @@ async def tool_engine(llama_server_path, default_model_path):
 
     plan = dataclasses.replace(EnginePlan.simple(default_model_path, slots=1, n_ctx=2048),
                                chat_template=CHATML_TOOLS.path)
-    async with Launcher(plan, binary=llama_server_path, threads=2) as launcher:
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS) as launcher:
         yield launcher.info
 
 

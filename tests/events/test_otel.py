@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.errors import AgentRunError, UserError
 from squad.events import Event
@@ -106,7 +107,7 @@ def check_spans(spans, events: list[Event], model: str, *, usage: bool = True) -
 async def test_a_real_run_exports_one_span_per_agent_and_per_call(exported, llama_server_path, default_model_path):
     provider, exporter = exported
     events: list[Event] = []
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS)
     with OtelSink(model=default_model_path.name, tracer_provider=provider) as sink:
         async with Squad(team(), engine=spec, on_event=[sink, events.append]) as sq:
             result = await sq.run("@a @b review: def add(a, b): return a + b")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from launch_support import THREADS
 from squad.cli.trace import plot_timeline
 from squad.engine.session import EngineSpec
 from squad.events.jsonl import JsonlTrace, load_trace
@@ -67,7 +68,8 @@ async def test_trace_of_a_run_on_the_real_engine(tmp_path, llama_server_path, de
     view = LiveView(console=Console(file=out, width=140))
     with JsonlTrace(tmp_path / "run.jsonl") as trace, view:
         async with Squad(writers(),
-                         engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
+                         engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS,
+                                           slots=2),
                          on_event=[trace, view]) as sq:
             results = await sq.parallel([(n, f"Say hello to {n}.") for n in ("ann", "bob", "cat")])
     assert all(r.ok for r in results), [str(r.error) for r in results]

@@ -16,18 +16,20 @@ What each test proves:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from launch_support import gone, wait_gone
+from launch_support import THREADS, gone, wait_gone
 from mcp_support import http_server  # noqa: F401 - a fixture
 from squad.chat import ChatRequest, ChatResult, ToolCall
 from squad.engine.session import EngineSession, EngineSpec
@@ -70,7 +72,7 @@ async def test_an_mcp_result_goes_to_the_real_engine_as_a_tool_message(kind, req
     server = (MCPServer(name="t", command="python", args=(str(SERVER),)) if kind == "stdio"
               else MCPServer(name="t", url=request.getfixturevalue("http_server")))
     agent = Agent(name="calc", instructions="You answer with the number you are given.", tools=["t.add"], **TINY)
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=1024)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=1, ctx=1024)
     async with EngineSession(spec) as session:
         chat = FirstRoundCalls(session.chat, ToolCall("call_1", "add", json.dumps({"a": 19, "b": 23})))
         async with Squad([agent], engine=chat, mcp_servers=[server]) as sq:
@@ -92,7 +94,7 @@ async def test_the_models_own_mcp_call_where_the_engine_renders_tools(kind, requ
               else MCPServer(name="t", url=request.getfixturevalue("http_server")))
     agent = Agent(name="calc", instructions="Use the add tool, then give the sum.", tools=["t.add"],
                   tool_choice="required", **TINY)
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=1, ctx=1024)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=1, ctx=1024)
     async with Squad([agent], engine=spec, mcp_servers=[server]) as sq:
         if not sq.info.template_has_tools:
             pytest.skip("the engine's chat template drops tools for this model")
@@ -111,7 +113,7 @@ def _squad_run(tmp_path: Path, llama_server_path: Path, *extra: str) -> subproce
     env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT / "src")}
     return subprocess.Popen(
         [sys.executable, "-m", "squad", "run", str(ROOT / "recipes" / "notes.yaml"), "--llama-server",
-         str(llama_server_path), "-t", "2", "--trace", str(tmp_path / "trace.jsonl"), *extra],
+         str(llama_server_path), "-t", str(THREADS), "--trace", str(tmp_path / "trace.jsonl"), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
 
 
@@ -122,28 +124,39 @@ def _cmd(p: psutil.Process) -> str:
         return ""
 
 
-def _notes_servers() -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any("mcp_notes.py" in part for part in (p.info["cmdline"] or ())):
-            found.append(p)
-    return found
+def _servers_of(proc: subprocess.Popen, timeout: float) -> tuple[set[int], str, str]:
+    """Runs ``proc`` to its end; returns the pids of the MCP notes servers seen among its descendants, its stdout and
+    stderr. Descendants, not every notes server on the machine: other test files start their own meanwhile."""
+    done: dict[str, str] = {}
+    reader = threading.Thread(target=lambda: done.update(zip(("out", "err"), proc.communicate(timeout=timeout),
+                                                             strict=True)), daemon=True)
+    reader.start()
+    seen: set[int] = set()
+    try:
+        squad = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                seen |= {p.pid for p in squad.children(recursive=True) if "mcp_notes.py" in _cmd(p)}
+            time.sleep(0.05)
+    except psutil.NoSuchProcess:
+        pass
+    reader.join(timeout)
+    return seen, done.get("out", ""), done.get("err", "")
 
 
 def test_the_shipped_mcp_recipe_runs_and_leaves_nothing(tmp_path, llama_server_path, default_model_path):
-    before = {p.pid for p in _notes_servers()}
     proc = _squad_run(tmp_path, llama_server_path)
-    out, err = proc.communicate(timeout=600)
+    servers, out, err = _servers_of(proc, 600)
     assert proc.returncode == 0, err
     assert out.strip()
     events = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [e for e in events if e.get("kind") == "agent.finished"]
-    assert not [p for p in _notes_servers() if p.pid not in before]
+    assert servers, "no MCP server was seen under squad run"
+    assert [pid for pid in servers if not wait_gone(pid, 10)] == []
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGKILL, -9)])
 def test_no_engine_or_mcp_server_outlives_squad_run(sig, code, tmp_path, llama_server_path, default_model_path):
-    before = {p.pid for p in _notes_servers()}
     proc = _squad_run(tmp_path, llama_server_path)
     try:
         squad = psutil.Process(proc.pid)
@@ -151,7 +164,7 @@ def test_no_engine_or_mcp_server_outlives_squad_run(sig, code, tmp_path, llama_s
         engine = server = None
         while time.monotonic() < deadline and engine is None:  # servers start first, then the engine
             kids = squad.children(recursive=True)
-            server = next((p for p in _notes_servers() if p.pid not in before), None)
+            server = next((p for p in kids if "mcp_notes.py" in _cmd(p)), None)  # its own, not another test's
             engine = next((p for p in kids if "llama-server" in _cmd(p) and "--version" not in _cmd(p)), None)
             time.sleep(0.1)
         assert server is not None and engine is not None, proc.stderr.read() if proc.poll() is not None else ""
@@ -162,6 +175,5 @@ def test_no_engine_or_mcp_server_outlives_squad_run(sig, code, tmp_path, llama_s
     finally:
         if proc.poll() is None:
             proc.kill()
-        for p in _notes_servers():
-            if p.pid not in before and not gone(p.pid):
-                p.kill()
+        if server is not None and not gone(server.pid):
+            server.kill()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.cli import main as squad_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_review_recipe_reads_a_long_file_in_chunks(capsys, tmp_path, llama_serve
     assert len(pieces) >= 3  # more than one piece for a reviewer
     try:
         squad_main(["run", str(path), "-p", f"code={code}", "--json",
-                    "--llama-server", str(llama_server_path), "-t", "2", "--trace", str(tmp_path / "t.jsonl"),
+                    "--llama-server", str(llama_server_path), "-t", str(THREADS), "--trace", str(tmp_path / "t.jsonl"),
                     "--request-timeout", "900"])
         code_ = 0
     except SystemExit as exc:

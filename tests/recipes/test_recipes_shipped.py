@@ -5,6 +5,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from launch_support import THREADS
 from squad.cli import main as squad_main
 from squad.recipes import load_recipe, run_recipe, validate_recipe
 
@@ -42,7 +43,7 @@ def test_shipped_recipe_runs_on_real_engine(path, llama_server_path, default_mod
     recipe = load_recipe(path)
 
     async def main():
-        return await run_recipe(recipe, engine=recipe.engine_spec().but(binary=str(llama_server_path), threads=2))
+        return await run_recipe(recipe, engine=recipe.engine_spec().but(binary=str(llama_server_path), threads=THREADS))
 
     run = anyio.run(main)
     assert run.output.strip(), "the final step produced no text"

@@ -16,6 +16,7 @@ import anyio
 import pytest
 from rich.console import Console
 
+from launch_support import THREADS
 from squad.chat import ChatResult, Usage
 from squad.errors import AgentRunError, IncompleteAnswer, UserError
 from squad.events import AgentFinished, StepWarning
@@ -445,7 +446,7 @@ async def test_truncated_on_the_real_engine(tmp_path, llama_server_path, default
     path = tmp_path / "run.jsonl"
     with JsonlTrace(path) as trace:
         run = await run_recipe(recipe, engine=EngineSpec(model=default_model_path, binary=llama_server_path,
-                                                         threads=2, slots=1), on_event=trace)
+                                                         threads=THREADS, slots=1), on_event=trace)
     draft = next(r for sid, r in run.results if sid == "draft")
     assert draft.truncated and draft.finish_reason == "length" and draft.usage.completion_tokens == 8
     assert run.steps["draft"]["output"].endswith("[truncated at max_tokens]")

@@ -14,6 +14,7 @@ import anyio
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.events import Event
 from squad.runtime.agent import Agent
@@ -45,7 +46,7 @@ async def test_lead_mentions_three_sub_agents_on_a_planned_engine(
 ) -> None:
     events: list[Event] = []
     agents = squad_of(["security", "style", "tests"])
-    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
+    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS),
                      on_event=events.append) as sq:
         assert sq.session.plan.slots >= 4 and sq.info.slots >= 4  # lead + 3 subs planned
         assert sq.info.n_ctx >= 512 + 3 * 256
@@ -68,7 +69,7 @@ async def test_fan_out_beyond_slots_never_exceeds_slots_in_flight(
     events: list[Event] = []
     names = [f"s{i}" for i in range(5)]
     async with Squad(squad_of(names),
-                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=2),
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=2),
                      on_event=events.append) as sq:
         assert sq.info.slots == 2
         seen: list[int] = []
@@ -96,7 +97,7 @@ async def test_engine_killed_between_calls_is_restarted_with_the_same_plan(
 
     events: list[Event] = []
     async with Squad(squad_of(["alpha"]),
-                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS),
                      on_event=events.append) as sq:
         first = await sq.run_agent("alpha", "Say hello.")
         plan_before, old_pid = sq.session.plan, sq.session.launcher.pid
@@ -121,7 +122,7 @@ async def test_prompts_are_counted_locally_and_match_the_engines_usage(
             + "\nnaïve café 한국어 🙂 {\"k\": 1} ops@example.org")
     agents = [a.model_copy(update={"budget": 2048}) for a in squad_of(["security", "style"])]
     seen: list[Event] = []
-    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2),
+    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS),
                      on_event=seen.append) as sq:
         assert sq.chat.counter.local is not None
         result = await sq.run("@security @style " + text)

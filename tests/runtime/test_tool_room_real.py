@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.events import CallFinished, Event, ToolTruncated
 from squad.runtime.agent import Agent
@@ -65,7 +66,7 @@ async def test_a_50k_and_a_3k_tool_result_at_budget_512_complete_with_a_truncati
               max_tokens=32, tools=["read_note"], tool_choice="required", parallel_tool_calls=False,
               max_tool_rounds=2, sampling=SAMPLING),
     ]
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, ctx=4096)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, ctx=4096)
     async with Squad(agents, engine=spec, tools=[read_page, read_note], on_event=events.append) as sq:
         reader = await sq.run_agent("reader", "Read the page 'home'.")
         noter = await sq.run_agent("noter", "Read the note 'todo'.")
@@ -98,8 +99,9 @@ def test_mcp_server_time_from_pypi_runs_an_auto_budgeted_two_step_recipe(tmp_pat
     env = {**os.environ, "SQUAD_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT / "src")}
     trace = tmp_path / "trace.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "squad", "run", str(recipe), "--llama-server", str(llama_server_path), "-t", "2",
-         "--trace", str(trace), "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1400)
+        [sys.executable, "-m", "squad", "run", str(recipe), "--llama-server", str(llama_server_path),
+         "-t", str(THREADS), "--trace", str(trace), "--json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1400)
     assert proc.returncode == 0, proc.stderr
     assert "AdmissionError" not in proc.stderr and "needs" not in proc.stderr
     events = [json.loads(line) for line in trace.read_text().splitlines()]

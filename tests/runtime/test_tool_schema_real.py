@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.events import Event
 from squad.runtime.agent import Agent
@@ -69,7 +70,7 @@ async def test_a_constrained_schema_becomes_the_engines_grammar_and_the_call_val
                   tools=["book"], tool_choice="book", parallel_tool_calls=False,
                   sampling={"temperature": 0.0, "seed": 1})
     events: list[Event] = []
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS)
     async with Squad([agent], engine=spec, tools=[book], on_event=events.append) as sq:
         result = await sq.run_agent("clerk", "Book the PAR hotel for Ann and Bob, two nights, with breakfast.")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.chat_templates import CHATML_TOOLS
 from squad.engine.session import EngineSpec
 from squad.events import Event
@@ -55,7 +56,7 @@ async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_
 ) -> None:
     CALLED.clear()
     events: list[Event] = []
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS)
     async with Squad(AGENTS, engine=spec, tools=[get_weather], on_event=events.append) as sq:
         # the template squad chose is the one the engine applies, read back from /props
         async with httpx.AsyncClient(base_url=sq.info.base_url,

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from launch_support import THREADS
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.client import EngineClient
 from squad.engine.launcher import Launcher
@@ -38,7 +39,7 @@ def _plan(model):
 
 @pytest.fixture
 async def engine(llama_server_path, default_model_path):
-    async with Launcher(_plan(default_model_path), binary=llama_server_path, threads=2) as launcher:
+    async with Launcher(_plan(default_model_path), binary=llama_server_path, threads=THREADS) as launcher:
         assert launcher.info is not None
         assert (launcher.info.slots, launcher.info.pool) == (4, 1024)
         yield launcher.info
@@ -75,7 +76,7 @@ async def test_f01_naive_load_overflows_but_squad_finishes_all_four(engine, llam
     # Through squad, on a fresh engine of the same plan: the naive phase leaves its slots'
     # cells behind in the pool (another client's, which squad's retry rule handles as such);
     # here the point is that squad alone never overflows, so every call succeeds at once.
-    async with Launcher(_plan(default_model_path), binary=llama_server_path, threads=2) as fresh:
+    async with Launcher(_plan(default_model_path), binary=llama_server_path, threads=THREADS) as fresh:
         assert fresh.info is not None
         await _squad_phase(fresh.info)
 

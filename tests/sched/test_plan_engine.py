@@ -8,6 +8,7 @@ import textwrap
 import anyio
 import pytest
 
+from launch_support import THREADS
 from squad.engine.facts import read_model_facts
 from squad.engine.launcher import Launcher
 from squad.sched.planner import plan, plan_for_replan
@@ -41,7 +42,7 @@ def test_recipe_plan_launches_exactly_and_replans(llama_server_path, default_mod
     assert (the_plan.slots, the_plan.n_ctx, the_plan.requested_ctx) == (3, 2560, 2536)
 
     async def go():
-        async with Launcher(the_plan, binary=llama_server_path, threads=2, log_dir=tmp_path) as engine:
+        async with Launcher(the_plan, binary=llama_server_path, threads=THREADS, log_dir=tmp_path) as engine:
             info = engine.info
             assert (info.slots, info.n_ctx) == (the_plan.slots, the_plan.n_ctx)
             bigger = plan_for_replan(the_plan, [Call(n, 1024) for n in ("lead", "a", "b", "c")])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_support import THREADS
 from squad.engine.process import stop_pid
 from squad.errors import PlanError
 from squad.sched.planner import (
@@ -347,7 +348,7 @@ def test_kv_bytes_match_real_engine_log(llama_server_path, default_model_path, t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log_path = tmp_path / "engine.log"
-    cmd = [str(binary), *p.server_args(), "--host", "127.0.0.1", "--port", str(port), "-t", "2", "-lv", "4"]
+    cmd = [str(binary), *p.server_args(), "--host", "127.0.0.1", "--port", str(port), "-t", str(THREADS), "-lv", "4"]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:

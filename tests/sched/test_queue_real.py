@@ -12,6 +12,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from launch_support import THREADS
 from squad.chat import ChatRequest
 from squad.chat.client import EngineClient
 from squad.engine.launcher import Launcher
@@ -29,7 +30,7 @@ LONG = " ".join(f"Line {i}: the committee reviewed the budget, the schedule and 
 async def test_default_queue_lets_short_calls_pass_the_second_long_call(llama_server_path, default_model_path):
     default = EngineSpec().queue
     async with Launcher(EnginePlan.simple(default_model_path, slots=4, n_ctx=2048), binary=llama_server_path,
-                        threads=2) as launcher:
+                        threads=THREADS) as launcher:
         info = launcher.info
         assert info is not None and (info.slots, info.pool) == (4, 2048)
         events: list[Event] = []

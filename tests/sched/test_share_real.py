@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.events import CallAdmitted, Event
 from squad.runtime.agent import Agent
@@ -56,7 +57,7 @@ async def test_shared_file_is_processed_once_and_answers_are_unchanged(
     agents = [Agent(name=n, instructions=f"You review Python code for {n}. Answer in one short sentence.",
                     budget=2048, max_tokens=8, sampling=SAMPLING) for n in REVIEWERS]
     seen: list[Event] = []
-    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=2,
+    async with Squad(agents, engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS,
                                                slots=3), on_event=seen.append) as squad:
         await processed_once(squad, seen)
         await answers_unchanged(squad)
@@ -133,7 +134,7 @@ async def test_map_steps_of_a_parallel_block_share_each_chunk(
     assert len(chunks) >= 2
     seen: list[Event] = []
     run = await run_recipe(recipe, on_event=seen.append,
-                           engine=recipe.engine_spec().but(binary=llama_server_path, threads=2))
+                           engine=recipe.engine_spec().but(binary=llama_server_path, threads=THREADS))
     assert not run.errors
     shared = [e.shared_tokens for e in seen if isinstance(e, CallAdmitted)]
     assert sum(1 for n in shared if n > 200) == 2 * len(chunks), shared

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launch_support import wait_gone
+from launch_support import THREADS, wait_gone
 
 pytestmark = pytest.mark.engine
 
@@ -50,8 +50,8 @@ def test_two_runs_on_one_started_engine_share_its_admission(tmp_path, llama_serv
     recipe.write_text(RECIPE)
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat and looked at the rain outside the window " * 70)
-    started = squad("engine", "start", "-np", "2", "-c", "2048", "-t", "2", "--llama-server", str(llama_server_path),
-                    "-m", str(default_model_path), env=env)
+    started = squad("engine", "start", "-np", "2", "-c", "2048", "-t", str(THREADS),
+                    "--llama-server", str(llama_server_path), "-m", str(default_model_path), env=env)
     out, err = started.communicate(timeout=300)
     assert started.returncode == 0, out + err
     record = json.loads((tmp_path / "state" / "engine.json").read_text())

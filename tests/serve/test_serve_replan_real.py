@@ -10,6 +10,7 @@ import anyio
 import httpx
 import pytest
 
+from launch_support import THREADS
 from squad.engine.session import EngineSpec
 from squad.serve.server import serving
 
@@ -21,7 +22,7 @@ ROUNDS = 3  # each worker sends this many requests, one after another: bounded, 
 
 @pytest.mark.timeout(900)
 async def test_sustained_demand_above_the_slots_reloads_the_engine_with_more(llama_server_path, default_model_path):
-    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=2, slots=None, ctx=3072)
+    spec = EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=None, ctx=3072)
     lines: list[str] = []
     async with serving(spec, port=0, replan_interval=1.0, log=lines.append) as served:
         assert served.replanner is not None

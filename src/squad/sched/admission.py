@@ -35,32 +35,12 @@ from squad.engine.llama import round_ctx
 from squad.errors import AdmissionError, EngineLost
 from squad.events import CallAdmitted, CallQueued, CallReleased, Event, EventSink, Origin
 from squad.sched.policy import QueuePolicy, Room, queue_policy
+from squad.sched.room import Reservation
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
 
 __all__ = ["Admission", "Reservation"]
-
-
-@dataclass
-class Reservation:
-    """A granted reservation: ``tokens`` KV cells and slot number ``slot`` (0-based) held
-    for ``origin`` (its call id ``call``) until the ``reserve()`` block exits; ``queued_s``
-    seconds spent waiting."""
-
-    origin: Origin
-    tokens: int
-    priority: int = 0
-    slot: int = -1
-    queued_s: float = 0.0
-    call: str | None = None
-    settling: bool = False
-    """Its request has ended on squad's side but the engine may still work on it: still counted
-    until :func:`squad.chat.settle.until_engine_free` sees the engine's slot free."""
-
-    @property
-    def agent(self) -> str:
-        return self.origin.agent
 
 
 @dataclass

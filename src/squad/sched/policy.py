@@ -26,7 +26,7 @@ from squad.sched.policies.program import ProgramQueue
 from squad.sched.room import Room, Waiting
 
 if TYPE_CHECKING:
-    from squad.sched.admission import Reservation
+    from squad.sched.room import Reservation
 
 __all__ = ["DEFAULT_QUEUE", "QUEUE_POLICIES", "BackfillQueue", "FifoQueue", "ProgramQueue", "QueuePolicy", "Room",
            "Waiting", "queue_policy"]

@@ -1,4 +1,5 @@
-"""What a queue policy is shown: a :class:`Waiting` call and the :class:`Room` Admission has free.
+"""What a queue policy is shown: a :class:`Waiting` call (its :class:`Reservation`) and the :class:`Room`
+Admission has free.
 
 Admission (:mod:`squad.sched.admission`) keeps the books and builds a :class:`Room` each time it
 asks its :class:`~squad.sched.policy.QueuePolicy` to pick; the policies
@@ -9,12 +10,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from squad.sched.admission import Reservation
+from squad.events import Origin
 
-__all__ = ["Room", "Waiting"]
+__all__ = ["Reservation", "Room", "Waiting"]
+
+
+@dataclass
+class Reservation:
+    """A granted reservation: ``tokens`` KV cells and slot number ``slot`` (0-based) held
+    for ``origin`` (its call id ``call``) until the ``reserve()`` block exits; ``queued_s``
+    seconds spent waiting."""
+
+    origin: Origin
+    tokens: int
+    priority: int = 0
+    slot: int = -1
+    queued_s: float = 0.0
+    call: str | None = None
+    settling: bool = False
+    """Its request has ended on squad's side but the engine may still work on it: still counted
+    until :func:`squad.chat.settle.until_engine_free` sees the engine's slot free."""
+
+    @property
+    def agent(self) -> str:
+        return self.origin.agent
 
 
 class Waiting(Protocol):

@@ -16,7 +16,7 @@ only when started with ``--embeddings`` (else 501 ``This server does not support
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -26,9 +26,35 @@ from squad.serve.demand import Demand, Kind, Refused, demand_for
 from squad.serve.forcing import force_chat, force_messages, force_responses, repair_history
 
 if TYPE_CHECKING:
-    from squad.serve.gateway import Gateway
+    from squad.engine.info import EngineInfo
+    from squad.sched.admission import Admission
 
-__all__ = ["ROUTES", "COUNT_PATHS", "prepare", "count", "demand", "client_field"]
+__all__ = ["ROUTES", "COUNT_PATHS", "Counting", "prepare", "count", "demand", "client_field"]
+
+
+class Counting(Protocol):
+    """What the API adapters need of squad serve's gateway (:class:`squad.serve.gateway.Gateway` is one): a
+    protocol, so that this module does not import the gateway, which imports it."""
+
+    default_max_tokens: int
+    """Tokens a request without ``max_tokens`` reserves and may generate."""
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def engine(self) -> EngineInfo: ...
+
+    @property
+    def upstream(self) -> httpx.AsyncClient: ...
+
+    async def count(self, body: dict[str, Any], kind: Kind) -> int:
+        """Prompt tokens of a request of ``kind`` (raises :class:`Refused`)."""
+        ...
+
+    async def count_text(self, prompt: Any) -> int:
+        """Prompt tokens of a text prompt or a list of token ids (raises :class:`Refused`)."""
+        ...
 
 ROUTES: dict[str, Kind] = {"/v1/responses": "responses", "/responses": "responses",
                            "/v1/messages": "messages",
@@ -82,14 +108,14 @@ def _fit_blocks(message: Any, length: int) -> Any:
     return message if all(a is b for a, b in zip(fixed, blocks)) else {**message, "content": fixed}
 
 
-async def count(gateway: Gateway, body: dict[str, Any], kind: Kind) -> int:
+async def count(gateway: Counting, body: dict[str, Any], kind: Kind) -> int:
     """Prompt tokens of a Responses/Messages body (the engine's count endpoint) or an embeddings
     input (the sum over its texts). Raises :class:`Refused`: the engine's own 4xx message for a
     body it cannot read, 503 while it loads; :class:`~squad.errors.EngineGone` when it does not answer."""
     if kind == "embeddings":
         texts = body.get("input", body.get("content"))
         texts = texts if isinstance(texts, list) and texts and not isinstance(texts[0], int) else [texts]
-        return sum([await gateway._count_text(t) for t in texts])  # noqa: SLF001 - squad serve's own counting
+        return sum([await gateway.count_text(t) for t in texts])
     if kind == "messages" and not isinstance(body.get("messages"), list):
         raise Refused(400, "messages must be a list of Anthropic messages", param="messages")
     if kind == "responses" and "input" not in body:
@@ -111,7 +137,7 @@ async def count(gateway: Gateway, body: dict[str, Any], kind: Kind) -> int:
     return int(r.json()["input_tokens"])
 
 
-async def demand(body: dict[str, Any], kind: Kind, gateway: Gateway) -> Demand:
+async def demand(body: dict[str, Any], kind: Kind, gateway: Counting) -> Demand:
     """What ``body`` reserves (:func:`squad.serve.demand.demand_for`; an embeddings request: its
     input and no generation)."""
     limit = gateway.admission.limit

@@ -27,8 +27,8 @@ from squad.serve.demand import Kind, Refused, demand_for, error_body
 from squad.serve.stream_start import add_role
 
 if TYPE_CHECKING:
+    from squad.serve.host import Fanned
     from squad.serve.http import Send
-    from squad.serve.relay import Relay as _Relay
 
 __all__ = ["split", "fan_out", "MAX_PARTS", "OPENAI_PATHS"]
 
@@ -85,14 +85,14 @@ def _part(body: dict[str, Any], prompt: Any) -> dict[str, Any]:
     return part
 
 
-async def fan_out(relay: _Relay, parts: list[dict[str, Any]], send: Send) -> str:
+async def fan_out(relay: Fanned, parts: list[dict[str, Any]], send: Send) -> str:
     """Answer ``relay``'s request from ``parts`` (see the module docstring); return the outcome
     for the ledger."""
     return await _Fanout(relay, parts, send).run()
 
 
 class _Fanout:
-    def __init__(self, relay: _Relay, parts: list[dict[str, Any]], send: Send) -> None:
+    def __init__(self, relay: Fanned, parts: list[dict[str, Any]], send: Send) -> None:
         self.relay, self.parts, self.send = relay, parts, send
         self.g = relay.g
         self.stream = bool(relay.body.get("stream"))

@@ -192,13 +192,15 @@ class Gateway:
                 if not isinstance(messages, list) or not messages:
                     raise Refused(400, "messages must be a non-empty list of chat messages", param="messages")
                 return (await self.counter(messages, body.get("tools") or None))[0]
-            return await self._count_text(body.get("prompt"))
+            return await self.count_text(body.get("prompt"))
         except Loading as exc:
             raise Refused(503, str(exc) or "Loading model", "unavailable_error") from exc
         except (EngineGone, EngineError) as exc:
             raise Refused(502, f"squad serve could not count the prompt: {exc}", "server_error") from exc
 
-    async def _count_text(self, prompt: Any) -> int:
+    async def count_text(self, prompt: Any) -> int:
+        """Prompt tokens of a text prompt or a list of token ids (a single-item list is its item). Raises
+        :class:`Refused` (400: neither; 503: the engine loads), :class:`EngineGone`, :class:`EngineError`."""
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -226,6 +228,11 @@ class Gateway:
         if r.status_code != 200:
             raise EngineError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
         return len(r.json()["tokens"])
+
+    @property
+    def observed(self) -> bool:
+        """Whether an event sink listens (else a relay builds no events)."""
+        return bool(self._sinks)
 
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)

@@ -26,7 +26,7 @@ from squad.serve.status import Live
 from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 
 if TYPE_CHECKING:
-    from squad.serve.gateway import Gateway
+    from squad.serve.host import RelayHost
 
 __all__ = ["Relay"]
 
@@ -34,7 +34,7 @@ __all__ = ["Relay"]
 class Relay:
     """One admitted generation request (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway, live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
+    def __init__(self, gateway: RelayHost, live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
                  kind: Kind) -> None:
         self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
         self.finished = self.disconnected = False
@@ -204,6 +204,6 @@ class Relay:
         return "completed"
 
     def _emit(self, kind: type[Event], **data: Any) -> None:
-        if self.g._sinks:  # noqa: SLF001 - squad serve's own gateway
+        if self.g.observed:
             self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
                              engine=self.g.engine.base_url, **data))

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from squad.serve.gateway import Gateway
+    from squad.serve.host import Watched
     from squad.serve.status import Live as Held
 
 __all__ = ["ServeWatch", "waits_for", "PLAIN_EVERY"]
@@ -28,7 +28,7 @@ PLAIN_EVERY = 5.0
 """Seconds between two summary lines when the output is not a terminal."""
 
 
-def waits_for(gateway: Gateway, held: Held) -> str:
+def waits_for(gateway: Watched, held: Held) -> str:
     """What a live request waits for, in words: ``counting the prompt``, ``a slot (all 4 busy)``,
     ``pool room (needs 700, 312 free)``, ``its turn (#3 in the queue)``, ``the engine's reload``,
     or ``running on slot 2``."""
@@ -56,7 +56,7 @@ class ServeWatch:
 
     ``header``: the lines shown above the tables (the URL and key line first)."""
 
-    def __init__(self, gateway: Gateway, header: list[str], *, console: Console | None = None,
+    def __init__(self, gateway: Watched, header: list[str], *, console: Console | None = None,
                  live: bool | None = None) -> None:
         self.gateway, self.header = gateway, header
         self.console = console or Console(stderr=True)

@@ -260,7 +260,7 @@ class FakeEngine:
                                      f"({self.n_ctx} tokens), try increasing it", "exceed_context_size_error",
                                 n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
 
-    def _charge(self, slot: _Slot, tokens: int) -> None:
+    def charge(self, slot: _Slot, tokens: int) -> None:
         """Add cells to a slot; on pool overflow fail every processing slot (llama.cpp's rule)."""
         slot.held += tokens
         self.max_held = max(self.max_held, self.held)

@@ -11,17 +11,28 @@ import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
 from squad.engine.llama import CONTEXT_EXCEEDED
 from squad.testing.counting import _words
 
-if TYPE_CHECKING:
-    from squad.testing.fake_engine import FakeEngine
+__all__ = ["Reply", "Books"]
 
-__all__ = ["Reply"]
+
+class Books(Protocol):
+    """What a run reads of the fake engine (:class:`squad.testing.fake_engine.FakeEngine` is one): its sizes and
+    delays, and the pool it charges. A protocol, so that this module does not import the engine, which imports it."""
+
+    n_ctx: int
+    n_batch: int
+    prompt_delay: float
+    token_delay: float
+
+    def charge(self, slot: _Slot, tokens: int) -> None:
+        """Add ``tokens`` cells to ``slot``; raises when the pool overflowed and the slot failed."""
+        ...
 
 
 @dataclass
@@ -84,7 +95,7 @@ class _Slot:
 class _Run:
     """One request's generation: yields chat.completion.chunk dicts, one token each."""
 
-    def __init__(self, fe: FakeEngine, slot: _Slot, body: dict, reply: Reply, n_prompt: int) -> None:
+    def __init__(self, fe: Books, slot: _Slot, body: dict, reply: Reply, n_prompt: int) -> None:
         self.fe, self.slot, self.body, self.reply, self.n_prompt = fe, slot, body, reply, n_prompt
         self.id = f"chatcmpl-fake{slot.task}"
         self.content = self.reasoning = ""
@@ -158,7 +169,7 @@ class _Run:
         delay = fe.token_delay if r.token_delay is None else r.token_delay
         tokens, tool_calls, forced = self._plan()
         slot.n_remain = len(tokens)
-        fe._charge(slot, self.n_prompt)  # prefill  # noqa: SLF001 - the fake engine's own books
+        fe.charge(slot, self.n_prompt)  # prefill
         async for progress in self._prefill():
             yield progress
         started = False
@@ -170,7 +181,7 @@ class _Run:
             if r.error_after is not None and i >= r.error_after:
                 raise _Failed(r.error_message)
             await anyio.sleep(delay)
-            fe._charge(slot, 1)  # noqa: SLF001 - the fake engine's own books
+            fe.charge(slot, 1)
             self.n_decoded += 1
             slot.n_decoded, slot.n_remain = self.n_decoded, slot.n_remain - 1
             text = word if (self.content if kind == "content" else self.reasoning) == "" else " " + word
@@ -189,7 +200,7 @@ class _Run:
         for index, call in enumerate(tool_calls):
             await anyio.sleep(delay)
             args = call.get("arguments", "{}")
-            fe._charge(slot, 1 + _words(args))  # noqa: SLF001 - the fake engine's own books
+            fe.charge(slot, 1 + _words(args))
             self.n_decoded += 1 + _words(args)
             call_id = call.get("id") or f"call_{slot.task}_{index}"
             self.tool_calls.append({"id": call_id, "type": "function",

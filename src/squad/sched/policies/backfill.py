@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from squad.sched.policies.fifo import FifoQueue
 
 if TYPE_CHECKING:
-    from squad.sched.admission import Reservation
-    from squad.sched.room import Waiting
+    from squad.sched.room import Reservation, Waiting
 
 __all__ = ["BackfillQueue"]
 

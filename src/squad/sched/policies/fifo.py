@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from squad.sched.admission import Reservation
-    from squad.sched.room import Waiting
+    from squad.sched.room import Reservation, Waiting
 
 __all__ = ["FifoQueue"]
 

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 from squad.sched.room import Room
 
 if TYPE_CHECKING:
-    from squad.sched.admission import Reservation
-    from squad.sched.room import Waiting
+    from squad.sched.room import Reservation, Waiting
 
 __all__ = ["ProgramQueue"]
 

@@ -1,0 +1,72 @@
+"""What the request paths of squad serve need of its gateway, as protocols.
+
+:class:`squad.serve.gateway.Gateway` satisfies each; the modules that take one (``relay``, ``fanout``, ``watch``,
+``apis``) import these, not the gateway, which imports them: the data path stays one-way, type-only imports included.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+from squad.serve.apis import Counting
+
+if TYPE_CHECKING:
+    import httpx
+
+    from squad.chat.settle import Ending
+    from squad.events import Event
+    from squad.sched.admission import Admission
+    from squad.sched.room import Reservation
+    from squad.serve.demand import Kind
+    from squad.serve.status import Ledger, Live
+
+__all__ = ["Counting", "RelayHost", "Watched", "Fanned"]
+
+
+class Watched(Protocol):
+    """What squad serve's live view reads of the gateway."""
+
+    ledger: Ledger
+    """Where each request stands (counting, queued, running), for ``/squad/status`` and the live view."""
+    reloading: bool
+    """Whether the engine is being reloaded (a replan)."""
+
+    @property
+    def admission(self) -> Admission: ...
+
+
+class RelayHost(Counting, Protocol):
+    """What a relay needs of squad serve's gateway (:class:`squad.serve.gateway.Gateway` is one): its counting,
+    admission and engine, and these. A protocol, so that this module does not import the gateway, which imports it."""
+
+    ledger: Ledger
+    """Where each request stands (queued, running, done), for ``/squad/status``."""
+
+    @property
+    def observed(self) -> bool:
+        """Whether an event sink listens."""
+        ...
+
+    def generation_upstream(self) -> httpx.AsyncClient:
+        """The HTTP client one generation request goes through."""
+        ...
+
+    def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:
+        """Wraps the engine round trip of an admitted request; releases ``held`` when the engine's slot is free."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Hands ``event`` to the gateway's sinks."""
+        ...
+
+
+
+class Fanned(Protocol):
+    """What a fan-out (several completions of one request) reads of the relay that holds the request."""
+
+    g: RelayHost
+    live: Live
+    scope: dict[str, Any]
+    body: dict[str, Any]
+    kind: Kind
