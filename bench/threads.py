@@ -58,7 +58,8 @@ async def _engine(threads: int, tokens: int, started: anyio.Event, results: list
                     except httpx.HTTPError:
                         pass
                     await anyio.sleep(0.05)
-            results.append({})  # one more engine up
+            mine: dict[str, float] = {}
+            results.append(mine)  # one more engine up
             await started.wait()
             t0 = time.monotonic()
             long = " ".join(story_prompt(i) for i in range(60))
@@ -66,7 +67,7 @@ async def _engine(threads: int, tokens: int, started: anyio.Event, results: list
                     "ignore_eos": True, "cache_prompt": False}
             r = (await http.post("/v1/chat/completions", json=body)).raise_for_status().json()
             t = r["timings"]
-            results[-1].update(wall_s=time.monotonic() - t0,
+            mine.update(wall_s=time.monotonic() - t0,
                                prompt_tps=t["prompt_n"] / (t["prompt_ms"] / 1000),
                                decode_tps=t["predicted_n"] / (t["predicted_ms"] / 1000))
     finally:
