@@ -20,19 +20,27 @@ The fake engine runs in a process of its own, so this process's CPU time per cal
 client side alone: squad's CPU overhead = (squad CPU - raw CPU) / N, beside the wall figures.
 
     .venv/bin/python bench/overhead.py [--quick] [--ns 1,100,1000] [--repeats 5]
+    .venv/bin/python bench/overhead.py --profile 1000   # where squad's CPU goes, by area
+
+``--profile N``: the timed squad run of N calls under ``cProfile`` (after the untimed warm-up, as above); its
+own time (tottime) summed per area (each ``squad`` sub-package, the openai SDK, httpx/httpcore, anyio/asyncio,
+the tokenizer, pydantic, the rest), with the 15 squad functions of most own time; against one raw run of the same
+N profiled alike, so the difference per area is what squad adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -59,7 +67,20 @@ MEMORY_MAX_N = 100
 tracemalloc makes a 1,000-call run take minutes)."""
 
 
-async def raw_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
+@contextlib.contextmanager
+def _profiling(profiler: Any) -> Iterator[None]:
+    """``profiler`` (a ``cProfile.Profile``) enabled for the block; nothing when it is None."""
+    if profiler is None:
+        yield
+        return
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+
+
+async def raw_once(base_url: str, prompts: list[str], profiler: object = None) -> tuple[float, float]:
     """A fresh openai client, warmed by one untimed fan-out of other prompts (so its connection
     pool is as warm as squad's), then the timed fan-out: (wall s, this process's CPU s). Fresh
     per run because the fake engine (uvicorn) closes idle keep-alive connections after 5 s and
@@ -68,7 +89,8 @@ async def raw_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
     try:
         await raw_fanout(base_url, "", [f"warm up {p}" for p in prompts], MAX_TOKENS, client=client)
         cpu = time.process_time()
-        wall, calls = await raw_fanout(base_url, "", prompts, MAX_TOKENS, client=client)
+        with _profiling(profiler):
+            wall, calls = await raw_fanout(base_url, "", prompts, MAX_TOKENS, client=client)
         cpu = time.process_time() - cpu
     finally:
         await client.close()
@@ -78,7 +100,7 @@ async def raw_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-async def squad_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
+async def squad_once(base_url: str, prompts: list[str], profiler: object = None) -> tuple[float, float]:
     """A fresh ``Squad`` attached to the fake (fresh for the same reason as raw's client), one
     untimed warm-up ``map`` of other prompts (no count is remembered), then the timed one:
     (wall s, this process's CPU s). The fake reports the real model file, so squad counts
@@ -89,12 +111,71 @@ async def squad_once(base_url: str, prompts: list[str]) -> tuple[float, float]:
                      engine=EngineSpec(url=base_url)) as sq:
         await sq.map("echo", [f"warm up {p}" for p in prompts])
         cpu, t0 = time.process_time(), time.monotonic()
-        results = await sq.map("echo", prompts)
+        with _profiling(profiler):
+            results = await sq.map("echo", prompts)
         wall, cpu = time.monotonic() - t0, time.process_time() - cpu
     failed = [r.error for r in results if not r.ok]
     if failed:
         raise RuntimeError(f"squad calls failed against the fake: {failed[0]}")
     return wall, cpu
+
+
+def _area(filename: str) -> str:
+    """The area a profiled function belongs to, from its file name."""
+    f = filename.replace("\\", "/")
+    if "/squad/" in f and "site-packages" not in f or "/src/squad/" in f:
+        rest = f.split("/squad/", 1)[1]
+        return "squad/" + (rest.split("/", 1)[0] if "/" in rest else rest.removesuffix(".py"))
+    for name, area in (("/openai/", "openai SDK"), ("/httpx", "httpx/httpcore"), ("/httpcore", "httpx/httpcore"),
+                       ("/h11/", "httpx/httpcore"), ("/anyio/", "anyio/asyncio"), ("/asyncio/", "anyio/asyncio"),
+                       ("/tokenizers/", "tokenizer"), ("/pydantic", "pydantic"), ("/json/", "json"),
+                       ("selectors", "anyio/asyncio"), ("/ssl", "socket"), ("socket", "socket")):
+        if name in f:
+            return area
+    return "builtins" if f.startswith("~") or f.startswith("<") else "other"
+
+
+async def _profiled(fn: Callable[..., Awaitable[object]], base_url: str, prompts: list[str]) -> tuple[dict, list]:
+    """``fn``'s timed run under cProfile (not its set-up or warm-up). Returns (own seconds per area, the functions
+    of squad and the builtins with most own time as (seconds, calls, name))."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    await fn(base_url, prompts, prof)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    areas: dict[str, float] = {}
+    top = []
+    for (filename, line, name), (_cc, calls, tottime, _cum, _callers) in stats.items():
+        area = _area(filename)
+        areas[area] = areas.get(area, 0.0) + tottime
+        if area.startswith("squad/"):
+            top.append((tottime, calls, f"{filename.split('/squad/', 1)[-1]}:{line} {name}"))
+        elif area == "builtins":
+            top.append((tottime, calls, name))
+    top.sort(reverse=True)
+    return areas, top[:15]
+
+
+async def profile(n: int) -> str:
+    """Where the CPU of one squad run of ``n`` calls goes, against one raw run: a markdown report."""
+    prompts = [f"say hello number {i}" for i in range(n)]
+    async with fake_engine_process(max(n, 1), max(n, 1) * BUDGET * 2, str(MODEL)) as base_url:
+        squad_areas, top = await _profiled(squad_once, base_url, prompts)
+        raw_areas, _ = await _profiled(raw_once, base_url, prompts)
+    calls = n
+    names = sorted(set(squad_areas) | set(raw_areas), key=lambda a: -(squad_areas.get(a, 0) - raw_areas.get(a, 0)))
+    rows = [[a, f"{raw_areas.get(a, 0) / calls * 1e3:.3f}", f"{squad_areas.get(a, 0) / calls * 1e3:.3f}",
+             f"{(squad_areas.get(a, 0) - raw_areas.get(a, 0)) / calls * 1e3:+.3f}"] for a in names]
+    total_raw, total_squad = sum(raw_areas.values()), sum(squad_areas.values())
+    rows.append(["total", f"{total_raw / calls * 1e3:.3f}", f"{total_squad / calls * 1e3:.3f}",
+                 f"{(total_squad - total_raw) / calls * 1e3:+.3f}"])
+    fns = [[f"{t / calls * 1e3:.4f}", c, name] for t, c, name in top]
+    return (f"### Where squad's CPU goes: {n} concurrent calls under cProfile (own time per call, ms; profiling "
+            f"inflates every figure, so read the shares, not the totals)\n\n"
+            + md_table(["area", "raw ms/call", "squad ms/call", "squad - raw"], rows)
+            + "\n\nthe functions of squad (and builtins) with the most own time in squad's run:\n\n"
+            + md_table(["ms/call", "calls", "function"], fns) + "\n")
 
 
 async def traced(fn: Callable[..., Awaitable[object]], *args: object) -> int:
@@ -172,7 +253,12 @@ async def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--ns", default="1,100,1000")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--profile", type=int, metavar="N", help="profile one run of N calls instead (see above)")
     args = parser.parse_args(argv)
+    if args.profile:
+        text = await profile(args.profile)
+        print(text)
+        return text
     ns = [1, 5] if args.quick else [int(n) for n in args.ns.split(",")]
     rows, targets = [], []
     for n in ns:
