@@ -20,7 +20,7 @@ from squad.engine.process import free_port
 @contextlib.contextmanager
 def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: int = 2048,
                 slots: int = 4) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``squad serve -c CTX -np SLOTS -t 2`` on a free port with key ``key`` and state dir ``state``;
+    """``squad serve -c CTX -np SLOTS -t THREADS`` on a free port with key ``key`` and state dir ``state``;
     yields ``(url, process)`` once ``/health`` is 200 (at most 120 s; its log in the assertion);
     stopped with SIGINT."""
     port = free_port()

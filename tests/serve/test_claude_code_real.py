@@ -32,7 +32,7 @@ def claude_binary() -> str | None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 8192 -np 2 -t 2`` on a free port: ``(url, state dir)``."""
+    """``squad serve -c 8192 -np 2 -t THREADS`` on a free port: ``(url, state dir)``."""
     state = tmp_path_factory.mktemp("state")
     with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=8192, slots=2) as (url, proc):
         yield url, state

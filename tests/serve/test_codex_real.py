@@ -29,7 +29,7 @@ def codex_binary() -> str | None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 8192 -np 2 -t 2`` on a free port: its URL."""
+    """``squad serve -c 8192 -np 2 -t THREADS`` on a free port: its URL."""
     state = tmp_path_factory.mktemp("state")
     with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=8192, slots=2) as (url, _):
         yield url

@@ -37,7 +37,7 @@ ASK = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields ``(url, pid)``; stopped with SIGINT."""
+    """``squad serve -c 2048 -np 4 -t THREADS`` on a free port; yields ``(url, pid)``; stopped with SIGINT."""
     state = tmp_path_factory.mktemp("state")
     with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=2048, slots=4) as (url, proc):
         yield url, proc.pid

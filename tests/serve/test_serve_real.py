@@ -23,7 +23,7 @@ KEY = "serve-test-key-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 2048 -np 4 -t 2`` on a free port (:func:`serve_support.squad_serve`); yields
+    """``squad serve -c 2048 -np 4 -t THREADS`` on a free port (:func:`serve_support.squad_serve`); yields
     ``(url, pid)``; the engine it started is stopped with it."""
     state = tmp_path_factory.mktemp("state")
     with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=2048, slots=4) as (url, proc):

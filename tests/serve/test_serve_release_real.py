@@ -10,7 +10,7 @@ and a list of prompts.
 - ``/v1/completions`` with a list of prompts (and ``n``), streamed and not: one reservation per
   completion, one answer.
 
-One ``squad serve -c 2048 -np 4 -t 2`` for the module (a separate process, as users run it).
+One ``squad serve -c 2048 -np 4 -t THREADS`` for the module (a separate process, as users run it).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SLOTS, POOL = 4, 2048
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, llama_server_path, default_model_path):
-    """``squad serve -c 2048 -np 4 -t 2`` on a free port; yields its URL; stopped with SIGINT."""
+    """``squad serve -c 2048 -np 4 -t THREADS`` on a free port; yields its URL; stopped with SIGINT."""
     state = tmp_path_factory.mktemp("state")
     with squad_serve(state, KEY, llama_server_path, default_model_path, ctx=POOL, slots=SLOTS) as (url, proc):
         yield url
