@@ -42,12 +42,24 @@ def get_weather(city: str) -> str:
 AGENTS = [
     Agent(name="helper", instructions="You answer questions. Use the tools when they help.", budget=2048,
           max_tokens=48, tools=["get_weather"], tool_choice="required", parallel_tool_calls=False, sampling=SAMPLING),
-    Agent(name="lead", instructions="You answer questions. Ask the weather sub-agent about the weather.", budget=2048,
-          max_tokens=128, agents=["weather"], tool_choice="ask_weather", parallel_tool_calls=False, sampling=SAMPLING),
+    # the same lead with three seeds: SmolLM2-135M sometimes fills the forced call with other keys than `task`
+    # (seen once in CI, with -t 1), which squad answers with the validation error; one seed of three must call it right
+    *(Agent(name=f"lead{seed}", instructions="You answer questions. Ask the weather sub-agent about the weather.",
+            budget=2048, max_tokens=128, agents=["weather"], tool_choice="ask_weather", parallel_tool_calls=False,
+            sampling={**SAMPLING, "seed": seed}) for seed in (1, 2, 3)),
     Agent(name="weather", description="knows the weather of any city",
           instructions="You describe a city's weather in one short sentence.", budget=1024, max_tokens=24,
           sampling=SAMPLING),
 ]
+
+
+def _object(arguments: str) -> dict:
+    """A tool call's arguments as a dict ({} when they are not a JSON object)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 @pytest.mark.timeout(900)  # five to seven model calls on 2 shared cores
@@ -67,7 +79,15 @@ async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_
         assert sq.info.template_has_tools is True and sq.info.template_name.startswith("squad:chatml-tools")
 
         helper = await sq.run_agent("helper", "What is the weather in Paris?")
-        lead = await sq.run_agent("lead", "Weather in Oslo?")
+        for seed in (1, 2, 3):
+            lead = await sq.run_agent(f"lead{seed}", "Weather in Oslo?")
+            first = lead.history[1]["tool_calls"][0]
+            assert first["function"]["name"] == "ask_weather"  # forced by tool_choice
+            if "task" in _object(first["function"]["arguments"]):
+                break
+            # a call without `task`: squad ran no sub-agent and told the model what was wrong
+            assert lead.history[2]["role"] == "tool" and "bad arguments for ask_weather" in lead.history[2]["content"]
+            assert "task" in lead.history[2]["content"]
 
     # a function tool: the call came as the engine's tool_calls (its random ids, no text parsed)
     asked = helper.history[1]
@@ -82,7 +102,8 @@ async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_
 
     # a sub-agent as a tool: ask_weather ran the weather agent, its answer went back as the tool result
     sub_call = lead.history[1]["tool_calls"][0]
-    assert sub_call["function"]["name"] == "ask_weather" and json.loads(sub_call["function"]["arguments"])["task"]
+    assert sub_call["function"]["name"] == "ask_weather" and json.loads(sub_call["function"]["arguments"])["task"], (
+        "no seed of three made SmolLM2 fill ask_weather's `task`", [lead.history[1]])
     assert len(lead.subs) == 1 and lead.subs[0].agent == "weather" and lead.subs[0].output.strip()
     assert lead.history[2]["role"] == "tool" and lead.history[2]["content"].strip()
     assert lead.history[-1]["role"] == "assistant" and lead.output.strip()
