@@ -110,3 +110,25 @@ def test_errors_are_not_cached(cache, tmp_path):
             read_model_facts(junk)
         facts._read_facts.cache_clear()
     assert not cache.exists() or not list(cache.glob("*.json"))
+
+
+def test_the_fields_of_a_file_version_are_read_once_per_process(tmp_path, monkeypatch):
+    """The facts, the special tokens and the tokenizer each read the fields the first time squad meets a model: one
+    GGUFReader pass serves them all (a 151k-token vocabulary takes ~8 s a pass); a changed file is read again."""
+    from squad.engine import gguf as squad_gguf
+
+    passes: list[str] = []
+    real = gguf.GGUFReader
+
+    def counting(path, mode="r"):
+        passes.append(str(path))
+        return real(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    squad_gguf._read_fields.cache_clear()
+    path = _gguf(tmp_path / "m.gguf")
+    first = squad_gguf.read_fields(path)
+    assert squad_gguf.read_fields(path) is first and len(passes) == 1
+    _gguf(path, n_layer=2)  # rewritten: another size
+    assert squad_gguf.read_fields(path)["llama.block_count"].contents() == 2 and len(passes) == 2
+    squad_gguf._read_fields.cache_clear()

@@ -8,6 +8,7 @@ raises :class:`~squad.errors.BadModelFile` before any reader meets it with a num
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from pathlib import Path
@@ -168,14 +169,27 @@ class _GgufWalk:
 
 
 def read_fields(path: Path) -> dict[str, Any]:
-    """The GGUF metadata fields of ``path`` by key (``gguf.GGUFReader(...).fields``).
+    """The GGUF metadata fields of ``path`` by key (``gguf.GGUFReader(...).fields``); the caller must not change them.
 
-    Raises ``ModelError`` when the reader fails (damaged or truncated file). The reader walks
-    the whole vocabulary: ~2 s for the default model.
+    Raises ``ModelError`` when the reader fails (damaged or truncated file). The reader walks the whole vocabulary:
+    ~2 s for the default model (49k tokens), ~8 s for Qwen3's (151k) on one core of this 2-core machine. So a file is
+    read once per version (path, size, mtime) in a process: the model's facts, its special tokens and its tokenizer
+    each need the fields the first time squad meets a model (three reads, 26 s for a Qwen3 vocabulary, before).
     """
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError as exc:
+        raise BadModelFile(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
+    return _read_fields(str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_fields(resolved: str, size: int, mtime_ns: int) -> dict[str, Any]:
+    """:func:`read_fields` of one file version (``size`` and ``mtime_ns`` only key the cache)."""
     from gguf import GGUFReader  # numpy-heavy; import when needed
 
     try:
-        return GGUFReader(path, "r").fields
+        return GGUFReader(resolved, "r").fields
     except Exception as exc:  # the reader raises bare ValueErrors etc. for damaged files
-        raise BadModelFile(f"{path}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
+        raise BadModelFile(f"{resolved}: cannot read GGUF metadata ({exc}); is the file complete?") from exc
