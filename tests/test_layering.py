@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the composition root: engine, plan, admission and client put together (the session, the engine
     # providers, the spec and spec + workload -> plan); verify runs one
     ("engine.session", ("squad.engine.session", "squad.engine.provider", "squad.engine.launched",
-                        "squad.engine.attached", "squad.engine.spec", "squad.engine.planning",
+                        "squad.engine.attached", "squad.engine.providers", "squad.engine.spec", "squad.engine.planning",
                         "squad.engine.verify")),
     # the routing layer over several engines: a ChatEngine that opens one session per engine
     ("chat.routing", ("squad.chat.routing",)),
@@ -314,3 +314,11 @@ def test_llama_facts_are_written_once():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Fraction":
                 bad.append(f"{path.name}:{node.lineno}: Fraction(...)")
     assert not bad, "\n".join(bad)
+
+
+def test_a_new_engine_provider_module_may_use_the_session():
+    """ARCHITECTURE.md's "where does X go": a provider module added in ``squad/engine/providers/`` sits with the
+    session and the providers squad ships, so importing ``EngineHandle`` is not an import up."""
+    assert layer_of("squad.engine.providers.mine") == layer_of("squad.engine.launched") == layer_of(
+        "squad.engine.provider")
+    assert layer_of("squad.engine.providers.mine") > layer_of("squad.chat.client") > layer_of("squad.engine.llama")

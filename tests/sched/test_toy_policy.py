@@ -8,9 +8,12 @@ from collections.abc import Callable
 
 import anyio
 import pytest
+from pydantic import ValidationError
 
 from squad import Agent, Squad
+from squad.cli.options import _check_queue
 from squad.engine.session import EngineSpec
+from squad.recipes.spec import EngineSection
 from squad.sched.admission import Admission, Reservation
 from squad.sched.policy import QUEUE_POLICIES, QueuePolicy, Waiting, queue_policy
 from squad.testing import ScriptedEngine
@@ -97,3 +100,7 @@ def test_a_registered_policy_is_selectable_by_name(monkeypatch):
     monkeypatch.setitem(QUEUE_POLICIES, "shortest", ShortestFirst)
     assert isinstance(queue_policy("shortest"), ShortestFirst)
     assert EngineSpec(model="m.gguf", queue="shortest").queue == "shortest"
+    assert EngineSection(queue="shortest").queue == "shortest"  # a recipe's engine: queue
+    assert _check_queue("Shortest") == "shortest"  # the CLI's --queue reads the registry, not a fixed list
+    with pytest.raises(ValidationError, match="unknown queue policy 'longest'.*shortest"):
+        EngineSection(queue="longest")

@@ -149,12 +149,12 @@ def request_timeout() -> Any:
 
 def queue() -> Any:
     """``--queue POLICY``: the order of calls waiting for admission (:mod:`squad.sched.policy`)."""
-    return typer.Option("--queue", show_default=False, metavar="fifo|backfill|program", callback=_check_queue,
+    return typer.Option("--queue", show_default=False, metavar="POLICY", callback=_check_queue,
                         help="Order of calls waiting for a slot or pool room: program (default: the program that has "
                              "held the engine least goes first, then the smaller call; a call that fits passes one "
                              "that does not, a bounded number of times), fifo (priority, then arrival, no call passes "
                              "the head) or backfill (fifo, but a call that fits may pass a head that does not, a "
-                             "bounded number of times).")
+                             "bounded number of times), or a policy registered in squad.sched.policy.QUEUE_POLICIES.")
 
 
 def _check_queue(value: str | None) -> str | None:

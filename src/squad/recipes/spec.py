@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    StrictStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -25,6 +26,7 @@ from pydantic import (
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 from squad.engine.urls import check_engine_url
+from squad.sched.policy import QUEUE_POLICIES
 
 __all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec",
            "AgentFileSpec",
@@ -47,8 +49,16 @@ class EngineSection(_Strict):
     cache_type: Literal[CACHE_TYPES] | None = None  # type: ignore[valid-type]
     gpu_layers: Literal["all"] | Annotated[StrictInt, Field(ge=0)] | None = None
     """``-ngl``: model layers in GPU memory (None: all when a GPU is found, else none)."""
-    queue: Literal["fifo", "backfill", "program"] | None = None
-    """The order of calls waiting for admission (:mod:`squad.sched.policy`; None: ``program``)."""
+    queue: StrictStr | None = None
+    """The order of calls waiting for admission: a name in :data:`squad.sched.policy.QUEUE_POLICIES` (``fifo``,
+    ``backfill``, ``program`` and any policy registered there; None: ``program``)."""
+
+    @field_validator("queue")
+    @classmethod
+    def _known_queue(cls, value: str | None) -> str | None:
+        if value is not None and value.strip().lower() not in QUEUE_POLICIES:
+            raise ValueError(f"unknown queue policy {value!r}: use one of {', '.join(QUEUE_POLICIES)}")
+        return value if value is None else value.strip().lower()
 
     @model_validator(mode="before")
     @classmethod
