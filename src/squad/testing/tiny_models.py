@@ -27,6 +27,7 @@ from pathlib import Path
 from squad.dirs import cache_dir
 from squad.engine import build
 from squad.engine.build import LLAMA_CPP_TAG
+from squad.engine.gguf import read_fields
 
 __all__ = ["Family", "FAMILIES", "tiny_model", "sdist_path", "sdist_template", "Shape"]
 
@@ -181,11 +182,12 @@ def tiny_model(family: str | Family, *, template: str | None | bool = True) -> P
 
 
 def _vocab_fields(name: str) -> dict:
+    """The tokenizer fields of the sdist's vocabulary ``name`` (read once per process: several stand-ins share one,
+    llama3.1's with its own, no and a wrong template)."""
     import gguf
 
-    reader = gguf.GGUFReader(_sdist_models() / f"ggml-vocab-{name}.gguf")
     out = {}
-    for key, fld in reader.fields.items():
+    for key, fld in read_fields(_sdist_models() / f"ggml-vocab-{name}.gguf").items():
         if not key.startswith("tokenizer.") or key.startswith("tokenizer.chat_template"):
             continue
         vtype = fld.types[0]
