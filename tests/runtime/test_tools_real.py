@@ -43,10 +43,11 @@ AGENTS = [
     Agent(name="helper", instructions="You answer questions. Use the tools when they help.", budget=2048,
           max_tokens=48, tools=["get_weather"], tool_choice="required", parallel_tool_calls=False, sampling=SAMPLING),
     # the same lead with three seeds: SmolLM2-135M sometimes fills the forced call with other keys than `task`
-    # (seen once in CI, with -t 1), which squad answers with the validation error; one seed of three must call it right
+    # or writes a task too long for max_tokens (both seen in CI, with -t 1), which squad answers with the validation
+    # error; one seed of three (at temperature 0.5: greedy decoding ignores the seed) must call it right
     *(Agent(name=f"lead{seed}", instructions="You answer questions. Ask the weather sub-agent about the weather.",
-            budget=2048, max_tokens=128, agents=["weather"], tool_choice="ask_weather", parallel_tool_calls=False,
-            sampling={**SAMPLING, "seed": seed}) for seed in (1, 2, 3)),
+            budget=2048, max_tokens=256, agents=["weather"], tool_choice="ask_weather", parallel_tool_calls=False,
+            sampling={"temperature": 0.5, "seed": seed}) for seed in (1, 2, 3)),
     Agent(name="weather", description="knows the weather of any city",
           instructions="You describe a city's weather in one short sentence.", budget=1024, max_tokens=24,
           sampling=SAMPLING),
@@ -85,9 +86,10 @@ async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_
             assert first["function"]["name"] == "ask_weather"  # forced by tool_choice
             if "task" in _object(first["function"]["arguments"]):
                 break
-            # a call without `task`: squad ran no sub-agent and told the model what was wrong
+            # a call without `task` (other keys, or JSON cut at max_tokens): squad ran no sub-agent and told the
+            # model what was wrong
             assert lead.history[2]["role"] == "tool" and "bad arguments for ask_weather" in lead.history[2]["content"]
-            assert "task" in lead.history[2]["content"]
+            assert not lead.subs
 
     # a function tool: the call came as the engine's tool_calls (its random ids, no text parsed)
     asked = helper.history[1]
