@@ -419,3 +419,21 @@ def test_a_cluster_that_never_answers_is_given_up_and_ctrl_c_does_not_wait(monke
 
     assert anyio.run(cancelled) < 5
     forever.set()
+
+
+def test_workers_on_one_node_share_its_cores(tmp_path: Path, monkeypatch) -> None:
+    """Each of a node's workers starts its engine with the node's cores divided among them (two engines of -t 2 on
+    2 cores ran 2.49x slower than two of -t 1: bench/threads.py); a spec that pins threads keeps them."""
+    import os
+
+    from squad.cluster.ray import _Worker
+    from squad.cluster.worker import node_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)), raising=False)
+    assert [node_threads(n) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    recipe = _recipe(tmp_path, MAP)
+    spec = recipe.engine_spec()
+    assert _Worker(recipe, spec, "w0", 0.5, per_node=2).provider().spec.threads == 4  # type: ignore[attr-defined]
+    assert _Worker(recipe, spec, "w0", 1.0).provider().spec.threads is None  # alone: llama-server's own default
+    pinned = spec.but(threads=3)
+    assert _Worker(recipe, pinned, "w0", 0.5, per_node=2).provider().spec.threads == 3  # type: ignore[attr-defined]

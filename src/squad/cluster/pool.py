@@ -60,7 +60,7 @@ class _Pool:
                 actor = remote.options(
                     num_cpus=0, max_concurrency=64, max_restarts=0, name=None,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                ).remote(recipe, spec, wid, share)
+                ).remote(recipe, spec, wid, share, per_node)
                 self.actors.append(actor)
                 pending.append((wid, actor))
         started: dict[str, _Handle] = {}

@@ -2,7 +2,8 @@
 
 ``squad run RECIPE --ray [ADDRESS]`` or ``run_recipe(recipe, ray=RayFanout(...))`` (extra
 ``squad[ray]``). Each node runs ``workers_per_node`` actors, each with its own engine planned
-against its memory share (default ``1 / workers_per_node`` of the node's KV memory); map items
+against its memory share (default ``1 / workers_per_node`` of the node's KV memory) and, unless the spec pins
+``threads``, the node's cores divided among them (:func:`squad.cluster.worker.node_threads`); map items
 of sub-agents are dispatched over them (:func:`squad.cluster.dispatch.dispatch`), the items of a
 lost worker run once more elsewhere; every other step runs in the driver on a local engine.
 Workers' events reach the driver's sinks with ids prefixed by the worker (``w0:c17``) and

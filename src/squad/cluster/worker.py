@@ -22,7 +22,7 @@ from squad.recipes.model import Recipe
 from squad.runtime.results import AgentResult
 from squad.runtime.squad import Squad
 
-__all__ = ["WorkerInfo"]
+__all__ = ["WorkerInfo", "node_threads"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,19 @@ class WorkerInfo:
         return dict(vars(self))
 
 
+def node_threads(workers: int) -> int:
+    """CPU threads (``-t``) for each of ``workers`` engines on this node: its usable cores shared, at least 1.
+
+    llama.cpp's threads wait for one another at every operation of the graph, so engines that together run more
+    threads than there are cores wait on each other's time slices: two engines of ``-t 2`` on 2 cores took 2.49x as
+    long as two of ``-t 1`` (decode 3.7x slower; ``bench/threads.py``, bench/results.md#threads)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
 class _Worker:
     """The Ray actor (``ray.remote(_Worker)``): one :class:`~squad.runtime.squad.Squad` with the
     recipe's agents and its own launched engine, on an event loop of its own (an anyio
@@ -54,8 +67,10 @@ class _Worker:
     actor). Ray calls its methods from up to 64 threads at once; the dispatcher sends at most
     the engine's slots."""
 
-    def __init__(self, recipe: Recipe, spec: EngineSpec, worker_id: str, share: float) -> None:
+    def __init__(self, recipe: Recipe, spec: EngineSpec, worker_id: str, share: float, per_node: int = 1) -> None:
         self.id, self.recipe, self.spec, self.share = worker_id, recipe, spec, share
+        self.per_node = per_node
+        """Workers on this node, each with an engine (they share its cores: :func:`node_threads`)."""
         self._portal_cm: Any = None
         self._portal: Any = None
         self._squad_cm: Any = None
@@ -96,11 +111,15 @@ class _Worker:
                           pool=info.pool), self.outbox.count
 
     def provider(self) -> EngineProvider:
-        """The worker's engine: launched from ``spec`` for its ``share`` of the node's KV memory,
-        never restarted; a ``spec`` with a ``url`` (tests) is attached as it is."""
+        """The worker's engine: launched from ``spec`` for its ``share`` of the node's KV memory and, unless the
+        spec pins ``threads``, its share of the node's cores (:func:`node_threads`), never restarted; a ``spec``
+        with a ``url`` (tests) is attached as it is."""
         if self.spec.url is not None:
             return provider_for(self.spec)
-        return LaunchedEngine(self.spec, share=self.share, restart=False)
+        spec = self.spec
+        if spec.threads is None and self.per_node > 1:
+            spec = replace(spec, threads=node_threads(self.per_node))
+        return LaunchedEngine(spec, share=self.share, restart=False)
 
     def run(self, index: int, name: str, prompt: str, *, fail_on: frozenset[Any],
             output_type: Any) -> tuple[AgentResult, int]:
