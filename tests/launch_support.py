@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from squad.engine.build import usable_cores
+
 _FALLBACK_BIN = Path.home() / ".cache/squad/engine/b11434/bin/llama-server"
 _FALLBACK_MODEL = Path.home() / ".cache/squad/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -71,12 +73,8 @@ def _threads() -> int:
     """CPU threads per engine in the tests: the usable cores shared among pytest-xdist's workers. llama.cpp's threads
     spin at each operation's barrier, so two engines of 2 threads each on 2 cores wait on one another's time slices
     at every step (measured: bench/threads.py); one thread each keeps both cores busy without that."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    return max(1, min(4, cores // workers))
+    return max(1, min(4, usable_cores() // workers))
 
 
 THREADS = _threads()

@@ -13,6 +13,7 @@ from typing import Any
 from anyio.from_thread import start_blocking_portal
 
 from squad.cluster.relay import _ITEM, _Outbox
+from squad.engine.build import usable_cores
 from squad.engine.launched import LaunchedEngine
 from squad.engine.provider import EngineProvider
 from squad.engine.session import EngineSpec, provider_for
@@ -53,11 +54,7 @@ def node_threads(workers: int) -> int:
     llama.cpp's threads wait for one another at every operation of the graph, so engines that together run more
     threads than there are cores wait on each other's time slices: two engines of ``-t 2`` on 2 cores took 2.49x as
     long as two of ``-t 1`` (decode 3.7x slower; ``bench/threads.py``, bench/results.md#threads)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, workers))
+    return max(1, usable_cores() // max(1, workers))
 
 
 class _Worker:

