@@ -26,7 +26,7 @@ from pydantic import (
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 from squad.engine.urls import check_engine_url
-from squad.sched.policy import QUEUE_POLICIES
+from squad.sched.policy import queue_name
 
 __all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec",
            "AgentFileSpec",
@@ -56,9 +56,7 @@ class EngineSection(_Strict):
     @field_validator("queue")
     @classmethod
     def _known_queue(cls, value: str | None) -> str | None:
-        if value is not None and value.strip().lower() not in QUEUE_POLICIES:
-            raise ValueError(f"unknown queue policy {value!r}: use one of {', '.join(QUEUE_POLICIES)}")
-        return value if value is None else value.strip().lower()
+        return None if value is None else queue_name(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from squad.sched.room import Reservation
 
 __all__ = ["DEFAULT_QUEUE", "QUEUE_POLICIES", "BackfillQueue", "FifoQueue", "ProgramQueue", "QueuePolicy", "Room",
-           "Waiting", "queue_policy"]
+           "Waiting", "queue_name", "queue_policy"]
 
 
 class QueuePolicy(Protocol):
@@ -66,14 +66,20 @@ QUEUE_POLICIES: dict[str, Callable[[], QueuePolicy]] = {
 """Policies selectable by name (``queue="fifo"``, ``--queue``, a recipe's ``engine: queue:``)."""
 
 
+def queue_name(name: str) -> str:
+    """``name`` as a key of :data:`QUEUE_POLICIES` (trimmed, lower case). Raises ``ValueError`` naming the known
+    policies for an unknown name."""
+    key = name.strip().lower()
+    if key not in QUEUE_POLICIES:
+        raise ValueError(f"unknown queue policy {name!r}: use one of {', '.join(QUEUE_POLICIES)}")
+    return key
+
+
 def queue_policy(policy: str | QueuePolicy | None) -> QueuePolicy:
     """A queue policy from its name (``fifo``, ``backfill``, ``program``), an instance (kept),
     or None (:data:`DEFAULT_QUEUE`). Raises ``ValueError`` naming the known policies for an unknown name."""
     if policy is None:
         return QUEUE_POLICIES[DEFAULT_QUEUE]()
     if isinstance(policy, str):
-        try:
-            return QUEUE_POLICIES[policy.strip().lower()]()
-        except KeyError:
-            raise ValueError(f"unknown queue policy {policy!r}: use one of {', '.join(QUEUE_POLICIES)}") from None
+        return QUEUE_POLICIES[queue_name(policy)]()
     return policy
