@@ -180,7 +180,7 @@ def _at_once(job: dict, cache: Path, tmp_path: Path, n: int = 4) -> list[tuple[d
 
 
 def _no_temporaries(root: Path) -> None:
-    left = [p for p in root.rglob("*") if ".tmp-" in p.name or p.name.endswith(".part") or p.name.endswith(".holder")]
+    left = [p for p in root.rglob("*") if any(mark in p.name for mark in (".tmp-", ".new-", ".part", ".holder"))]
     assert left == []
 
 

@@ -82,9 +82,10 @@ def fill_once(
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a unique temporary name and a rename: a reader sees the old file or
-    the new one. Raises ``OSError`` (nothing is left behind)."""
-    tmp = path.with_name(f"{temp_prefix(path)}{os.getpid()}-{secrets.token_hex(4)}")
+    """Write ``text`` to ``path`` through a unique temporary name (``.<name>.new-*``, apart from the producers'
+    names a sweep removes) and a rename: a reader sees the old file or the new one. Raises ``OSError`` (nothing
+    is left behind). For a small file any process may rewrite whole (a sidecar, a record), not an entry."""
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
