@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gguf_support import tiny_gguf
-from pypi_support import StandInIndex
-from squad.engine import cache_fill
+from pypi_support import StandInIndex, fake_pypi
+from squad.engine import cache_fill, pypi
 from squad.engine.cache_fill import fill_once, lock_path, temp_prefix, write_atomic
 
 CHILD = Path(__file__).resolve().parents[1] / "cache_fill_child.py"
@@ -330,3 +330,11 @@ def test_a_failed_download_leaves_nothing_and_the_next_run_retries(tmp_path):
         assert index.hits == {"stand_in-1.0.tar.gz": 2}
     assert proc.returncode == 0, err
     assert (dest / "stand_in-1.0.tar.gz").read_bytes() == data
+
+
+def test_a_download_removes_the_part_file_an_older_squad_left(tmp_path):
+    data = b"the sdist"
+    dist = pypi.DistFile("x", "x.tar.gz", "https://files.example/x.tar.gz", hashlib.sha256(data).hexdigest(), len(data))
+    (tmp_path / "x.tar.gz.part").write_bytes(b"half of an old download")
+    assert pypi.download(dist, tmp_path / "x.tar.gz", client=fake_pypi({"x.tar.gz": data})).read_bytes() == data
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".x.tar.gz.lock", "x.tar.gz"]

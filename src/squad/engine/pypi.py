@@ -130,8 +130,11 @@ def download(
     def whole() -> bool:
         return dest.is_file() and dest.stat().st_size == dist.size and sha256_file(dest) == dist.sha256
 
-    fill_once(dest, lambda tmp: _stream(dist, tmp, client, progress, error), whole=whole,
-              doing=f"downloading {dist.filename}", note=note)
+    def make(tmp: Path) -> None:
+        dest.with_name(dest.name + ".part").unlink(missing_ok=True)  # the one fixed name older squads left
+        _stream(dist, tmp, client, progress, error)
+
+    fill_once(dest, make, whole=whole, doing=f"downloading {dist.filename}", note=note)
     if progress:
         progress(dist.size, dist.size)
     return dest
