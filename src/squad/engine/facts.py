@@ -134,6 +134,9 @@ def read_model_facts(path: str | Path) -> ModelFacts:
 def _read_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
     key = {"path": str(path.resolve()), "size": size, "mtime_ns": mtime_ns}
     entry = cache_entry("facts", key)
+    cached = _load_facts(entry, key, path)
+    if cached is not None:
+        return cached
     parsed: ModelFacts | None = None
 
     def record() -> dict[str, Any]:

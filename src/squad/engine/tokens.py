@@ -268,8 +268,10 @@ def special_tokens(path: str | Path) -> frozenset[str]:
             t for t, kind in zip(tokens.contents(), types.contents()) if kind in SPECIAL_TOKEN_TYPES]
         return {"version": CACHE_VERSION, "key": key, "tokens": found}
 
-    record = fill_entry(entry, build, whole=lambda: load() is not None, doing=f"listing the special tokens of {p.name}")
-    record = record or load() or build()
+    record = load()
+    if record is None:
+        record = fill_entry(entry, build, whole=lambda: load() is not None,
+                            doing=f"listing the special tokens of {p.name}") or load() or build()
     return frozenset(record["tokens"])
 
 
