@@ -34,8 +34,9 @@ class StandInIndex:
     index at ``/simple/<project>/`` listing ``files[project]`` (filename -> bytes), each served at ``/files/<name>``.
 
     ``hits[name]``: GETs of a file. ``delay_s``: the pause between the 8 pieces of a body (a download that takes a
-    while). ``stall_after[name] = n``: the next GET of ``name`` sends ``n`` bytes and then nothing until the index
-    stops (``stalled`` is set then), as a transfer that stops moving."""
+    while). ``stall_after[name] = n``: the next GET of ``name`` sends ``n`` bytes and then nothing (``stalled`` is
+    set then) until ``resume`` is set (then the rest) or the index stops, as a transfer that stops moving;
+    ``drop_after[name] = n``: the next GET sends ``n`` bytes and closes the connection."""
 
     def __init__(self, files: dict[str, dict[str, bytes]], *, delay_s: float = 0.0) -> None:
         import http.server
@@ -47,6 +48,7 @@ class StandInIndex:
         self.stall_after: dict[str, int] = {}
         self.drop_after: dict[str, int] = {}
         self.stalled = threading.Event()
+        self.resume = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         index = self
@@ -110,7 +112,12 @@ class StandInIndex:
                 request.wfile.write(data[:stall])
                 request.wfile.flush()
                 self.stalled.set()
-                self._stop.wait(120)  # a transfer that stops moving, until the index stops
+                for _ in range(2400):  # a transfer that stops moving, until resumed or the index stops (120 s)
+                    if self.resume.is_set() or self._stop.is_set():
+                        break
+                    self._stop.wait(0.05)
+                if self.resume.is_set():
+                    request.wfile.write(data[stall:])
                 return
             if drop is not None:
                 request.wfile.write(data[:drop])

