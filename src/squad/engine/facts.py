@@ -18,7 +18,7 @@ from typing import Any
 
 from squad.engine.gguf import check_gguf, is_gguf, read_fields
 from squad.engine.llama import kv_row_bytes, round_ctx
-from squad.engine.model_cache import cache_entry, read_entry, write_entry
+from squad.engine.model_cache import cache_entry, fill_entry, read_entry, write_entry
 from squad.engine.stores import model_bytes
 from squad.errors import ModelError
 
@@ -137,9 +137,19 @@ def _read_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
     cached = _load_facts(entry, key, path)
     if cached is not None:
         return cached
-    facts = _parse_facts(path)
-    write_entry(entry, {"version": _FACTS_VERSION, "key": key, "facts": _fields(facts)})
-    return facts
+    parsed: ModelFacts | None = None
+
+    def record() -> dict[str, Any]:
+        nonlocal parsed
+        parsed = _parse_facts(path)
+        return {"version": _FACTS_VERSION, "key": key, "facts": _fields(parsed)}
+
+    fill_entry(entry, record, whole=lambda: _load_facts(entry, key, path) is not None,
+               doing=f"reading the facts of {path.name}")
+    if parsed is not None:
+        return parsed
+    cached = _load_facts(entry, key, path)
+    return cached if cached is not None else _parse_facts(path)  # replaced meanwhile by another squad's
 
 
 #: Bump when ModelFacts (or how it is read) changes: older cache entries are then re-parsed.

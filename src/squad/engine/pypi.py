@@ -12,7 +12,6 @@ Errors are raised as the caller's error class (``error=``), so the engine instal
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from squad.engine.cache_fill import fill_once
 from squad.errors import ModelError, SquadError
 
 __all__ = ["DistFile", "pick_file", "find_file", "download", "sha256_file", "INDEX_URL"]
@@ -117,18 +117,34 @@ def download(
     client: httpx.Client | None = None,
     progress: ByteProgress | None = None,
     error: type[SquadError] = ModelError,
+    note: Callable[[str], None] | None = None,
 ) -> Path:
-    """Stream ``dist`` to ``dest`` (via ``dest.part`` and an atomic rename); returns ``dest``.
+    """Stream ``dist`` to ``dest`` (via a temporary name of this process's and an atomic rename); returns ``dest``.
 
-    A ``dest`` already on disk with the pinned size and sha256 is kept as is. The sha256 and
-    size are checked while streaming; a mismatch deletes the partial file and raises ``error``.
+    A ``dest`` already on disk with the pinned size and sha256 is kept as is. One process downloads while
+    others asking for the same ``dest`` wait (:func:`squad.engine.cache_fill.fill_once`; after a few seconds
+    the waiter tells ``note``, default stderr). The sha256 and size are checked while streaming; a failed
+    or corrupt download leaves nothing behind and raises ``error``; the next call downloads again.
     """
-    if dest.is_file() and dest.stat().st_size == dist.size and sha256_file(dest) == dist.sha256:
-        if progress:
-            progress(dist.size, dist.size)
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
+
+    def whole() -> bool:
+        return dest.is_file() and dest.stat().st_size == dist.size and sha256_file(dest) == dist.sha256
+
+    def make(tmp: Path) -> None:
+        dest.with_name(dest.name + ".part").unlink(missing_ok=True)  # the one fixed name older squads left
+        _stream(dist, tmp, client, progress, error)
+
+    fill_once(dest, make, whole=whole, doing=f"downloading {dist.filename}", note=note)
+    if progress:
+        progress(dist.size, dist.size)
+    return dest
+
+
+def _stream(
+    dist: DistFile, part: Path, client: httpx.Client | None, progress: ByteProgress | None, error: type[SquadError]
+) -> None:
+    """Write ``dist`` to ``part``, checking its size and sha256; raises ``error`` (``part`` may be left: the
+    caller removes it)."""
     digest = hashlib.sha256()
     done = 0
     try:
@@ -142,17 +158,13 @@ def download(
                     if progress:
                         progress(done, dist.size)
     except httpx.HTTPError as exc:
-        part.unlink(missing_ok=True)
         raise error(f"downloading {dist.url} failed: {exc}; check the network and retry") from exc
     got = digest.hexdigest()
     if done != dist.size or got != dist.sha256:
-        part.unlink(missing_ok=True)
         raise error(
             f"{dist.filename}: got {done} bytes with sha256 {got}, expected {dist.size} bytes "
             f"with sha256 {dist.sha256}; the download is corrupt, retry"
         )
-    os.replace(part, dest)
-    return dest
 
 
 def fetch_pinned(
@@ -162,12 +174,13 @@ def fetch_pinned(
     *,
     sha256: str,
     size: int,
-    say: Callable[[str], None],
+    say: Callable[[str], None] | None,
     error: type[SquadError],
     client: httpx.Client | None = None,
 ) -> Path:
     """Find a pinned file of a PyPI ``project`` and download it into ``dest_dir``, telling
-    ``say`` each whole percent ("downloading NAME 12.3/37.4 MB"). Returns the file's path.
+    ``say`` each whole percent ("downloading NAME 12.3/37.4 MB") and, when another process is
+    downloading it, that this one waits (``say`` None: no progress, the wait on stderr). Returns the file's path.
 
     Raises ``error`` when the index lacks the file or its size/sha256 differ from the pin.
     """
@@ -177,11 +190,11 @@ def fetch_pinned(
     def on_bytes(done: int, total: int) -> None:
         nonlocal shown
         pct = done * 100 // max(total, 1)
-        if pct != shown:
+        if pct != shown and say is not None:
             shown = pct
             say(f"downloading {dist.filename} {done / 1e6:.1f}/{total / 1e6:.1f} MB")
 
-    return download(dist, dest_dir / dist.filename, client=client, progress=on_bytes, error=error)
+    return download(dist, dest_dir / dist.filename, client=client, progress=on_bytes, error=error, note=say)
 
 
 def sha256_file(path: Path) -> str:

