@@ -52,6 +52,10 @@ class RelayHost(Counting, Protocol):
         """The HTTP client one generation request goes through."""
         ...
 
+    async def engine_back(self) -> bool:
+        """After a connection to the engine failed: True when the engine had died and was restarted (send again)."""
+        ...
+
     def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:
         """Wraps the engine round trip of an admitted request; releases ``held`` when the engine's slot is free."""
         ...

@@ -1,0 +1,178 @@
+"""squad serve's lifecycle against the fake engine: SIGTERM and SIGINT stop it whatever their inherited disposition
+(a job a script starts with ``&`` inherits SIGINT ignored), and the requests it holds then end with an error in their
+API's own shape; a given key is never printed. The engine's side (stopped, restarted after a death, files and
+modes): tests/serve/test_serve_lifecycle_real.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from squad.engine.process import free_port
+from squad.engine.session import EngineSpec
+from squad.serve import serving
+from squad.serve.ending import error_event, refusal
+from squad.testing import FakeEngine
+
+pytestmark = pytest.mark.anyio
+
+KEY = "lifecycle-test-key-0123456789"
+
+
+def ignore_sigint() -> None:
+    """What a non-interactive shell does for a job started with ``&``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_serve(url: str, engine_key: str | None, state: Path) -> tuple[subprocess.Popen, str, Path]:
+    port = free_port()
+    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY,
+           "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    if engine_key:
+        env["LLAMA_API_KEY"] = engine_key
+    log = state / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "--url", url],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=ignore_sigint)
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+async def wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
+    async with httpx.AsyncClient(timeout=2) as client:
+        for _ in range(600):  # 60 s at most
+            assert proc.poll() is None, log.read_text()
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await anyio.sleep(0.1)
+    raise AssertionError(log.read_text())
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float = 30) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+async def test_a_signal_stops_serve_started_with_sigint_ignored_and_open_requests_end_clearly(tmp_path, sig, code):
+    """The field case: serve started as a background job (SIGINT ignored). The signal stops it (exit 130/143); a
+    stream that was running ends with an error event, a request that was queued gets 503, both in their API's shape;
+    the given key is printed nowhere."""
+    async with FakeEngine(slots=1, n_ctx=4096, api_key="engine-key-abcdefgh", token_delay=0.05) as fe:
+        proc, url, log = start_serve(fe.base_url, fe.api_key, tmp_path)
+        try:
+            await wait_healthy(proc, url, log)
+            headers = {"Authorization": f"Bearer {KEY}"}
+            got: dict[str, object] = {}
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
+                async def stream() -> None:
+                    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "stream": True}
+                    lines = []
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            lines.append(line)
+                            if line.startswith("data: ") and "stream" not in got:
+                                got["stream"] = "started"
+                    got["lines"] = lines
+
+                async def queued() -> None:
+                    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hello"}]}
+                    r = await client.post("/v1/chat/completions", json=body)
+                    got["queued"] = (r.status_code, r.json())
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream)
+                    with anyio.fail_after(30):
+                        while "stream" not in got:
+                            await anyio.sleep(0.02)
+                    tg.start_soon(queued)
+                    with anyio.fail_after(30):  # the second one waits for the only slot
+                        while (await client.get("/squad/status")).json()["admission"]["queued"] < 1:
+                            await anyio.sleep(0.02)
+                    proc.send_signal(sig)
+            assert wait_exit(proc) == code, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        said = log.read_text()
+        events = [json.loads(line[6:]) for line in got["lines"] if line.startswith("data: {")]
+        assert "error" in events[-1] and "squad serve is stopping" in events[-1]["error"]["message"], got["lines"]
+        status, body = got["queued"]
+        assert status == 503 and body["error"]["type"] == "unavailable_error", body
+        assert "squad serve is stopping (SIG" in body["error"]["message"], body
+        assert "Exception in ASGI application" not in said and "KeyboardInterrupt" not in said, said
+        assert ("terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted") in said
+        assert KEY not in said
+
+
+async def test_a_signal_while_idle_stops_serve_at_once(tmp_path):
+    """No request open: SIGTERM stops it promptly (143), and the port is free again."""
+    async with FakeEngine(slots=1) as fe:
+        proc, url, log = start_serve(fe.base_url, None, tmp_path)
+        try:
+            await wait_healthy(proc, url, log)
+            proc.send_signal(signal.SIGTERM)
+            assert wait_exit(proc) == 143, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2)
+
+
+async def test_stopping_ends_every_open_request_in_its_api_shape_and_refuses_new_ones():
+    """In process: :meth:`Gateway.end_requests` ends a running stream with the API's error event; a request after it
+    gets 503; /health says ``stopping``. (The fake engine serves chat only: the Messages and Responses events are
+    :func:`test_error_shapes_per_api`.)"""
+    async with FakeEngine(slots=1, token_delay=0.05) as fe:
+        async with serving(EngineSpec(url=fe.base_url, api_key=fe.api_key), port=0) as served:
+            headers = {"Authorization": f"Bearer {served.api_key}"}
+            async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=30) as client:
+                got: dict[str, object] = {}
+
+                async def stream() -> None:
+                    body = {"max_tokens": 2000, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        got["lines"] = []
+                        async for line in r.aiter_lines():
+                            got["lines"].append(line)  # type: ignore[union-attr]
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stream)
+                    with anyio.fail_after(30):
+                        while not any(line.startswith("data:") for line in got.get("lines", [])):  # type: ignore
+                            await anyio.sleep(0.02)
+                    with anyio.fail_after(10):
+                        await served.gateway.end_requests("stopping for the test")
+                late = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+                health = await client.get("/health")
+    lines = got["lines"]
+    last = json.loads([line for line in lines if line.startswith("data: ")][-1][6:])
+    assert last["error"]["message"] == "stopping for the test" and last["error"]["code"] == 503, lines
+    assert late.status_code == 503 and late.json()["error"]["message"] == "stopping for the test"
+    assert health.status_code == 503 and health.json()["status"] == "stopping"
+
+
+def test_error_shapes_per_api():
+    assert refusal("messages", 503, "m") == {"type": "error", "error": {"type": "api_error", "message": "m"}}
+    assert refusal("chat", 503, "m")["error"]["code"] == 503
+    assert error_event("responses", 503, "m").startswith(b"event: error\ndata: ")
+    assert json.loads(error_event("messages", 503, "m").split(b"data: ")[1]) == refusal("messages", 503, "m")
+    assert json.loads(error_event("chat", 503, "m")[6:])["error"]["message"] == "m"
+
