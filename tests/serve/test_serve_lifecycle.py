@@ -176,3 +176,128 @@ def test_error_shapes_per_api():
     assert json.loads(error_event("messages", 503, "m").split(b"data: ")[1]) == refusal("messages", 503, "m")
     assert json.loads(error_event("chat", 503, "m")[6:])["error"]["message"] == "m"
 
+
+
+class DyingLauncher:
+    """Stands in for :class:`squad.engine.launcher.Launcher` over a fake engine that can die (:meth:`kill`: its port
+    refuses connections, running streams are cut) and be restarted on the same port (taking ``load_time``)."""
+
+    def __init__(self, fe: FakeEngine, *, load_time: float = 0.5, fail_restarts: int = 0) -> None:
+        self.fe, self.load_time, self.fail_restarts = fe, load_time, fail_restarts
+        self.info, self.base_url, self.log_path = fe.info, fe.base_url, Path("/fake/llama-server.log")
+        self.pid, self.dead, self.restarts = 1000, False, 0
+
+    @property
+    def running(self) -> bool:
+        return not self.dead
+
+    def exit_status(self) -> str | None:
+        return "signal 9 SIGKILL" if self.dead else None
+
+    async def kill(self) -> None:
+        self.dead = True
+        await self.fe.stop()
+
+    async def restart(self):
+        from squad.errors import EngineStartError
+
+        self.restarts += 1
+        if self.fail_restarts:
+            self.fail_restarts -= 1
+            raise EngineStartError("llama-server exited (status 1) while starting (the test's)")
+        self.pid += 1
+        await anyio.sleep(self.load_time)  # the model loads (the real launcher returns once /health is 200)
+        self.info = await self.fe.restart()
+        self.dead = False
+        return self.info
+
+    async def aclose(self) -> None:
+        """The fake engine is stopped by its own context manager."""
+
+
+async def test_a_dead_engine_is_restarted_queued_requests_wait_and_health_tells_the_truth():
+    """The engine dies under a running stream with a request queued behind it: the stream ends with an error event,
+    /health answers 503 ``restarting`` (never 200 while it is down) then 200, the queued request completes on the
+    restarted engine, and /squad/status and serve's log say what happened (I3, I5)."""
+    from squad.engine.session import EngineSession
+
+    said: list[str] = []
+    async with FakeEngine(slots=1, n_ctx=4096, token_delay=0.05) as fe:
+        async with EngineSession(fe.info) as session:
+            launcher = DyingLauncher(fe)
+            session.launcher = launcher
+            async with serving(session, port=0, log=said.append) as served:
+                headers = {"Authorization": f"Bearer {served.api_key}"}
+                async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
+                    got: dict[str, object] = {"health": []}
+
+                    async def stream() -> None:
+                        body = {"max_tokens": 2000, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                        lines: list[str] = []
+                        got["lines"] = lines
+                        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                            async for line in r.aiter_lines():
+                                lines.append(line)
+
+                    async def queued() -> None:
+                        body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hello there"}]}
+                        r = await client.post("/v1/chat/completions", json=body)
+                        got["queued"] = (r.status_code, r.json())
+
+                    async def health() -> None:
+                        while "queued" not in got:
+                            r = await client.get("/health")
+                            got["health"].append((r.status_code, r.json().get("status")))  # type: ignore[union-attr]
+                            await anyio.sleep(0.05)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(stream)
+                        with anyio.fail_after(30):
+                            while not any(x.startswith("data: ") for x in got.get("lines", [])):  # type: ignore
+                                await anyio.sleep(0.02)
+                        tg.start_soon(queued)
+                        with anyio.fail_after(30):
+                            while served.gateway.status()["admission"]["queued"] < 1:
+                                await anyio.sleep(0.02)
+                        tg.start_soon(health)
+                        await launcher.kill()
+                    status = served.gateway.status()
+    assert got["queued"][0] == 200, got["queued"]  # type: ignore[index]
+    last = [x for x in got["lines"] if x.startswith("data: ")][-1]  # type: ignore[union-attr]
+    assert "error" in json.loads(last[6:]), got["lines"]
+    seen = [s for s in got["health"]]  # type: ignore[union-attr]
+    assert (503, "restarting") in seen and seen[-1] == (200, "ok"), seen
+    assert all(code == 503 for code, state in seen if state in ("restarting", "down")), seen
+    assert launcher.restarts == 1
+    assert status["engine"]["state"] == "up" and [r["ok"] for r in status["engine"]["restarts"]] == [True]
+    assert any("engine exited (signal 9 SIGKILL)" in line and "restarting it with the same plan" in line
+               for line in said), said
+    assert any("engine restarted" in line for line in said), said
+    assert status["admission"]["busy"] == 0 and status["admission"]["reserved"] == 0
+
+
+async def test_a_crash_loop_gives_up_with_a_clear_message_and_stops_serve():
+    """More deaths than ``max_restarts`` within the window (a restart that fails counts as one): serve gives up,
+    says why, waiting requests fail, and the ``serving`` block raises EngineError."""
+    from squad.engine.session import EngineSession
+    from squad.errors import EngineError
+
+    said: list[str] = []
+    async with FakeEngine(slots=1, n_ctx=4096) as fe:
+        async with EngineSession(fe.info) as session:
+            launcher = DyingLauncher(fe, load_time=0.0, fail_restarts=5)
+            session.launcher = launcher
+            with pytest.raises(EngineError, match="died 3 times within 600 s.*gave up"):
+                async with serving(session, port=0, log=said.append, max_restarts=2, restart_window=600) as served:
+                    await launcher.kill()
+                    with anyio.fail_after(30):
+                        await served.wait()
+                    async with httpx.AsyncClient(base_url=served.url, timeout=10,
+                                                 headers={"Authorization": f"Bearer {served.api_key}"}) as client:
+                        health = await client.get("/health")
+                        late = await client.post("/v1/chat/completions", json={
+                            "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
+    assert launcher.restarts == 2
+    assert any("gave up" in line for line in said), said
+    assert health.status_code == 503 and health.json()["status"] == "down" and "gave up" in health.text
+    assert late.status_code == 503 and "gave up" in late.json()["error"]["message"]

@@ -393,8 +393,9 @@ class Gateway:
     # -- generation --------------------------------------------------------------------------------
 
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, kind: Kind) -> None:
-        if self.stopping is not None:
-            await send_json(send, 503, refusal(kind, 503, self.stopping))
+        state, detail = self.engine_state()
+        if state in ("stopping", "down") and (self.stopping or self.keeper is None or self.keeper.gave_up):
+            await send_json(send, 503, refusal(kind, 503, detail))  # squad serve stops, or gave up on the engine
             return
         raw = await read_body(receive)
         try:

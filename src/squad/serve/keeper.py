@@ -12,8 +12,9 @@ request saw the engine gone, :meth:`EngineKeeper.check`). When it has exited by 
 
 ``state`` is what ``/health``, ``/squad/status`` and ``--watch`` show: ``up``, ``restarting`` (503 on ``/health``),
 ``down`` (503: it died and squad serve gave up). A crash loop is bounded: more than ``max_restarts`` deaths within
-``window`` seconds (a restart that fails to start counts as one) and the keeper gives up: the waiting requests fail
-with :class:`~squad.errors.EngineLost`, and ``on_give_up`` receives the message (squad serve then stops, exit 1).
+``window`` seconds (a restart that fails to start counts as one) and the keeper gives up: ``state`` is ``down`` for
+good, new requests get 503 with the message, and ``on_give_up`` receives it (squad serve then stops, ending the
+requests it holds with it, and exits 1).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from squad.errors import EngineError, EngineLost, SquadError
+from squad.errors import EngineError, SquadError
 
 if TYPE_CHECKING:
     from squad.engine.session import EngineSession
@@ -65,6 +66,11 @@ class EngineKeeper:
     @property
     def up(self) -> bool:
         return self.state == "up"
+
+    @property
+    def gave_up(self) -> bool:
+        """The engine died too often: it stays down (module docstring)."""
+        return self.state == "down" and self.detail.startswith("gave up")
 
     def check(self) -> None:
         """Look at the engine now (a request saw its connection refused or cut)."""
@@ -143,9 +149,6 @@ class EngineKeeper:
                    "restarting it: read the engine's log, fix the cause, and start squad serve again")
         self.state, self.detail = "down", f"gave up: {message}"
         self._log(f"squad serve: {message}")
-        admission = self.session.admission
-        if admission is not None:
-            admission.close(EngineLost(message, engine=admission.engine, reason=why))
         self._up.set()  # waiters look again and find it down
         if self._on_give_up is not None:
             self._on_give_up(EngineError(message))
