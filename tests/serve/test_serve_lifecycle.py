@@ -20,6 +20,7 @@ from squad.engine.process import free_port
 from squad.engine.session import EngineSpec
 from squad.serve import serving
 from squad.serve.ending import error_event, refusal
+from squad.serve.watch import ServeWatch
 from squad.testing import FakeEngine
 
 pytestmark = pytest.mark.anyio
@@ -248,6 +249,8 @@ async def test_a_dead_engine_is_restarted_queued_requests_wait_and_health_tells_
                         while "queued" not in got:
                             r = await client.get("/health")
                             got["health"].append((r.status_code, r.json().get("status")))  # type: ignore[union-attr]
+                            if r.json().get("status") == "restarting" and "watch" not in got:
+                                got["watch"] = ServeWatch(served.gateway, ["squad serve"], live=False).summary()
                             await anyio.sleep(0.05)
 
                     async with anyio.create_task_group() as tg:
@@ -269,6 +272,7 @@ async def test_a_dead_engine_is_restarted_queued_requests_wait_and_health_tells_
     assert (503, "restarting") in seen and seen[-1] == (200, "ok"), seen
     assert all(code == 503 for code, state in seen if state in ("restarting", "down")), seen
     assert launcher.restarts == 1
+    assert "engine restarting: restarting the engine, which exited (signal 9 SIGKILL)" in got["watch"], got["watch"]
     assert status["engine"]["state"] == "up" and [r["ok"] for r in status["engine"]["restarts"]] == [True]
     assert any("engine exited (signal 9 SIGKILL)" in line and "restarting it with the same plan" in line
                for line in said), said

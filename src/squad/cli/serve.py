@@ -62,6 +62,10 @@ def serve_command(
     load_timeout: Annotated[float | None, options.load_timeout()] = None,
     request_timeout: Annotated[float | None, options.request_timeout()] = None,
     queue: Annotated[str | None, options.queue()] = None,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", min=0,
+        help="Restarts of a launched engine that died, within 10 minutes, before squad serve gives up and exits 1 "
+             "(0: never restart).")] = 3,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
     the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request
@@ -74,8 +78,8 @@ def serve_command(
 
     SIGTERM and SIGINT (Ctrl-C) stop it whatever their inherited disposition: open requests end with a 503 or a
     stream error event in their API's shape, then the engine is stopped (exit 143 or 130). A launched engine that
-    dies is restarted with the same plan (queued requests wait for it; /health answers 503 meanwhile); after 3
-    deaths within 10 minutes squad serve gives up and exits 1.
+    dies is restarted with the same plan (queued requests wait for it; /health answers 503 meanwhile); past
+    --max-restarts deaths within 10 minutes squad serve gives up and exits 1.
     """
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.events.view import LiveView
@@ -113,7 +117,8 @@ def serve_command(
             with loading:
                 async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
-                                   cors_origins=tuple(cors_origin or ()), client_keys=keys) as served:
+                                   cors_origins=tuple(cors_origin or ()), client_keys=keys,
+                                   max_restarts=max_restarts) as served:
                     running.append(served)
                     await show(served, loading)
             tg.cancel_scope.cancel()

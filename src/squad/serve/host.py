@@ -35,6 +35,10 @@ class Watched(Protocol):
     @property
     def admission(self) -> Admission: ...
 
+    def engine_state(self) -> tuple[str, str]:
+        """``(state, detail)`` of the engine: ``up``, ``restarting``, ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""
+        ...
+
 
 class RelayHost(Counting, Protocol):
     """What a relay needs of squad serve's gateway (:class:`squad.serve.gateway.Gateway` is one): its counting,
