@@ -36,7 +36,7 @@ class Watched(Protocol):
     def admission(self) -> Admission: ...
 
     def engine_state(self) -> tuple[str, str]:
-        """``(state, detail)`` of the engine: ``up``, ``restarting``, ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""
+        """``(state, detail)``: ``up``, ``restarting``, ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""
         ...
 
 
