@@ -15,6 +15,8 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from squad.engine.process import free_port
 from squad.engine.session import EngineSpec
@@ -121,14 +123,23 @@ async def test_a_signal_stops_serve_started_with_sigint_ignored_and_open_request
         assert KEY not in said
 
 
-async def test_a_signal_while_idle_stops_serve_at_once(tmp_path):
-    """No request open: SIGTERM stops it promptly (143), and the port is free again."""
-    async with FakeEngine(slots=1) as fe:
+@pytest.mark.parametrize("when", ["idle", "loading"])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+async def test_a_signal_while_idle_or_while_the_engine_loads_stops_serve(tmp_path, when, sig, code):
+    """No request open, or the engine still loading (serve not listening yet): the signal stops it (130/143), and
+    the port is free again."""
+    async with FakeEngine(slots=1, load_time=60 if when == "loading" else 0) as fe:
         proc, url, log = start_serve(fe.base_url, None, tmp_path)
         try:
-            await wait_healthy(proc, url, log)
-            proc.send_signal(signal.SIGTERM)
-            assert wait_exit(proc) == 143, log.read_text()
+            if when == "idle":
+                await wait_healthy(proc, url, log)
+            else:
+                for _ in range(600):  # its first line is out once its signal handlers are in; it waits for the engine
+                    if "squad serve: engine at" in log.read_text():
+                        break
+                    await anyio.sleep(0.05)
+            proc.send_signal(sig)
+            assert wait_exit(proc) == code, log.read_text()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -305,3 +316,69 @@ async def test_a_crash_loop_gives_up_with_a_clear_message_and_stops_serve():
     assert any("gave up" in line for line in said), said
     assert health.status_code == 503 and health.json()["status"] == "down" and "gave up" in health.text
     assert late.status_code == 503 and "gave up" in late.json()["error"]["message"]
+
+
+class _Session:
+    """What the keeper uses of an engine session: ``exited``, ``restart`` (fails as the script says), ``admission``,
+    ``launcher``."""
+
+    def __init__(self, outcomes: list[bool]) -> None:
+        from squad.sched.admission import Admission
+
+        self.outcomes, self.attempts = list(outcomes), 0
+        self.admission = Admission(2, 1024)
+        self.launcher = None
+
+    def exited(self) -> str | None:
+        return None
+
+    async def restart(self):
+        from squad.errors import EngineStartError
+
+        self.attempts += 1
+        if self.outcomes and not self.outcomes.pop(0):
+            raise EngineStartError("did not start (the test's)")
+        return FakeEngine(slots=2, n_ctx=1024).info
+
+
+deaths_strategy = st.lists(st.floats(min_value=0, max_value=50, allow_nan=False), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gaps=deaths_strategy, outcomes=st.lists(st.booleans(), max_size=12), max_restarts=st.integers(0, 4),
+       window=st.sampled_from([10.0, 60.0, 600.0]))
+def test_the_keeper_restarts_at_most_max_restarts_in_any_window_and_gives_up_only_past_it(gaps, outcomes,
+                                                                                          max_restarts, window):
+    """Deaths at any times, restarts that fail at random: within any ``window`` seconds the keeper makes at most
+    ``max_restarts`` restart attempts; it gives up exactly when one more death would pass that, then tries no more;
+    while up, admission admits, and its state, restarts rows and log agree (I3)."""
+    from squad.serve.keeper import EngineKeeper
+
+    now = [0.0]
+    session = _Session(outcomes)
+    said: list[str] = []
+    given_up: list[str] = []
+    keeper = EngineKeeper(session, max_restarts=max_restarts, window=window, log=said.append,  # type: ignore[arg-type]
+                          on_give_up=lambda e: given_up.append(str(e)), clock=lambda: now[0])
+
+    async def main() -> None:
+        for gap in gaps:
+            now[0] += gap
+            if not await keeper._restart("engine exited (signal 9 SIGKILL), log: x"):
+                return
+
+    anyio.run(main)
+    attempts = [r["at"] for r in keeper.restarts if r["ok"] or r["error"]]
+    for t in attempts:  # no window holds more attempts than allowed
+        assert sum(1 for u in attempts if t <= u < t + window) <= max_restarts
+    assert session.attempts == len(attempts)
+    if keeper.gave_up:
+        assert len(given_up) == 1 and "gave up" in given_up[0] and keeper.state == "down"
+        last = keeper.restarts[-1]
+        assert not last["ok"] and last["error"] is None  # the death it gave up on was not restarted
+        assert sum(1 for u in attempts if last["at"] - window < u <= last["at"]) == max_restarts
+    else:
+        assert keeper.state == "up" and not given_up and keeper.restarts[-1]["ok"]
+        assert not session.admission._held  # admitting again
+    assert sum("restarting it with the same plan" in line for line in said) == len(attempts)
+    assert sum("engine restarted in" in line for line in said) == sum(r["ok"] for r in keeper.restarts)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import anyio
+import anyio.abc
 import typer
 
 from squad.cli import options
@@ -107,13 +108,12 @@ def serve_command(
 
     async def run(signals: list[int]) -> None:
         sock = bind(host, port)
-        where = f"engine at {url}" if url else "loading the engine"
-        say(f"squad serve: {where} ...")
         loading = LiveView(on=watch, console=err_console)  # the engine's load; then ServeWatch
         running: list[Served] = []  # the squad serve, once it listens
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signals, signals, running, tg.cancel_scope)
+            await tg.start(_stop_on_signals, signals, running, tg.cancel_scope)
+            say(f"squad serve: {f'engine at {url}' if url else 'loading the engine'} ...")  # signals are handled now
             with loading:
                 async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
@@ -159,12 +159,14 @@ def serve_command(
         raise Stopped(signals[0], ": requests ended, engine stopped")
 
 
-async def _stop_on_signals(signals: list[int], running: list[Served], scope: anyio.CancelScope) -> None:
+async def _stop_on_signals(signals: list[int], running: list[Served], scope: anyio.CancelScope, *,
+                           task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """squad serve's own SIGINT and SIGTERM handlers, whatever the inherited disposition (SIGINT is ignored in a job
     a script starts with ``&``): the first signal stops the serve in ``running`` in order (its requests end, then
     the engine stops), a second one, or one while the engine still loads, cancels ``scope`` at once. Each signal is
     appended to ``signals``."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        task_status.started()
         async for signum in received:
             signals.append(signum)
             if not running or len(signals) > 1:

@@ -44,11 +44,13 @@ POLL_S = 0.25
 
 class EngineKeeper:
     """Restart ``session``'s launched engine when it dies (module docstring). ``log`` receives one line per death,
-    restart and give-up; ``on_give_up`` the message when it gives up. Run :meth:`run` in a task."""
+    restart and give-up; ``on_give_up`` the message when it gives up; ``clock``: Unix seconds (a test's own).
+    Run :meth:`run` in a task."""
 
     def __init__(self, session: EngineSession, *, max_restarts: int = MAX_RESTARTS,
                  window: float = RESTART_WINDOW_S, log: Callable[[str], None] | None = None,
-                 on_give_up: Callable[[EngineError], None] | None = None) -> None:
+                 on_give_up: Callable[[EngineError], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.session = session
         self.max_restarts = max_restarts
         self.window = window
@@ -62,6 +64,7 @@ class EngineKeeper:
         self._up = anyio.Event()
         self._up.set()
         self._wake = anyio.Event()
+        self._clock = clock
 
     @property
     def up(self) -> bool:
@@ -120,7 +123,7 @@ class EngineKeeper:
         if admission is not None:
             admission.hold()
         while True:
-            now = time.time()
+            now = self._clock()
             recent = [r for r in self.restarts if now - r["at"] < self.window]
             row: dict[str, Any] = {"at": now, "why": why, "ok": False, "took_s": None, "error": None}
             self.restarts.append(row)
@@ -137,6 +140,8 @@ class EngineKeeper:
                 why = f"engine did not start again: {exc}"
                 self._log(f"squad serve: the restart failed: {exc}")
                 continue
+            if admission is not None:
+                admission.resume()  # the session's restart adopted the engine (and resumed); resume is idempotent
             row["ok"], row["took_s"] = True, round(time.monotonic() - started, 2)
             self.state, self.detail = "up", ""
             self._up.set()
