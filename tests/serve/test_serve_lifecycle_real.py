@@ -79,7 +79,7 @@ def wait_health(proc: subprocess.Popen, url: str, log: Path, want: int, timeout:
 
 def engine_pid(state: Path) -> int:
     """The engine serve launched, from its pid file (``state/engines/<pid>.json``)."""
-    for _ in range(100):
+    for _ in range(600):  # 60 s at most: serve imports, plans and spawns it first
         found = [json.loads(p.read_text())["pid"] for p in (state / "engines").glob("*.json")]
         if found:
             return found[0]
@@ -139,6 +139,32 @@ def test_a_signal_stops_serve_with_sigint_ignored_and_its_engine(tmp_path, llama
     assert "Exception in ASGI application" not in said and "KeyboardInterrupt" not in said, said
     last = stream.events()[-1]
     assert "error" in last and "squad serve is stopping" in last["error"]["message"], stream.lines[-3:]
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_as_the_engine_starts_stops_serve_and_leaves_no_engine(tmp_path, llama_server_path,
+                                                                     default_model_path):
+    """SIGTERM as soon as the engine process exists (it loads the model, serve does not listen yet; on a fast machine
+    it may have just finished): serve exits 143 and the engine is gone, wherever the signal lands."""
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "SQUAD_SERVE_API_KEY": KEY, "PYTHONPATH": SRC}
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(free_port()), "-np", "1", "-c",
+                                 "2048", "-t", str(THREADS), "--llama-server", str(llama_server_path), "-m",
+                                 str(default_model_path)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=ignore_sigint)
+    try:
+        engine = engine_pid(state)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert wait_gone(engine), log.read_text()
+    assert not list((state / "engines").glob("*.json"))
 
 
 @pytest.mark.timeout(600)
