@@ -410,6 +410,9 @@ class Gateway:
         except Refused as exc:
             await send_json(send, exc.status, exc.body)
             return
+        if self.stopping is not None:  # it stopped while the body arrived
+            await send_json(send, 503, refusal(kind, 503, self.stopping))
+            return
         live = Live(id=f"r{next(self._ids)}", client=client_name(scope, body), priority=priority,
                     stream=bool(body.get("stream")), api=kind)
         self.ledger.open(live)
