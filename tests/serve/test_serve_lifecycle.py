@@ -344,7 +344,7 @@ class _Session:
 deaths_strategy = st.lists(st.floats(min_value=0, max_value=50, allow_nan=False), min_size=1, max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(gaps=deaths_strategy, outcomes=st.lists(st.booleans(), max_size=12), max_restarts=st.integers(0, 4),
        window=st.sampled_from([10.0, 60.0, 600.0]))
 def test_the_keeper_restarts_at_most_max_restarts_in_any_window_and_gives_up_only_past_it(gaps, outcomes,
