@@ -382,3 +382,59 @@ def test_the_keeper_restarts_at_most_max_restarts_in_any_window_and_gives_up_onl
         assert not session.admission._held  # admitting again
     assert sum("restarting it with the same plan" in line for line in said) == len(attempts)
     assert sum("engine restarted in" in line for line in said) == sum(r["ok"] for r in keeper.restarts)
+
+
+async def test_a_request_sent_as_the_engine_dies_is_answered_by_the_restarted_engine():
+    """The engine dies and a request arrives before the keeper has looked (its count, then its send, meet a refused
+    connection): it waits for the restart and is answered, never a 502."""
+    from squad.engine.session import EngineSession
+
+    async with FakeEngine(slots=2, n_ctx=4096) as fe:
+        async with EngineSession(fe.info) as session:
+            launcher = DyingLauncher(fe, load_time=0.3)
+            session.launcher = launcher
+            async with serving(session, port=0) as served:
+                headers = {"Authorization": f"Bearer {served.api_key}"}
+                async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
+                    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}]}
+                    assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+                    await launcher.kill()  # the same body again: counted already, its send meets the dead engine
+                    answers = [await client.post("/v1/chat/completions", json=body)]
+                    await launcher.kill()  # new bodies: their count meets it
+                    answers += [await client.post("/v1/chat/completions", json={
+                        "max_tokens": 4, "messages": [{"role": "user", "content": f"hello {i} " * (i + 2)}]})
+                        for i in range(3)]
+                status = served.gateway.status()
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    assert launcher.restarts == 2 and status["engine"]["state"] == "up"
+
+
+async def test_stopping_while_the_engine_restarts_ends_at_once_and_answers_the_queued_request():
+    """A stop (SIGTERM) while a dead engine restarts: the restart is abandoned, the request waiting for it gets 503
+    in its API's shape, and the serving block ends without waiting for the engine to load."""
+    from squad.engine.session import EngineSession
+
+    async with FakeEngine(slots=1, n_ctx=4096) as fe:
+        async with EngineSession(fe.info) as session:
+            launcher = DyingLauncher(fe, load_time=120)
+            session.launcher = launcher
+            got: dict[str, httpx.Response] = {}
+            with anyio.fail_after(30):
+                async with serving(session, port=0) as served:
+                    headers = {"Authorization": f"Bearer {served.api_key}"}
+                    async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
+                        await launcher.kill()
+                        while served.gateway.engine_state()[0] != "restarting":
+                            await anyio.sleep(0.02)
+
+                        async def waiting() -> None:
+                            body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+                            got["answer"] = await client.post("/v1/chat/completions", json=body)
+
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(waiting)
+                            while not served.gateway.ledger.live:
+                                await anyio.sleep(0.02)
+                            await served.gateway.end_requests("squad serve is stopping (SIGTERM)")
+    answer = got["answer"]
+    assert answer.status_code == 503 and answer.json()["error"]["message"] == "squad serve is stopping (SIGTERM)"

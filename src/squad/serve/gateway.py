@@ -187,9 +187,10 @@ class Gateway:
                 await client.aclose()
         self._pools, self._retired = [], []
 
-    async def count(self, body: dict[str, Any], kind: Kind) -> int:
+    async def count(self, body: dict[str, Any], kind: Kind, *, again: bool = True) -> int:
         """Prompt tokens of a request as the engine counts them (:mod:`squad.chat.counting` for chat;
-        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt).
+        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt). While a dead engine
+        restarts it waits for it, and counts ``again`` once when the engine died under the count.
         Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
         502 when the engine does not answer."""
         if self.keeper is not None and not self.keeper.up:  # a request that arrives while the engine restarts
@@ -206,6 +207,8 @@ class Gateway:
         except Loading as exc:
             raise Refused(503, str(exc) or "Loading model", "unavailable_error") from exc
         except (EngineGone, EngineError) as exc:
+            if again and isinstance(exc, EngineGone) and await self.engine_back():  # it died: restarted now
+                return await self.count(body, kind, again=False)
             raise Refused(502, f"squad serve could not count the prompt: {exc}", "server_error") from exc
 
     async def count_text(self, prompt: Any) -> int:
