@@ -108,13 +108,14 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def open_private(path: Path, mode: str = "a", **kwargs: Any) -> IO[Any]:
+def open_private(path: Path, mode: str = "a", *, tighten: bool = True, **kwargs: Any) -> IO[Any]:
     """Open ``path`` (``mode`` ``"a"``, ``"ab"``, ``"w"`` or ``"wb"``) as a file only its owner may read: created
-    0600, an existing one set to 0600 first. Raises :class:`OSError`."""
+    0600, an existing one set to 0600 first (``tighten=False``: an existing file keeps its mode, for a path the user
+    named). Raises :class:`OSError`."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
     fd = os.open(path, flags, PRIVATE_FILE)
     try:
-        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+        if tighten and os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
             os.fchmod(fd, PRIVATE_FILE)
         return os.fdopen(fd, mode, **kwargs)
     except BaseException:

@@ -71,6 +71,12 @@ def test_state_folders_traces_pid_files_and_engine_json_are_private(tmp_path, mo
     with JsonlTrace(trace):
         pass
     assert mode(trace) == 0o600
+    named = tmp_path / "mine.jsonl"  # a --trace path the user made keeps its mode
+    named.write_text("")
+    named.chmod(0o644)
+    with JsonlTrace(named):
+        pass
+    assert mode(named) == 0o644
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         pidfile = write_pidfile(proc, "http://127.0.0.1:1", root / "logs" / "x.log", "id")

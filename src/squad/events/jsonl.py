@@ -95,7 +95,8 @@ class JsonlTrace:
     def _open(self) -> IO[str]:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open_private(self.path, "a", encoding="utf-8")  # prompts and answers: the owner's only
+            # prompts and answers: a new trace is the owner's only; a file the user named keeps its mode
+            self._file = open_private(self.path, "a", tighten=False, encoding="utf-8")
         return self._file
 
     def __call__(self, event: Event) -> None:
