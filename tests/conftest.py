@@ -177,6 +177,9 @@ SLOW: dict[str, set[str]] = {  # file -> test functions
                                         "test_an_mcp_tool_result_is_cut_the_same_way",
                                         "test_max_tool_rounds_plans_fewer_rounds",
                                         "test_plan_and_validate_with_check_mcp_show_the_rounds_and_warn"},
+    "tests/serve/test_serve_lifecycle.py": {
+        "test_a_signal_stops_serve_started_with_sigint_ignored_and_open_requests_end_clearly",
+        "test_a_signal_while_idle_or_while_the_engine_loads_stops_serve"},
     "tests/serve/test_serve.py": {"test_a_client_that_leaves_while_queued_leaves_the_queue",
                                   "test_a_request_without_max_tokens_gets_the_stated_default_capped_to_fit",
                                   "test_naive_concurrent_clients_all_finish_through_serve_where_they_overflow_directly"},

@@ -69,20 +69,22 @@ def start(
     text: bool = False,
     detached: bool = False,
     pdeathsig: bool = False,
+    umask: int = -1,
 ) -> subprocess.Popen:
     """Start ``argv`` as a child squad owns (module docstring): its own session and process
     group, registered with the guard (a ``detached`` child until :func:`let_go`);
     ``pdeathsig`` (Linux, not with ``detached``): the kernel SIGKILLs it when the calling
     thread ends. ``stdin``/``stdout``/
     ``stderr``/``text``/``env`` as for :class:`subprocess.Popen` (text decodes with
-    ``errors="replace"``: a child printing bytes that are not UTF-8 never raises).
+    ``errors="replace"``: a child printing bytes that are not UTF-8 never raises). ``umask``: the child's
+    (-1: this process's), e.g. 0o077 for an engine whose files (slot saves) only their owner may read.
 
     Raises :class:`OSError` when ``argv[0]`` cannot be run.
     """
     preexec = _pdeathsig_preexec() if pdeathsig and not detached else None
     proc = subprocess.Popen(
         list(argv), stdin=stdin, stdout=stdout, stderr=stderr, env=env, text=text,
-        errors="replace" if text else None, preexec_fn=preexec, start_new_session=True, close_fds=True,
+        errors="replace" if text else None, preexec_fn=preexec, start_new_session=True, close_fds=True, umask=umask,
     )
     if _GROUPS:
         _guard.watch(proc.pid)

@@ -7,6 +7,10 @@ write is writable before any work starts (field case F14).
   record of a detached engine (``engine.json``) (``~/.local/state/squad``); override with
   ``SQUAD_STATE_DIR``.
 
+Logs and state can hold keys and prompts, so they are the owner's only: every folder squad makes for them is
+0700 (:func:`private_dir`; a folder of squad's own that exists is set to 0700), every file 0600
+(:func:`open_private`); the cache's root is made 0700 too.
+
 :func:`check_output_file` and :func:`check_state_dirs` probe by creating a file (and
 removing it again), so they give the same answer as the real write, also for root (who
 ignores permission bits) and on read-only or virtual file systems.
@@ -18,12 +22,19 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import IO, Any
 
 import platformdirs
 
 from squad.errors import UserError
 
-__all__ = ["cache_dir", "state_dir", "check_output_file", "check_state_dirs", "ENGINE_STATE"]
+__all__ = ["cache_dir", "state_dir", "check_output_file", "check_state_dirs", "ENGINE_STATE", "private_dir",
+           "open_private", "PRIVATE_DIR", "PRIVATE_FILE"]
+
+PRIVATE_DIR = 0o700
+"""The mode of the folders squad keeps logs and state in."""
+PRIVATE_FILE = 0o600
+"""The mode of squad's log and state files."""
 
 ENGINE_STATE = ("logs", "engines")
 """State subdirectories a launched engine writes: its log (engine/launcher.py) and its pid
@@ -50,7 +61,8 @@ def check_state_dirs(*subdirs: str) -> Path:
     root = state_dir()
     for folder in (root, *(root / s for s in subdirs)):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            if folder != root:
+                private_dir(folder)
             with tempfile.TemporaryFile(dir=folder, prefix=".squad-probe-"):
                 pass
         except OSError as exc:
@@ -87,11 +99,38 @@ def check_output_file(path: Path, option: str) -> Path:
     return path
 
 
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder of squad's own, 0700: created (with its parents) if missing, set to 0700 if it exists.
+    Raises :class:`OSError`."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+        path.chmod(PRIVATE_DIR)
+    return path
+
+
+def open_private(path: Path, mode: str = "a", *, tighten: bool = True, **kwargs: Any) -> IO[Any]:
+    """Open ``path`` (``mode`` ``"a"``, ``"ab"``, ``"w"`` or ``"wb"``) as a file only its owner may read: created
+    0600, an existing one set to 0600 first (``tighten=False``: an existing file keeps its mode, for a path the user
+    named). Raises :class:`OSError`."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    fd = os.open(path, flags, PRIVATE_FILE)
+    try:
+        if tighten and os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _made(variable: str, default: str, what: str) -> Path:
     root = os.environ.get(variable)
     path = Path(root) if root else Path(default)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        existed = path.is_dir()
+        path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        if not root and existed and path.stat().st_mode & 0o777 != PRIVATE_DIR:
+            path.chmod(PRIVATE_DIR)  # squad's own folder (not one the user named), made 0755 by an older squad
     except OSError as exc:
         source = f" (from {variable})" if root else ""
         raise UserError(f"squad's {what} directory {path}{source} cannot be created ({_reason(exc)}); "

@@ -66,6 +66,15 @@ def _prose(text: str) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+class Stopped(KeyboardInterrupt):
+    """Raised by a command that handled SIGINT or SIGTERM itself and stopped in order (squad serve): exit 130
+    after SIGINT, 143 after SIGTERM, with ``done`` after the line saying so."""
+
+    def __init__(self, signum: int, done: str = "") -> None:
+        super().__init__(signum)
+        self.signum, self.done = signum, done
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``squad`` console script.
 
@@ -94,9 +103,13 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(signal.getsignal(signal.SIGINT), "squad_early", False):  # squad._entry's, during imports
             signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C is KeyboardInterrupt
         app(args=_optional_values(sys.argv[1:] if argv is None else list(argv)))  # typer exits on usage errors
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if (stopped := _stopped(exc)) is not None:
+            sys.exit(_interrupted([stopped.signum] if stopped.signum == signal.SIGTERM else [], stopped.done))
         sys.exit(_interrupted(terminated, ""))
     except SystemExit as exc:  # typer turns Ctrl-C into exit 130 after the engine was stopped
+        if (stopped := _stopped(exc)) is not None:
+            sys.exit(_interrupted([stopped.signum] if stopped.signum == signal.SIGTERM else [], stopped.done))
         if exc.code == 130:
             sys.exit(_interrupted(terminated, ": agents cancelled, engine stopped"))
         raise
@@ -110,6 +123,16 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if previous is not on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _stopped(exc: BaseException) -> Stopped | None:
+    """The :class:`Stopped` that ``exc`` is or was raised from (typer turns it into exit 130), else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, Stopped):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 OPTIONAL_VALUES = {"--ray": "default"}

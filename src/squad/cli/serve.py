@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
+import anyio.abc
 import typer
 
 from squad.cli import options
-from squad.cli._app import app, console, engine_spec, err_console
+from squad.cli._app import Stopped, app, console, engine_spec, err_console
 from squad.errors import UserError
+
+if TYPE_CHECKING:
+    from squad.events.view import LiveView
+    from squad.serve.server import Served
 
 __all__ = ["serve_command"]
 
@@ -57,6 +63,10 @@ def serve_command(
     load_timeout: Annotated[float | None, options.load_timeout()] = None,
     request_timeout: Annotated[float | None, options.request_timeout()] = None,
     queue: Annotated[str | None, options.queue()] = None,
+    max_restarts: Annotated[int, typer.Option(
+        "--max-restarts", min=0,
+        help="Restarts of a launched engine that died, within 10 minutes, before squad serve gives up and exits 1 "
+             "(0: never restart).")] = 3,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
     the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request
@@ -64,7 +74,13 @@ def serve_command(
     released when it ends or the client leaves. Requests running together never exceed the engine's slots or its KV
     pool, whichever tools send them. /squad/status shows slots, reservations, the queue and per-client counts.
 
-    Point any OpenAI-compatible client at http://127.0.0.1:8090/v1 with the printed key.
+    Point any OpenAI-compatible client at http://127.0.0.1:8090/v1 with the printed key (printed only when squad
+    made it up: a key given with --api-key or SQUAD_SERVE_API_KEY is never printed).
+
+    SIGTERM and SIGINT (Ctrl-C) stop it whatever their inherited disposition: open requests end with a 503 or a
+    stream error event in their API's shape, then the engine is stopped (exit 143 or 130). A launched engine that
+    dies is restarted with the same plan (queued requests wait for it; /health answers 503 meanwhile); past
+    --max-restarts deaths within 10 minutes squad serve gives up and exits 1.
     """
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.events.view import LiveView
@@ -90,36 +106,70 @@ def serve_command(
     def say(line: str) -> None:
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    async def run() -> None:
+    async def run(signals: list[int]) -> None:
+        sock = bind(host, port)
+        loading = LiveView(on=watch, console=err_console)  # the engine's load; then ServeWatch
+        running: list[Served] = []  # the squad serve, once it listens
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(_stop_on_signals, signals, running, tg.cancel_scope)
+            say(f"squad serve: {f'engine at {url}' if url else 'loading the engine'} ...")  # signals are handled now
+            with loading:
+                async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
+                                   replan_interval=replan_interval, on_event=loading if watch else None, log=say,
+                                   cors_origins=tuple(cors_origin or ()), client_keys=keys,
+                                   max_restarts=max_restarts) as served:
+                    running.append(served)
+                    await show(served, loading)
+            tg.cancel_scope.cancel()
+
+    async def show(served: Served, loading: LiveView) -> None:
+        """Say where squad serve listens, then wait until it stops (watching it with --watch)."""
         from squad.serve.watch import ServeWatch
 
-        sock = bind(host, port)
-        where = f"engine at {url}" if url else "loading the engine"
-        say(f"squad serve: {where} ...")
-        loading = LiveView(on=watch, console=err_console)  # the engine's load; then ServeWatch
-        with loading:
-            async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
-                               replan_interval=replan_interval, on_event=loading if watch else None, log=say,
-                               cors_origins=tuple(cors_origin or ()), client_keys=keys) as served:
-                loading.__exit__(None, None, None)
-                loading.on = False  # its events go on arriving; the view is ServeWatch's now
-                info = served.session.info
-                auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
-                console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{served.api_key}[/]",
-                              soft_wrap=True, highlight=False)
-                lines = [f"squad serve on {served.base_url}  key {served.api_key}",
-                         f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at "
-                         f"most {served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
-                         f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
-                                                       f"{replan_interval:.0f} s)" if auto else ""),
-                         "status: GET /squad/status; stop with Ctrl-C"]
-                if not watch:
-                    for line in lines[1:]:
-                        say(line)
-                    await anyio.sleep_forever()
-                with ServeWatch(served.gateway, lines, console=err_console) as view:
-                    while True:
-                        view.tick()
-                        await anyio.sleep(1.0)
+        loading.__exit__(None, None, None)
+        loading.on = False  # its events go on arriving; the view is ServeWatch's now
+        info = served.session.info
+        auto = [n for n, v in (("slots", slots), ("context", ctx)) if v is None] if url is None else []
+        # a key squad made up is printed (the client needs it); a given one never (it would reach a log
+        # file: `squad engine start` writes serve's output to one, and records the key in engine.json 0600)
+        shown = served.api_key if api_key is None else "(the one given: --api-key / SQUAD_SERVE_API_KEY)"
+        console.print(f"squad serve on [bold]{served.base_url}[/]  key [bold]{shown}[/]",
+                      soft_wrap=True, highlight=False)
+        lines = [f"squad serve on {served.base_url}  key {shown}",
+                 f"engine {info.base_url}: {info.slots} slots, pool {info.pool:,} tokens, one request at "
+                 f"most {served.gateway.admission.limit:,} tokens; a request without max_tokens reserves "
+                 f"{default_max_tokens:,}" + (f"; re-planning {' and '.join(auto)} (at most every "
+                                               f"{replan_interval:.0f} s)" if auto else ""),
+                 "status: GET /squad/status; stop with Ctrl-C"]
+        if not watch:
+            for line in lines[1:]:
+                say(line)
+            await served.wait()
+            return
+        with ServeWatch(served.gateway, lines, console=err_console) as view:
+            while served.stop_reason is None:
+                view.tick()
+                with anyio.move_on_after(1.0):
+                    await served.wait()
 
-    anyio.run(run)
+    signals: list[int] = []
+    anyio.run(run, signals)
+    if signals:
+        raise Stopped(signals[0], ": requests ended, engine stopped")
+
+
+async def _stop_on_signals(signals: list[int], running: list[Served], scope: anyio.CancelScope, *,
+                           task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """squad serve's own SIGINT and SIGTERM handlers, whatever the inherited disposition (SIGINT is ignored in a job
+    a script starts with ``&``): the first signal stops the serve in ``running`` in order (its requests end, then
+    the engine stops), a second one, or one while the engine still loads, cancels ``scope`` at once. Each signal is
+    appended to ``signals``."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+        task_status.started()
+        async for signum in received:
+            signals.append(signum)
+            if not running or len(signals) > 1:
+                scope.cancel()
+            else:
+                running[0].stop(f"squad serve is stopping ({signal.Signals(signum).name})")

@@ -24,7 +24,7 @@ from typing import IO
 import httpx
 
 from squad import children
-from squad.dirs import cache_dir
+from squad.dirs import cache_dir, open_private
 from squad.engine import pypi
 from squad.engine.cache_fill import fill_once, write_atomic
 from squad.errors import EngineBuildError
@@ -138,7 +138,7 @@ def build_target(
     build_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     jobs = jobs or usable_cores()
-    with log_path.open("w", buffering=1) as log:  # line-buffered: `tail -f` works
+    with open_private(log_path, "w", buffering=1) as log:  # line-buffered: `tail -f` works
         say("configuring (cmake)")
         _run_logged(["cmake", "-S", str(source), "-B", str(build_dir), *flags], log, log_path, None)
         say(f"building {target} with {jobs} jobs")

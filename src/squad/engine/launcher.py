@@ -37,7 +37,7 @@ import anyio
 import httpx
 from anyio.abc import AsyncResource
 
-from squad.dirs import state_dir
+from squad.dirs import private_dir, state_dir
 from squad.engine import process
 from squad.engine.binary import known_build, resolve_llama_server
 from squad.engine.control import EngineState, control_client, read_engine, wait_healthy
@@ -243,7 +243,8 @@ class Launcher(AsyncResource):
         slots_dir = state_dir() / "slots" / str(port)
         save = slot_save_args(slots_dir)
         try:
-            slots_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(slots_dir.parent)
+            private_dir(slots_dir)
             for stale in slots_dir.glob("squad-share-*.bin"):
                 stale.unlink()
         except OSError:  # not writable: no sharing, calls go as before

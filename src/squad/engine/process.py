@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 
 from squad import children
-from squad.dirs import state_dir
+from squad.dirs import open_private, private_dir, state_dir
 from squad.engine.llama import ENGINE_ENV
 from squad.errors import EngineNotFound, EngineStartError
 
@@ -130,11 +130,11 @@ def spawn(
     the event loop's thread). ``detached``: no PDEATHSIG. Raises :class:`EngineNotFound` when the
     binary cannot be run."""
     env = {**ENGINE_ENV, **os.environ, "LLAMA_API_KEY": api_key, ENGINE_ID_VAR: engine_id or new_engine_id()}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    private_dir(log_path.parent)
+    with open_private(log_path, "ab") as log:  # 0600; the engine's own files (slot saves) too: umask 077
         try:  # its own process group, guarded: a stop, or squad's death, reaches a wrapper's children (F16)
             return children.start([str(binary), *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  detached=detached, pdeathsig=True)
+                                  detached=detached, pdeathsig=True, umask=0o077)
         except OSError as exc:
             raise EngineNotFound(f"cannot run llama-server at {binary}: {exc.strerror or exc}") from exc
 
@@ -262,9 +262,7 @@ let_go = children.let_go
 
 
 def _pid_dir() -> Path:
-    path = state_dir() / "engines"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(state_dir() / "engines")
 
 
 def write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path, engine_id: str) -> Path:
@@ -282,7 +280,8 @@ def write_pidfile(proc: subprocess.Popen, base_url: str, log_path: Path, engine_
         "log": str(log_path),
     }
     path = _pid_dir() / f"{proc.pid}.json"
-    path.write_text(json.dumps(record))
+    with open_private(path, "w") as out:
+        out.write(json.dumps(record))
     return path
 
 

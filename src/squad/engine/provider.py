@@ -179,6 +179,16 @@ class EngineHandle:
                                     engine=launcher.base_url))
         return message
 
+    async def restart(self) -> EngineInfo:
+        """Restart a launched engine that died, with the same plan: the restart squad's client makes on its own
+        (:meth:`_restart`), then the client and admission adopt what the new engine reports. Raises
+        :class:`UserError` for an engine squad did not launch, and the launcher's errors."""
+        if self.launcher is None:
+            raise UserError("only an engine squad launched can be restarted")
+        info = await self._restart()
+        self._adopt(info)
+        return info
+
     async def _restart(self) -> EngineInfo:
         """The client's restart hook after the engine died: same plan, new process."""
         assert self.launcher is not None

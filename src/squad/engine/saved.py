@@ -7,12 +7,11 @@ this record (its URL, API key, pid + start time, log and the plan it was started
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from squad.dirs import state_dir
+from squad.dirs import open_private, state_dir
 from squad.errors import UserError
 
 __all__ = [
@@ -75,8 +74,7 @@ def load_saved_engine() -> SavedEngine | None:
 def save_engine(record: SavedEngine) -> Path:
     """Write ``engine.json`` readable by the owner only (it holds the API key)."""
     path = saved_engine_path()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
+    with open_private(path, "w") as out:  # an existing file made 0644 elsewhere is set to 0600 too
         out.write(record.model_dump_json(indent=2))
     return path
 

@@ -141,6 +141,12 @@ class EngineSession(AsyncResource):
         not launch, and the launcher's errors."""
         return await self.handle.reload(new, drain_timeout=drain_timeout)
 
+    async def restart(self) -> EngineInfo:
+        """Restart a launched engine that died, with the same plan (as a call's client does after the engine died:
+        ``engine.loaded`` with reason ``restarted``); client and admission adopt it. Raises :class:`UserError`
+        for an engine squad did not launch, and the launcher's errors."""
+        return await self.handle.restart()
+
     async def replan(self, concurrent: Iterable[Call], *, why: str = "") -> bool:
         """Reload with more slots/context when ``concurrent`` agents will run at once and the
         current plan cannot hold them (:func:`squad.sched.planner.plan_for_replan`, within this

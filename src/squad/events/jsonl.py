@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from squad.dirs import state_dir
+from squad.dirs import open_private, private_dir, state_dir
 from squad.errors import UserError
 from squad.events import (
     Event,
@@ -63,8 +63,7 @@ def jsonable(value: Any) -> Any:
 def default_trace_path() -> Path:
     """A fresh trace path: ``state_dir()/traces/run-YYYYmmdd-HHMMSS-ffffff.jsonl``
     (the directory is created; the file is not)."""
-    folder = state_dir() / "traces"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(state_dir() / "traces")
     return folder / f"run-{datetime.now():%Y%m%d-%H%M%S-%f}.jsonl"
 
 
@@ -96,7 +95,8 @@ class JsonlTrace:
     def _open(self) -> IO[str]:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            # prompts and answers: a new trace is the owner's only; a file the user named keeps its mode
+            self._file = open_private(self.path, "a", tighten=False, encoding="utf-8")
         return self._file
 
     def __call__(self, event: Event) -> None:

@@ -227,6 +227,10 @@ class Admission:
                 self._idle.append(idle)
                 await idle.wait()
 
+    def hold(self) -> None:
+        """Admit no new call until :meth:`resume` or :meth:`resize` (the engine restarts); calls in flight go on."""
+        self._held = True
+
     def resume(self) -> None:
         """Admit again after ``drain(hold=True)``."""
         self._held = False

@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 
 from squad import children
-from squad.dirs import state_dir
+from squad.dirs import open_private, private_dir, state_dir
 from squad.engine.control import control_client, squad_serve_status, wait_healthy
 from squad.engine.launcher import default_load_timeout
 from squad.engine.process import free_port, listens, log_tail, port_in_use
@@ -67,12 +67,11 @@ async def start_background(model: Path, *, slots: int, ctx: int, port: int | Non
         argv += ["-t", str(threads)]
     if load_timeout is not None:
         argv += ["--load-timeout", str(load_timeout)]
-    logs = state_dir() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = private_dir(state_dir() / "logs")
     log_path = logs / f"squad-serve-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
     env = {**os.environ, KEY_VAR: key}
     env.pop("LLAMA_API_KEY", None)  # the engine serve launches gets its own
-    with open(log_path, "ab") as log:
+    with open_private(log_path, "ab") as log:  # 0600 in 0700: serve's output is the owner's only
         proc = children.start(argv, stdout=log, stderr=subprocess.STDOUT, env=env, detached=True)
     url = f"http://127.0.0.1:{port}"
 

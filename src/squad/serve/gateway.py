@@ -49,6 +49,7 @@ from squad.sched.admission import Admission, Reservation
 from squad.serve import apis
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
+from squad.serve.ending import end_request, refusal
 from squad.serve.http import (
     CLIENT_HEADER,
     PRIORITY_HEADER,
@@ -61,6 +62,7 @@ from squad.serve.http import (
     relayed,
     send_json,
 )
+from squad.serve.keeper import EngineKeeper
 from squad.serve.relay import Relay
 from squad.serve.status import Ledger, Live
 from squad.serve.watch import waits_for
@@ -131,6 +133,12 @@ class Gateway:
         self._labels = [(label, key.encode()) for label, key in (client_keys or {}).items()]
         """More keys, each naming its client (``--client-key NAME=KEY``)."""
         self.cors = Cors(cors_origins)
+        self.keeper: EngineKeeper | None = None
+        """Restarts a launched engine that dies (:mod:`squad.serve.keeper`); None: an engine squad serve does not
+        own (attached), or one whose death is not its to mend."""
+        self.stopping: str | None = None
+        """Why squad serve stops (set by :meth:`end_requests`): requests from then on get 503 with it."""
+        self._requests: dict[str, anyio.CancelScope] = {}
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -179,11 +187,14 @@ class Gateway:
                 await client.aclose()
         self._pools, self._retired = [], []
 
-    async def count(self, body: dict[str, Any], kind: Kind) -> int:
+    async def count(self, body: dict[str, Any], kind: Kind, *, again: bool = True) -> int:
         """Prompt tokens of a request as the engine counts them (:mod:`squad.chat.counting` for chat;
-        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt).
+        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt). While a dead engine
+        restarts it waits for it, and counts ``again`` once when the engine died under the count.
         Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
         502 when the engine does not answer."""
+        if self.keeper is not None and not self.keeper.up:  # a request that arrives while the engine restarts
+            await self.keeper.wait_up()
         try:
             if kind in ("responses", "messages", "embeddings"):
                 return await apis.count(self, body, kind)
@@ -196,6 +207,8 @@ class Gateway:
         except Loading as exc:
             raise Refused(503, str(exc) or "Loading model", "unavailable_error") from exc
         except (EngineGone, EngineError) as exc:
+            if again and isinstance(exc, EngineGone) and await self.engine_back():  # it died: restarted now
+                return await self.count(body, kind, again=False)
             raise Refused(502, f"squad serve could not count the prompt: {exc}", "server_error") from exc
 
     async def count_text(self, prompt: Any) -> int:
@@ -237,6 +250,31 @@ class Gateway:
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)
 
+    async def engine_back(self) -> bool:
+        """After a request's connection to the engine failed: True when the engine had died and squad serve
+        restarted it (the request may be sent again), False otherwise (:meth:`EngineKeeper.gone`)."""
+        return self.keeper is not None and await self.keeper.gone()
+
+    def engine_state(self) -> tuple[str, str]:
+        """``(state, detail)``: ``up``, ``restarting`` or ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""
+        if self.stopping is not None:
+            return "stopping", self.stopping
+        if self.keeper is not None:
+            return self.keeper.state, self.keeper.detail
+        return "up", ""
+
+    async def end_requests(self, why: str, *, grace: float = 2.0) -> None:
+        """End every request squad serve holds, for ``why`` (squad serve stops): a queued or counting one gets 503,
+        a running stream an error event, each in its API's shape (:mod:`squad.serve.ending`); new ones get 503.
+        Waits up to ``grace`` seconds for their handlers to send that."""
+        self.stopping = why
+        self.slots.close()  # a reservation that settles waits for nothing: the engine stops with squad serve
+        for scope in list(self._requests.values()):
+            scope.cancel()
+        with anyio.move_on_after(grace):
+            while self._requests:
+                await anyio.sleep(0.01)
+
     def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:
         """Wrap the engine round trip of an admitted request (``held``) with this:
         :func:`squad.chat.settle.until_engine_free` on this gateway's engine. A request that ends on
@@ -264,6 +302,12 @@ class Gateway:
             await send({"type": "http.response.body", "body": data})
             return
         if path == "/health" and method == "GET":
+            state, detail = self.engine_state()
+            if state != "up":  # the engine restarts, is down, or squad serve stops (squad.serve.keeper)
+                what = "Loading model: " if state == "restarting" else ""
+                await send_json(tagged, 503, {"status": state, **error_body(503, what + detail,
+                                                                            "unavailable_error")})
+                return
             await self._pass(scope, receive, tagged)
             return
         if not self._authorized(scope):
@@ -310,6 +354,8 @@ class Gateway:
                        "model": Path(info.model_path).name if info.model_path else info.model_alias or None,
                        "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
                        "launched": self.session.launcher is not None,
+                       "state": self.engine_state()[0], "state_detail": self.engine_state()[1],
+                       "restarts": list(self.keeper.restarts) if self.keeper is not None else [],
                        "reasons": list(plan.reasons) if plan is not None else []},
             "admission": {"slots": admission.slots, "busy": admission.in_flight, "pool": admission.pool,
                           "reserved": admission.reserved, "settling": admission.settling, "limit": admission.limit,
@@ -350,6 +396,10 @@ class Gateway:
     # -- generation --------------------------------------------------------------------------------
 
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, kind: Kind) -> None:
+        state, detail = self.engine_state()
+        if state in ("stopping", "down") and (self.stopping or self.keeper is None or self.keeper.gave_up):
+            await send_json(send, 503, refusal(kind, 503, detail))  # squad serve stops, or gave up on the engine
+            return
         raw = await read_body(receive)
         try:
             body = json.loads(raw)
@@ -363,22 +413,35 @@ class Gateway:
         except Refused as exc:
             await send_json(send, exc.status, exc.body)
             return
+        if self.stopping is not None:  # it stopped while the body arrived
+            await send_json(send, 503, refusal(kind, 503, self.stopping))
+            return
         live = Live(id=f"r{next(self._ids)}", client=client_name(scope, body), priority=priority,
                     stream=bool(body.get("stream")), api=kind)
         self.ledger.open(live)
         relay = Relay(self, live, scope, body, raw, kind)
         outcome = "failed"
+        started = False
 
         async def ending(message: dict[str, Any]) -> None:  # a disconnect after the last byte is no disconnect
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 relay.finished = True
             await send(message)
 
+        stopper = self._requests[live.id] = anyio.CancelScope()  # squad serve stops: end_requests()
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(relay.watch, receive, tg.cancel_scope)
-                outcome = await relay.run(ending)
-                tg.cancel_scope.cancel()
+            with stopper:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(relay.watch, receive, tg.cancel_scope)
+                    outcome = await relay.run(ending)
+                    tg.cancel_scope.cancel()
+            if stopper.cancelled_caught and not relay.finished and not relay.disconnected:
+                await end_request(send, kind, stream=live.stream, started=started,
+                                  message=self.stopping or "squad serve is stopping")
         finally:
+            self._requests.pop(live.id, None)
             self.ledger.close(live, "disconnected" if relay.disconnected else outcome)  # type: ignore[arg-type]
 

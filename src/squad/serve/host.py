@@ -35,6 +35,10 @@ class Watched(Protocol):
     @property
     def admission(self) -> Admission: ...
 
+    def engine_state(self) -> tuple[str, str]:
+        """``(state, detail)``: ``up``, ``restarting``, ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""
+        ...
+
 
 class RelayHost(Counting, Protocol):
     """What a relay needs of squad serve's gateway (:class:`squad.serve.gateway.Gateway` is one): its counting,
@@ -50,6 +54,10 @@ class RelayHost(Counting, Protocol):
 
     def generation_upstream(self) -> httpx.AsyncClient:
         """The HTTP client one generation request goes through."""
+        ...
+
+    async def engine_back(self) -> bool:
+        """After a connection to the engine failed: True when the engine had died and was restarted (send again)."""
         ...
 
     def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:

@@ -110,7 +110,12 @@ class Relay:
             except (httpx.ConnectError, httpx.RemoteProtocolError):
                 # a pooled connection the engine had just closed (keep-alive end, its per-connection
                 # request cap): the request got no answer, so it is resent once on a new connection (F22)
-                response = await upstream.send(request, stream=True)
+                try:
+                    response = await upstream.send(request, stream=True)
+                except (httpx.ConnectError, httpx.RemoteProtocolError):
+                    if not await g.engine_back():  # the engine died: squad serve restarted it (squad.serve.keeper)
+                        raise
+                    response = await upstream.send(request, stream=True)
         except httpx.TransportError as exc:
             self._emit(CallFailed, error="EngineGone", message=repr(exc), attempts=1)
             await send_json(send, 502, error_body(502, f"the engine at {g.engine.base_url} is not answering ({exc!r})",

@@ -2,8 +2,11 @@
 
 ``async with serving(spec, port=8090) as served:`` starts or attaches the engine
 (:class:`~squad.engine.session.EngineSession`), binds ``host:port`` (127.0.0.1 by default), and serves
-the :class:`~squad.serve.gateway.Gateway` until the block ends; then uvicorn stops (open
-streams get ``SHUTDOWN_GRACE`` seconds) and a launched engine is stopped.
+the :class:`~squad.serve.gateway.Gateway` until the block ends (``await served.wait()``: until
+:meth:`Served.stop`, e.g. on a signal); then every open request ends with a 503 or a stream error event in its
+API's shape (:mod:`squad.serve.ending`), uvicorn stops, and a launched engine is stopped. A launched engine that
+dies meanwhile is restarted (:mod:`squad.serve.keeper`); one that cannot be kept up stops squad serve, and the block
+raises :class:`~squad.errors.EngineError`.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import errno
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
 
 from squad.engine.session import EngineSession
-from squad.errors import UserError
+from squad.errors import EngineError, UserError
 from squad.events import EventSink
 from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
+from squad.serve.keeper import MAX_RESTARTS, RESTART_WINDOW_S, EngineKeeper
 from squad.serve.replan import Replanner
 
 if TYPE_CHECKING:
@@ -46,6 +50,21 @@ class Served:
     gateway: Gateway
     session: EngineSession
     replanner: Replanner | None = None
+    stop_reason: str | None = None
+    """Why it stops (set by :meth:`stop`), None while it serves."""
+    failure: EngineError | None = None
+    """Set when the engine could not be kept up (then ``stop_reason`` is its message)."""
+    _stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    def stop(self, reason: str = "squad serve is stopping", *, failure: EngineError | None = None) -> None:
+        """Ask squad serve to stop (the first reason given wins); :meth:`wait` returns."""
+        if self.stop_reason is None:
+            self.stop_reason, self.failure = reason, failure
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        """Wait until :meth:`stop` was called (a signal, or the engine could not be kept up)."""
+        await self._stopped.wait()
 
     @property
     def base_url(self) -> str:
@@ -80,6 +99,7 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
                   replan_interval: float | None = None, on_event: EventSink | None = None,
                   log: Callable[[str], None] | None = None, sock: socket.socket | None = None,
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
+                  max_restarts: int = MAX_RESTARTS, restart_window: float = RESTART_WINDOW_S,
                   ) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
@@ -87,8 +107,10 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
     squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound
     socket (:func:`bind`) instead of ``host:port``. ``cors_origins``: web origins allowed besides its own
     (:mod:`squad.serve.cors`). ``client_keys``: more keys by client name (a request with one is
-    counted under that name). Raises :class:`UserError` (port taken, or the
-    engine at the URL admits on its own) and the session's errors.
+    counted under that name). ``max_restarts`` deaths of a launched engine within ``restart_window`` seconds are
+    restarted (:mod:`squad.serve.keeper`); one more stops squad serve. Raises :class:`UserError` (port taken, or the
+    engine at the URL admits on its own), :class:`EngineError` (the engine could not be kept up) and the session's
+    errors.
     """
     import uvicorn
 
@@ -110,26 +132,37 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
             if replan_interval is not None and spec is not None and session.reloadable and None in (spec.slots,
                                                                                                     spec.ctx):
                 replanner = Replanner(gateway, interval=replan_interval, log=log)
+            served = Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session, replanner=replanner)
+            if session.launcher is not None and session.restart_on_death:
+                gateway.keeper = EngineKeeper(session, max_restarts=max_restarts, window=restart_window, log=log,
+                                              on_give_up=lambda error: served.stop(str(error), failure=error))
             async with anyio.create_task_group() as tg:
                 async def run_server() -> None:
                     await server.serve(sockets=[sock])
-                    tg.cancel_scope.cancel()  # uvicorn stopped by itself (SIGINT/SIGTERM): end the block too
+                    tg.cancel_scope.cancel()  # uvicorn stopped by itself: end the block too
 
                 tg.start_soon(run_server)
                 if replanner is not None:
                     tg.start_soon(replanner.run)
+                if gateway.keeper is not None:
+                    tg.start_soon(gateway.keeper.run)
                 while not server.started:
                     if server.should_exit:
                         raise UserError(f"squad serve could not start on {url}")
                     await anyio.sleep(0.01)
                 try:
-                    yield Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session,
-                                 replanner=replanner)
+                    yield served
                 finally:
-                    server.should_exit = True
-                    if replanner is not None:
-                        replanner.stop()
-                    await gateway.aclose()  # shielded
+                    with anyio.CancelScope(shield=True):  # also when the block was cancelled
+                        served.stop()
+                        if replanner is not None:
+                            replanner.stop()
+                        await gateway.end_requests(served.stop_reason or "squad serve is stopping",
+                                                   grace=SHUTDOWN_GRACE)
+                        server.should_exit = True
+                        await gateway.aclose()
+            if served.failure is not None:
+                raise served.failure
 
     finally:
         if ours:

@@ -39,6 +39,8 @@ def waits_for(gateway: Watched, held: Held) -> str:
     admission = gateway.admission
     if gateway.reloading:
         return "the engine's reload (a replan)"
+    if gateway.engine_state()[0] == "restarting":
+        return "the engine's restart (it died)"
     order = [call for call, _ in admission.queued_calls]
     position = order.index(held.id) if held.id in order else 0
     if position > 0:
@@ -81,19 +83,23 @@ class ServeWatch:
     def tick(self) -> None:
         """Print the summary line when not on a terminal (call it about once a second)."""
         now = time.monotonic()
-        if self.live_mode or now - self._printed < PLAIN_EVERY or not self.gateway.ledger.live:
+        quiet = not self.gateway.ledger.live and self.gateway.engine_state()[0] == "up"
+        if self.live_mode or now - self._printed < PLAIN_EVERY or quiet:
             return
         self._printed = now
         self.console.print(self.summary(), markup=False, highlight=False, soft_wrap=True)
 
     def summary(self) -> str:
-        """One line: slots busy, pool reserved, requests queued and counting."""
+        """One line: slots busy, pool reserved, requests queued and counting; the engine's state when it is not up
+        (restarting after it died, down, squad serve stopping: :mod:`squad.serve.keeper`)."""
         a = self.gateway.admission
         rows = list(self.gateway.ledger.live.values())
         queued = sum(1 for r in rows if r.state == "queued")
         counting = sum(1 for r in rows if r.state == "counting")
+        state, detail = self.gateway.engine_state()
         return (f"slots {a.in_flight}/{a.slots} busy · pool {a.reserved:,}/{a.pool:,} tokens reserved · "
-                f"{queued} queued · {counting} counting" + (" · engine reloading" if self.gateway.reloading else ""))
+                f"{queued} queued · {counting} counting" + (" · engine reloading" if self.gateway.reloading else "")
+                + (f" · engine {state}: {detail}" if state != "up" else ""))
 
     def __rich__(self) -> RenderableType:
         return self.render()

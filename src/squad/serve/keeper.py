@@ -1,0 +1,160 @@
+"""squad serve keeps the engine it launched up: a dead engine is restarted with the same plan.
+
+:class:`EngineKeeper` looks at the launched engine's process every :data:`POLL_S` seconds (and at once when a
+request saw the engine gone, :meth:`EngineKeeper.check`). When it has exited by itself it:
+
+1. holds admission (queued requests stay queued, new ones wait; the requests that were running got their error from
+   the broken connection, :mod:`squad.serve.relay`);
+2. restarts it with :meth:`squad.engine.session.EngineSession.restart`, the restart ``squad run``'s client makes
+   (same plan, same port and key; ``engine.exited`` then ``engine.loaded`` with reason ``restarted``), and says so
+   in serve's log;
+3. resumes admission: the queued requests go to the new engine.
+
+``state`` is what ``/health``, ``/squad/status`` and ``--watch`` show: ``up``, ``restarting`` (503 on ``/health``),
+``down`` (503: it died and squad serve gave up). A crash loop is bounded: more than ``max_restarts`` deaths within
+``window`` seconds (a restart that fails to start counts as one) and the keeper gives up: ``state`` is ``down`` for
+good, new requests get 503 with the message, and ``on_give_up`` receives it (squad serve then stops, ending the
+requests it holds with it, and exits 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from squad.errors import EngineError, SquadError
+
+if TYPE_CHECKING:
+    from squad.engine.session import EngineSession
+
+__all__ = ["EngineKeeper", "EngineState", "MAX_RESTARTS", "RESTART_WINDOW_S", "POLL_S"]
+
+EngineState = Literal["up", "restarting", "down"]
+
+MAX_RESTARTS = 3
+"""Restarts squad serve makes within :data:`RESTART_WINDOW_S` before it gives up (a crash loop)."""
+RESTART_WINDOW_S = 600.0
+"""Seconds over which deaths count towards :data:`MAX_RESTARTS`."""
+POLL_S = 0.25
+"""Seconds between two looks at the engine's process (``Popen.poll``: no system call beyond ``waitpid``)."""
+
+
+class EngineKeeper:
+    """Restart ``session``'s launched engine when it dies (module docstring). ``log`` receives one line per death,
+    restart and give-up; ``on_give_up`` the message when it gives up; ``clock``: Unix seconds (a test's own).
+    Run :meth:`run` in a task."""
+
+    def __init__(self, session: EngineSession, *, max_restarts: int = MAX_RESTARTS,
+                 window: float = RESTART_WINDOW_S, log: Callable[[str], None] | None = None,
+                 on_give_up: Callable[[EngineError], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.session = session
+        self.max_restarts = max_restarts
+        self.window = window
+        self.state: EngineState = "up"
+        self.detail = ""
+        """Why the engine is not up (its exit, the restart under way, why squad serve gave up)."""
+        self.restarts: list[dict[str, Any]] = []
+        """One row per death: ``at`` (Unix time), ``why``, ``ok`` (the restart succeeded), ``took_s``, ``error``."""
+        self._log = log or (lambda line: None)
+        self._on_give_up = on_give_up
+        self._up = anyio.Event()
+        self._up.set()
+        self._wake = anyio.Event()
+        self._clock = clock
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
+
+    @property
+    def gave_up(self) -> bool:
+        """The engine died too often: it stays down (module docstring)."""
+        return self.state == "down" and self.detail.startswith("gave up")
+
+    def check(self) -> None:
+        """Look at the engine now (a request saw its connection refused or cut)."""
+        self._wake.set()
+
+    async def wait_up(self, timeout: float | None = None) -> bool:
+        """Wait while the engine restarts (at most ``timeout`` seconds); True when it is up."""
+        if not self.up:
+            with anyio.move_on_after(timeout):
+                await self._up.wait()
+        return self.up
+
+    async def gone(self, settle: float = 0.5) -> bool:
+        """After a request's connection to the engine failed: True when the engine had died and is up again
+        (restarted: the request may be sent again), False when it did not die (the connection failed, not the
+        engine) or could not be restarted."""
+        launcher = self.session.launcher
+        if launcher is None:
+            return False
+        if self.up:
+            with anyio.move_on_after(settle):  # a process whose socket closed first takes a moment to end
+                while launcher.running:
+                    await anyio.sleep(0.02)
+            if launcher.running:
+                return False
+            self.check()
+            with anyio.move_on_after(POLL_S * 4):  # the keeper takes it from here
+                while self.up:
+                    await anyio.sleep(0.02)
+        return await self.wait_up()
+
+    async def run(self) -> None:
+        """Watch the engine until cancelled, or until it gave up (returns then)."""
+        while True:
+            with anyio.move_on_after(POLL_S):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            why = self.session.exited()  # reports engine.exited, once per process
+            if why is None:
+                continue
+            if not await self._restart(why):
+                return
+
+    async def _restart(self, why: str) -> bool:
+        admission = self.session.admission
+        self.state, self.detail, self._up = "down", why, anyio.Event()
+        if admission is not None:
+            admission.hold()
+        while True:
+            now = self._clock()
+            recent = [r for r in self.restarts if now - r["at"] < self.window]
+            row: dict[str, Any] = {"at": now, "why": why, "ok": False, "took_s": None, "error": None}
+            self.restarts.append(row)
+            if len(recent) >= self.max_restarts:
+                return self._give_up(why, len(recent) + 1)
+            self.state, self.detail = "restarting", f"restarting the engine, which {why.removeprefix('engine ')}"
+            self._log(f"squad serve: {why}; restarting it with the same plan "
+                      f"(restart {len(recent) + 1} of at most {self.max_restarts} in {self.window:.0f} s)")
+            started = time.monotonic()
+            try:
+                info = await self.session.restart()
+            except SquadError as exc:  # it did not start again: counts as another death
+                row["error"] = str(exc)
+                why = f"engine did not start again: {exc}"
+                self._log(f"squad serve: the restart failed: {exc}")
+                continue
+            if admission is not None:
+                admission.resume()  # the session's restart adopted the engine (and resumed); resume is idempotent
+            row["ok"], row["took_s"] = True, round(time.monotonic() - started, 2)
+            self.state, self.detail = "up", ""
+            self._up.set()
+            self._log(f"squad serve: engine restarted in {row['took_s']:.1f} s at {info.base_url} "
+                      f"({info.slots} slots, pool {info.pool:,} tokens); queued requests go on")
+            return True
+
+    def _give_up(self, why: str, deaths: int) -> bool:
+        message = (f"the engine died {deaths} times within {self.window:.0f} s (last: {why}); squad serve gave up "
+                   "restarting it: read the engine's log, fix the cause, and start squad serve again")
+        self.state, self.detail = "down", f"gave up: {message}"
+        self._log(f"squad serve: {message}")
+        self._up.set()  # waiters look again and find it down
+        if self._on_give_up is not None:
+            self._on_give_up(EngineError(message))
+        return False
