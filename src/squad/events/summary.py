@@ -373,6 +373,8 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
 def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
     a.ended = t
     outcome = ev.outcome if isinstance(ev, AgentFinished) else "failed" if isinstance(ev, AgentFailed) else "cancelled"
+    if isinstance(ev, AgentFinished) and ev.cut_while_thinking:  # truncated, and why: said in the trace summary
+        a.notes.append(f"{ev.agent}: truncated at max_tokens {ev.max_tokens}, cut while thinking (no answer)")
     # the worst conversation of an agent (e.g. one called by two steps) stays visible
     seen = [] if a.status == "running" else ["ok" if a.status == "done" else a.status]
     status = worst([*seen, outcome]).value

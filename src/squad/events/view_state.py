@@ -216,7 +216,8 @@ class ViewState:
         elif isinstance(event, AgentFinished):  # ok, or a non-answer: truncated, empty
             self._set(row, "done" if event.outcome == "ok" else event.outcome, t)
             if event.outcome == "truncated" and event.max_tokens is not None:
-                row.detail = f"at max_tokens {event.max_tokens}"
+                row.detail = f"at max_tokens {event.max_tokens}" + (", cut while thinking"
+                                                                    if event.cut_while_thinking else "")
         elif isinstance(event, AgentFailed):
             self._set(row, "failed", t)
             row.detail = event.error

@@ -21,8 +21,16 @@ from squad.chat import ChatEngine
 from squad.chat.routing import EngineGroup
 from squad.chat.structured import OutputSchema
 from squad.engine.info import EngineInfo
+from squad.engine.kinds import thinking_fields
 from squad.engine.session import EngineSession
-from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, SquadError, UserError
+from squad.errors import (
+    AgentRunError,
+    IncompleteAnswer,
+    InvalidOutput,
+    ReasoningBudgetExhausted,
+    SquadError,
+    UserError,
+)
 from squad.events import AgentCancelled as AgentCancelledEvent
 from squad.events import (
     AgentFailed,
@@ -231,7 +239,8 @@ class Conversations:
             result.item = origin.item
             if self._sinks:
                 self._emit(AgentFinished(**ids, summary=result.summary(), outcome=result.outcome.value,
-                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens))
+                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens,
+                                         cut_while_thinking=result.cut_while_thinking))
             if result.outcome in fail_on:
                 result.error = incomplete_answer(result)
         finally:
@@ -251,6 +260,13 @@ class Conversations:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url,
                                      warning=no_tool_template(agent.name, tools)))
+        if (agent.thinking_budget is not None and thinking_fields(self.info.kind, agent.thinking_budget) is None
+                and f"thinking:{agent.name}" not in self._tool_warned):
+            self._tool_warned.add(f"thinking:{agent.name}")  # once per agent
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=(
+                f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
+                "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
+                "model pleases, still within max_tokens")))
         system = self._system(agent, variables)
         group = current_group()
         if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
@@ -318,8 +334,12 @@ def _fail_on(outcomes: Collection[Outcome | str]) -> frozenset[Outcome]:
 
 def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
     """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
-    what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
+    thinking = result.cut_while_thinking and result.outcome is Outcome.TRUNCATED
+    what = (f"stopped at max_tokens ({result.max_tokens}) while thinking, before any answer" if thinking else
+            f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
             if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
-    return IncompleteAnswer(f"agent '{result.label}' {what}: "
-                            f"{fix_for(result.outcome, result.agent, result.max_tokens)}",
-                            agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
+    fix = fix_for(result.outcome, result.agent, result.max_tokens, thinking=thinking)
+    message = f"agent '{result.label}' {what}: {fix}"
+    if thinking:  # the thinking is never the partial answer kept for the user
+        return ReasoningBudgetExhausted(message, agent=result.agent)
+    return IncompleteAnswer(message, agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
