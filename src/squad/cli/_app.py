@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-OPTIONAL_VALUES = {"--ray": "default"}
+OPTIONAL_VALUES = {"--ray": "default", "--resume": "last"}
 """Options whose value may be left out (``squad run RECIPE --ray``), and the word that stands for
 it: typer has no option with an optional value, so :func:`_optional_values` fills it in."""
 

@@ -21,6 +21,7 @@ __all__ = [
     "AgentFinished",
     "AgentFailed",
     "AgentCancelled",
+    "AgentResumed",
     "CallQueued",
     "CallAdmitted",
     "CallFirstToken",
@@ -151,6 +152,17 @@ class AgentFinished(Event):
     finish_reason: str | None = None
     max_tokens: int | None = None
     cut_while_thinking: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentResumed(Event):
+    """A conversation a resumed run did not send again: its answer (``outcome``) was recorded
+    when run ``run`` did it (:mod:`squad.runtime.journal`); ``item``: its map item."""
+
+    kind: ClassVar[str] = "agent.resumed"
+    run: str
+    outcome: str = "ok"
+    item: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -160,22 +160,29 @@ class Conversations:
         fail_on: frozenset[Outcome] = frozenset(),
         output: OutputSchema | None = None,
         first_item: int = 0,
+        item_ids: Sequence[int] | None = None,
+        on_result: Callable[[int, AgentResult], None] | None = None,
     ) -> list[AgentResult]:
-        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
-        ``output`` replaces each agent's own output schema."""
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``
+        (``item_ids[i]`` when given: a map resumed with only some of its items);
+        ``output`` replaces each agent's own output schema; ``on_result(i, result)`` is called as
+        each conversation ends (a resumable run records it then, :mod:`squad.runtime.journal`)."""
 
         group = self._share_group([prompt for _, prompt in pairs])
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
-            item = first_item + i if items else None
+            item = (item_ids[i] if item_ids is not None else first_item + i) if items else None
             origin = self._origin(agent, parent, item)
             assert origin.conversation is not None  # _origin names every conversation
             with joined(group or board_group(pairs[i][1]), origin.conversation):
-                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                            cancel_reason=reason, origin=origin,
-                                            record=record, fail_on=fail_on, output=output)
+                result = await self._recorded(agent, pairs[i][1], priority=priority, variables=variables,
+                                              limiter=limiter, cancel_reason=reason, origin=origin,
+                                              record=record, fail_on=fail_on, output=output)
+            if on_result is not None:
+                on_result(i, result)
+            return result
 
         try:
             return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)

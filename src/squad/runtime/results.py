@@ -85,7 +85,8 @@ class AgentResult:
     call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate;
     an answer validated against its output schema is whole: ``"stop"``).
     ``cut_while_thinking``: its last call spent all of ``max_tokens`` thinking (no answer text):
-    ``truncated``, shown as ``cut while thinking``.
+    ``truncated``, shown as ``cut while thinking``. ``resumed``: the id of the run whose
+    journal answered it (a resumed run did not send it again, :mod:`squad.runtime.journal`), else None.
     A map item served by a Ray worker (:mod:`squad.cluster.ray`) names it: ``worker`` (its id),
     ``engine`` (that worker's engine URL, on its node) and ``retried`` (why an earlier attempt
     was lost with its worker, when it was sent a second time); None otherwise. On several
@@ -113,6 +114,7 @@ class AgentResult:
     engine: str | None = None
     retried: str | None = None
     cut_while_thinking: bool = False
+    resumed: str | None = None
 
     @property
     def ok(self) -> bool:
