@@ -202,9 +202,9 @@ class ViewState:
                 lost.detail = event.message
                 self._set(lost, "retrying" if event.retry else "failed", t)
         elif isinstance(event, AgentResumed):  # answered from the journal of the run it resumes: no call
-            row = self.row(item_label(event.agent or "?", event.item), t)
-            self._set(row, "done" if event.outcome == "ok" else event.outcome, t)
-            row.detail = f"resumed from run {event.run}"
+            resumed = self.row(item_label(event.agent or "?", event.item), t)
+            self._set(resumed, "done" if event.outcome == "ok" else event.outcome, t)
+            resumed.detail = f"resumed from run {event.run}"
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from squad.dirs import state_dir
 from squad.errors import UserError
@@ -40,14 +41,14 @@ def recipe_identity(recipe: Recipe) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
         texts.append(text)
-        found = yaml.safe_load(text)
+        found = YAML(typ="safe", pure=True).load(text)
         includes = found.get("include", []) if isinstance(found, dict) else []
         for name in includes if isinstance(includes, list) else []:
             try:
                 texts.append((path.parent / str(name)).read_text(encoding="utf-8"))
             except OSError:
                 texts.append(f"<unreadable {name}>")
-    except (OSError, yaml.YAMLError):
+    except (OSError, YAMLError):
         texts.append(repr(recipe.flow))
     identity = {"recipe": fingerprint(texts)}
     identity.update({f"param:{name}": fingerprint(_plain(value)) for name, value in recipe.params.items()})

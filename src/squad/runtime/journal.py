@@ -87,7 +87,7 @@ def _load(d: Mapping[str, Any], run: str) -> AgentResult:
     return AgentResult(agent=d["agent"], output=d.get("output", ""), output_value=d.get("value"),
                        finish_reason=d.get("finish_reason"), max_tokens=d.get("max_tokens"), item=d.get("item"),
                        usage=Usage(prompt_tokens=prompt, completion_tokens=completion), slot=d.get("slot"),
-                       engine=d.get("engine"), tool_calls=[tuple(c) for c in d.get("tool_calls", [])],  # type: ignore[misc]
+                       engine=d.get("engine"), tool_calls=[(c[0], c[1], c[2]) for c in d.get("tool_calls", [])],
                        notes=list(d.get("notes", [])), cut_while_thinking=bool(d.get("cut_while_thinking")),
                        conversation=d.get("conversation"), resumed=run)
 
