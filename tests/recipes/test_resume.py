@@ -241,3 +241,35 @@ def test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_res
     data = json.loads(out)
     assert len(engine.requests) == total - len(recorded)
     assert data["run"] == found[0].stem and len(data["resumed"]) == len(recorded)
+
+
+async def test_a_squad_of_ones_own_resumes_a_map_through_resumable(tmp_path):
+    """Python without a recipe: ``Resumable(squad, journal)`` records each map item as it ends; a map
+    stopped after 2 of 5 items sends only the other 3 when run again on the resumed journal, under
+    their own item numbers."""
+    from squad.runtime.agent import Agent
+    from squad.runtime.journal import Resumable
+    from squad.runtime.squad import Squad
+
+    prompts = [f"summarize part {i}" for i in range(5)]
+    identity = {"model": "fake", "input": "parts"}
+    async with FakeEngine(slots=1) as fe:
+        journal = RunJournal.create(tmp_path, identity, name="mine")
+        async with Squad([Agent(name="w", max_tokens=8)], engine=fe.info) as sq:
+            with anyio.CancelScope() as scope:
+                def stop(i, result) -> None:
+                    if len([1 for held in read_journal(journal.path)[1].values() for _ in held]) == 2:
+                        scope.cancel()
+                await Resumable(sq, journal).map("w", prompts, max_concurrency=1,
+                                                 on_result=stop)
+        assert scope.cancelled_caught
+        fe.requests.clear()
+        again = RunJournal.resume(journal.path, identity)
+        async with Squad([Agent(name="w", max_tokens=8)], engine=fe.info) as sq:
+            ops = Resumable(sq, again)
+            results = await ops.map("w", prompts, max_concurrency=1)
+    assert [r["messages"][-1]["content"] for r in fe.requests] == prompts[2:]
+    assert [r.item for r in results] == [0, 1, 2, 3, 4] and ops.resumed == ["w[0]", "w[1]"]
+    assert [bool(r.resumed) for r in results] == [True, True, False, False, False]
+    with pytest.raises(UserError, match="the input changed"):
+        RunJournal.resume(journal.path, {"model": "fake", "input": "other parts"})
