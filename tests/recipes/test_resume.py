@@ -273,3 +273,15 @@ async def test_a_squad_of_ones_own_resumes_a_map_through_resumable(tmp_path):
     assert [bool(r.resumed) for r in results] == [True, True, False, False, False]
     with pytest.raises(UserError, match="the input changed"):
         RunJournal.resume(journal.path, {"model": "fake", "input": "other parts"})
+
+
+def test_a_recipe_keeps_its_last_runs_journals_only(review, monkeypatch):
+    import squad.recipes.resume as resume
+
+    monkeypatch.setattr(resume, "KEEP_RUNS", 3)
+    made = []
+    for i in range(5):
+        made.append(recipe_journal(load(review)).path)
+        os.utime(made[-1], (1000 + i, 1000 + i))  # each older than the next
+    kept = sorted(runs_dir("parallel-review").glob("*.jsonl"))
+    assert set(kept) == set(made[-3:])

@@ -6,7 +6,7 @@ Every ``squad run`` keeps a journal (:class:`~squad.runtime.journal.RunJournal`)
 one of each parameter's value, and the model it names (after ``--model``); the engine's own
 model (the file or name it reports) is checked once the engine is up
 (:meth:`~squad.runtime.journal.RunJournal.note_engine`). A resume refuses when any of them
-changed, naming which.
+changed, naming which. The last :data:`KEEP_RUNS` journals of a recipe are kept.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from squad.errors import UserError
 from squad.recipes.model import Recipe
 from squad.runtime.journal import RunJournal, fingerprint
 
-__all__ = ["recipe_identity", "runs_dir", "find_run", "recipe_journal", "LAST"]
+__all__ = ["recipe_identity", "runs_dir", "find_run", "recipe_journal", "LAST", "KEEP_RUNS"]
+
+KEEP_RUNS = 20
+"""Journals kept per recipe: a new run removes the oldest beyond these (they hold every answer)."""
 
 LAST = "last"
 """``--resume`` without a value: the last run of the recipe."""
@@ -81,11 +84,26 @@ def find_run(recipe: Recipe, run: str) -> Path:
     return named
 
 
+def _prune(folder: Path) -> None:
+    """Remove the oldest journals in ``folder`` beyond :data:`KEEP_RUNS`."""
+    try:
+        found = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in found[:-KEEP_RUNS]:
+        try:
+            old.unlink()
+        except OSError:
+            pass
+
+
 def recipe_journal(recipe: Recipe, resume: str | None = None) -> RunJournal:
     """A new journal for a run of ``recipe``, or (``resume``: :data:`LAST`, a run id or a path)
     the journal of the run to resume, checked against ``recipe`` as it is now. Raises
     :class:`UserError` (no such run; the recipe, a parameter or the model changed: named)."""
     identity = recipe_identity(recipe)
     if resume is None:
-        return RunJournal.create(runs_dir(recipe.name), identity, name=recipe.name)
+        journal = RunJournal.create(runs_dir(recipe.name), identity, name=recipe.name)
+        _prune(runs_dir(recipe.name))
+        return journal
     return RunJournal.resume(find_run(recipe, resume), identity)
