@@ -8,7 +8,8 @@ names and structure, map steps, agents/@mentions/cycles, template errors only re
 an object's repr (``{{ self }}``, ``loop``, a method not called, a generator), empty files,
 keys with no value (``~``), duplicate MCP tool names, a ``max_tokens`` that fills a pinned
 ctx, an include of a directory, a ``thinking_budget`` not below ``max_tokens`` or not a count.
-Each file is checked with a time limit (pytest-timeout); the CLI run of the whole corpus goes through a subprocess with a timeout.
+Each file is checked with a time limit (pytest-timeout); the CLI run of the whole corpus goes
+through a subprocess with a timeout.
 """
 
 from __future__ import annotations
