@@ -169,6 +169,8 @@ SLOW: dict[str, set[str]] = {  # file -> test functions
     "tests/recipes/test_empty_map.py": {"test_squad_plan_and_run_say_so"},
     "tests/recipes/test_recipe_corpus.py": {"test_cli_validate_reports_every_file_with_exit_2_and_no_traceback",
                                             "test_the_corpus_through_a_real_process_ends_in_time"},
+    "tests/recipes/test_resume.py": {"test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_rest",
+                                     "test_a_second_resume_of_a_finished_run_sends_nothing"},
     "tests/recipes/test_sandbox.py": {"test_a_template_that_would_exhaust_cpu_or_memory_is_refused"},
     "tests/recipes/test_validate_render.py": {"test_an_oversized_prompt_is_never_counted_or_sent",
                                               "test_validate_gives_the_same_verdict_without_the_model"},

@@ -24,7 +24,7 @@ SquadError
     ├── TruncatedStream            the stream ended without a finish_reason or with an error frame
     ├── CallTimeout                the call passed its deadline; never resent unchanged
     ├── IncompleteAnswer           a truncated or empty answer a recipe's non_answers policy fails
-    │   └── ReasoningBudgetExhausted  finish_reason "length" with reasoning but no answer (truncated)
+    │   └── ReasoningBudgetExhausted  cut while thinking (no answer), and non_answers fails truncated
     ├── ToolResultTooLarge         a tool result does not fit the agent's budget (tool_results: fail)
     ├── InvalidOutput              an answer that missed its output schema twice; keeps the raw text
     └── AgentCancelled             cancelled; carries the reason (e.g. "sibling X failed")
@@ -247,8 +247,10 @@ class IncompleteAnswer(AgentRunError):
 
 
 class ReasoningBudgetExhausted(IncompleteAnswer):
-    """The model spent max_tokens on reasoning and produced no answer (field case F07): always a
-    failure, its outcome ``truncated`` (max_tokens covers the thinking tokens), never ``empty``."""
+    """The model spent max_tokens thinking and produced no answer (field case F07), and the
+    recipe's ``non_answers.truncated`` (or ``fail_on``) makes a truncated answer a failure. Its
+    outcome is ``truncated`` (max_tokens covers the thinking tokens), never ``empty``; without
+    such a policy the answer is ``truncated`` "cut while thinking" and the run goes on."""
 
     def __init__(self, message: str, *, agent: str | None = None) -> None:
         super().__init__(message, agent=agent, outcome="truncated")

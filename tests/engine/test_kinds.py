@@ -258,6 +258,9 @@ async def test_engine_info_url_prints_kind_capacity_and_sources(fake, kind, caps
     if kind == "openai-compatible":
         err = " ".join(err.split())
         assert "does not know" in err and "conservative defaults" in err
+    from squad.engine.kinds import THINKING  # how an agent's thinking_budget reaches this kind (issue 32)
+
+    assert "thinking" in out and data["thinking_budget"] == THINKING.get(kind)
 
 
 @pytest.mark.anyio

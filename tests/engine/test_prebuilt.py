@@ -127,6 +127,11 @@ def test_flags_fill_commonparams(tmp_path):
     assert (p.endpoint_metrics, p.timeout_read, p.timeout_write, p.api_keys) == (True, 70, 70, ["k1"])
     assert (p.cpuparams.n_threads, p.cpuparams_batch.n_threads, p.n_gpu_layers) == (2, 2, -2)
     assert p.reasoning_format == x.common_reasoning_format.COMMON_REASONING_FORMAT_NONE
+    # llama-server's --reasoning-budget (the default a request's thinking_budget_tokens overrides), issue 32
+    assert p.sampling.reasoning_budget_tokens == -1
+    assert _params(parse(["-m", "m.gguf", "--reasoning-budget", "64"]), None).sampling.reasoning_budget_tokens == 64
+    with pytest.raises(ValueError, match="--reasoning-budget -2"):
+        _params(parse(["-m", "m.gguf", "--reasoning-budget", "-2"]), None)
     saved = _params(parse(["-m", "m.gguf", "--slot-save-path", "/tmp/s/", "--no-cache-idle-slots"]), None)
     assert (saved.slot_save_path, saved.cache_idle_slots) == ("/tmp/s/", False)
 

@@ -7,8 +7,9 @@ names and structure, map steps, agents/@mentions/cycles, template errors only re
 (F19), resource bombs (F18), bad model files (F19), template internals that would be sent as
 an object's repr (``{{ self }}``, ``loop``, a method not called, a generator), empty files,
 keys with no value (``~``), duplicate MCP tool names, a ``max_tokens`` that fills a pinned
-ctx, an include of a directory. Each file is checked with a time limit
-(pytest-timeout); the CLI run of the whole corpus goes through a subprocess with a timeout.
+ctx, an include of a directory, a ``thinking_budget`` not below ``max_tokens`` or not a count.
+Each file is checked with a time limit (pytest-timeout); the CLI run of the whole corpus goes
+through a subprocess with a timeout.
 """
 
 from __future__ import annotations
@@ -182,6 +183,9 @@ CORPUS = [
     ('tool_results_bad.yaml', 4, 'agents.a.tool_results', "use 'cut' or 'fail', got 'truncate'"),
     ('two_documents.yaml', 1, None, 'expected exactly one YAML document holding a mapping'),
     ('unclosed_quote.yaml', 8, None, 'YAML syntax: found unexpected end of stream (while scanning a quoted s'),
+    ('thinking_budget_at_max_tokens.yaml', 3, 'agents.a', 'thinking_budget (256) must be below max_tokens (256)'),
+    ('thinking_budget_negative.yaml', 5, 'agents.a.thinking_budget', 'must be at least 0, got -1'),
+    ('thinking_budget_quoted.yaml', 5, 'agents.a.thinking_budget', "expected a whole number, got '64'"),
     ('undefined_variable.yaml', 8, 'flow[0].prompt', "undefined template variable 'params.topc'"),
     ('unknown_agent.yaml', 6, 'flow[0].agent', "unknown agent 'reviwer'"),
     ('unknown_engine_key.yaml', 3, 'engine.slot', "unknown key 'slot'"),

@@ -42,6 +42,10 @@ class ChatRequest:
       match, :meth:`squad.chat.structured.OutputSchema.response_format`), or None.
     - ``priority``: admission order (lower first; main agent 0, sub-agents their depth).
     - ``on_delta``: receives answer text as it streams.
+    - ``thinking_budget``: the most of ``max_tokens`` the model may spend thinking (``0``: no
+      thinking; None: as the model and engine please), sent as the engine's kind reads it
+      (:func:`squad.engine.kinds.thinking_fields`); it never raises the reservation, which
+      ``max_tokens`` already bounds.
     """
 
     origin: Origin
@@ -55,6 +59,7 @@ class ChatRequest:
     sampling: dict[str, Any] | None = None
     priority: int = 0
     on_delta: Callable[[str], None] | None = None
+    thinking_budget: int | None = None
 
     @property
     def agent(self) -> str:
@@ -104,6 +109,8 @@ class ChatResult:
     of the engine that served it (set by :class:`squad.chat.routing.Router`, None on one engine);
     ``rerun_from``: the engine whose stream died under this call, after which it was re-run from
     its start on ``engine`` (the cut text was dropped: this answer is whole), else None.
+    :attr:`cut_while_thinking`: stopped at ``max_tokens`` inside the thinking (field case F07), a
+    truncated answer like any other cut one.
     """
 
     content: str
@@ -118,6 +125,13 @@ class ChatResult:
     call: str | None = None
     engine: str | None = None
     rerun_from: str | None = None
+
+    @property
+    def cut_while_thinking(self) -> bool:
+        """Stopped at ``max_tokens`` (``finish_reason == "length"``) with thinking and no answer
+        text or tool call: the whole generation went to the thinking."""
+        return (self.finish_reason == "length" and bool(self.reasoning) and not self.content.strip()
+                and not self.tool_calls)
 
 
 @runtime_checkable

@@ -10,8 +10,8 @@ Stream rules (field cases: ``docs/field-cases.md``):
   or growing all assemble to the one value (F17, :func:`_header`); ``arguments`` are
   concatenated;
 - a stream that ends without a ``finish_reason`` is :class:`TruncatedStream`, the partial text
-  only on the exception (F05); ``finish_reason == "length"`` with reasoning but no answer is
-  :class:`ReasoningBudgetExhausted` (F07).
+  only on the exception (F05); ``finish_reason == "length"`` with reasoning but no answer is a
+  result cut while thinking (:attr:`~squad.chat.ChatResult.cut_while_thinking`, F07), not an error.
 
 :func:`classify` turns an openai SDK error into squad's error tree: an error frame becomes
 :class:`ContextExceeded` (``Context size has been exceeded.``) or :class:`TruncatedStream`
@@ -37,7 +37,6 @@ from squad.errors import (
     EngineError,
     EngineGone,
     PromptTooLong,
-    ReasoningBudgetExhausted,
     TruncatedStream,
 )
 
@@ -184,19 +183,15 @@ class StreamAssembly:
     def result(self, agent: str, sent: float) -> ChatResult:
         """The finished call (``sent``: ``time.monotonic()`` when the request was sent).
 
-        Raises :class:`TruncatedStream` without a finish_reason, :class:`ReasoningBudgetExhausted`
-        when max_tokens went to reasoning and no answer came."""
+        Raises :class:`TruncatedStream` without a finish_reason. A call that spent ``max_tokens``
+        thinking (no answer) is a result like any cut one (:attr:`ChatResult.cut_while_thinking`):
+        its outcome is ``truncated`` and the recipe's ``non_answers`` decides (field case F07)."""
         if self.finish_reason is None:
             raise TruncatedStream(
                 f"agent '{agent}': the stream ended without a finish_reason after {len(self.content)} characters; "
                 "the partial answer was discarded", agent=agent, partial=self.content)
         tool_calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
                       for i, c in sorted(self.calls.items())]
-        if self.finish_reason == "length" and not self.content.strip() and self.reasoning and not tool_calls:
-            used = self.usage.completion_tokens if self.usage else "all"
-            raise ReasoningBudgetExhausted(
-                f"agent '{agent}' spent {used} tokens (its whole max_tokens) reasoning and gave no answer: raise "
-                "max_tokens or ask for less reasoning; it is not retried with the same budget", agent=agent)
         end = time.monotonic()
         ttft = self.first_at - sent if self.first_at is not None else None
         rate = None

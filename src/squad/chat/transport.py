@@ -35,6 +35,7 @@ from squad.chat.settle import EngineSlots
 from squad.chat.stream import Loading, StreamAssembly, classify, error_message
 from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
+from squad.engine.kinds import thinking_fields
 from squad.engine.template_profile import fit_call_ids
 from squad.errors import EngineError, EngineGone
 from squad.events import CallFirstToken, EventSink
@@ -207,6 +208,8 @@ class LlamaServerTransport:
             extra.setdefault("return_progress", True)
         if call.pin is not None:  # the slot admission granted, restored with the fan-out's prefix (squad.sched.share)
             extra["id_slot"] = call.pin
+        # a thinking budget as this kind reads it (none it can take: the runtime warned, it thinks within max_tokens)
+        extra.update(thinking_fields(self._engine.kind, req.thinking_budget) or {})
         return dict(model=self._engine.model_alias or "default", messages=self.messages(req),
                     max_tokens=req.max_tokens, stream=True, stream_options={"include_usage": True}, extra_body=extra,
                     **kwargs)

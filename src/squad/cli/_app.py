@@ -135,7 +135,7 @@ def _stopped(exc: BaseException) -> Stopped | None:
     return None
 
 
-OPTIONAL_VALUES = {"--ray": "default"}
+OPTIONAL_VALUES = {"--ray": "default", "--resume": "last"}
 """Options whose value may be left out (``squad run RECIPE --ray``), and the word that stands for
 it: typer has no option with an optional value, so :func:`_optional_values` fills it in."""
 

@@ -163,6 +163,7 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
 
     from squad.config import api_key_for
     from squad.engine.control import attach, pool_warning
+    from squad.engine.kinds import THINKING
 
     info = anyio.run(lambda: attach(url, api_key_for(url, api_key)))
     warnings = [*info.warnings, *filter(None, [pool_warning(info)])]
@@ -173,7 +174,8 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
         out = {"url": info.base_url, "kind": info.kind, "version": info.version or None, "model": info.model_alias
                or info.model_path or None, "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
                "sources": info.sources, "admission": info.policy, "counting": info.count_with,
-               "admits": info.admits, "warnings": warnings, "note": unknown}
+               "admits": info.admits, "thinking_budget": THINKING.get(info.kind), "warnings": warnings,
+               "note": unknown}
         console.print_json(json.dumps(out))
         return
     counting = {"input_tokens": "POST /v1/chat/completions/input_tokens (exact)",
@@ -185,7 +187,9 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
             ("slots", f"{info.slots}  <- {info.sources.get('slots', '?')}"),
             ("n_ctx", f"{info.n_ctx} tokens per request  <- {info.sources.get('ctx', '?')}"),
             ("pool", f"{info.pool} tokens held together  <- {info.sources.get('pool', '?')}"),
-            ("admission", info.policy), ("counting", counting.get(info.count_with, info.count_with))]
+            ("admission", info.policy), ("counting", counting.get(info.count_with, info.count_with)),
+            ("thinking", THINKING.get(info.kind, "no per-request thinking budget: an agent's thinking_budget is not "
+                                                 "sent (squad warns)"))]
     for name, value in rows:
         console.print(f"{name:<10} {value}", highlight=False, markup=False)
     if unknown:

@@ -29,7 +29,7 @@ OPTION_NAMES: dict[str, str | None] = {
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None, "--otel": None,
-    "--ray": None, "--ray-workers": None,
+    "--ray": None, "--ray-workers": None, "--resume": None,
     # plan
     "--backend": None, "--mlx-batch": None, "--agents": None, "--parallel": None,
     # verify, engine install, models, trace

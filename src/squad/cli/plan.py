@@ -244,10 +244,11 @@ def _mcp(loaded: Any, start: bool) -> None:
 
 def step_budgets_json(rows: Any) -> list[dict[str, Any]]:
     """Per step and agent: counted prompt tokens, whether estimated, max_tokens, the tool rounds
-    planned and their tokens, budget."""
+    planned and their tokens, budget, and the thinking budget inside max_tokens (None: not set)."""
     return [{"step": r.step, "agent": r.agent, "prompt_tokens": r.prompt, "estimated": r.estimated,
              "max_tokens": r.max_tokens, "tool_rounds": r.tool_rounds, "tool_tokens": r.tool_tokens,
-             "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto"}
+             "budget": r.budget, "budget_kind": "fixed" if r.fixed else "auto",
+             "thinking_budget": getattr(r, "thinking_budget", None)}
             for r in rows]
 
 
@@ -275,17 +276,26 @@ def _render_steps(rows: Any) -> None:
     from rich.table import Table
 
     tools = any(r.tool_rounds for r in rows)
+    thinks = any(getattr(r, "thinking_budget", None) is not None for r in rows)
     table = Table(title="budgets per step (prompt counted with the model's tokenizer; ~ = estimated with "
                         "earlier outputs at their max_tokens" + ("; tool rounds: rounds x (max_tokens for a call + "
-                                                                  "results)" if tools else "") + ")")
-    for name in ("step", "agent", "prompt", "max_tokens", *(("tool rounds",) if tools else ()), "budget"):
+                                                                  "results)" if tools else "")
+                        + ("; thinking: the most of max_tokens a call may spend thinking" if thinks else "") + ")")
+    for name in ("step", "agent", "prompt", "max_tokens", *(("thinking",) if thinks else ()),
+                 *(("tool rounds",) if tools else ()), "budget"):
         table.add_column(name, justify="left" if name in ("step", "agent") else "right")
     for r in rows:
         rounds = ((f"{r.tool_rounds} x {r.tool_tokens // r.tool_rounds:,} = {r.tool_tokens:,}" if r.tool_rounds
                    else "-"),) if tools else ()
-        table.add_row(r.step, r.agent, ("~" if r.estimated else "") + f"{r.prompt:,}", str(r.max_tokens), *rounds,
-                      f"{r.budget:,}" + (" (fixed)" if r.fixed else " (auto)"))
+        thinking = (_thinking_cell(r.thinking_budget),) if thinks else ()
+        table.add_row(r.step, r.agent, ("~" if r.estimated else "") + f"{r.prompt:,}", str(r.max_tokens), *thinking,
+                      *rounds, f"{r.budget:,}" + (" (fixed)" if r.fixed else " (auto)"))
     console.print(table)
+
+
+def _thinking_cell(budget: int | None) -> str:
+    """A step's thinking budget in the plan's table: ``-`` (not set), ``off`` (0), ``<= N``."""
+    return "-" if budget is None else "off" if budget == 0 else f"<= {budget:,}"
 
 
 def parse_agents(text: str) -> tuple[Call, ...]:

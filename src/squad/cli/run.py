@@ -124,6 +124,13 @@ def run_command(
                                      "come back in input order, an item whose worker dies is run once more on another. "
                                      "Other steps (calls, parallel blocks, maps of the main agent) run here on a local "
                                      "engine, launched only if the recipe has one.")] = None,
+    resume: Annotated[str | None,
+                      typer.Option("--resume", metavar="[RUN]", show_default=False,
+                                   help="Resume a run that did not finish (Ctrl-C, SIGTERM, a crash, a lost engine): "
+                                        "every call it finished is answered from its journal, only the others are "
+                                        "sent. RUN: a run id (the stopped run names it) or a journal file; a bare "
+                                        "--resume takes the recipe's last run. Refused when the recipe, a parameter "
+                                        "or the model changed since.")] = None,
     ray_workers: Annotated[int | None,
                            typer.Option("--ray-workers", min=1, show_default=False,
                                         help="With --ray: workers per node (default 1), each planning for 1/N of "
@@ -152,16 +159,23 @@ def run_command(
 
     Exit codes: 0 done; 1 a step failed or an answer missed its schema (what finished is
     kept); 2 bad input (recipe, parameters, options: nothing was run); 130 interrupted
-    (Ctrl-C); 143 terminated (SIGTERM)."""
+    (Ctrl-C); 143 terminated (SIGTERM).
+
+    Every run keeps a journal of the calls it finished (runs/RECIPE/ in squad's state directory):
+    a run that did not finish is resumed with --resume [RUN], which sends only the calls that
+    did not finish; the summary and --json name the calls answered from the journal."""
     from squad.chat.routing import check_distinct
     from squad.dirs import ENGINE_STATE, check_state_dirs
     from squad.events.jsonl import JsonlTrace, default_trace_path
     from squad.events.view import live_view
     from squad.recipes import RecipeRun, load_recipe, run_recipe, step_table
+    from squad.recipes.resume import recipe_journal
 
     _check_outputs(recipe, out, trace)
     check_distinct(url)
     fanout = _ray_fanout(ray, ray_workers, url or None)
+    if fanout is not None and resume is not None:
+        raise UserError("--resume: a run over Ray (--ray) keeps no journal; resume runs on this machine (drop --ray)")
     loaded = load_recipe(recipe, collect_params(param), model=model, default_model=config_model(), ctx=ctx)
     overrides = dict(model=model, slots=slots, ctx=ctx, binary=llama_server, threads=threads, cache_type_k=ctk,
                      cache_type_v=ctv or ctk, load_timeout=load_timeout,
@@ -179,6 +193,8 @@ def run_command(
 
     trace_path = trace or default_trace_path()
     record = RecipeRun(output="")  # filled as steps finish: kept when a later step fails
+    # every finished call recorded (squad.runtime.journal); a resume checked before the engine starts
+    journal = recipe_journal(loaded, resume) if fanout is None else None
     lost: list[dict[str, Any]] = []  # engines taken out mid-run (several engines), for the summary
     mcp_warnings: list[str] = []  # an MCP server's stdout noise or exit mid-run, for the summary
     start: list[float] = []  # the first event's time: seconds counted as the live view and the trace count them
@@ -197,7 +213,7 @@ def run_command(
                 exporting as spans:
             return await run_recipe(loaded, engine=spec if len(specs) == 1 else specs,
                                     on_event=[tracer, sink, note_lost, *([spans] if spans else [])],
-                                    record=record, ray=fanout)
+                                    record=record, ray=fanout, journal=journal)
 
     try:
         result = anyio.run(main)

@@ -87,7 +87,12 @@ def keep_finished(loaded: Any, record: RecipeRun, exc: BaseException, *, out: Pa
         step = next((sid for sid, r in record.results if r.error is cut[3]), None)  # failure, an invalid one
         done.append((f"{step or cut[0]} ({cut[2]}, the failing step)", {"output": cut[1]}))
     kept = {"recipe": loaded.name, "finished": {sid: step for sid, step in done}, "errors": record.errors,
-            "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings]}
+            "warnings": [{"step": sid, "warning": text} for sid, text in record.warnings],
+            "run": record.journal.run if record.journal is not None else None}
+    if record.journal is not None and not as_json:  # every call that finished is in its journal
+        err_console.print(f"[yellow]resume[/] it (only the calls that did not finish run again): squad run "
+                          f"{esc(str(loaded.path))} --resume {esc(record.journal.run)} (with the same parameters)",
+                          soft_wrap=True)
     if not done:
         return kept if as_json else None
     why = "interrupted" if isinstance(exc, KeyboardInterrupt) else _first_error(exc)
@@ -207,6 +212,8 @@ def print_result(result: RecipeRun, rows: list[Any], *, name: str, as_json: bool
             "warnings": [{"step": sid, "warning": text} for sid, text in result.warnings],
             "engine": _engine_json(result.info), "engines_lost": list(lost), "mcp_warnings": list(mcp_warnings),
             **({"workers": result.workers} if on_ray else {}),
+            "run": result.journal.run if result.journal is not None else None,
+            "resumed": [{"step": sid, "agent": label} for sid, label in result.resumed],
         }, indent=2, default=str)
         typer.echo(text)
         write_out(out, result.output)
@@ -220,6 +227,10 @@ def print_result(result: RecipeRun, rows: list[Any], *, name: str, as_json: bool
         for warning in mcp_warnings:  # said live too; again below the table, where a long run ends
             err_console.print(f"[yellow]warning[/] {esc(warning)}", soft_wrap=True)
         err_console.print(f"trace: {esc(str(trace_path))}  (squad trace show / squad trace plot)")
+        if result.resumed:  # what this run did not send again
+            err_console.print(f"resumed run {esc(result.journal.run if result.journal else '?')}: "
+                              f"{len(result.resumed)} call(s) answered from its journal, not sent again: "
+                              + esc(", ".join(label for _, label in result.resumed)), soft_wrap=True)
     if result.errors:
         err_console.print(f"[red]{len(result.errors)} step(s) failed[/] (policy collect let the run finish): "
                           + esc("; ".join(f"{sid}: {msg}" for sid, msg in result.errors)))

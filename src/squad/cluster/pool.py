@@ -93,7 +93,8 @@ class _Pool:
         return _Handle(actor, info, feed)
 
     async def map(self, name: str, prompts: Sequence[str], *, max_concurrency: int | None,
-                  fail_on: Collection[Any], output_type: Any) -> list[AgentResult]:
+                  fail_on: Collection[Any], output_type: Any,
+                  on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
         call = dict(fail_on=frozenset(fail_on), output_type=output_type)
         items = [(name, prompt, call) for prompt in prompts]
         results: dict[int, AgentResult] = {}
@@ -112,6 +113,8 @@ class _Pool:
             results[s.index] = result
             if self.on_item is not None:
                 self.on_item(result)
+            if on_result is not None:
+                on_result(s.index, result)
 
         await dispatch(items, self.workers, retries=self.retries, limit=max_concurrency, on_done=done, on_lost=lost)
         return [results[i] for i in range(len(items))]
@@ -206,9 +209,15 @@ class _ClusterSquad:
         return self._local.shared_input if self._local is not None else "first"
 
     async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
-                  fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]:
-        return await self._pool.map(name, list(inputs), max_concurrency=max_concurrency, fail_on=fail_on,
-                                    output_type=output_type)
+                  fail_on: Collection[Outcome | str] = (), output_type: Any = None,
+                  item_ids: Sequence[int] | None = None,
+                  on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
+        results = await self._pool.map(name, list(inputs), max_concurrency=max_concurrency, fail_on=fail_on,
+                                       output_type=output_type, on_result=on_result)
+        for i, result in enumerate(results):  # the workers number them from 0: the resumed map's own ids
+            if item_ids is not None:
+                result.item = item_ids[i]
+        return results
 
     async def run(self, text: str, *, output_type: Any = None) -> RunResult:
         return await self.local.run(text, output_type=output_type)
@@ -217,8 +226,10 @@ class _ClusterSquad:
         return await self.local.run_agent(name, prompt, output_type=output_type)
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
-                       fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]:
-        return await self.local.parallel(calls, policy=policy, check=check, fail_on=fail_on, output_type=output_type)
+                       fail_on: Collection[Outcome | str] = (), output_type: Any = None,
+                       on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
+        return await self.local.parallel(calls, policy=policy, check=check, fail_on=fail_on, output_type=output_type,
+                                         on_result=on_result)
 
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)

@@ -18,9 +18,11 @@ from typing import Any
 
 import httpx
 
+from squad.engine.llama import THINKING_BUDGET_FIELD
 from squad.errors import UserError
 
-__all__ = ["Capacity", "probe", "KINDS", "DEFAULT_SLOTS", "DEFAULT_CTX", "parse_cache_config", "POLICIES"]
+__all__ = ["Capacity", "probe", "KINDS", "DEFAULT_SLOTS", "DEFAULT_CTX", "parse_cache_config", "POLICIES",
+           "thinking_fields", "THINKING"]
 
 KINDS = ("llama.cpp", "vllm", "sglang", "ollama", "lmstudio", "openai-compatible", "squad-serve")
 """Every kind :func:`squad.engine.control.attach` can report."""
@@ -53,6 +55,39 @@ TRUNCATING = {"ollama", "lmstudio"}
 COUNT_WITH = {"llama.cpp": "input_tokens", "squad-serve": "input_tokens", "vllm": "tokenize"}
 """How each kind's prompts are counted without the model file (other kinds: ``"estimate"``;
 :attr:`squad.engine.info.EngineInfo.count_with`)."""
+
+
+THINKING = {
+    "llama.cpp": "a hard cap per request: thinking_budget_tokens (the end tag is forced at the budget)",
+    "squad-serve": "passed on to its llama-server: thinking_budget_tokens",
+    "vllm": "a hard cap per request: thinking_token_budget (needs the server's --reasoning-config)",
+    "ollama": "on or off only: reasoning_effort none turns thinking off; no budget of N tokens",
+}
+"""How each kind takes an agent's ``thinking_budget`` (:func:`thinking_fields`), in words; a kind not
+listed takes none (SGLang's per-request cap needs ``--enable-strict-thinking`` and a name squad does
+not send; LM Studio has none)."""
+
+
+def thinking_fields(kind: str, budget: int | None) -> dict[str, Any] | None:
+    """The request fields that give one call of ``kind`` a thinking budget of ``budget`` tokens
+    (``0``: no thinking); ``{}`` for no budget (None); None when ``kind`` cannot take it (the caller
+    warns: the call then thinks as the model and server please, still within ``max_tokens``).
+
+    - ``llama.cpp`` / ``squad-serve``: :data:`squad.engine.llama.THINKING_BUDGET_FIELD`;
+    - ``vllm``: ``thinking_token_budget`` (vLLM's ``vllm/v1/sample/thinking_budget_state.py``: the
+      end token is forced at the budget; the server needs ``--reasoning-config``);
+    - ``ollama``: only ``0``, as ``reasoning_effort: "none"`` (Ollama's OpenAI endpoint turns
+      thinking off for it, ollama/ollama#14820); it has no budget in tokens.
+    """
+    if budget is None:
+        return {}
+    if kind in ("llama.cpp", "squad-serve"):
+        return {THINKING_BUDGET_FIELD: budget}
+    if kind == "vllm":
+        return {"thinking_token_budget": budget}
+    if kind == "ollama" and budget == 0:
+        return {"reasoning_effort": "none"}
+    return None
 
 
 @dataclass(frozen=True)

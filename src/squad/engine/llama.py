@@ -14,6 +14,7 @@ a number or a flag of the engine's itself.
 - The command line: :func:`server_args` (model, context, slots, KV, chat template) and :func:`launch_args`
   (host, port, metrics, timeout, threads).
 - Error text: :data:`CONTEXT_EXCEEDED`.
+- Thinking: :data:`THINKING_BUDGET_FIELD` (the per-request thinking budget).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "launch_args",
     "N_BATCH",
     "LONGEST_CALL_S",
+    "THINKING_BUDGET_FIELD",
 ]
 
 MAX_SLOTS = 8
@@ -81,6 +83,21 @@ at most this many tokens of all slots together, and a streaming request with
 LONGEST_CALL_S = 14_400.0
 """The most seconds squad lets one call take when its deadline is derived from the engine's
 speed (:mod:`squad.chat.deadline`); the engine's ``-to`` is set above it (field case F04)."""
+
+THINKING_BUDGET_FIELD = "thinking_budget_tokens"
+"""The request field that caps one call's thinking, in tokens (``0``: end the thinking at once).
+
+llama-server b11434 reads ``reasoning_budget_tokens``, else ``thinking_budget_tokens``, per request
+(``tools/server/server-common.cpp``, ``oaicompat_chat_params_parse``; ``-1`` or absent: the server's
+``--reasoning-budget``, default unlimited) and applies it only when the model's chat template marks
+thinking (``thinking_end_tags``): its sampler counts the tokens after the start tag and, at the
+budget, forces the end tag (``common/reasoning-budget.h``), after which the answer is generated.
+The forced tokens and the answer count in ``max_tokens``, so a budget changes nothing of squad's
+reservation (prompt + ``max_tokens``). Its Messages API turns ``thinking.budget_tokens`` into this
+field (``tools/server/server-chat.cpp``). squad sends ``thinking_budget_tokens`` because the
+other name is also a raw sampling field (``server-schema.cpp``) that a template without thinking
+tags would pass on unchecked. The prebuilt engine (xllamacpp 2026.10.11549, llama.cpp b11549)
+reads the same field (measured: ``tests/engine/test_thinking_real.py``)."""
 
 #: Bytes per KV element by cache type: ggml block bytes / block elements
 #: (``ggml/src/ggml.c`` type traits). These are exactly the types llama-server b11434 takes

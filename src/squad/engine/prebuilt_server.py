@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--chat-template")
     add("--chat-template-file")
     add("--reasoning-format", choices=sorted(_REASONING))
+    add("--reasoning-budget", type=int, dest="reasoning_budget")
     add("-ngl", "--gpu-layers", "--n-gpu-layers", dest="gpu_layers")
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8080)
@@ -175,6 +176,10 @@ def _set_formats(p: Any, x: Any, ns: argparse.Namespace) -> None:
             p.chat_template = f.read()
     elif ns.chat_template:
         p.chat_template = ns.chat_template
+    if ns.reasoning_budget is not None:  # the server-wide default a request's thinking_budget_tokens overrides
+        if ns.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget {ns.reasoning_budget}: use -1 (unlimited), 0 or a number of tokens")
+        p.sampling.reasoning_budget_tokens = ns.reasoning_budget
     if ns.reasoning_format:
         p.reasoning_format = getattr(x.common_reasoning_format,
                                      f"COMMON_REASONING_FORMAT_{_REASONING[ns.reasoning_format]}")

@@ -21,6 +21,7 @@ __all__ = [
     "AgentFinished",
     "AgentFailed",
     "AgentCancelled",
+    "AgentResumed",
     "CallQueued",
     "CallAdmitted",
     "CallFirstToken",
@@ -142,13 +143,26 @@ class AgentStarted(Event):
 @dataclass(frozen=True, kw_only=True)
 class AgentFinished(Event):
     """``outcome``: ``ok``, ``truncated`` (its last call stopped at ``max_tokens``) or ``empty``
-    (:class:`squad.runtime.outcome.Outcome`); ``finish_reason`` of its last call."""
+    (:class:`squad.runtime.outcome.Outcome`); ``finish_reason`` of its last call;
+    ``cut_while_thinking``: truncated inside the thinking, before any answer."""
 
     kind: ClassVar[str] = "agent.finished"
     summary: str = ""
     outcome: str = "ok"
     finish_reason: str | None = None
     max_tokens: int | None = None
+    cut_while_thinking: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentResumed(Event):
+    """A conversation a resumed run did not send again: its answer (``outcome``) was recorded
+    when run ``run`` did it (:mod:`squad.runtime.journal`); ``item``: its map item."""
+
+    kind: ClassVar[str] = "agent.resumed"
+    run: str
+    outcome: str = "ok"
+    item: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

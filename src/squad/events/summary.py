@@ -23,6 +23,7 @@ from squad.events import (
     AgentCancelled,
     AgentFailed,
     AgentFinished,
+    AgentResumed,
     AgentStarted,
     CallAdmitted,
     CallFailed,
@@ -284,6 +285,11 @@ class _Digest:
             self.warnings.append(ev.warning)
         elif isinstance(ev, ItemLost):
             _item_lost(self.agent(item_label(ev.agent or "?", ev.item)), ev, t)
+        elif isinstance(ev, AgentResumed):  # answered from the journal of the run it resumed: no call
+            a = self.agent(item_label(ev.agent or "?", ev.item))
+            a.started = t if a.started is None else a.started
+            a.ended, a.status = t, "done" if ev.outcome == "ok" else ev.outcome
+            a.notes.append(f"resumed: answered from run {ev.run}'s journal, not sent again")
         elif isinstance(ev, WorkerStarted):
             self.workers[ev.worker or "?"] = RayWorker(ev.worker or "?", t, ev.engine, ev.slots, ev.pool)
         else:
@@ -373,6 +379,8 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
 def _agent_end(a: AgentSummary, ev: Event, t: float, spans: list[CallSpan]) -> None:
     a.ended = t
     outcome = ev.outcome if isinstance(ev, AgentFinished) else "failed" if isinstance(ev, AgentFailed) else "cancelled"
+    if isinstance(ev, AgentFinished) and ev.cut_while_thinking:  # truncated, and why: said in the trace summary
+        a.notes.append(f"{ev.agent}: truncated at max_tokens {ev.max_tokens}, cut while thinking (no answer)")
     # the worst conversation of an agent (e.g. one called by two steps) stays visible
     seen = [] if a.status == "running" else ["ok" if a.status == "done" else a.status]
     status = worst([*seen, outcome]).value

@@ -17,6 +17,7 @@ from squad.events import (
     AgentCancelled,
     AgentFailed,
     AgentFinished,
+    AgentResumed,
     AgentStarted,
     CallAdmitted,
     CallFailed,
@@ -200,6 +201,10 @@ class ViewState:
                 lost.waiting.clear()
                 lost.detail = event.message
                 self._set(lost, "retrying" if event.retry else "failed", t)
+        elif isinstance(event, AgentResumed):  # answered from the journal of the run it resumes: no call
+            resumed = self.row(item_label(event.agent or "?", event.item), t)
+            self._set(resumed, "done" if event.outcome == "ok" else event.outcome, t)
+            resumed.detail = f"resumed from run {event.run}"
         elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
             self._agent_event(event, self.row(self.name(event), t), t)
         elif event.call is not None:
@@ -216,7 +221,8 @@ class ViewState:
         elif isinstance(event, AgentFinished):  # ok, or a non-answer: truncated, empty
             self._set(row, "done" if event.outcome == "ok" else event.outcome, t)
             if event.outcome == "truncated" and event.max_tokens is not None:
-                row.detail = f"at max_tokens {event.max_tokens}"
+                row.detail = f"at max_tokens {event.max_tokens}" + (", cut while thinking"
+                                                                    if event.cut_while_thinking else "")
         elif isinstance(event, AgentFailed):
             self._set(row, "failed", t)
             row.detail = event.error

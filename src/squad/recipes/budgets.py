@@ -156,7 +156,8 @@ def _row(recipe: Recipe, step: Step, name: str, prompt: int, est: bool, trained:
             f"their max_tokens), above the model's training context {trained:,}; its budget is capped there",
             **step_loc(step)))
     return StepBudget(step=step.id, agent=name, prompt=prompt, max_tokens=who.max_tokens, budget=budget,
-                      estimated=est, fixed=who.fixed_budget is not None, tool_rounds=rounds, tool_tokens=loop)
+                      estimated=est, fixed=who.fixed_budget is not None, tool_rounds=rounds, tool_tokens=loop,
+                      thinking_budget=who.thinking_budget)
 
 
 def _counted(recipe: Recipe, step: Step, agent: Agent, counter: GGUFCounter, trained: int | None,

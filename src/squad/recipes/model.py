@@ -128,6 +128,9 @@ class StepBudget:
     """Tool rounds planned (the agent's ``max_tool_rounds`` when it has tools, else 0)."""
     tool_tokens: int = 0
     """Tokens planned for them: ``tool_rounds`` x (``max_tokens`` + results allowance)."""
+    thinking_budget: int | None = None
+    """The agent's ``thinking_budget``: the most of ``max_tokens`` one call may spend thinking
+    (planned inside ``max_tokens``, never on top of it); None: not set."""
 
 
 def _estimated(model: str | None) -> tuple[Count, bool]:

@@ -18,6 +18,7 @@ from squad.runtime.results import AgentResult, notes_of
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
+    from squad.runtime.journal import RunJournal
     from squad.sched.plan import EnginePlan
 
 __all__ = ["RecipeRun", "step_table", "entry", "plain", "record_failure", "shown", "outcome_of_error"]
@@ -36,7 +37,9 @@ class RecipeRun:
     call refused by the run's bound, :attr:`AgentResult.notes`);
     ``plan``/``info``: the engine plan (None when attached) and what the engine reported;
     ``workers``: on Ray (:mod:`squad.cluster.ray`), each worker that served map items
-    (:meth:`~squad.cluster.ray.WorkerInfo.as_dict` and ``items``, how many it served), else empty.
+    (:meth:`~squad.cluster.ray.WorkerInfo.as_dict` and ``items``, how many it served), else empty;
+    ``journal``: the run's journal (:class:`~squad.runtime.journal.RunJournal`; None when not kept),
+    whose ``run`` id ``squad run --resume`` takes.
     """
 
     output: str
@@ -48,6 +51,12 @@ class RecipeRun:
     plan: EnginePlan | None = None
     info: EngineInfo | None = None
     workers: list[dict[str, Any]] = field(default_factory=list)
+    journal: RunJournal | None = None
+
+    @property
+    def resumed(self) -> list[tuple[str, str]]:
+        """``(step id, label)`` of every conversation answered from the journal of the run it resumed."""
+        return [(sid, r.label) for sid, r in self.results if r.resumed]
 
     @property
     def notes(self) -> list[tuple[str, str]]:
@@ -98,7 +107,8 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
     a ``fail`` setting made a failure is ``truncated (failed)``), outcome, queued s, first
     token s, tokens, tok/s, slot and engine (its base URL on several engines or a Ray worker,
     else None), for ``squad run``'s summary; a map item a Ray worker served also has ``worker``
-    and ``retried`` (:class:`~squad.runtime.results.AgentResult`)."""
+    and ``retried``, one a resumed run answered from its journal ``resumed`` (the run id)
+    (:class:`~squad.runtime.results.AgentResult`)."""
     rows: list[Mapping[str, Any]] = []
     for sid, r in run.results:
         t = r.timings
@@ -109,6 +119,7 @@ def step_table(run: RecipeRun) -> list[Mapping[str, Any]]:
             "tokens_per_s": None if t.tokens_per_s is None else round(t.tokens_per_s, 1),
             "slot": r.slot, "engine": r.engine, "total_s": round(t.total_s, 3),
             **({"worker": r.worker, "retried": r.retried} if r.worker or r.retried else {}),
+            **({"resumed": r.resumed} if r.resumed else {}),
         })
     return rows
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from squad.errors import RecipeError, UserError
@@ -23,6 +24,8 @@ from squad.recipes.budgets import plan_budgets
 from squad.recipes.model import Recipe
 from squad.recipes.record import RecipeRun, step_table
 from squad.recipes.steps import execute_flow
+from squad.runtime.journal import Resumable, RunJournal
+from squad.runtime.ops import SquadOps
 from squad.runtime.squad import Squad
 
 if TYPE_CHECKING:
@@ -49,6 +52,7 @@ async def run_recipe(
     on_event: EventSink | list[EventSink] | None = None,
     record: RecipeRun | None = None,
     ray: Fanout | None = None,
+    journal: RunJournal | None = None,
 ) -> RecipeRun:
     """Plan, launch (or attach, or use ``engine``), run the flow, close the engine.
 
@@ -57,29 +61,53 @@ async def run_recipe(
     several engines (:mod:`squad.chat.routing`). ``record``: a :class:`RecipeRun` to
     fill as steps finish (and return); when the run fails it still holds the steps that
     finished. ``ray``: run the maps over a Ray cluster, each worker with its own engine
-    launched from ``engine`` (:mod:`squad.cluster.ray`: which steps run where). Raises the failing agent's
+    launched from ``engine`` (:mod:`squad.cluster.ray`: which steps run where). ``journal``: record
+    every finished call there, and answer the calls it holds from it (a resumed run,
+    :func:`squad.recipes.resume.recipe_journal`; not with ``ray``). Raises the failing agent's
     :class:`~squad.errors.AgentRunError` (fail-fast or a step whose output is needed),
     :class:`~squad.errors.UserError` for a final output that misses the schema.
     """
     engines: list[Any] = list(engine) if isinstance(engine,
                                                     (list, tuple)) else [engine] if engine else recipe.engine_specs()
     if ray is not None:
+        if journal is not None:
+            raise UserError("a run over Ray (--ray) keeps no journal and cannot be resumed: drop --resume, or run "
+                            "without --ray")
         if len(engines) != 1:
             raise UserError("--ray launches one engine per worker from the recipe's engine: a recipe with several "
                             "engines (engines:) runs on this machine; drop --ray, or give the recipe one engine:")
         run = await ray.run(recipe, engine=engines[0], on_event=on_event, record=record)
     else:
-        async with recipe_mcp(recipe) as servers, Squad(
-            list(recipe.agents.values()), main=recipe.main, engines=engines,
-            workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
-            shared_input=recipe.shared_input,
-        ) as squad:
-            run = await execute_flow(recipe, squad, record)
-            run.plan, run.info = squad.session.plan, squad.info
+        try:
+            run = await _local(recipe, engines, on_event, record, journal)
+        finally:
+            if journal is not None:
+                journal.close()
     if recipe.output_schema is not None:
         last, sent = run.steps.get(recipe.flow[-1].id, {}), recipe.flow[-1].schema
         validated = "value" in last and sent is not None and sent.schema == recipe.output_schema
         run.value = last["value"] if validated else recipe.check_output(run.output)
+    return run
+
+
+async def _local(recipe: Recipe, engines: list[Any], on_event: Any, record: RecipeRun | None,
+                 journal: RunJournal | None) -> RecipeRun:
+    """The flow on a squad of this machine (the recipe's MCP servers up first); every finished call
+    recorded in ``journal`` and the calls it holds answered from it, when given."""
+    if journal is not None and record is not None:
+        record.journal = journal
+    async with recipe_mcp(recipe) as servers, Squad(
+        list(recipe.agents.values()), main=recipe.main, engines=engines,
+        workload=recipe.workload(), on_event=on_event, variables={"params": recipe.params}, mcp_servers=servers,
+        shared_input=recipe.shared_input,
+    ) as squad:
+        ops: SquadOps = squad
+        if journal is not None:
+            info = squad.info
+            journal.note_engine(Path(info.model_path).name if info.model_path else info.model_alias or "unknown")
+            ops = Resumable(squad, journal)
+        run = await execute_flow(recipe, ops, record)
+        run.plan, run.info, run.journal = squad.session.plan, squad.info, journal
     return run
 
 

@@ -100,12 +100,14 @@ def _warn(squad: SquadOps, step: Step, result: AgentResult, run: RecipeRun) -> N
     if outcome not in (Outcome.TRUNCATED, Outcome.EMPTY):
         return
     handling = step.non_answers.get(outcome, "mark")
-    what = (f"the answer stopped at max_tokens ({result.max_tokens})" if outcome is Outcome.TRUNCATED
+    thinking = result.cut_while_thinking
+    what = ("the answer was cut while thinking, at max_tokens" if thinking and outcome is Outcome.TRUNCATED
+            else f"the answer stopped at max_tokens ({result.max_tokens})" if outcome is Outcome.TRUNCATED
             else "the model gave an empty answer")
     effect = ("the step fails" if handling == "fail"
-              else f"it is passed on marked {marked(outcome, '').strip()}")
+              else f"it is passed on marked {marked(outcome, '', thinking=thinking).strip()}")
     warning = (f"step '{step.id}' (agent '{result.label}'): {what}: "
-               f"{fix_for(outcome, result.agent, result.max_tokens)}; "
+               f"{fix_for(outcome, result.agent, result.max_tokens, thinking=thinking)}; "
                f"{effect} (non_answers.{outcome.value}: {handling})")
     run.warnings.append((step.id, warning))
     squad.emit(StepWarning(agent=result.agent, conversation=result.conversation, step=step.id, label=result.label,

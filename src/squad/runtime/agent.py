@@ -4,7 +4,9 @@ An :class:`Agent` is a frozen pydantic model with ``extra="forbid"``, so a recip
 Python code build the same thing with the same errors; pure data, run by
 :mod:`squad.runtime.squad`. Units: ``budget`` is context tokens one conversation may hold
 (prompt + answer) or ``"auto"``; ``max_tokens`` tokens one model turn may generate (below a
-fixed budget). Numbers are strict: ``true`` is not 1, ``"256"`` is not 256 (field case F21).
+fixed budget), ``thinking_budget`` the most of ``max_tokens`` one call may spend thinking
+(``0``: no thinking; None: the engine's default). Numbers are strict: ``true`` is not 1,
+``"256"`` is not 256 (field case F21).
 :func:`check_squad` checks a set of agents together (names, sub-agents, cycles).
 
 Design (every field, its unit and default): docs/design/agent.md
@@ -79,6 +81,8 @@ class Agent(BaseModel):
     instructions: str = ""
     budget: int | Literal["auto"] = Field(default="auto", description="context tokens this agent may hold, or auto")
     max_tokens: StrictInt = Field(default=256, gt=0, description="tokens one turn may generate")
+    thinking_budget: int | None = Field(default=None, ge=0, strict=True,
+                                        description="of max_tokens, the most one call may spend thinking; 0: none")
     sampling: Sampling = Field(default_factory=Sampling)
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
@@ -120,6 +124,11 @@ class Agent(BaseModel):
                 f"max_tokens ({self.max_tokens}) must be below budget ({self.budget}) so the "
                 f"prompt has room: raise budget or lower max_tokens"
             )
+        if self.thinking_budget is not None and self.thinking_budget >= self.max_tokens:
+            raise ValueError(
+                f"thinking_budget ({self.thinking_budget}) must be below max_tokens ({self.max_tokens}): the "
+                f"thinking is generated within max_tokens and the answer needs room after it; lower "
+                f"thinking_budget or raise max_tokens")
         if self.name in self.agents:
             raise ValueError(f"agent {self.name!r} lists itself in agents; remove {self.name!r} from its agents")
         for field in ("tools", "agents"):

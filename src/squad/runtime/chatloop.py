@@ -102,8 +102,9 @@ async def chat_loop(squad: Squad, read: Callable[[], str], say: Say) -> list[dic
             continue
         say("answer", result.output)
         if not result.outcome.is_answer:  # truncated or empty: never shown as if it were whole
-            say("warning", f"the answer is {result.outcome.value}: "
-                           f"{fix_for(result.outcome, result.main.agent, result.main.max_tokens)}")
+            fix = fix_for(result.outcome, result.main.agent, result.main.max_tokens,
+                          thinking=result.main.cut_while_thinking)
+            say("warning", f"the answer is {result.outcome.value}: {fix}")
         history = await trim_history(squad.chat, result.history, limit)
     return history
 

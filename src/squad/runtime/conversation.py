@@ -21,8 +21,16 @@ from squad.chat import ChatEngine
 from squad.chat.routing import EngineGroup
 from squad.chat.structured import OutputSchema
 from squad.engine.info import EngineInfo
+from squad.engine.kinds import thinking_fields
 from squad.engine.session import EngineSession
-from squad.errors import AgentRunError, IncompleteAnswer, InvalidOutput, SquadError, UserError
+from squad.errors import (
+    AgentRunError,
+    IncompleteAnswer,
+    InvalidOutput,
+    ReasoningBudgetExhausted,
+    SquadError,
+    UserError,
+)
 from squad.events import AgentCancelled as AgentCancelledEvent
 from squad.events import (
     AgentFailed,
@@ -152,22 +160,29 @@ class Conversations:
         fail_on: frozenset[Outcome] = frozenset(),
         output: OutputSchema | None = None,
         first_item: int = 0,
+        item_ids: Sequence[int] | None = None,
+        on_result: Callable[[int, AgentResult], None] | None = None,
     ) -> list[AgentResult]:
-        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``;
-        ``output`` replaces each agent's own output schema."""
+        """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``
+        (``item_ids[i]`` when given: a map resumed with only some of its items);
+        ``output`` replaces each agent's own output schema; ``on_result(i, result)`` is called as
+        each conversation ends (a resumable run records it then, :mod:`squad.runtime.journal`)."""
 
         group = self._share_group([prompt for _, prompt in pairs])
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
             agent = self.agents[pairs[i][0]]
-            item = first_item + i if items else None
+            item = (item_ids[i] if item_ids is not None else first_item + i) if items else None
             origin = self._origin(agent, parent, item)
             assert origin.conversation is not None  # _origin names every conversation
             with joined(group or board_group(pairs[i][1]), origin.conversation):
-                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                            cancel_reason=reason, origin=origin,
-                                            record=record, fail_on=fail_on, output=output)
+                result = await self._recorded(agent, pairs[i][1], priority=priority, variables=variables,
+                                              limiter=limiter, cancel_reason=reason, origin=origin,
+                                              record=record, fail_on=fail_on, output=output)
+            if on_result is not None:
+                on_result(i, result)
+            return result
 
         try:
             return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
@@ -231,7 +246,8 @@ class Conversations:
             result.item = origin.item
             if self._sinks:
                 self._emit(AgentFinished(**ids, summary=result.summary(), outcome=result.outcome.value,
-                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens))
+                                         finish_reason=result.finish_reason, max_tokens=result.max_tokens,
+                                         cut_while_thinking=result.cut_while_thinking))
             if result.outcome in fail_on:
                 result.error = incomplete_answer(result)
         finally:
@@ -251,6 +267,13 @@ class Conversations:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url,
                                      warning=no_tool_template(agent.name, tools)))
+        if (agent.thinking_budget is not None and thinking_fields(self.info.kind, agent.thinking_budget) is None
+                and f"thinking:{agent.name}" not in self._tool_warned):
+            self._tool_warned.add(f"thinking:{agent.name}")  # once per agent
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=(
+                f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
+                "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
+                "model pleases, still within max_tokens")))
         system = self._system(agent, variables)
         group = current_group()
         if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
@@ -318,8 +341,12 @@ def _fail_on(outcomes: Collection[Outcome | str]) -> frozenset[Outcome]:
 
 def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
     """The error of a non-answer (truncated or empty) a ``fail_on`` policy made a failure."""
-    what = (f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
+    thinking = result.cut_while_thinking and result.outcome is Outcome.TRUNCATED
+    what = (f"stopped at max_tokens ({result.max_tokens}) while thinking, before any answer" if thinking else
+            f"stopped at max_tokens ({result.max_tokens}) before its answer was complete"
             if result.outcome is Outcome.TRUNCATED else "gave an empty answer")
-    return IncompleteAnswer(f"agent '{result.label}' {what}: "
-                            f"{fix_for(result.outcome, result.agent, result.max_tokens)}",
-                            agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
+    fix = fix_for(result.outcome, result.agent, result.max_tokens, thinking=thinking)
+    message = f"agent '{result.label}' {what}: {fix}"
+    if thinking:  # the thinking is never the partial answer kept for the user
+        return ReasoningBudgetExhausted(message, agent=result.agent)
+    return IncompleteAnswer(message, agent=result.agent, outcome=result.outcome.value, partial=result.output or "")

@@ -49,6 +49,7 @@ DEFAULT_HANDLING: Mapping[Outcome, Handling] = {
 """How each non-answer flows on unless a recipe says otherwise (module docstring)."""
 
 TRUNCATED_MARK = "[truncated at max_tokens]"
+THINKING_MARK = "[truncated at max_tokens: cut while thinking]"
 EMPTY_MARK = "[empty answer]"
 
 
@@ -69,24 +70,31 @@ def outcome_of(finish_reason: str | None, text: str) -> Outcome:
     return Outcome.EMPTY if not text.strip() else Outcome.OK
 
 
-def marked(outcome: Outcome, text: str, detail: str = "") -> str:
+def marked(outcome: Outcome, text: str, detail: str = "", *, thinking: bool = False) -> str:
     """``text`` as a later reader sees it under ``mark``: a truncated answer ends with
-    ``[truncated at max_tokens]``; an empty one is ``[empty answer]``; a failed or cancelled
-    one is ``[failed: detail]`` / ``[cancelled: detail]``; an answer (``ok``) is unchanged."""
+    ``[truncated at max_tokens]`` (``thinking``: it was cut while thinking, and is
+    ``[truncated at max_tokens: cut while thinking]``; the thinking itself is never handed on);
+    an empty one is ``[empty answer]``; a failed or cancelled one is ``[failed: detail]`` /
+    ``[cancelled: detail]``; an answer (``ok``) is unchanged."""
     if outcome is Outcome.OK:
         return text
     if outcome is Outcome.TRUNCATED:
+        mark = THINKING_MARK if thinking else TRUNCATED_MARK
         body = text.rstrip()
-        return f"{body} {TRUNCATED_MARK}" if body else TRUNCATED_MARK
+        return f"{body} {mark}" if body else mark
     if outcome is Outcome.EMPTY:
         return EMPTY_MARK
     return f"[{outcome.value}: {detail}]" if detail else f"[{outcome.value}]"
 
 
-def fix_for(outcome: Outcome, agent: str, max_tokens: int | None = None) -> str:
-    """What to do about a non-answer of ``agent`` (a name, the fix names its setting)."""
+def fix_for(outcome: Outcome, agent: str, max_tokens: int | None = None, *, thinking: bool = False) -> str:
+    """What to do about a non-answer of ``agent`` (a name, the fix names its setting; ``thinking``:
+    the answer was cut while thinking)."""
     if outcome is Outcome.TRUNCATED:
         now = f" (now {max_tokens})" if max_tokens is not None else ""
+        if thinking:
+            return (f"it spent all of max_tokens{now} thinking: give agent '{agent}' a thinking_budget below "
+                    "max_tokens, or raise max_tokens")
         return f"raise max_tokens of agent '{agent}'{now} or ask for a shorter answer"
     if outcome is Outcome.EMPTY:
         return f"check agent '{agent}''s instructions and prompt (the model said nothing)"

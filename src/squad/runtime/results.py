@@ -84,6 +84,9 @@ class AgentResult:
     failure (a sub-agent tool call refused by the run's bound). ``finish_reason`` is its last
     call's (``"length"``: cut at ``max_tokens``, the most tokens each of its calls could generate;
     an answer validated against its output schema is whole: ``"stop"``).
+    ``cut_while_thinking``: its last call spent all of ``max_tokens`` thinking (no answer text):
+    ``truncated``, shown as ``cut while thinking``. ``resumed``: the id of the run whose
+    journal answered it (a resumed run did not send it again, :mod:`squad.runtime.journal`), else None.
     A map item served by a Ray worker (:mod:`squad.cluster.ray`) names it: ``worker`` (its id),
     ``engine`` (that worker's engine URL, on its node) and ``retried`` (why an earlier attempt
     was lost with its worker, when it was sent a second time); None otherwise. On several
@@ -110,6 +113,8 @@ class AgentResult:
     worker: str | None = None
     engine: str | None = None
     retried: str | None = None
+    cut_while_thinking: bool = False
+    resumed: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -139,7 +144,7 @@ class AgentResult:
         outcome's visible mark (:func:`squad.runtime.outcome.marked`, e.g. ``... [truncated at
         max_tokens]``, ``[failed: why]``)."""
         detail = self.cancelled_reason or (str(self.error) if self.error is not None else "")
-        return marked(self.outcome, self.output, detail)
+        return marked(self.outcome, self.output, detail, thinking=self.cut_while_thinking)
 
     @property
     def label(self) -> str:
@@ -154,7 +159,8 @@ class AgentResult:
         elif self.error is not None:
             state = f"failed: {type(self.error).__name__}: {self.error}"
         elif self.outcome is Outcome.TRUNCATED and self.max_tokens is not None:
-            state = f"truncated at max_tokens {self.max_tokens}"
+            state = f"truncated at max_tokens {self.max_tokens}" + (", cut while thinking"
+                                                                    if self.cut_while_thinking else "")
         else:
             state = self.outcome.value
         ttft = f"{t.ttft_s:.2f}s" if t.ttft_s is not None else "-"

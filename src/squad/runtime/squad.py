@@ -32,7 +32,7 @@ a run is a conversation the caller starts (a ``run`` turn with its @mentioned su
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +340,7 @@ class Squad(Conversations):
         variables: Mapping[str, Any] | None = None,
         fail_on: Collection[Outcome | str] = (),
         output_type: Any = None,
+        on_result: Callable[[int, AgentResult], None] | None = None,
     ) -> list[AgentResult]:
         """Run ``(agent, prompt)`` pairs at once; results in the same order.
 
@@ -348,14 +349,17 @@ class Squad(Conversations):
         ``max_concurrency`` bounds how many run at once in addition to the engine's slots.
         An outcome in ``fail_on`` (``truncated``, ``empty``) is a failure like any other: an
         :class:`IncompleteAnswer` error, and under ``fail-fast`` it cancels the siblings.
-        ``output_type`` applies to every answer (see :meth:`run`).
+        ``output_type`` applies to every answer (see :meth:`run`). ``on_result(i, result)`` is
+        called as pair ``i``'s conversation ends (what a resumable run records,
+        :mod:`squad.runtime.journal`).
         """
         self._require_open()
         pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority, max_concurrency=max_concurrency,
-                                           variables=variables, fail_on=failing, output=output_schema(output_type))
+                                           variables=variables, fail_on=failing, output=output_schema(output_type),
+                                           on_result=on_result)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -372,19 +376,24 @@ class Squad(Conversations):
         fail_on: Collection[Outcome | str] = (),
         output_type: Any = None,
         first_item: int = 0,
+        item_ids: Sequence[int] | None = None,
+        on_result: Callable[[int, AgentResult], None] | None = None,
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
         more than the engine's slots in flight); results in input order, each with its
         ``item`` index (events, errors and views name it ``name[i]``), counted from
-        ``first_item`` (a part of a larger map, e.g. one item a Ray worker runs). See
-        :meth:`parallel` (``output_type`` too)."""
+        ``first_item`` (a part of a larger map, e.g. one item a Ray worker runs), or
+        ``item_ids[i]`` for input ``i`` (the items of a map a resumed run still had to do). See
+        :meth:`parallel` (``output_type`` and ``on_result`` too)."""
         self._require_open()
         pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
+        if item_ids is not None and len(item_ids) != len(pairs):
+            raise UserError(f"item_ids: {len(item_ids)} ids for {len(pairs)} inputs; give one per input")
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
                                            items=True, fail_on=failing, output=output_schema(output_type),
-                                           first_item=first_item)
+                                           first_item=first_item, item_ids=item_ids, on_result=on_result)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed

@@ -185,7 +185,7 @@ async def run_turn(
             origin=origin, messages=([{"role": "system", "content": system}] if system else []) + messages,
             max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer, tool_choice=choice,
             parallel_tool_calls=None if agent.parallel_tool_calls or not offer else False, response_format=fmt,
-            sampling=agent.sampling.as_params() or None, priority=priority,
+            sampling=agent.sampling.as_params() or None, priority=priority, thinking_budget=agent.thinking_budget,
         ))
         calls.append(reply)
         return reply
@@ -231,7 +231,7 @@ async def run_turn(
         slot=slot_of(reply), history=convo, tool_calls=tool_log, conversation=origin.conversation,
         finish_reason="stop" if output is not None else reply.finish_reason,  # validated: whole
         max_tokens=agent.max_tokens, notes=[*notes, *(rerun_note(c) for c in calls if c.rerun_from)],
-                       engine=reply.engine,
+        engine=reply.engine, cut_while_thinking=output is None and reply.cut_while_thinking,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from squad.engine.llama import CONTEXT_EXCEEDED
+from squad.engine.llama import CONTEXT_EXCEEDED, THINKING_BUDGET_FIELD
 from squad.testing.counting import _words
 
 __all__ = ["Reply", "Books"]
@@ -40,7 +40,8 @@ class Reply:
     """One scripted behaviour for one chat request (all fields optional).
 
     - ``content`` / ``reasoning``: text streamed one word (= one token) per chunk;
-      reasoning first, as ``reasoning_content`` deltas. Default content: the last user
+      reasoning first, as ``reasoning_content`` deltas, cut at the request's
+      ``thinking_budget_tokens`` as llama-server cuts it (then the content follows). Default content: the last user
       message's words repeated to ``max_tokens`` tokens (16 when unset).
     - ``tool_calls``: ``[{"name": ..., "arguments": "<json>"}]`` streamed after content.
     - ``finish_reason``: default ``"tool_calls"`` with tool calls, ``"length"`` when
@@ -133,7 +134,11 @@ class _Run:
             users = [m for m in self.body.get("messages", []) if m.get("role") == "user"]
             words = str(users[-1].get("content") if users else "ok").split() or ["ok"]
             content = " ".join(itertools.islice(itertools.cycle(words), max_tokens))
-        tokens = [("reasoning_content", w) for w in (r.reasoning or "").split()]
+        thinking = (r.reasoning or "").split()
+        budget = self.body.get(THINKING_BUDGET_FIELD)
+        if isinstance(budget, int) and budget >= 0:  # as llama-server: thinking ends at the budget
+            thinking = thinking[:budget]
+        tokens = [("reasoning_content", w) for w in thinking]
         tokens += [("content", w) for w in (content or "").split()]
         room = min(max_tokens, self.fe.n_ctx - self.n_prompt)
         if len(tokens) >= room and not r.tool_calls:
