@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from squad.errors import UserError
+from squad.names import describe_char, is_name_char
 
 __all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls", "arguments_for_history"]
 
@@ -41,14 +42,13 @@ class ToolError(Exception):
     """Raise in a tool to give the model ``error: <message>`` as the result (a refusal the
     model should read as such; any other exception also names its type)."""
 
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-
 
 @dataclass(frozen=True)
 class Tool:
     """A function the model may call.
 
-    - ``name``: the function name the model sees (letters, digits, ``_``, ``-``).
+    - ``name``: the function name the model sees (letters of any script, digits, ``_``, ``-``: the name
+      characters of :mod:`squad.names`, so ``ask_리뷰어`` of a sub-agent ``리뷰어`` is one).
     - ``description``: what it does (the docstring's description by default).
     - ``args_model``: pydantic model of the arguments; ``parameters()`` is its JSON schema.
     - ``fn``: the callable, sync or async, called with the validated arguments as keywords.
@@ -72,8 +72,10 @@ class Tool:
         is in :meth:`parameters` and checked before the function is called.
         """
         tool_name = name or fn.__name__
-        if not tool_name or not set(tool_name) <= _NAME_OK:
-            raise UserError(f"tool name {tool_name!r}: use letters, digits, '_' or '-'")
+        bad = next((c for c in tool_name if not is_name_char(c)), None)
+        if not tool_name or bad is not None:
+            what = f"{describe_char(bad)} is not allowed; " if bad else ""
+            raise UserError(f"tool name {tool_name!r}: {what}use letters (of any script), digits, '_' or '-'")
         doc = docstring_parser.parse(inspect.getdoc(fn) or "")
         param_docs = {p.arg_name: p.description for p in doc.params if p.description}
         args_model = _args_model(fn, tool_name, param_docs)
