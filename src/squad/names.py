@@ -86,7 +86,7 @@ def check_name(name: object, what: str = "name") -> str:
     (``what``: ``"agent name"``, ``"step id"``, ``"parameter name"`` for the message)."""
     problem = name_problem(name)
     if problem is not None:
-        raise ValueError(f"{what} {name!r} is not a name: {problem} (a name is {NAME_RULE})")
+        raise ValueError(f"{what} {name!r} is not a name: {problem}; rename it (a name is {NAME_RULE})")
     assert isinstance(name, str)
     return normalize(name)
 
