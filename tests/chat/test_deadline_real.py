@@ -79,3 +79,60 @@ async def test_a_large_prompt_under_a_tiny_floor_completes_on_progress(llama_ser
         assert len(chunks) >= 3 and {"total", "cache", "processed", "time_ms"} <= set(chunks[-1])
         assert chunks[0]["processed"] == chunks[0]["cache"]
         assert chunks[-1]["processed"] == chunks[-1]["total"] == r.usage.prompt_tokens
+
+
+@pytest.mark.timeout(600)
+async def test_a_stopped_engine_is_ended_within_the_window_the_message_states(llama_server_path, default_model_path):
+    """Issue 32: an engine stopped with SIGSTOP mid-answer. The call is stopped by its no-progress window (a short
+    floor here), the message states that window and names the engine's URL, pid and log; the engine is continued
+    and stopped by the launcher (SIGTERM then SIGCONT: a stopped process acts on SIGTERM only once continued)."""
+    import os
+    import signal
+    import time
+
+    from squad.errors import CallTimeout
+
+    plan = EnginePlan.simple(default_model_path, slots=1, n_ctx=2048)
+    policy = Deadlines(floor=600, no_progress_floor=5.0)
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS) as launcher:
+        info = launcher.info
+        assert info is not None and info.pid is not None and info.log_path
+        pid = info.pid
+        stopped_at: list[float] = []
+        try:
+            async with EngineClient(info, deadlines=policy) as client:
+                await client.prepare()
+                messages = [{"role": "user", "content": "Count from 1 to 500, one number per line."}]
+                await client.complete(ChatRequest(origin=Origin("warm", "warm#1"), messages=messages, max_tokens=8,
+                                                  sampling={"temperature": 0}))
+                watches: list[CallWatch] = []
+                made = client.deadlines.watch
+
+                def watch(*args, **kwargs) -> CallWatch:
+                    w = made(*args, **kwargs)
+                    seen = w.token
+
+                    def token() -> None:
+                        seen()
+                        if w.generated == 2 and not stopped_at:  # mid-answer: the engine stops answering
+                            os.kill(pid, signal.SIGSTOP)
+                            stopped_at.append(time.monotonic())
+                    w.token = token  # type: ignore[method-assign]
+                    watches.append(w)
+                    return w
+
+                client.deadlines.watch = watch  # type: ignore[method-assign]
+                with pytest.raises(CallTimeout) as caught:
+                    await client.complete(ChatRequest(origin=Origin("reviewer", "reviewer#1"), messages=messages,
+                                                      max_tokens=400, sampling={"temperature": 0, "seed": 1}))
+                waited = time.monotonic() - stopped_at[0]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        w = watches[-1]
+        message = str(caught.value)
+        print(f"\nstopped after {w.generated} tokens; ended {waited:.1f} s later; {message}")
+        assert w.fired == "stall" and w.armed_window is not None
+        assert f"(its window: {w.armed_window:,.0f} s" in message
+        assert info.base_url in message and f"pid {pid}" in message and f"log {info.log_path}" in message
+        assert waited >= w.armed_window - 1  # not before the window it states
+        assert waited < w.armed_window * 2 + 30  # and not long after it (the 780 s vs 120 s of the issue)
