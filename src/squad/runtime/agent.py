@@ -30,7 +30,7 @@ from pydantic import (
 from squad.chat.structured import OutputSchema, output_schema
 from squad.errors import UserError
 from squad.mcp import is_mcp_ref, split_ref, unknown_server
-from squad.names import check_name, describe_char, is_name_char, normalize
+from squad.names import check_name, describe_char, is_name_char, name_key, normalize
 from squad.templates import render_template
 
 __all__ = ["Agent", "Sampling", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
@@ -207,10 +207,14 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
     Returns the agents by name. Raises :class:`UserError` naming the agent and what to fix.
     """
     by_name: dict[str, Agent] = {}
+    by_key: dict[str, str] = {}
     for agent in agents:
         if agent.name in by_name:
             raise UserError(f"two agents are named {agent.name!r}: names must be unique")
-        by_name[agent.name] = agent
+        if (other := by_key.get(name_key(agent.name))) is not None:
+            raise UserError(f"agents {other!r} and {agent.name!r} differ only in case, so they cannot both be "
+                            "@mentioned (a mention ignores case): rename one")
+        by_name[agent.name], by_key[name_key(agent.name)] = agent, agent.name
     known_tools = set(tool_names)
     for agent in agents:
         check_tool_choice(agent, by_name)
