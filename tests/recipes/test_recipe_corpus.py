@@ -33,6 +33,7 @@ HELPERS = {
     "int_param.yaml": "valid; a bad -p value is the error (test_recipe_errors.py)",
     "missing_param.yaml": "valid at validate; missing at run (test_recipe_errors.py)",
     "budget_too_big.yaml": "needs the model file on disk (test_recipe_errors.py)",
+    "unicode_names_ok.yaml": "valid: Korean, Japanese and Hindi names, a parameter named items (test_unicode_names.py)",
 }
 """Files in the folder that are not broken recipes on their own, and why."""
 
@@ -219,6 +220,16 @@ CORPUS = [
     ('include_directory.yaml', 3, 'include[0]', 'is a directory; give the path of an agents file (.yaml) in it'),
     ('max_tokens_fills_ctx.yaml', 6, 'agents.a.max_tokens',
      'max_tokens 400 fills the whole context the recipe pins (engine.ctx 256'),
+    # names in any language (issue 32): the character not allowed is named
+    ('unicode_agent_name_mark.yaml', 3, 'agents.리뷰어!',
+     "agent name '리뷰어!' is not a name: '!' (U+0021 EXCLAMATION MARK) is not allowed"),
+    ('unicode_agent_middle_dot.yaml', 4, 'agents.レビュー・一',
+     "agent name 'レビュー・一' is not a name: '・' (U+30FB KATAKANA MIDDLE DOT) is not allowed"),
+    ('unicode_step_id_dot.yaml', 6, 'flow[0].id', "step id '요약.1' is not a name: '.' (U+002E FULL STOP) is not allowed"),
+    ('unicode_param_space.yaml', 3, 'params', "parameter name '문 서' is not a name: ' ' (U+0020 SPACE) is not allowed"),
+    ('unicode_name_zero_width.yaml', 1, 'name', "'\\u200d' (U+200D ZERO WIDTH JOINER) is not allowed"),
+    ('unicode_mention_suffix.yaml', 7, 'flow[0].prompt', "unknown agent '@리뷰어님'; did you mean '리뷰어'?"),
+    ('unicode_mention_glued.yaml', 7, 'flow[0].prompt', "'@レビュー' follows a letter with no space"),
 ]
 
 

@@ -90,6 +90,12 @@ async def test_a_korean_recipe_runs_dispatches_and_traces_every_name_exactly(tmp
     assert "\\u" not in (tmp_path / "trace.jsonl").read_text(encoding="utf-8")  # names as written, not escaped
 
 
+def test_the_valid_unicode_recipe_of_the_corpus_validates():
+    from squad.recipes import validate_recipe
+
+    validate_recipe(Path(__file__).resolve().parents[1] / "recipes_bad" / "unicode_names_ok.yaml")
+
+
 def _recipe_for(agent: str, param: str, step: str) -> str:
     """A recipe (as JSON, which YAML reads, so a name such as 'null' stays text) with ``agent`` as a sub-agent,
     ``param`` a list parameter mapped over and ``step`` a step id, the final prompt mentioning the agent."""
