@@ -202,3 +202,27 @@ def test_a_list_parameter_refuses_objects_and_blank_items_before_any_call(tmp_pa
     with pytest.raises(RecipeError, match="parameter 'items'") as caught:
         load_recipe(path, {"items": given})
     assert message in str(caught.value) and "-p items" in str(caught.value)
+
+
+# --- counts and chunking stay exact with Korean, Japanese and mixed text ---------------------------------------
+
+MIXED = st.text(alphabet=st.sampled_from(list("리뷰어의 요약을 확인해 주세요。レビューを見てください、日本語の文章 mixed text "
+                                              "समीक्षक 🙂\n@-_")), min_size=1, max_size=400)
+
+
+@settings(max_examples=25, deadline=None)
+@given(MIXED, st.integers(8, 64), st.integers(0, 7))
+def test_chunks_of_korean_japanese_and_mixed_text_fit_by_the_models_own_count(default_model_path, text, size,
+                                                                               overlap):
+    """Every piece of a ``split: chunks`` map is at most ``chunk_tokens`` by the model's own tokenizer (what the
+    engine counts), and the pieces without their overlap give the text back."""
+    from squad.engine.tokens import counter_for_model
+    from squad.recipes.chunks import split_chunks
+
+    counter = counter_for_model(default_model_path)
+    assert counter is not None
+    overlap = min(overlap, size - 1)
+    chunks = split_chunks(text, size, counter.count_text, overlap=overlap)
+    assert all(counter.count_text(c) <= size for c in chunks)
+    if not overlap:
+        assert "".join(chunks) == (text if text.strip() else "")
