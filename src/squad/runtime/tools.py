@@ -255,7 +255,8 @@ def _describe(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, (tuple, list)):
         return list(value)
-    if type(value).__str__ is not object.__str__ and not callable(value):  # Path, UUID, Decimal: their own text
+    own_str: Any = type(value).__str__
+    if own_str is not object.__str__ and not callable(value):  # Path, UUID, Decimal: their own text
         return str(value)
     return f"[{_type_name(value)}, not data]"
 
