@@ -136,3 +136,56 @@ async def test_a_stopped_engine_is_ended_within_the_window_the_message_states(ll
         assert info.base_url in message and f"pid {pid}" in message and f"log {info.log_path}" in message
         assert waited >= w.armed_window - 1  # not before the window it states
         assert waited < w.armed_window * 2 + 30  # and not long after it (the 780 s vs 120 s of the issue)
+
+
+@pytest.mark.timeout(900)
+async def test_a_run_on_a_stopped_engine_ends_within_the_stated_window_and_leaves_no_engine(
+        llama_server_path, default_model_path, monkeypatch):
+    """The issue's whole case through ``Squad``: the engine is SIGSTOPped after the first token of a run. The run
+    ends in a clear error naming the engine's URL, pid and log, within the window that error states (not 780 s
+    for a stated 120 s), and closing the squad ends the stopped engine (no llama-server left behind). The floor of
+    the no-progress window is made 5 s so the test is short; the rule is the same at 120 s."""
+    import functools
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    import squad.chat.client as client_module
+    from squad.engine.session import EngineSpec
+    from squad.runtime.agent import Agent
+    from squad.runtime.squad import Squad
+
+    monkeypatch.setattr(client_module, "Deadlines", functools.partial(Deadlines, no_progress_floor=5.0))
+    stopped: list[float] = []
+    pid_box: list[int] = []
+
+    def on_event(event) -> None:
+        if event.kind == "call.first_token" and not stopped and pid_box:
+            os.kill(pid_box[0], signal.SIGSTOP)
+            stopped.append(time.monotonic())
+
+    agent = Agent(name="writer", instructions="Count from 1 to 300.", budget=1024, max_tokens=300,
+                  sampling={"temperature": 0.0, "seed": 1})
+    async with Squad([agent], on_event=on_event,
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS)) as sq:
+        info = sq.info
+        assert info.pid is not None
+        pid_box.append(info.pid)
+        try:
+            result = await sq.run("Count from 1 to 300, one number per line.")
+        except Exception as exc:  # noqa: BLE001 - either way the message is what is checked
+            message = str(exc)
+        else:
+            assert not result.main.ok
+            message = str(result.main.error)
+        ended = time.monotonic()
+    closed = time.monotonic()
+    assert stopped, "the engine was never stopped: no first token"
+    print(f"\nrun ended {ended - stopped[0]:.1f} s after the stop, closed {closed - ended:.1f} s later: {message}")
+    assert f"pid {info.pid}" in message and info.base_url in message and f"log {info.log_path}" in message
+    stated = float(message.split("(its window: ")[1].split(" s")[0].replace(",", ""))
+    assert ended - stopped[0] < stated * 2 + 30  # ended near the window it states
+    gone = not psutil.pid_exists(info.pid) or psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
+    assert gone, "the stopped engine outlived the squad"
