@@ -17,6 +17,7 @@ from launch_support import THREADS
 from squad.chat import ChatRequest
 from squad.chat.client import EngineClient
 from squad.chat.deadline import CallWatch, Deadlines
+from squad.chat.settle import CALL_SETTLE_TIMEOUT
 from squad.engine.launcher import Launcher
 from squad.events import Origin
 from squad.sched.planner import EnginePlan
@@ -135,7 +136,9 @@ async def test_a_stopped_engine_is_ended_within_the_window_the_message_states(ll
         assert f"(its window: {w.armed_window:,.0f} s" in message
         assert info.base_url in message and f"pid {pid}" in message and f"log {info.log_path}" in message
         assert waited >= w.armed_window - 1  # not before the window it states
-        assert waited < w.armed_window * 2 + 30  # and not long after it (the 780 s vs 120 s of the issue)
+        # and not long after it (the issue's 780 s for a stated 120 s): the window, then at most the settle of the
+        # reservation (kept until the engine shows the slot free, which a stopped engine never does)
+        assert waited < w.armed_window + CALL_SETTLE_TIMEOUT + 20
 
 
 @pytest.mark.timeout(900)
@@ -143,7 +146,7 @@ async def test_a_run_on_a_stopped_engine_ends_within_the_stated_window_and_leave
         llama_server_path, default_model_path, monkeypatch):
     """The issue's whole case through ``Squad``: the engine is SIGSTOPped after the first token of a run. The run
     ends in a clear error naming the engine's URL, pid and log, within the window that error states (not 780 s
-    for a stated 120 s), and closing the squad ends the stopped engine (no llama-server left behind). The floor of
+    for a stated 120 s) plus the settle of its reservation (at most CALL_SETTLE_TIMEOUT), and closing the squad ends the stopped engine (no llama-server left behind). The floor of
     the no-progress window is made 5 s so the test is short; the rule is the same at 120 s."""
     import functools
     import os
@@ -186,6 +189,8 @@ async def test_a_run_on_a_stopped_engine_ends_within_the_stated_window_and_leave
     print(f"\nrun ended {ended - stopped[0]:.1f} s after the stop, closed {closed - ended:.1f} s later: {message}")
     assert f"pid {info.pid}" in message and info.base_url in message and f"log {info.log_path}" in message
     stated = float(message.split("(its window: ")[1].split(" s")[0].replace(",", ""))
-    assert ended - stopped[0] < stated * 2 + 30  # ended near the window it states
+    # the call is stopped at the window it states; the reservation is then kept until the engine shows the slot
+    # free, at most CALL_SETTLE_TIMEOUT (a stopped engine never does; I1: never admit into a slot still held)
+    assert ended - stopped[0] < stated + CALL_SETTLE_TIMEOUT + 20
     gone = not psutil.pid_exists(info.pid) or psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
     assert gone, "the stopped engine outlived the squad"
