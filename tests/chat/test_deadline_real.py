@@ -146,8 +146,9 @@ async def test_a_run_on_a_stopped_engine_ends_within_the_stated_window_and_leave
         llama_server_path, default_model_path, monkeypatch):
     """The issue's whole case through ``Squad``: the engine is SIGSTOPped after the first token of a run. The run
     ends in a clear error naming the engine's URL, pid and log, within the window that error states (not 780 s
-    for a stated 120 s) plus the settle of its reservation (at most CALL_SETTLE_TIMEOUT), and closing the squad ends the stopped engine (no llama-server left behind). The floor of
-    the no-progress window is made 5 s so the test is short; the rule is the same at 120 s."""
+    for a stated 120 s) plus the settle of its reservation (at most CALL_SETTLE_TIMEOUT), and closing the squad
+    ends the stopped engine (no llama-server left behind). The floor of the no-progress window is made 5 s so
+    the test is short; the rule is the same at 120 s."""
     import functools
     import os
     import signal
