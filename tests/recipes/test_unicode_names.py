@@ -27,7 +27,7 @@ from squad.sched.workload import Call, Delegate, Map, Parallel, Sequence
 from squad.templates import render_template
 from squad.testing import FakeEngine, Reply
 
-FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.filter_too_much,
                                                                          HealthCheck.function_scoped_fixture])
 
@@ -179,7 +179,7 @@ def data_values(draw: st.DrawFn) -> object:
                              st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=3), max_leaves=8))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data_values(), st.sampled_from(["{{ v }}", "{{ 'x' ~ v }}", "{{ '%s' % (v,) }}", "{{ '{}'.format(v) }}",
                                        "{{ [v] | join(',') }}", "{{ v | string }}", "{{ {'k': v} }}"]))
 def test_no_python_repr_ever_reaches_a_prompt(value, template):

@@ -22,7 +22,7 @@ from squad.names import check_name, is_name_char, name_key, name_problem, normal
 from squad.runtime.agent import Agent, check_squad
 from squad.runtime.mention import parse_mentions
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                           HealthCheck.filter_too_much])
 
 @st.composite
