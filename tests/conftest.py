@@ -163,7 +163,8 @@ SLOW: dict[str, set[str]] = {  # file -> test functions
     "tests/recipes/test_recipe_corpus.py": {"test_cli_validate_reports_every_file_with_exit_2_and_no_traceback",
                                             "test_the_corpus_through_a_real_process_ends_in_time"},
     "tests/recipes/test_sandbox.py": {"test_a_template_that_would_exhaust_cpu_or_memory_is_refused"},
-    "tests/recipes/test_unicode_names.py": {"test_chunks_of_korean_japanese_and_mixed_text_fit_by_the_models_own_count"},
+    "tests/recipes/test_unicode_names.py": {
+        "test_chunks_of_korean_japanese_and_mixed_text_fit_by_the_models_own_count"},
     "tests/recipes/test_validate_render.py": {"test_an_oversized_prompt_is_never_counted_or_sent",
                                               "test_validate_gives_the_same_verdict_without_the_model"},
     "tests/runtime/test_non_answers.py": {"test_squad_run_table_and_json_on_the_fake_engine"},
