@@ -29,9 +29,9 @@ SRC = Path(squad.__file__).parent
 
 # The layers, lowest first: a module is in the layer of the longest name that is it or its package.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # what every layer may use: errors, directories, child processes, prompt templates, the event kinds
+    # what every layer may use: errors, directories, child processes, prompt templates, the event kinds, names
     ("foundations", ("squad._version", "squad.errors", "squad.dirs", "squad.children", "squad._guard",
-                     "squad.templates", "squad.events")),
+                     "squad.templates", "squad.events", "squad.names")),
     # llama-server and the other servers: binary, process, launcher, probe, kinds, models, tokens
     ("engine", ("squad.engine",)),
     # admission, queue policy, workload, planner, plan, memory

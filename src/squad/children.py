@@ -139,6 +139,14 @@ def _signal(leader: psutil.Process | None, members: list[psutil.Process], sig: i
             member.send_signal(sig)
 
 
+def _continue(leader: psutil.Process | None, members: list[psutil.Process]) -> None:
+    """SIGCONT after SIGTERM: a stopped process (SIGSTOP, Ctrl-Z) acts on SIGTERM only once continued, so a stopped
+    engine ends now instead of after the grace period's SIGKILL (POSIX only)."""
+    sig = getattr(signal, "SIGCONT", None)
+    if sig is not None:
+        _signal(leader, members, sig)
+
+
 def _group_leader(proc: psutil.Process) -> psutil.Process | None:
     """``proc`` when it leads its own process group (every child :func:`start` starts does)."""
     try:
@@ -151,6 +159,7 @@ def terminate(leader: psutil.Process | None, members: list[psutil.Process], grac
     """SIGTERM the group ``leader`` leads (None: no group) and ``members``, wait up to ``grace``
     seconds for every member, SIGKILL and wait for the rest; blocking."""
     _signal(leader, members, signal.SIGTERM)
+    _continue(leader, members)
     _, running = psutil.wait_procs(members, timeout=grace)
     if running:
         _signal(leader, running, signal.SIGKILL)
@@ -189,6 +198,7 @@ async def stop(proc: subprocess.Popen, grace: float = GRACE) -> None:
                 leader = psutil.Process(proc.pid)
                 members = _members(leader)
         _signal(leader, members, signal.SIGTERM)
+        _continue(leader, members)
         with anyio.move_on_after(grace):
             while _running(members):
                 await anyio.sleep(0.05)

@@ -245,3 +245,40 @@ async def test_other_kinds_are_not_asked_for_progress():
         async with EngineClient(info) as client:
             await complete(client, agent="a", messages=_user(3), max_tokens=3)
     assert "return_progress" not in fe.requests[0]
+
+
+@pytest.mark.anyio
+async def test_a_stall_message_states_the_window_the_call_was_stopped_by():
+    """Issue 32: a SIGSTOPped engine ended a run after 780 s while the message said "its window: 120 s". The window
+    armed while other calls shared the engine (a whole batch at the default prefill speed) was long; by the time the
+    message was written the speeds and the calls in flight had changed, and the window computed again was the
+    floor. The message states the window the cancel scope held, and a stall is judged by that same window."""
+    engine, clock = _engine(EngineSpeed(), no_progress_floor=120, margin=3, n_batch=2048)
+    a, b, c = engine.watch(3000, 64), engine.watch(3000, 64), engine.watch(3000, 64)
+    with a, b, c:
+        a.progress({"total": 3000, "cache": 0, "processed": 0, "time_ms": 0})
+        armed = a.armed_window
+        assert armed == pytest.approx(3 * (2048 / DEFAULT_PREFILL_TPS + 1 / 2))  # shared, default speeds: ~770 s
+        assert "while other calls share the engine" in a.armed_why
+        engine.speed.observe({"prompt_n": 4000, "prompt_ms": 2000.0, "predicted_n": 40, "predicted_ms": 400.0})
+        assert a.window() == 120  # what a window computed now would say
+        clock.now = a.last + 121
+        assert a._passed(clock.now) is None  # not stopped at the new, shorter window: the scope holds the armed one
+        clock.now = a.last + armed
+        assert a._passed(clock.now) == "stall"
+        a.fired = "stall"
+        message = str(a.error("reviewer", "the engine at http://127.0.0.1:9 (pid 4242, log /tmp/x.log)"))
+    assert f"its window: {armed:,.0f} s, 3x the time of 2,048 prompt tokens" in message
+    assert f"no progress from the engine at http://127.0.0.1:9 (pid 4242, log /tmp/x.log) for {armed:,.0f} s" \
+        in message
+
+
+def test_an_engine_is_named_by_url_pid_and_log_or_as_attached():
+    from squad.engine.info import EngineInfo
+
+    info = EngineInfo(base_url="http://127.0.0.1:8080", api_key=None, slots=1, n_ctx=512, kv_unified=True, pool=512)
+    assert info.describe_process() == "the engine at http://127.0.0.1:8080 (attached: its process and log are not " \
+                                      "squad's)"
+    launched = dataclasses.replace(info, pid=12, log_path="/l/llama.log")
+    assert launched.describe_process() == "the engine at http://127.0.0.1:8080 (pid 12, log /l/llama.log)"
+    assert launched == info  # pid and log are not part of what the engine applied

@@ -87,7 +87,8 @@ async def test_tool_errors_bad_arguments_and_timeouts_go_back_as_text():
         failed = await t["fail"].call('{"message": "the disk is full"}')
         assert not failed.ok and failed.text.startswith("error:") and "the disk is full" in failed.text
         late = await t["slow"].call('{"seconds": 5}')
-        assert not late.ok and late.text == "error: slow (MCP server 't') did not answer within 0.5 s"
+        assert not late.ok and late.text == ("error: slow (MCP server 't') timed out: it did not answer within its "
+                                             "timeout of 0.5 s")
         missing = await t["add"].call('{"a": 1}')
         assert missing.text == "error: bad arguments for add: arguments: 'b' is a required property"
         wrong = await t["add"].call('{"a": "one", "b": 2}')

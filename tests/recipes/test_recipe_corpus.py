@@ -34,6 +34,7 @@ HELPERS = {
     "int_param.yaml": "valid; a bad -p value is the error (test_recipe_errors.py)",
     "missing_param.yaml": "valid at validate; missing at run (test_recipe_errors.py)",
     "budget_too_big.yaml": "needs the model file on disk (test_recipe_errors.py)",
+    "unicode_names_ok.yaml": "valid: Korean, Japanese and Hindi names, a parameter named items (test_unicode_names.py)",
 }
 """Files in the folder that are not broken recipes on their own, and why."""
 
@@ -50,7 +51,8 @@ AT = {"include_cycle.yaml": "cycle_b.yaml"}
 """Errors reported in another file than the one validated: where the cycle closes."""
 
 CORPUS = [
-    ('agent_bad_name.yaml', 3, 'agents.2nd', "agent name '2nd' must be a letter then letters, digits, '-' or '_'"),
+    ('agent_bad_name.yaml', 3, 'agents.2nd',
+     "agent name '2nd' is not a name: '2' (U+0032 DIGIT TWO) cannot start a name"),
     ('agent_cycle.yaml', 4, 'agents.helper.agents[0]', 'sub-agents form a cycle: lead -> helper -> lead'),
     ('agent_cycle_three.yaml', 8, 'agents.c.agents[0]', 'sub-agents form a cycle: a -> b -> c -> a'),
     ('agent_lists_itself.yaml', 3, 'agents.a', "agent 'a' lists itself in agents"),
@@ -146,7 +148,7 @@ CORPUS = [
     ('model_truncated.yaml', 2, 'model', "models/truncated.gguf is truncated: it ends at byte 400, inside the value of "
                                          "metadata key 'tokenizer.ggml.tokens'"),
     ('model_unknown_name.yaml', 2, 'model', "unknown model 'smollm2-13m'"),
-    ('name_with_space.yaml', 1, 'name', "'my recipe' is not a name: use a letter, then letters, digits, '-' or "),
+    ('name_with_space.yaml', 1, 'name', "recipe name 'my recipe' is not a name: ' ' (U+0020 SPACE) is not allowed"),
     ('not_a_mapping.yaml', 1, None, 'the file must be a mapping (key: value lines) at the top level'),
     ('output_schema_invalid.yaml', 8, 'output.schema',
      "output schema is not a valid JSON schema: 'objekt' is not valid under "),
@@ -169,7 +171,7 @@ CORPUS = [
     ('sandbox_mro.yaml', 6, 'flow[0].prompt', "template not allowed by the sandbox: access to attribute '__class__' o"),
     ('slots_bool.yaml', 3, 'engine.slots', 'slots must be auto or a whole number, got True'),
     ('split_unknown.yaml', 9, 'flow[0].split', "use 'lines', 'json' or 'chunks', got 'words'"),
-    ('step_id_digit.yaml', 6, 'flow[0].id', "'1st' is not a name: use a letter, then letters, digits, '-' or '_'"),
+    ('step_id_digit.yaml', 6, 'flow[0].id', "step id '1st' is not a name: '1' (U+0031 DIGIT ONE) cannot start a name"),
     ('step_output_method.yaml', 8, 'flow[1].prompt',
      "undefined template variable: 'str object' has no attribute 'nosuch'"),
     ('sub_agent_tools_text.yaml', 5, 'agents.a.sub_agent_tools', "expected true or false, got 'no'"),
@@ -222,6 +224,18 @@ CORPUS = [
     ('include_directory.yaml', 3, 'include[0]', 'is a directory; give the path of an agents file (.yaml) in it'),
     ('max_tokens_fills_ctx.yaml', 6, 'agents.a.max_tokens',
      'max_tokens 400 fills the whole context the recipe pins (engine.ctx 256'),
+    # names in any language (issue 32): the character not allowed is named
+    ('unicode_agent_name_mark.yaml', 3, 'agents.리뷰어!',
+     "agent name '리뷰어!' is not a name: '!' (U+0021 EXCLAMATION MARK) is not allowed"),
+    ('unicode_agent_middle_dot.yaml', 4, 'agents.レビュー・一',
+     "agent name 'レビュー・一' is not a name: '・' (U+30FB KATAKANA MIDDLE DOT) is not allowed"),
+    ('unicode_step_id_dot.yaml', 6, 'flow[0].id',
+     "step id '요약.1' is not a name: '.' (U+002E FULL STOP) is not allowed"),
+    ('unicode_param_space.yaml', 3, 'params',
+     "parameter name '문 서' is not a name: ' ' (U+0020 SPACE) is not allowed"),
+    ('unicode_name_zero_width.yaml', 1, 'name', "'\\u200d' (U+200D ZERO WIDTH JOINER) is not allowed"),
+    ('unicode_mention_suffix.yaml', 7, 'flow[0].prompt', "unknown agent '@리뷰어님'; did you mean '리뷰어'?"),
+    ('unicode_mention_glued.yaml', 7, 'flow[0].prompt', "'@レビュー' follows a letter with no space"),
 ]
 
 

@@ -96,7 +96,7 @@ def test_a_template_that_would_exhaust_cpu_or_memory_is_refused(source, problem)
     ("{{ 'x' | center(7) }}|{{ '%05d' | format(42) }}|{{ '{:>4}'.format(7) }}", "   x   |00042|   7"),
     ("{% for x in params.xs %}{{ loop.index }}. {{ x | upper }}\n{% endfor %}", "1. A\n2. B\n"),
     ("{{ params.xs | join(', ') }}|{{ ', '.join(params.xs) }}|{{ params.xs | map('upper') | list }}",
-     "a, b|a, b|['A', 'B']"),
+     'a, b|a, b|["A", "B"]'),
     ("{% set ns = namespace(n=0) %}{% for x in range(10) %}{% set ns.n = ns.n + x %}{% endfor %}{{ ns.n }}", "45"),
     ("{{ 'a\nb' | indent(2, first=True) }}|{{ 'a-b'.replace('-', '+') }}|{{ 'x'.ljust(3) }}.", "  a\n  b|a+b|x  ."),
     ("{% macro item(x) %}<{{ x }}>{% endmacro %}{{ item(1) }}{{ item(2) }}", "<1><2>"),

@@ -138,7 +138,7 @@ def test_a_string_parameter_keeps_the_text_as_written(tmp_path):
     loaded = load_recipe(write(tmp_path, recipe(params=params, flow=flow)))
     assert loaded.params == {"version": "1.10", "big": "1e3", "yes_text": "true", "tone": "1.10",
                              "xs": ["1.10", "2.0"], "n": 1.1}
-    assert loaded.render_prompt(loaded.flow[0], {}) == "1.10 1e3 true 1.10 ['1.10', '2.0'] 1.1"
+    assert loaded.render_prompt(loaded.flow[0], {}) == '1.10 1e3 true 1.10 ["1.10", "2.0"] 1.1'  # a list as JSON
     given = load_recipe(write(tmp_path, recipe(params=params, flow=flow)), {"version": "2.10", "tone": "1.2"})
     assert (given.params["version"], given.params["tone"]) == ("2.10", "1.2")
 

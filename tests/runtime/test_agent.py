@@ -16,12 +16,12 @@ def test_defaults_and_sampling_params() -> None:
     assert Sampling().as_params() == {}
 
 
-@pytest.mark.parametrize("name", ["a", "security", "code-review", "w_2"])
+@pytest.mark.parametrize("name", ["a", "security", "code-review", "w_2", "ü", "리뷰어", "レビュー", "समीक्षक"])
 def test_good_names(name: str) -> None:
     assert Agent(name=name).name == name
 
 
-@pytest.mark.parametrize("name", ["", "2x", "has space", "@x", "a.b", "ü"])
+@pytest.mark.parametrize("name", ["", "2x", "has space", "@x", "a.b", "x-", "리뷰어!"])
 def test_bad_names_say_what_is_allowed(name: str) -> None:
     with pytest.raises(UserError, match="letters, digits"):
         Agent.build(name=name)

@@ -111,3 +111,36 @@ async def test_function_and_sub_agent_tools_round_trip_through_the_engines_tool_
     assert lead.history[-1]["role"] == "assistant" and lead.output.strip()
     tool_events = [e for e in events if e.kind == "tool.called"]
     assert {e.data["tool"] for e in tool_events} == {"get_weather", "ask_weather"}
+
+
+async def test_a_tool_that_never_returns_is_ended_and_the_model_reads_that_it_timed_out(
+    llama_server_path: Path, default_model_path: Path
+) -> None:
+    """Issue 32: a tool that never returns held its agent forever. With ``@tool(timeout=...)`` the call is ended
+    and the tool message the engine gets next says it timed out (the forced call pins what the model does)."""
+    import anyio
+
+    @tool(timeout=1.0)
+    async def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: what to look up
+        """
+        await anyio.Event().wait()  # never returns
+        return "never"
+
+    events: list[Event] = []
+    agent = Agent(name="조회", instructions="You answer questions. Use the tools.", budget=2048, max_tokens=48,
+                  tools=["lookup"], tool_choice="lookup", parallel_tool_calls=False, max_tool_rounds=1,
+                  sampling=SAMPLING)
+    async with Squad([agent], tools=[lookup], on_event=events.append,
+                     engine=EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS)) as sq:
+        with anyio.fail_after(600):  # a guard for the test: without the timeout this would hang
+            result = await sq.run("What is the value of the key 'alpha'?")
+    called = [e for e in events if e.kind == "tool.called"]
+    assert called and called[0].tool == "lookup" and not called[0].ok
+    tool_messages = [m for m in result.main.history if m.get("role") == "tool"]
+    assert tool_messages and tool_messages[0]["content"] == (
+        "error: lookup timed out: it did not finish within its timeout of 1 s and was stopped; no result")
+    assert result.main.ok  # the turn went on to an answer

@@ -228,6 +228,9 @@ class CallWatch:
     scope: anyio.CancelScope | None = None
     """The attempt's cancel scope while the watch is entered (made in the caller's event loop)."""
     fired: str | None = None
+    armed_window: float | None = None
+    """Seconds of the no-progress window the scope's deadline was last set with (:meth:`_arm`)."""
+    armed_why: str = ""
 
     def __post_init__(self) -> None:
         self.sent = self.last = self.engine.clock()
@@ -263,29 +266,43 @@ class CallWatch:
 
     def window(self) -> float:
         """Seconds without progress after which the call is taken for stalled (inf: fixed deadline)."""
+        return self._window()[0]
+
+    def _window(self) -> tuple[float, str]:
+        """:meth:`window` and what it covers, in words (for the message when it passes)."""
         p = self.policy
         if p.request_timeout is not None:
-            return math.inf
+            return math.inf, "none: a fixed request_timeout"
         active = self.engine.active
         shared = len(active) > (1 if self in active else 0)  # another call's batch may come first
         speed = self.engine.speed  # the slower of this call's own and the engine's average
         prefill, decode = min(self.prefill, speed.prefill), min(self.decode, speed.decode)
+        others = " while other calls share the engine" if shared else ""
         if self.generated == 0:
             left = max(1, self.prompt - self.processed)
             chunk = (p.n_batch if shared else min(p.n_batch, left)) if self.engine.reports_progress else left
             work = max(chunk / prefill + 1 / decode, self.longest_prefill_gap)
+            what = (f"{p.margin:g}x the time of {chunk:,} prompt tokens at {_rate(prefill)} tok/s and the first token"
+                    f"{others}")
         else:
             work = max(DECODE_WINDOW_TOKENS / decode + (p.n_batch / prefill if shared else 0), self.longest_decode_gap)
+            what = f"{p.margin:g}x the time of {DECODE_WINDOW_TOKENS} tokens at {_rate(decode)} tok/s{others}"
         # never tighter than a gap this call already showed: a later batch attends over more context and a shared
         # CPU slows unevenly, so the average speed alone under-estimates the next wait (a CI run stopped the last
         # 478-token batch of a 4,597-token prompt after 9 s, its first two batches having taken longer each)
-        return max(p.no_progress_floor, p.margin * work)
+        if p.margin * work <= p.no_progress_floor:
+            return p.no_progress_floor, f"the floor, no_progress_floor {p.no_progress_floor:g} s"
+        return p.margin * work, what
 
     def deadline(self) -> float:
         """The clock time at which the call is stopped unless it makes progress first."""
         if self.queued_upstream and not self.began and self.policy.request_timeout is None:
             return self.sent + self.policy.longest  # waiting in the endpoint's own queue
         return min(self.bound, self.last + self.window())
+
+    def _stall_at(self) -> float:
+        """When the no-progress window armed last passes (the one the cancel scope holds)."""
+        return self.last + (self.armed_window if self.armed_window is not None else self.window())
 
     # -- feeding it -------------------------------------------------------------------------
 
@@ -337,7 +354,10 @@ class CallWatch:
         self._arm()
 
     def _arm(self) -> None:
+        """Set the scope's deadline, and keep the window it holds: the one a stall message states (the window
+        computed later may differ, as speeds and the calls in flight change)."""
         if self.scope is not None:
+            self.armed_window, self.armed_why = self._window()
             self.scope.deadline = self.deadline()
 
     # -- the context manager ----------------------------------------------------------------
@@ -354,7 +374,7 @@ class CallWatch:
             return "bound"
         if now >= self.bound:
             return "bound"
-        return "stall" if now >= self.last + self.window() else None
+        return "stall" if now >= self._stall_at() else None
 
     def __exit__(self, *exc: Any) -> bool:
         self.fired = self._passed(self.engine.clock())
@@ -364,7 +384,7 @@ class CallWatch:
         if not self.scope.cancelled_caught:
             self.fired = None
         elif self.fired is None:  # the clock read just before the deadline: the nearer one passed
-            self.fired = "bound" if self.bound <= self.last + self.window() else "stall"
+            self.fired = "bound" if self.bound <= self._stall_at() else "stall"
         return swallowed
 
     @property
@@ -372,8 +392,10 @@ class CallWatch:
         """True when this watch stopped the call."""
         return self.scope is not None and self.scope.cancelled_caught and self.fired is not None
 
-    def error(self, agent: str) -> CallTimeout:
-        """The :class:`CallTimeout` saying which deadline passed and what was measured."""
+    def error(self, agent: str, engine: str = "") -> CallTimeout:
+        """The :class:`CallTimeout` saying which deadline passed and what was measured; ``engine`` says which
+        engine (``the engine at http://127.0.0.1:8080 (pid 123, log /path)``, :meth:`EngineInfo.describe_process`),
+        named in the message when given."""
         now, p = self.engine.clock(), self.policy
         measured = self.engine.speed.describe(self.prompt, self.max_tokens)
         if self.live_prefill:
@@ -382,22 +404,27 @@ class CallWatch:
             measured += f", its tokens at {_rate(self.live_decode)} tok/s"
         state = f"last sign of progress: {self.last_what}"
         tail = "it is not resent unchanged (F04)"
+        which = engine or "the engine"
         if p.request_timeout is not None:
             return CallTimeout(
-                f"agent '{agent}': the call took longer than its fixed {p.request_timeout:,.0f} s (request_timeout) "
+                f"agent '{agent}': the call to {which} took longer than its fixed {p.request_timeout:,.0f} s "
+                "(request_timeout) "
                 f"and was stopped; {tail}. {measured}; {state}. Raise --request-timeout, or leave it unset so squad "
                 "derives each call's deadline from the engine's measured speed; or shorten the prompt or lower "
                 "max_tokens", agent=agent)
         if (self.fired or self._passed(now)) == "stall":
             quiet = now - self.last
+            window = self.armed_window if self.armed_window is not None else self.window()
+            why = f", {self.armed_why}" if self.armed_why else ""
             return CallTimeout(
-                f"agent '{agent}': no progress from the engine for {quiet:,.0f} s "
-                f"(its window: {self.window():,.0f} s); "
+                f"agent '{agent}': no progress from {which} for {quiet:,.0f} s "
+                f"(its window: {window:,.0f} s{why}); "
                 f"{state}; {measured}. The call was stopped; {tail}. Check that the engine still runs and is not "
-                "starved of CPU (its log; fewer slots or other work on the machine), or pass --request-timeout SECONDS "
-                "to replace the derived deadlines with one fixed deadline", agent=agent)
+                "stopped or starved of CPU (its log; fewer slots or other work on the machine), or pass "
+                "--request-timeout SECONDS to replace the derived deadlines with one fixed deadline", agent=agent)
         return CallTimeout(
-            f"agent '{agent}': the call was stopped after {now - self.sent:,.0f} s, {p.margin:g}x its estimate "
+            f"agent '{agent}': the call to {which} was stopped after {now - self.sent:,.0f} s, {p.margin:g}x its "
+            "estimate "
             f"(at least {p.floor:,.0f} s); {measured}; {state}. {tail[0].upper() + tail[1:]}. The engine ran far "
             "slower than measured: pass --request-timeout SECONDS for a fixed deadline, or shorten the prompt or "
             "lower max_tokens", agent=agent)

@@ -186,7 +186,7 @@ class LlamaServerTransport:
         with self.deadlines.watch(prompt, request.max_tokens, queued_upstream=call.upstream) as watch:
             result = await self._stream(call, watch)
         if watch.expired:
-            raise watch.error(call.agent)
+            raise watch.error(call.agent, self._engine.describe_process())
         self.deadlines.speed.observe(result.timings.engine)
         return result
 

@@ -71,6 +71,18 @@ class EngineInfo:
     slot_save_dir: str | None = None
     """The engine's ``--slot-save-path`` when squad launched it with one (shared input,
     :mod:`squad.sched.share`); None: slots are not saved or restored."""
+    pid: int | None = field(default=None, compare=False)
+    """The engine's process id when squad launched it (None: attached, or not known)."""
+    log_path: str | None = field(default=None, compare=False)
+    """The engine's log file when squad launched it."""
+
+    def describe_process(self) -> str:
+        """Which engine, for a message about it: ``the engine at http://127.0.0.1:8080 (pid 1234, log
+        /path/llama-server.log)``; an attached one by its URL (``attached: its process and log are not squad's``)."""
+        if self.pid is None and self.log_path is None:
+            return f"the engine at {self.base_url} (attached: its process and log are not squad's)"
+        parts = [f"pid {self.pid}" if self.pid is not None else "", f"log {self.log_path}" if self.log_path else ""]
+        return f"the engine at {self.base_url} ({', '.join(p for p in parts if p)})"
 
     @property
     def policy(self) -> str:

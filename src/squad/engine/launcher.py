@@ -263,6 +263,7 @@ class Launcher(AsyncResource):
             if not self.detached:
                 self._pidfile = process.write_pidfile(self._proc, self.base_url, self.log_path, engine_id)
             self.info = await self._ready(port)
+            self.info = dataclasses.replace(self.info, pid=self._proc.pid, log_path=str(self.log_path))
             if shared_dir is not None:
                 self.info = dataclasses.replace(self.info, slot_save_dir=str(shared_dir))
         except BaseException:

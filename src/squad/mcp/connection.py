@@ -165,7 +165,8 @@ class Connection:
             with anyio.fail_after(s.timeout):
                 result = await self.client.call_tool(tool.remote, args)
         except TimeoutError:
-            return ToolOutcome(tool.name, f"error: {what} did not answer within {s.timeout:g} s", ok=False)
+            return ToolOutcome(tool.name, f"error: {what} timed out: it did not answer within its timeout of "
+                                          f"{s.timeout:g} s", ok=False)
         except Exception as exc:  # noqa: BLE001 - a broken server is the tool's result, never a crash
             tail = stderr_tail(self.stderr)
             more = f"; its stderr ends: {tail}" if tail else ""

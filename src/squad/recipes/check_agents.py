@@ -11,7 +11,6 @@ builds the ``mcp:`` servers, never started here. Each problem is a
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,10 @@ from pydantic import ValidationError
 
 from squad.errors import RecipeError, UserError
 from squad.mcp import MCPServer, is_mcp_ref, model_name, resolve_cwd, split_ref, unknown_server
+from squad.names import NAME_RULE, name_problem, normalize
 from squad.recipes.load import Located, Path_, field_path, pydantic_error, read_yaml
 from squad.recipes.spec import AgentFileSpec
-from squad.runtime.agent import NAME_PATTERN, Agent, check_squad, check_tool_choice, find_cycle
+from squad.runtime.agent import Agent, check_squad, check_tool_choice, find_cycle
 
 __all__ = ["AgentChecks", "RawAgents", "unknown_agent", "tool_locs"]
 
@@ -68,6 +68,7 @@ class AgentChecks:
         return found
 
     def _add_agent(self, found: dict, name: str, entry: tuple[dict, Located, Path_]) -> None:
+        name = normalize(name) if isinstance(name, str) else name  # one agent whatever the file's normal form
         if name in found:
             first = found[name][1]
             line, _ = first.where(found[name][2], key=True)
@@ -79,8 +80,8 @@ class AgentChecks:
         """Each agent of ``raw`` built and checked (names, sub-agents, tools, cycles, tool_choice)."""
         agents: dict[str, Agent] = {}
         for name, (data, src, base) in raw.items():
-            if not re.match(NAME_PATTERN, name):
-                raise src.error(f"agent name '{name}' must be a letter then letters, digits, '-' or '_'; rename it",
+            if (problem := name_problem(name)) is not None:
+                raise src.error(f"agent name '{name}' is not a name: {problem}; rename it ({NAME_RULE})",
                                 base, key=True)
             if "name" in data:
                 raise src.error("an agent's name is its key; remove 'name:'", (*base, "name"), key=True)

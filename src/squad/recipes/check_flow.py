@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from squad.chat.structured import OutputSchema
 from squad.errors import UserError
+from squad.names import NAME_RULE, name_problem, normalize
 from squad.recipes.check_agents import RawAgents, unknown_agent
 from squad.recipes.load import Located, Path_, field_path
 from squad.recipes.model import Recipe, Step
@@ -32,7 +32,6 @@ from squad.templates import AnyValue, check_template, mark_tags, render_template
 __all__ = ["FlowChecks", "handling", "ids_in"]
 
 _STEP_FIELDS = ("output", "outputs")
-_MAP_REF = re.compile(r"^(params\.[A-Za-z_][\w-]*|steps\.[A-Za-z][\w-]*(\.outputs?)?)$")
 
 
 class FlowChecks:
@@ -213,10 +212,15 @@ class FlowChecks:
 
     def _map_ref(self, ref: str, path: Path_, done: set[str]) -> tuple[str, ...]:
         text = ref.strip().removeprefix("{{").removesuffix("}}").strip()
-        if not _MAP_REF.match(text):
+        parts = tuple(normalize(text).split("."))
+        shape = (len(parts) == 2 and parts[0] in ("params", "steps")) or (
+            len(parts) == 3 and parts[0] == "steps" and parts[2] in _STEP_FIELDS)
+        if not shape:
             raise self.located.error(
                 f"map: expected params.NAME, steps.ID.output or steps.ID.outputs, got {ref!r}", path)
-        parts = tuple(text.split("."))
+        if (problem := name_problem(parts[1])) is not None:
+            raise self.located.error(f"map: expected params.NAME, steps.ID.output or steps.ID.outputs, got {ref!r}: "
+                                     f"{parts[1]!r} is not a name, {problem} ({NAME_RULE})", path)
         if parts[0] == "params":
             self._param_ref(parts[1], self.located, path)
         else:

@@ -314,7 +314,8 @@ class Recipe:
                                   **_file_loc(step.loc), field=f"{step.loc.get('field')}") from None
             if not isinstance(value, list):
                 raise RecipeError(f"{what} is JSON but not a list", **_file_loc(step.loc))
-            return [v if isinstance(v, str) else json.dumps(v) for v in value]
+            items = [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value]
+            return [v for v in items if v.strip()]  # a blank item would be a call on an empty prompt
         return _lines(text)
 
     def no_items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:

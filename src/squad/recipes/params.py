@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from squad.errors import RecipeError
+from squad.names import normalize
 from squad.recipes.load import Located
 from squad.recipes.spec import ParamSpec, coerce_param
 
@@ -24,6 +25,7 @@ def resolve_params(specs: Mapping[str, ParamSpec], given: Mapping[str, Any], loc
     """Typed parameter values: given values (relative to the current directory for files),
     else defaults (relative to the recipe). Raises :class:`RecipeError` naming the parameter.
     ``reads`` collects ``(path, why)`` of every file a ``type: file`` parameter read."""
+    given = {normalize(k) if isinstance(k, str) else k: v for k, v in given.items()}  # -p 문서=... in any form
     for name in given:
         if name not in specs:
             hint = difflib.get_close_matches(name, list(specs), n=1)

@@ -26,13 +26,13 @@ from pydantic import (
 
 from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 from squad.engine.urls import check_engine_url
+from squad.names import check_name, normalize
 from squad.sched.policy import queue_name
 
 __all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec",
            "AgentFileSpec",
            "PARAM_TYPES", "coerce_param"]
 
-ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 PARAM_TYPES = ("string", "int", "number", "bool", "enum", "list", "file")
 
 
@@ -179,7 +179,7 @@ class StepSpec(_Strict):
     the answers are validated (:mod:`squad.chat.structured`).
     """
 
-    id: str | None = Field(default=None, pattern=ID_PATTERN)
+    id: str | None = None
     agent: str | None = None
     prompt: str | None = None
     parallel: list[StepSpec] | None = None
@@ -191,6 +191,16 @@ class StepSpec(_Strict):
     concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
     non_answers: NonAnswersSpec | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: object) -> object:
+        return value if value is None or not isinstance(value, str) else check_name(value, "step id")
+
+    @field_validator("agent", mode="before")
+    @classmethod
+    def _agent(cls, value: object) -> object:
+        return normalize(value) if isinstance(value, str) else value
 
     @property
     def kind(self) -> Literal["call", "parallel", "map"]:
@@ -245,7 +255,7 @@ class RecipeSpec(_Strict):
     """A whole recipe file. ``mcp``: MCP servers by name, each checked as a
     :class:`squad.mcp.MCPServer` (like agents, one definition for Python and YAML)."""
 
-    name: str = Field(pattern=ID_PATTERN)
+    name: str
     description: str = ""
     model: str | None = None
     engine: EngineSection = EngineSection()
@@ -262,6 +272,24 @@ class RecipeSpec(_Strict):
     """Text several agents of one fan-out are given (:mod:`squad.sched.share`): ``first`` moves it to the
     start of their system messages and prefills it once, ``order`` only moves it, ``off`` sends
     the prompts as written."""
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: object) -> object:
+        return check_name(value, "recipe name") if isinstance(value, str) else value
+
+    @field_validator("main", mode="before")
+    @classmethod
+    def _main(cls, value: object) -> object:
+        return normalize(value) if isinstance(value, str) else value
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _param_names(cls, value: object) -> object:
+        """Parameter names follow :mod:`squad.names` (``문서``, ``max-lines``), kept in NFC."""
+        if not isinstance(value, dict):
+            return value
+        return {check_name(k, "parameter name") if isinstance(k, str) else k: v for k, v in value.items()}
 
 
 
@@ -334,13 +362,32 @@ def _yaml_text(value: Any) -> str:
 
 
 def _as_list(name: str, value: Any) -> list[str]:
+    """A list parameter's items. Each item is text that is not blank: a blank one would be a model call on an
+    empty prompt, so it is refused naming it, like every other empty input; a JSON object is not a list."""
     if isinstance(value, list):
         if any(isinstance(v, (dict, list)) for v in value):
             raise ValueError(f"parameter '{name}' expects a list of plain values; write one text per item")
-        return [_yaml_text(v) for v in value]
+        items = [_yaml_text(v) for v in value]
+        blank = [i for i, v in enumerate(items) if not v.strip()]
+        if blank:
+            which = ", ".join(str(i) for i in blank[:5]) + (", ..." if len(blank) > 5 else "")
+            raise ValueError(f"parameter '{name}' has {len(blank)} blank item{'s' if len(blank) > 1 else ''} "
+                             f"(at index {which} of {len(items)}): each item becomes a model call, so remove the "
+                             "blank ones (an empty list [] gives no calls)")
+        return items
+    if isinstance(value, dict):
+        raise ValueError(f"parameter '{name}' expects a list, got a mapping; write a list such as [\"a\", \"b\"]")
     if not isinstance(value, str):
         raise ValueError(f"parameter '{name}' expects a list, got {value!r}")
     text = value.strip()
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            raise ValueError(f"parameter '{name}' expects a list, got a JSON object; give a JSON list such as "
+                             f"'[\"a\", \"b\"]' (or one item per line)")
     if text.startswith("["):
         try:
             parsed = json.loads(text)

@@ -32,9 +32,10 @@ from pydantic import (
 from squad.chat.structured import OutputSchema, output_schema
 from squad.errors import UserError
 from squad.mcp import is_mcp_ref, split_ref, unknown_server
+from squad.names import check_name, describe_char, is_name_char, name_key, normalize
 from squad.templates import render_template
 
-__all__ = ["Agent", "Sampling", "NAME_PATTERN", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
+__all__ = ["Agent", "Sampling", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
            "MAX_SUB_DEPTH",
            "MAX_SUB_CALLS"]
 
@@ -46,8 +47,6 @@ MAX_SUB_CALLS = 8
 """Default sub-agent tool calls in one run, all levels together. Without a bound they multiply:
 with 4 tool rounds per turn a 3-level chain made 41 requests."""
 
-NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
-"""An agent name: a letter, then letters, digits, ``-`` or ``_`` (what ``@name`` can spell)."""
 
 
 class Sampling(BaseModel):
@@ -76,7 +75,9 @@ class Agent(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=64)
+    name: str
+    """A name by :mod:`squad.names` (letters of any script, digits, ``_``, ``-``; what ``@name`` can spell), kept
+    in NFC."""
     description: str = ""
     instructions: str = ""
     budget: int | Literal["auto"] = Field(default="auto", description="context tokens this agent may hold, or auto")
@@ -87,8 +88,7 @@ class Agent(BaseModel):
     tools: tuple[str, ...] = ()
     agents: tuple[str, ...] = ()
     sub_agent_tools: StrictBool = True
-    tool_choice: str = Field(default="auto", pattern=r"^[A-Za-z0-9_.*-]+$",
-                             description="auto, required, or the name of a tool to call first")
+    tool_choice: str = Field(default="auto", description="auto, required, or the name of a tool to call first")
     parallel_tool_calls: StrictBool = True
     output_type: OutputSchema | None = Field(default=None, description="the schema its answers must match")
     max_sub_depth: int | None = Field(default=None, ge=1, strict=True,
@@ -99,6 +99,33 @@ class Agent(BaseModel):
                                                  description="a tool result over the room left: cut or fail")
     max_tool_rounds: int | None = Field(default=None, ge=1, strict=True,
                                         description="model rounds of one turn that may call tools")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        return check_name(value, "agent name")
+
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _sub_names(cls, value: Any) -> Any:
+        """Sub-agent names in NFC, like the names they refer to."""
+        if isinstance(value, (list, tuple)):
+            return tuple(normalize(v) if isinstance(v, str) else v for v in value)
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> Any:
+        """A tool name (``ask_리뷰어`` of a sub-agent), ``SERVER.TOOL`` or ``SERVER.*``: name characters, ``.``
+        and ``*``."""
+        if isinstance(value, str):
+            value = normalize(value)
+            bad = next((c for c in value if not (is_name_char(c) or c in ".*")), None)
+            if bad is not None or not value:
+                what = f"{describe_char(bad)} is not allowed" if bad else "it is empty"
+                raise ValueError(f"tool_choice {value!r} is not a tool name: {what}; use auto, required or a tool's "
+                                 "name")
+        return value
 
     @field_validator("output_type", mode="before")
     @classmethod
@@ -175,7 +202,7 @@ def agent_error(exc: ValidationError, name: Any = None) -> UserError:
         loc = ".".join(str(p) for p in err["loc"]) or "(agent)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "string_pattern_mismatch":
-            msg = "use letters, digits, '-' or '_', starting with a letter"
+            msg = "use letters, digits, '-' or '_'"
         lines.append(f"{loc}: {msg}")
     return UserError(f"{who} is invalid: " + "; ".join(lines))
 
@@ -189,10 +216,14 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
     Returns the agents by name. Raises :class:`UserError` naming the agent and what to fix.
     """
     by_name: dict[str, Agent] = {}
+    by_key: dict[str, str] = {}
     for agent in agents:
         if agent.name in by_name:
             raise UserError(f"two agents are named {agent.name!r}: names must be unique")
-        by_name[agent.name] = agent
+        if (other := by_key.get(name_key(agent.name))) is not None:
+            raise UserError(f"agents {other!r} and {agent.name!r} differ only in case, so they cannot both be "
+                            "@mentioned (a mention ignores case): rename one")
+        by_name[agent.name], by_key[name_key(agent.name)] = agent, agent.name
     known_tools = set(tool_names)
     for agent in agents:
         check_tool_choice(agent, by_name)

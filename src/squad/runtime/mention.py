@@ -4,7 +4,8 @@ Only the author's and the user's own text dispatches sub-agents; values put into
 (field case F13), wrapped in :data:`DATA_OPEN` ... :data:`DATA_CLOSE` (:func:`as_data`) and read
 as one opaque piece. ``@name`` counts at a word start, whole-name and case-insensitively, never
 inside data, code or e-mail-like tokens; each agent is dispatched once, in order of first
-mention. Each sub-agent gets the units (lines, sentences, fenced blocks) addressed to it plus
+mention. A name is what :mod:`squad.names` allows (letters of any script, digits, ``_``, ``-``), compared
+after NFC and case folding. Each sub-agent gets the units (lines, sentences, fenced blocks) addressed to it plus
 the shared context, mentions stripped; :attr:`MentionParse.remainder` is what is left for the
 main agent. Unknown names and idle mentions: :class:`~squad.errors.MentionError` via
 :meth:`MentionParse.check`.
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from squad.errors import MentionError
+from squad.names import is_name_char, name_key, scan_name
 from squad.templates.marks import DATA_CLOSE, DATA_OPEN, as_data, unmark  # the data marks live with the templates
 
 __all__ = ["Dispatch", "UnknownMention", "MentionParse", "parse_mentions", "suggest", "DATA_OPEN", "DATA_CLOSE",
@@ -35,8 +38,32 @@ def _mask(text: str) -> str:
     return _DATA.sub(lambda m: DATA_OPEN * len(m.group()), text)
 
 
-_MENTION = re.compile(r"""(?<![^\s(\[{"'])@(\w(?:[\w-]*\w)?)""")
-_ADDRESS_TAIL = re.compile(r"[.@]\w")
+_OPENERS = frozenset("\"'\u3001\u3002\uff0c\uff1a\uff1b\uff01\uff1f")
+"""Besides whitespace and opening brackets or quotes (Unicode ``Ps``/``Pi``: ``( [ { 「 『 （ « “``), what may
+stand right before ``@``: ``" '`` and the CJK/full-width separators ``、 。 ， ： ； ！ ？``, after which scripts
+written without spaces go on without one."""
+
+
+def _starts_word(text: str, at: int) -> bool:
+    """``@`` at ``at`` starts a word: at the start, or after whitespace or an opener (:data:`_OPENERS`). After a
+    letter, digit or mark of any script (``a@b.com``, ``これを@レビュー``) it is inside a word."""
+    if at == 0:
+        return True
+    before = text[at - 1]
+    return before.isspace() or before in _OPENERS or unicodedata.category(before) in ("Ps", "Pi")
+
+
+def _mention_tokens(text: str, glued: bool = False) -> Iterator[tuple[int, int]]:
+    """(start of ``@``, end of the name) of each ``@name`` at a word start, the name a run of name characters
+    (:func:`squad.names.scan_name`) not starting with ``-``; not followed by ``.x`` or ``@x`` (an address such as
+    ``@b.com`` or ``@user@host``). ``glued``: instead the ``@name`` tokens inside a word (:func:`_starts_word`)."""
+    at = text.find("@")
+    while at != -1:
+        end = scan_name(text, at + 1)
+        if end > at + 1 and text[at + 1] != "-" and _starts_word(text, at) != glued and not (
+                end + 1 < len(text) and text[end] in ".@" and is_name_char(text[end + 1])):
+            yield at, end
+        at = text.find("@", at + 1)
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*$", re.MULTILINE)
 _SENTENCE_END = re.compile(r"[.!?]+[ \t]+|[\u3002\uff01\uff1f]+|\n")
 _LEAD_SEP = re.compile(r"(?:[\s,:;.!?&\u3001\u3002\uff0c\uff1a\uff1b\uff01\uff1f]|[-\u2013\u2014]+(?=\s))*(?:and\s+)?")
@@ -73,6 +100,10 @@ class MentionParse:
     unknown: list[UnknownMention] = field(default_factory=list)
     remainder: str = ""
     idle: list[str] = field(default_factory=list)
+    glued: list[str] = field(default_factory=list)
+    """Known agents written ``@name`` right after a letter of a script often written without spaces
+    (``これを@レビュー``, :data:`_UNSPACED`), which is inside a word and dispatches nothing; a problem, so such a
+    text does not lose its mention silently."""
 
     @property
     def agents(self) -> list[str]:
@@ -83,12 +114,14 @@ class MentionParse:
         """One message per unknown mention and per idle agent (empty when all is well)."""
         return [u.message() for u in self.unknown] + [
             f"'@{name}' is mentioned with nothing to do: write its task after the mention "
-            f"(e.g. '@{name} check the login code')" for name in self.idle]
+            f"(e.g. '@{name} check the login code')" for name in self.idle] + [
+            f"'@{name}' follows a letter with no space, so it is part of a word and dispatches nothing: put a space "
+            f"or '、' before '@' (e.g. 'これを @{name} に')" for name in self.glued]
 
     def check(self, known: Iterable[str] = ()) -> MentionParse:
         """Return self, or raise :class:`MentionError` naming every unknown mention and every
         idle agent (:meth:`problems`), followed by the known names."""
-        if self.unknown or self.idle:
+        if self.unknown or self.idle or self.glued:
             names = sorted(known)
             tail = f" (known agents: {', '.join(names)})" if names and self.unknown else ""
             raise MentionError("; ".join(self.problems()) + tail)
@@ -105,8 +138,8 @@ class _Mention:
 
 def suggest(name: str, known: Iterable[str], n: int = 3) -> tuple[str, ...]:
     """Known names close to ``name`` (case-insensitive difflib), best first."""
-    by_lower = {k.lower(): k for k in known}
-    return tuple(by_lower[m] for m in difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=0.6))
+    by_key = {name_key(k): k for k in known}
+    return tuple(by_key[m] for m in difflib.get_close_matches(name_key(name), list(by_key), n=n, cutoff=0.6))
 
 
 def _code_spans(text: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -146,10 +179,29 @@ def _units(text: str, fences: list[tuple[int, int]], code: list[tuple[int, int]]
 
 def _find(text: str, code: list[tuple[int, int]], known: dict[str, str]) -> list[_Mention]:
     found = []
-    for m in _MENTION.finditer(text):
-        if _inside(m.start(), code) or _ADDRESS_TAIL.match(text, m.end()):
+    for start, end in _mention_tokens(text):
+        if _inside(start, code):
             continue
-        found.append(_Mention(m.start(), m.end(), m.group(1), known.get(m.group(1).lower())))
+        name = text[start + 1:end]
+        found.append(_Mention(start, end, name, known.get(name_key(name))))
+    return found
+
+
+_UNSPACED = 0x0E00
+"""Letters from here on (Thai, Lao, Tibetan, Myanmar, Khmer, Hangul, kana, CJK ...) belong to scripts often written
+without spaces: a known ``@name`` glued to one is reported (:attr:`MentionParse.glued`); glued to a Latin, Greek,
+Cyrillic or Indic letter it is an address (``sales@support``) and ignored as before."""
+
+
+def _glued(text: str, code: list[tuple[int, int]], known: dict[str, str]) -> list[str]:
+    """Known agents written as ``@name`` right after a letter (``これを@レビュー``): inside a word, so no mention."""
+    found: list[str] = []
+    for start, end in _mention_tokens(text, glued=True):
+        agent = known.get(name_key(text[start + 1:end]))
+        before = text[start - 1]
+        if agent is not None and not _inside(start, code) and is_name_char(before) and ord(before) >= _UNSPACED \
+                and agent not in found:
+            found.append(agent)
     return found
 
 
@@ -181,18 +233,18 @@ def parse_mentions(text: str, known: Iterable[str]) -> MentionParse:
     mentions an error).
     """
     known_list = list(known)
-    by_lower = {k.lower(): k for k in known_list}
+    by_key = {name_key(k): k for k in known_list}
     seen = _mask(text)  # what the parser reads; the same length as text
     fences, code = _code_spans(seen)
-    mentions = _find(seen, code, by_lower)
+    mentions = _find(seen, code, by_key)
 
     order: list[str] = []
     unknown: dict[str, UnknownMention] = {}
     for m in mentions:
         if m.agent is not None and m.agent not in order:
             order.append(m.agent)
-        elif m.agent is None and m.name.lower() not in unknown:
-            unknown[m.name.lower()] = UnknownMention(m.name, suggest(m.name, known_list))
+        elif m.agent is None and name_key(m.name) not in unknown:
+            unknown[name_key(m.name)] = UnknownMention(m.name, suggest(m.name, known_list))
 
     units = []
     for a, b in _units(seen, fences, code):
@@ -214,6 +266,7 @@ def parse_mentions(text: str, known: Iterable[str]) -> MentionParse:
         unknown=list(unknown.values()),
         remainder=compose(None),
         idle=[d.agent for d in dispatches if not d.text],
+        glued=_glued(seen, code, by_key),
     )
 
 
@@ -221,11 +274,11 @@ def quote_unknown(text: str, known: Iterable[str]) -> str:
     """``text`` with each @mention of an agent not in ``known`` made data (:func:`as_data`),
     so it is sent as written and dispatches nothing (``squad chat`` after warning about it);
     everything else, code included, unchanged."""
-    by_lower = {k.lower(): k for k in known}
+    by_key = {name_key(k): k for k in known}
     seen = _mask(text)
     _, code = _code_spans(seen)
     out, pos = [], 0
-    for m in _find(seen, code, by_lower):
+    for m in _find(seen, code, by_key):
         if m.agent is None:
             out += [text[pos:m.start], as_data(text[m.start:m.end])]
             pos = m.end

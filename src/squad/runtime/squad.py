@@ -264,7 +264,7 @@ class Squad(Conversations):
         main = self.agents[self.main]
         known = self._sub_names(main)
         parsed = parse_mentions(text, known)
-        if parsed.unknown or parsed.idle:
+        if parsed.unknown or parsed.idle or parsed.glued:
             hint = f" (known sub-agents of {main.name!r}: {', '.join(known) or 'none'})" if parsed.unknown else ""
             raise MentionError("; ".join(parsed.problems()) + hint)
         origin = self._origin(main)

@@ -13,6 +13,9 @@ run in a worker thread (``anyio.to_thread``).
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -33,22 +36,27 @@ from pydantic import (
 )
 
 from squad.errors import UserError
+from squad.names import describe_char, is_name_char
 
-__all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls", "arguments_for_history"]
+__all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls", "arguments_for_history", "tool_text",
+           "DEFAULT_TOOL_TIMEOUT"]
+
+DEFAULT_TOOL_TIMEOUT = 60.0
+"""Seconds a tool call may take unless its ``@tool(timeout=...)`` says otherwise (a tool that sleeps or hangs
+must not hold its agent, and the run, forever)."""
 
 
 class ToolError(Exception):
     """Raise in a tool to give the model ``error: <message>`` as the result (a refusal the
     model should read as such; any other exception also names its type)."""
 
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-
 
 @dataclass(frozen=True)
 class Tool:
     """A function the model may call.
 
-    - ``name``: the function name the model sees (letters, digits, ``_``, ``-``).
+    - ``name``: the function name the model sees (letters of any script, digits, ``_``, ``-``: the name
+      characters of :mod:`squad.names`, so ``ask_리뷰어`` of a sub-agent ``리뷰어`` is one).
     - ``description``: what it does (the docstring's description by default).
     - ``args_model``: pydantic model of the arguments; ``parameters()`` is its JSON schema.
     - ``fn``: the callable, sync or async, called with the validated arguments as keywords.
@@ -58,10 +66,15 @@ class Tool:
     description: str
     args_model: type[BaseModel]
     fn: Callable[..., Any]
+    timeout: float | None = DEFAULT_TOOL_TIMEOUT
+    """Seconds one call may take (None: no limit); past it the call is ended and the model reads that it timed
+    out. An async function is cancelled; a sync one's worker thread cannot be killed in Python, so it is left to
+    finish in the background and its result is dropped."""
 
     @classmethod
     def from_function(
-        cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None
+        cls, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+        timeout: float | None = DEFAULT_TOOL_TIMEOUT,
     ) -> Tool:
         """Build a tool from ``fn``'s signature, type hints and docstring.
 
@@ -72,15 +85,22 @@ class Tool:
         is in :meth:`parameters` and checked before the function is called.
         """
         tool_name = name or fn.__name__
-        if not tool_name or not set(tool_name) <= _NAME_OK:
-            raise UserError(f"tool name {tool_name!r}: use letters, digits, '_' or '-'")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < float("inf")):
+            raise UserError(f"tool {tool_name!r}: timeout must be a positive number of seconds or None, got "
+                            f"{timeout!r}")
+        bad = next((c for c in tool_name if not is_name_char(c)), None)
+        if not tool_name or bad is not None:
+            what = f"{describe_char(bad)} is not allowed; " if bad else ""
+            raise UserError(f"tool name {tool_name!r}: {what}use letters (of any script), digits, '_' or '-'")
         doc = docstring_parser.parse(inspect.getdoc(fn) or "")
         param_docs = {p.arg_name: p.description for p in doc.params if p.description}
         args_model = _args_model(fn, tool_name, param_docs)
         text = description
         if text is None:
             text = "\n\n".join(p for p in (doc.short_description, doc.long_description) if p)
-        return cls(name=tool_name, description=text or tool_name, args_model=args_model, fn=fn)
+        return cls(name=tool_name, description=text or tool_name, args_model=args_model, fn=fn,
+                   timeout=None if timeout is None else float(timeout))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the underlying function directly (as if undecorated)."""
@@ -115,20 +135,25 @@ class Tool:
             )
             return ToolOutcome(self.name, f"error: bad arguments for {self.name}: {problems}", ok=False)
         kwargs = {k: getattr(args, k) for k in type(args).model_fields}
+        value: Any = None
         try:
-            if inspect.iscoroutinefunction(self.fn):
-                value = await self.fn(**kwargs)
-            else:
-                value = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
-                if inspect.isawaitable(value):
-                    value = await value
+            with anyio.move_on_after(self.timeout if self.timeout is not None else float("inf")) as scope:
+                if inspect.iscoroutinefunction(self.fn):
+                    value = await self.fn(**kwargs)
+                else:  # abandoned on timeout: a thread cannot be stopped from outside
+                    value = await anyio.to_thread.run_sync(lambda: self.fn(**kwargs), abandon_on_cancel=True)
+                    if inspect.isawaitable(value):
+                        value = await value
         except anyio.get_cancelled_exc_class():
             raise
         except ToolError as exc:
             return ToolOutcome(self.name, f"error: {exc}", ok=False)
         except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model
             return ToolOutcome(self.name, f"error: {self.name} raised {type(exc).__name__}: {exc}", ok=False)
-        return ToolOutcome(self.name, _as_text(value), ok=True)
+        if scope.cancelled_caught:
+            return ToolOutcome(self.name, f"error: {self.name} timed out: it did not finish within its timeout of "
+                                          f"{self.timeout:g} s and was stopped; no result", ok=False)
+        return ToolOutcome(self.name, tool_text(value), ok=True)
 
 
 @dataclass(frozen=True)
@@ -140,12 +165,14 @@ class ToolOutcome:
     ok: bool
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
-    """Decorator: ``@tool`` or ``@tool(name=..., description=...)`` turns a function into a
-    :class:`Tool` (the decorated name is bound to the Tool; call the function as ``t.fn``)."""
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         timeout: float | None = DEFAULT_TOOL_TIMEOUT) -> Any:
+    """Decorator: ``@tool`` or ``@tool(name=..., description=..., timeout=...)`` turns a function into a
+    :class:`Tool` (the decorated name is bound to the Tool; call the function as ``t.fn``). ``timeout``: seconds
+    one call may take (:data:`DEFAULT_TOOL_TIMEOUT` unless given; None for no limit)."""
     if fn is None:
-        return lambda f: Tool.from_function(f, name=name, description=description)
-    return Tool.from_function(fn, name=name, description=description)
+        return lambda f: Tool.from_function(f, name=name, description=description, timeout=timeout)
+    return Tool.from_function(fn, name=name, description=description, timeout=timeout)
 
 
 def _args_model(fn: Callable[..., Any], tool_name: str, param_docs: Mapping[str, str]) -> type[BaseModel]:
@@ -180,15 +207,58 @@ def _args_model(fn: Callable[..., Any], tool_name: str, param_docs: Mapping[str,
     return build(missing) if missing else model
 
 
-def _as_text(value: Any) -> str:
+def tool_text(value: Any) -> str:
+    """What the model reads for a tool's return value: text as it is; anything else as JSON (text unescaped) in
+    which every value that is not JSON is described (:func:`_describe`), so no Python repr (``b'\\x89PNG'``,
+    ``<object at 0x...>``) ever reaches the model."""
     if isinstance(value, str):
         return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _bytes_text(bytes(value))
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
+        return json.dumps(value, ensure_ascii=False, default=_describe)
+    except (TypeError, ValueError):  # a circular structure, a key JSON cannot hold
+        return f"[{_type_name(value)} that is not data: return text, numbers, lists or mappings from the tool]"
+
+
+def _bytes_text(data: bytes) -> str:
+    """Bytes that are UTF-8 text as that text; others described by size (never their repr)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"[binary data, {len(data):,} bytes, not UTF-8 text; the tool should return text describing it]"
+    if any(ord(c) < 32 and c not in "\t\n\r" for c in text):
+        return f"[binary data, {len(data):,} bytes, not printable text; the tool should return text describing it]"
+    return text
+
+
+def _type_name(value: Any) -> str:
+    name = type(value).__name__
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
+def _describe(value: Any) -> Any:
+    """A JSON stand-in for a value :func:`json.dumps` cannot write (its ``default``)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _bytes_text(bytes(value))
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda v: json.dumps(v, ensure_ascii=False, default=str))
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    own_str: Any = type(value).__str__
+    if own_str is not object.__str__ and not callable(value):  # Path, UUID, Decimal: their own text
         return str(value)
+    return f"[{_type_name(value)}, not data]"
 
 
 async def run_tool_calls(

@@ -113,7 +113,8 @@ def _ask_tool(sub: Agent, ask: Ask) -> Tool:
     if sub.description:
         description += f" It is for: {sub.description}"
     ask_sub.__doc__ = f"{description}\n\nArgs:\n    task: what {sub.name} should do, self-contained"
-    return Tool.from_function(ask_sub, name=f"ask_{sub.name}", description=description)
+    return Tool.from_function(ask_sub, name=f"ask_{sub.name}", description=description,
+                              timeout=None)  # a sub-agent is bounded by its own calls' deadlines, not a tool's
 
 
 def no_tool_template(agent: str, tools: Mapping[str, Tool]) -> str:

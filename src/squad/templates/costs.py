@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 
 from squad.templates.meter import FIX, MAX_INT_DIGITS, Meter, TemplateLimit, as_int, current_meter, flat_size, size_of
-from squad.templates.text import refuse_internal
+from squad.templates.text import as_text, refuse_internal
 
 __all__ = ["check_binop", "format_size", "check_str_method", "replace_size", "checked_join", "take", "guard_filter",
            "counted"]
@@ -135,6 +135,8 @@ def guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         lead = 1 if pass_arg is not None else 0
         value = call_args[lead] if len(call_args) > lead else None
         _check_filter(name, value, call_args[lead + 1:], kwargs, meter)
+        if name in _TO_TEXT and len(call_args) > lead:  # it prints its input: a list or mapping as JSON
+            call_args = (*call_args[:lead], as_text(value), *call_args[lead + 1:])
         result = func(*call_args, **kwargs)
         if isinstance(result, str):
             meter.check(len(result) - size_of(value), f"the '{name}' filter")
@@ -193,6 +195,8 @@ def _guard_join(func: Callable[..., Any]) -> Callable[..., Any]:
         meter.step()
         items = checked_join(str(d), value if attribute is None else list(value), meter)
         refuse_internal(items, "an item the 'join' filter joins")
+        if attribute is None:
+            items = [as_text(i) for i in items]  # a list of mappings joins as JSON texts, never reprs
         return func(eval_ctx, items, d, attribute)
 
     return join

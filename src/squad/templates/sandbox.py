@@ -17,7 +17,7 @@ Design (what each limit checks, and how): docs/design/sandbox.md
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jinja2
@@ -36,7 +36,7 @@ from squad.templates.meter import (
     metered,
     size_of,
 )
-from squad.templates.text import not_text, refuse_internal
+from squad.templates.text import as_text, not_text, refuse_internal, texts
 
 __all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT", "not_text",
            "MAX_VALUE", "MAX_STEPS", "MAX_INT_DIGITS"]
@@ -66,7 +66,7 @@ def _concat(context: Any, parts: list[Any]) -> str:
     meter.check(flat_size(parts, meter.max_value), "'~'")
     for part in parts:
         refuse_internal(part, "a part joined with '~'")
-    return "".join(str(p) for p in parts)
+    return "".join(str(as_text(p)) for p in parts)
 
 
 @pass_context
@@ -79,9 +79,10 @@ def _out(context: Any, value: Any) -> Any:
 
 @pass_context
 def _out_value(context: Any, value: Any) -> Any:
-    """Every ``{{ ... }}`` output: refused when it is not data (:func:`not_text`), then counted."""
+    """Every ``{{ ... }}`` output: refused when it is not data (:func:`not_text`), a list or mapping made JSON
+    (:func:`~squad.templates.text.as_text`), then counted."""
     refuse_internal(value, "{{ ... }}")
-    return _out(context, value)
+    return _out(context, as_text(value))
 
 
 _MACRO_STEPS = 4
@@ -113,6 +114,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         meter = current_meter()
         meter.step()
         check_binop(operator, left, right, meter)
+        if operator == "%" and isinstance(left, str):
+            right = texts(right)  # "%s" % params: JSON, never a repr
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
@@ -122,15 +125,26 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         name = getattr(__obj, "__name__", "")
         if isinstance(bound_to, str):
             if name == "join" and args:
-                args = (checked_join(bound_to, args[0], meter), *args[1:])
+                args = ([as_text(i) for i in checked_join(bound_to, args[0], meter)], *args[1:])
             else:
                 check_str_method(name, bound_to, args, kwargs, meter)
+            if name in ("format", "format_map"):  # "{}".format(params): JSON, never a repr
+                args = tuple(as_text(a) for a in args) if name == "format" else args
+                kwargs = {k: as_text(v) for k, v in kwargs.items()}
         result = super().call(__context, __obj, *args, **kwargs)
         meter.build(size_of(result))
         return result
 
     def getattr(self, obj: Any, attribute: str) -> Any:
+        """``obj.attribute``; on a mapping its key comes first, so ``params.items`` is the parameter ``items``,
+        not ``dict.items`` (jinja looks at attributes first): every name reaches its value."""
         current_meter().step()
+        if isinstance(obj, Mapping) and isinstance(attribute, str):
+            try:
+                if attribute in obj and not isinstance(obj, jinja2.runtime.Context):
+                    return self.getitem(obj, attribute)
+            except TypeError:
+                pass
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:

@@ -1,8 +1,12 @@
 """What may reach a prompt from a template: data (text, numbers, lists and mappings of them),
-never a Python object's repr (a macro not called, a generator, jinja's ``loop``)."""
+never a Python object's repr (a macro not called, a generator, jinja's ``loop``). A list or
+mapping reaches it as JSON (:func:`as_text`: ``{{ params }}`` is ``{"문서": "..."}``, never
+``{'문서': '...'}``), wherever a template turns a value into text: ``{{ ... }}``, ``~``, ``%``,
+``.format()``, ``join`` and the filters that print their input."""
 
 from __future__ import annotations
 
+import json
 import re
 import types
 from collections.abc import Mapping
@@ -12,7 +16,7 @@ import jinja2
 
 from squad.templates.meter import TemplateLimit
 
-__all__ = ["not_text", "refuse_internal"]
+__all__ = ["not_text", "refuse_internal", "as_text", "texts"]
 
 _PLAIN = (str, int, float, type(None))
 _HOLDERS = (list, tuple, dict, set, frozenset)
@@ -68,3 +72,45 @@ def refuse_internal(value: Any, what: str) -> None:
     problem = not_text(value)
     if problem is not None:
         raise TemplateLimit(f"{what} does not give text: {problem}")
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every container made JSON's (lists, string keys; a set's items in a fixed order); a value
+    that prints itself (its class has its own ``__str__``, like a stand-in) as its text."""
+    if isinstance(value, _CONTAINERS) and type(value).__str__ is not object.__str__:
+        return str(value)
+    if isinstance(value, dict):
+        return {_key(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=lambda v: json.dumps(v, ensure_ascii=False, default=str))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _key(key: Any) -> Any:
+    """A mapping key JSON can write: text, a number, true/false/null as they are; a container as its JSON."""
+    if key is None or isinstance(key, (str, int, float, bool)):
+        return key
+    return as_text(key) if isinstance(key, _CONTAINERS) else str(key)
+
+
+def as_text(value: Any) -> Any:
+    """``value`` as it may reach a prompt: a list, tuple, set or mapping as compact-readable JSON
+    (``["a", "b"]``, ``{"a": 1}``; text unescaped, ``true``/``null`` inside), anything else unchanged (text,
+    numbers; jinja prints those itself). A container whose class prints itself is its text."""
+    if not isinstance(value, _CONTAINERS):
+        return value
+    if type(value).__str__ is not object.__str__:
+        return str(value)
+    return json.dumps(_plain(value), ensure_ascii=False, default=str)
+
+
+def texts(values: Any) -> Any:
+    """:func:`as_text` of each item of a tuple (``"%s %s" % (a, b)``), or of ``values`` itself."""
+    if isinstance(values, tuple) and type(values).__str__ is object.__str__:
+        return tuple(as_text(v) for v in values)
+    return as_text(values)
