@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from squad.engine.llama import LIMIT_FIELDS
 from squad.serve.apis.base import Api, check_tools, text_or_parts
 from squad.serve.demand import Refused
 
@@ -19,6 +20,7 @@ __all__ = ["Responses"]
 class Responses(Api):
     name = "responses"
     paths: ClassVar[tuple[str, ...]] = ("/v1/responses", "/responses")
+    limit_fields = (*LIMIT_FIELDS, "max_output_tokens")
     limit_field = "max_output_tokens"
 
     def check(self, body: dict[str, Any]) -> None:
