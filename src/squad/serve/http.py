@@ -113,7 +113,7 @@ def _check_depth(body: Any) -> None:
     """Walk ``body`` without recursion; RecursionError past :data:`MAX_DEPTH` levels."""
     level: list[Any] = [body]
     for _ in range(MAX_DEPTH):
-        nested = []
+        nested: list[Any] = []
         for value in level:
             items = value.values() if isinstance(value, dict) else value
             nested.extend(v for v in items if isinstance(v, (dict, list)))

@@ -58,6 +58,6 @@ class Messages(Api):
             return body
         if not isinstance(inner, dict):
             return {"type": "error", "error": {"type": "api_error", "message": str(body)[:1000]}}
-        code = inner.get("code") if isinstance(inner.get("code"), int) else 500
+        code = inner["code"] if isinstance(inner.get("code"), int) else 500
         return {"type": "error", "error": {"type": ERROR_TYPES.get(code, "api_error"),
                                            "message": str(inner.get("message", ""))}}
