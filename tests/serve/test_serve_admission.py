@@ -368,6 +368,9 @@ async def test_a_body_over_the_limit_is_413_in_the_apis_shape_before_it_is_read_
                 assert got.status_code == 413 and "1,000 bytes" in got.json()["error"]["message"]
                 got = await client.post("/v1/messages", json={**big, "max_tokens": 5})
                 assert got.status_code == 413 and got.json()["error"]["type"] == "request_too_large"
+                huge = json.dumps({"messages": [{"role": "user", "content": "x " * 4_000_000}]}).encode()
+                got = await client.post("/v1/chat/completions", content=huge)  # still sending when refused:
+                assert got.status_code == 413  # the rest is read and dropped, so the client reads its answer
 
                 async def chunked():  # no Content-Length: counted as it streams
                     for _ in range(20):

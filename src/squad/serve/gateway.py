@@ -66,6 +66,7 @@ from squad.serve.http import (
     Receive,
     Send,
     client_name,
+    drain,
     header,
     parse_body,
     priority_of,
@@ -359,7 +360,7 @@ class Gateway:
         try:
             body = await self._read(scope, receive) if scope["method"] == "POST" else b""
         except Refused as exc:
-            await send_json(send, exc.status, exc.body)
+            await self._refuse_body(exc, receive, send)
             return
         headers = {"content-type": "application/json"} if body else {}
         params = scope.get("query_string", b"").decode() or None
@@ -391,9 +392,18 @@ class Gateway:
         return await read_body(receive, limit=self.max_body, timeout=self.body_timeout,
                                declared=header(scope, b"content-length"))
 
+    async def _refuse_body(self, exc: Refused, receive: Receive, send: Send) -> None:
+        await send_json(send, exc.status, exc.body)
+        if exc.status == 413:  # the client may still be sending: let it read the answer
+            await drain(receive, self.body_timeout)
+
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, api: Api) -> None:
         try:
             raw = await self._read(scope, receive)
+        except Refused as exc:
+            await self._refuse_body(exc, receive, send)
+            return
+        try:
             body = await parse_body(raw)  # off the event loop when large
             priority = priority_of(scope)
         except Refused as exc:

@@ -14,8 +14,8 @@ from squad.serve import apis
 from squad.serve.demand import Refused
 
 __all__ = ["Send", "Receive", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER", "MAX_BODY", "BODY_TIMEOUT",
-           "OFF_LOOP_BYTES", "MAX_DEPTH", "read_body", "parse_body", "shaped", "send_json", "relayed", "header",
-           "priority_of", "client_name"]
+           "OFF_LOOP_BYTES", "MAX_DEPTH", "read_body", "drain", "parse_body", "shaped", "send_json", "relayed",
+           "header", "priority_of", "client_name"]
 
 MAX_BODY = 32 * 1024 * 1024
 """Bytes a request body may have (``squad serve --max-body``): larger ones get 413 as soon as their
@@ -73,6 +73,16 @@ async def read_body(receive: Receive, *, limit: int | None = None, timeout: floa
         raise Refused(408, f"the request body did not arrive within {timeout:g} s ({got:,} bytes came): send "
                            "it at once", "timeout_error")
     return b"".join(chunks)
+
+
+async def drain(receive: Receive, timeout: float) -> None:
+    """Read and drop what is left of a refused body (at most ``timeout`` seconds), so that the client,
+    still sending, reads the answer instead of a reset connection."""
+    with anyio.move_on_after(timeout):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
 
 
 def _too_large(limit: int, size: int | None) -> Refused:

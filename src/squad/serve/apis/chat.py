@@ -29,9 +29,9 @@ class Chat(Api):
         messages = objects(body, "messages", required=True, empty=False, what="chat messages (objects)")
         for i, m in enumerate(messages):
             role = m.get("role")
-            if not isinstance(role, str) or role not in ROLES:
-                raise Refused(400, f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}",
-                              param=f"messages[{i}].role")
+            if not isinstance(role, str) or not role:
+                raise Refused(400, f"messages[{i}].role must be a text such as {', '.join(sorted(ROLES))}, got "
+                                   f"{role!r}", param=f"messages[{i}].role")
             if role != "assistant" and "content" not in m:
                 raise Refused(400, f"messages[{i}] ({role}) has no 'content'", param=f"messages[{i}].content")
             if role == "assistant" and "content" not in m and not m.get("tool_calls"):
