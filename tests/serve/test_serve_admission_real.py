@@ -67,7 +67,7 @@ FIELDS = {"n_predict": [-1, 4, 12, None], "max_tokens": [None, 6, 20], "max_comp
 
 def reserved_limit(path: str, body: dict[str, Any]) -> int:
     """What squad serve reserves for generation: the largest limit field the API reads, else its default."""
-    names = ("max_tokens",) if path == "/v1/messages" else tuple(FIELDS)[:4]
+    names = {"/v1/messages": ("max_tokens",), "/v1/responses": tuple(FIELDS)[:4]}.get(path, tuple(FIELDS)[:3])
     given = [body[n] for n in names if isinstance(body.get(n), int) and body[n] >= 1]
     return max(given) if given else DEFAULT
 
