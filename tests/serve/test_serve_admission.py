@@ -410,7 +410,7 @@ async def test_a_large_body_being_read_and_counted_holds_up_no_other_client(monk
         async with serving(EngineSpec(url=fe.base_url), port=0, api_key=KEY) as served:
             headers = {"Authorization": f"Bearer {KEY}"}
             async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
-                large = {"messages": [{"role": "user", "content": "word " * 400_000}], "max_tokens": 4}
+                large = {"messages": [{"role": "user", "content": "word " * 40_000}], "max_tokens": 4}
 
                 async def big() -> None:
                     got = await client.post("/v1/chat/completions", json=large)
@@ -427,6 +427,25 @@ async def test_a_large_body_being_read_and_counted_holds_up_no_other_client(monk
                     tg.start_soon(big)
                     tg.start_soon(small)
     assert order[0] == "small 200" and order[1].startswith("big ")
+
+
+async def test_a_prompt_that_cannot_fit_by_its_length_alone_is_refused_before_it_is_tokenized(monkeypatch):
+    import squad.chat.counting as counting
+
+    def keyed(self, messages, tools):
+        raise AssertionError("counted")
+
+    monkeypatch.setattr(counting.PromptCounter, "_keyed", keyed)
+    async with AllApis(slots=2, n_ctx=4096) as fe:
+        async with serving(EngineSpec(url=fe.base_url), port=0, api_key=KEY) as served:
+            async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {KEY}"},
+                                         timeout=60) as client:
+                body = {"messages": [{"role": "user", "content": "x" * (4097 * 256)}]}  # >= 4,097 tokens
+                got = await client.post("/v1/chat/completions", json=body)
+                assert got.status_code == 400 and "at least 4,097 tokens" in got.json()["error"]["message"]
+                got = await client.post("/v1/messages", json={**body, "max_tokens": 3})
+                assert got.status_code == 400 and got.json()["type"] == "error"
+    assert fe.seen == [] and fe.count_requests == 0
 
 
 # -- /infill and /rerank are admitted -------------------------------------------------------------------

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 
 from squad.engine.template_profile import fit_call_id, fit_call_ids
 from squad.errors import EngineError, EngineGone
-from squad.serve.apis.base import Api, Counting
+from squad.serve.apis.base import MAX_TOKEN_CHARS, Api, Counting, prompt_floor
 from squad.serve.apis.chat import Chat
 from squad.serve.apis.completion import Completion
 from squad.serve.apis.embeddings import Embeddings
@@ -119,6 +120,12 @@ async def demand(body: dict[str, Any], api: Api, gateway: Counting, *, big: bool
     """What ``body`` reserves (:func:`squad.serve.demand.demand_for`; an API that generates nothing:
     its input). ``big``: count it off the event loop."""
     limit = gateway.admission.limit
+    floor = (await anyio.to_thread.run_sync(prompt_floor, body, api.prompt_fields) if big
+             else prompt_floor(body, api.prompt_fields))
+    if floor > limit:  # refused before it is tokenized: counting megabytes takes seconds of CPU
+        raise Refused(400, f"this request's prompt is at least {floor:,} tokens ({floor * MAX_TOKEN_CHARS:,} "
+                           f"characters or more), but one request may hold at most {limit:,} tokens on this engine: "
+                           "shorten it", "exceed_context_size_error", n_prompt_tokens=floor, n_ctx=limit)
 
     async def count(b: dict[str, Any], kind: Kind) -> int:
         return await gateway.count(b, kind, big)

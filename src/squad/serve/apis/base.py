@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
     from squad.sched.admission import Admission
 
-__all__ = ["Api", "Counting", "MEDIA_PARTS", "objects", "text_or_parts", "check_probs", "written_limit"]
+__all__ = ["Api", "Counting", "MAX_TOKEN_CHARS", "prompt_floor", "MEDIA_PARTS", "objects", "text_or_parts",
+           "check_probs", "written_limit"]
 
 MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "input_audio", "audio", "input_file", "file",
                          "document"})
@@ -92,6 +93,8 @@ class Api:
     """The field the reserved limit is written to (besides every alias the body holds)."""
     several: ClassVar[bool] = True
     """Whether the engine reads ``n``/``n_cmpl`` for this API (several completions of a prompt)."""
+    prompt_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields whose texts all reach the prompt (:func:`prompt_floor`)."""
 
     def check(self, body: dict[str, Any]) -> None:
         """Raise :class:`Refused` (400) for a body whose shape the engine cannot take."""
@@ -114,6 +117,26 @@ class Api:
 
     def __repr__(self) -> str:
         return f"<api {self.name}>"
+
+
+MAX_TOKEN_CHARS = 256
+"""No token covers more characters than this (SmolLM2's longest: 81), so a prompt holding C characters
+of text is at least C / 256 tokens: a body that can never fit is refused before it is tokenized (which
+takes ~2.5 s per MB)."""
+
+
+def prompt_floor(body: dict[str, Any], fields: tuple[str, ...]) -> int:
+    """The fewest tokens the texts in ``body``'s ``fields`` can be (:data:`MAX_TOKEN_CHARS`)."""
+    chars, todo = 0, [body.get(f) for f in fields]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+    return chars // MAX_TOKEN_CHARS
 
 
 def written_limit(body: dict[str, Any], max_tokens: int, field: str | None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ __all__ = ["Completion"]
 class Completion(Api):
     name = "completion"
     paths: ClassVar[tuple[str, ...]] = ("/v1/completions", "/completions", "/completion")
+    prompt_fields = ("prompt",)
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)

@@ -26,6 +26,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 class Messages(Api):
     name = "messages"
     paths: ClassVar[tuple[str, ...]] = ("/v1/messages",)
+    prompt_fields = ("messages", "system", "tools")
     limit_fields = ("max_tokens",)
     several = False
 

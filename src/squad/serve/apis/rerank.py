@@ -25,6 +25,7 @@ model's rerank template (``tokenizer.chat_template.rerank``)."""
 class Rerank(Embeddings):
     name = "rerank"
     paths: ClassVar[tuple[str, ...]] = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
+    prompt_fields = ("query", "documents", "texts")
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)
