@@ -23,7 +23,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 class Chat(Api):
     name = "chat"
     paths: ClassVar[tuple[str, ...]] = ("/v1/chat/completions", "/chat/completions")
-    prompt_fields = ("messages", "tools")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("messages", "tools")
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)

@@ -19,7 +19,7 @@ __all__ = ["Completion"]
 class Completion(Api):
     name = "completion"
     paths: ClassVar[tuple[str, ...]] = ("/v1/completions", "/completions", "/completion")
-    prompt_fields = ("prompt",)
+    prompt_fields: ClassVar[tuple[str, ...]] = ("prompt",)
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)

@@ -19,7 +19,7 @@ __all__ = ["Embeddings"]
 class Embeddings(Api):
     name = "embeddings"
     paths: ClassVar[tuple[str, ...]] = ("/v1/embeddings", "/embeddings", "/embedding")
-    prompt_fields = ("input", "content")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("input", "content")
     generates = False
     several = False
 

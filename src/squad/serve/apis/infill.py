@@ -31,7 +31,7 @@ CHUNK_OVERHEAD = 24
 class Infill(Api):
     name = "infill"
     paths: ClassVar[tuple[str, ...]] = ("/infill",)
-    prompt_fields = ("input_prefix", "input_suffix", "prompt", "input_extra")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("input_prefix", "input_suffix", "prompt", "input_extra")
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)

@@ -26,7 +26,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 class Messages(Api):
     name = "messages"
     paths: ClassVar[tuple[str, ...]] = ("/v1/messages",)
-    prompt_fields = ("messages", "system", "tools")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("messages", "system", "tools")
     limit_fields = ("max_tokens",)
     several = False
 

@@ -25,7 +25,7 @@ model's rerank template (``tokenizer.chat_template.rerank``)."""
 class Rerank(Embeddings):
     name = "rerank"
     paths: ClassVar[tuple[str, ...]] = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
-    prompt_fields = ("query", "documents", "texts")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("query", "documents", "texts")
 
     def check(self, body: dict[str, Any]) -> None:
         super().check(body)

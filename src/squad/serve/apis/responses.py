@@ -20,7 +20,7 @@ __all__ = ["Responses"]
 class Responses(Api):
     name = "responses"
     paths: ClassVar[tuple[str, ...]] = ("/v1/responses", "/responses")
-    prompt_fields = ("input", "instructions", "tools")
+    prompt_fields: ClassVar[tuple[str, ...]] = ("input", "instructions", "tools")
     limit_fields = (*LIMIT_FIELDS, "max_output_tokens")
     limit_field = "max_output_tokens"
 
