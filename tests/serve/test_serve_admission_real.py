@@ -32,7 +32,7 @@ def url(tmp_path_factory, llama_server_path, default_model_path):
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
+    return httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=850)
 
 
 def generated(path: str, answer: dict[str, Any]) -> int:
@@ -44,16 +44,16 @@ def generated(path: str, answer: dict[str, Any]) -> int:
     return answer["usage"]["completion_tokens"]
 
 
-@pytest.mark.timeout(900)  # 248 tokens on 2 shared cores: 182 s at load 14
+@pytest.mark.timeout(900)  # 248 tokens on 2 shared cores took 182 s at load 14, over 300 s at load 20
 def test_n_predict_minus_one_beside_max_tokens_8_generates_8_while_two_others_run(url):
     """The field case: on main b11434 read n_predict -1 first and generated until the pool was full."""
     chat = {"messages": [{"role": "user", "content": PROMPT}], "ignore_eos": True}
-    bodies = [{**chat, "max_tokens": 120}, {**chat, "max_tokens": 120},
+    bodies = [{**chat, "max_tokens": 60}, {**chat, "max_tokens": 60},
               {**chat, "max_tokens": 8, "n_predict": -1}]
     with ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(lambda b: post(url, "/v1/chat/completions", b), bodies))
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text[:300] for a in answers]
-    assert [generated("/v1/chat/completions", a.json()) for a in answers] == [120, 120, 8]
+    assert [generated("/v1/chat/completions", a.json()) for a in answers] == [60, 60, 8]
     assert all(a.json()["choices"][0]["finish_reason"] == "length" for a in answers)
 
 
