@@ -13,8 +13,14 @@
       first token, and the gap between two chunks (each request's mean gap).
     Targets (issue 22): tokens/s >= 0.98 of direct, <= 2 ms added at 64 streams. The machine's
     load average is printed with the tables: on a shared machine, read the figures with it.
+(stall) No client can stall another (issue 28): a small streamed request's time to first token
+    through squad serve (the fake engine, the real model's tokenizer counting) alone, and while
+    another client sends, again and again, a 50 MB body (refused 413 by its Content-Length), a
+    30 MB valid chat body (read and parsed off the event loop, refused 400: its length alone cannot
+    fit) or a 3 MB one (also tokenized, in a worker thread, then refused 400: too long for the
+    context). Target: within 1.2x of alone.
 
-    .venv/bin/python bench/serve.py [--repeats 5] [--parts a,cost]
+    .venv/bin/python bench/serve.py [--repeats 5] [--parts a,cost,stall]
 """
 
 from __future__ import annotations
@@ -71,7 +77,11 @@ class ServeProcess:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:  # still counting a large body in a worker thread
+            self.proc.kill()
+            self.proc.wait()
 
 
 async def stream_once(client: openai.AsyncOpenAI, messages: list[dict], max_tokens: int, **extra) -> tuple[float, int]:
@@ -242,6 +252,72 @@ async def cost_latency(repeats: int) -> list[list[object]]:
     return rows
 
 
+_FLOOD = """
+import json, sys, httpx
+url, key, kind = sys.argv[1:4]
+words = {"50": 10 * 2**20, "30": 6 * 2**20, "3": 600_000}[kind]
+body = json.dumps({"messages": [{"role": "user", "content": "word " * words}], "max_tokens": 4}).encode()
+with httpx.Client(timeout=600) as client:
+    while True:
+        try:
+            r = client.post(url + "/v1/chat/completions", content=body,
+                            headers={"Authorization": "Bearer " + key, "content-type": "application/json"})
+            print(r.status_code, flush=True)
+        except httpx.TransportError as exc:
+            print(type(exc).__name__, flush=True)
+"""
+
+
+async def stall_case(repeats: int) -> list[list[object]]:
+    """Rows of the stall case (module docstring): small-request TTFT alone and beside large bodies, each
+    sent again and again by a client in a process of its own (so its sending does not share this
+    process's CPU with what is measured)."""
+    rows: list[list[object]] = []
+    async with fake_engine_process(slots=8, n_ctx=8 * 2048, model_path=str(MODEL), token_delay=0.005) as fake:
+        serve = await anyio.to_thread.run_sync(lambda: ServeProcess("--url", fake))
+        try:
+            async with httpx.AsyncClient(timeout=600) as http:
+                await timed_stream(http, serve.url, KEY, 4)  # warm: the tokenizer is loaded
+
+                async def smalls() -> list[float]:
+                    return [(await resent_once(http, serve.url, KEY, 16))[0] * 1000 for _ in range(10)]
+
+                alone = [statistics.median(await smalls()) for _ in range(repeats)]
+                for label, kind in (("a 50 MB body refused (413)", "50"),
+                                    ("a 30 MB valid body refused by its length (400)", "30"),
+                                    ("a 3 MB valid body tokenized and refused (400)", "3")):
+                    answers: list[str] = []
+                    beside: list[float] = []
+                    for _ in range(repeats):
+                        flood = subprocess.Popen([sys.executable, "-c", _FLOOD, serve.url, KEY, kind],
+                                                 stdout=subprocess.PIPE, text=True)
+                        try:
+                            await anyio.sleep(3)  # the large body is built and on its way
+                            beside.append(statistics.median(await smalls()))
+                        finally:
+                            flood.kill()
+                            out, _ = flood.communicate()
+                            answers += out.split()
+                    ratios = [b / a for a, b in zip(alone, beside)]
+                    rows.append([f"small request's time to first token, ms, beside {label}", spread(alone),
+                                 spread(beside), f"ratio {spread(ratios, 2)}",
+                                 "<= 1.2x: " + ("met" if statistics.median(ratios) <= 1.2 else "not met"),
+                                 f"{len(answers)} large bodies answered {sorted(set(answers))}"])
+        finally:
+            await anyio.to_thread.run_sync(serve.stop)
+    return rows
+
+
+def part_stall(repeats: int) -> str:
+    load0 = os.getloadavg()
+    rows = anyio.run(stall_case, repeats)
+    load1 = os.getloadavg()
+    table = md_table(["measure", "alone, median (min–max) of repeats", "beside the large body", "ratio", "target",
+                      "large bodies"], rows)
+    return (f"{table}\n\nLoad average (1, 5, 15 min) at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+            f"at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs).")
+
+
 def part_cost(repeats: int, latency: bool = True, rate: bool = True) -> str:
     load0 = os.getloadavg()
     headers = ["measure", "direct, median (min–max) of repeats", "through squad serve", "serve vs direct (per repeat)",
@@ -269,6 +345,9 @@ def main() -> None:
     if "cost" in parts or "latency" in parts or "rate" in parts:  # latency / rate: one half of cost
         print(f"### (cost) what squad serve costs, {args.repeats} repeats, direct and serve taking turns\n")
         print(part_cost(args.repeats, latency="rate" not in parts, rate="latency" not in parts) + "\n")
+    if "stall" in parts:
+        print(f"### (stall) a small request beside large bodies, {args.repeats} repeats (issue 28)\n")
+        print(part_stall(args.repeats) + "\n")
 
 if __name__ == "__main__":
     main()

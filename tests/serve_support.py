@@ -19,8 +19,8 @@ from squad.engine.process import free_port
 
 @contextlib.contextmanager
 def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: int = 2048,
-                slots: int = 4) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``squad serve -c CTX -np SLOTS -t THREADS`` on a free port with key ``key`` and state dir ``state``;
+                slots: int = 4, args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``squad serve -c CTX -np SLOTS -t THREADS [ARGS]`` on a free port with key ``key`` and state dir ``state``;
     yields ``(url, process)`` once ``/health`` is 200 (at most 120 s; its log in the assertion);
     stopped with SIGINT."""
     port = free_port()
@@ -29,7 +29,7 @@ def squad_serve(state: Path, key: str, llama_server: Path, model: Path, *, ctx: 
     log = open(state / "serve.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "squad", "serve", "--port", str(port), "-c", str(ctx),
                              "-np", str(slots), "-t", str(THREADS), "--llama-server", str(llama_server),
-                             "-m", str(model)],
+                             "-m", str(model), *args],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -123,18 +123,26 @@ class PromptCounter:
         except SquadError:
             return None
 
-    async def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[int, bool]:
+    async def __call__(self, messages: list[dict], tools: list[dict] | None = None, *,
+                       in_thread: bool = False) -> tuple[int, bool]:
         """``(tokens, local)``: the exact prompt count, and whether it was counted here (not
         by the engine). Tool call ids are counted as they are sent: fitted to what the template
-        demands (:func:`squad.engine.template_profile.fit_call_ids`). Raises what ``remote`` raises."""
-        messages = fit_call_ids(messages, self._id_length)
-        key = _key(messages, tools)
+        demands (:func:`squad.engine.template_profile.fit_call_ids`). ``in_thread``: do the CPU work
+        (the cache key, the local count) in a worker thread, for a large prompt that would hold up the
+        event loop (``squad serve``). Raises what ``remote`` raises."""
+        if in_thread:
+            messages, key = await anyio.to_thread.run_sync(self._keyed, messages, tools)
+        else:
+            messages, key = self._keyed(messages, tools)
         known = self._cache.get(key)
         if known is not None:
             self._cache.move_to_end(key)
             return known, self._local is not None
         await self.prepare()
-        n = self._count_local(messages, tools)
+        if in_thread and self._local is not None:
+            n = await anyio.to_thread.run_sync(self._count_local, messages, tools)
+        else:
+            n = self._count_local(messages, tools)
         local = n is not None
         if n is None:
             self.remote_counts += 1
@@ -143,6 +151,10 @@ class PromptCounter:
         if len(self._cache) > COUNT_CACHE:
             self._cache.popitem(last=False)
         return n, local
+
+    def _keyed(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], str]:
+        messages = fit_call_ids(messages, self._id_length)
+        return messages, _key(messages, tools)
 
     def _count_local(self, messages: list[dict], tools: list[dict] | None) -> int | None:
         if self._local is None:

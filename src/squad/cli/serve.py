@@ -60,6 +60,9 @@ def serve_command(
         "--client-key", show_default=False,
         help="NAME=KEY: another key clients may send; requests with it are counted and shown as NAME. Repeatable.")]
     = None,
+    max_body: Annotated[float, typer.Option(
+        "--max-body", min=0.001,
+        help="MiB a request body may have; a larger one gets 413 before it is read.")] = 32.0,
     load_timeout: Annotated[float | None, options.load_timeout()] = None,
     request_timeout: Annotated[float | None, options.request_timeout()] = None,
     queue: Annotated[str | None, options.queue()] = None,
@@ -118,7 +121,7 @@ def serve_command(
                 async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
                                    cors_origins=tuple(cors_origin or ()), client_keys=keys,
-                                   max_restarts=max_restarts) as served:
+                                   max_restarts=max_restarts, max_body=round(max_body * 2**20)) as served:
                     running.append(served)
                     await show(served, loading)
             tg.cancel_scope.cancel()

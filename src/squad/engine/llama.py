@@ -33,6 +33,10 @@ __all__ = [
     "KV_TYPE_BYTES",
     "CACHE_TYPES",
     "CONTEXT_EXCEEDED",
+    "LIMIT_FIELDS",
+    "COMPLETIONS_FIELDS",
+    "SLOT_PIN_FIELDS",
+    "MAX_PROBS",
     "HOST",
     "ENGINE_ENV",
     "round_ctx",
@@ -79,6 +83,30 @@ at most this many tokens of all slots together, and a streaming request with
 ``return_progress: true`` gets a ``prompt_progress`` chunk (``total``, ``cache``, ``processed``,
 ``time_ms``) when its slot starts and after each such batch (``server-context.cpp``,
 ``send_partial_response``). So no chunk arrives for up to one batch's time."""
+
+LIMIT_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens")
+"""The request fields llama-server reads as the most tokens to generate, in the order it reads them
+(``tools/server/server-schema.cpp``: ``n_predict`` with the aliases ``max_completion_tokens`` and
+``max_tokens``; the first one present and not null wins, ``-1`` = no limit, then the server's own
+``-n``, -1 by default: generate until the context is full). Every API reaches this schema: chat and
+completions directly (their other fields are copied in, ``oaicompat_chat_params_parse``), Responses
+through ``server_chat_convert_responses_to_chatcmpl`` (which copies the whole body and turns
+``max_output_tokens`` into ``max_tokens``), Messages through ``server_chat_convert_anthropic_to_oai``
+(only its ``max_tokens``, 4096 when absent), ``/infill`` as ``/completion``."""
+
+COMPLETIONS_FIELDS = ("n_cmpl", "n")
+"""The request fields llama-server reads as the number of completions of each prompt
+(``server-schema.cpp``: ``n_cmpl`` with the alias ``n``, first present wins, 1 to ``-np``): each
+one more task, all posted at once (``handle_completions_impl``)."""
+
+SLOT_PIN_FIELDS = ("id_slot",)
+"""A request field that pins the request to one engine slot (``handle_completions_impl``: the
+task waits inside the engine until that slot is free)."""
+
+MAX_PROBS = 20
+"""The most top tokens per generated token squad serve passes on (``n_probs`` / ``logprobs`` /
+``top_logprobs``; OpenAI's own bound is 20). llama-server clamps ``n_probs`` only to the vocabulary
+(``server-context.cpp`` ``populate_token_probs``): 49,152 probabilities per token for SmolLM2."""
 
 LONGEST_CALL_S = 14_400.0
 """The most seconds squad lets one call take when its deadline is derived from the engine's

@@ -7,12 +7,14 @@ it reaches llama-server, so requests running together never exceed its slots or 
 
 - :mod:`squad.serve.gateway`: the ASGI app (routes, key, counting, ``/squad/status``);
 - :mod:`squad.serve.relay`: one admitted generation request, forwarded and relayed;
-- :mod:`squad.serve.http`: ASGI bodies, headers and JSON answers;
+- :mod:`squad.serve.http`: ASGI bodies (bounded in size and time, parsed off the event loop when
+  large), headers, JSON answers, errors in each API's shape;
 - :mod:`squad.serve.demand`: one request's reservation (prompt + max_tokens) or its 400;
 - :mod:`squad.serve.fanout`: a list of prompts or ``n`` > 1, one reservation per completion;
 - :mod:`squad.serve.assemble`: a request not streamed (chat, completions, Responses, Messages) is
   streamed from llama-server (so it stops when the client leaves) and answered whole;
-- :mod:`squad.serve.apis`: Responses, Messages and embeddings (counted by the engine's endpoints);
+- :mod:`squad.serve.apis`: one module per admitted API (chat, completions, Responses, Messages,
+  embeddings, infill, rerank): its paths, shape check, count, generation limit and error shape;
 - :mod:`squad.serve.forcing`: tool choice and schemas for every client, as squad's own client sends them;
 - :mod:`squad.serve.stream_start`: a stream starts as its API says (Messages ``message_start``,
   chat ``role``, one Responses ``response.created``);

@@ -4,9 +4,11 @@
 :class:`~squad.sched.admission.Admission` before it is sent on. The prompt is counted by the
 project's one counter (:class:`~squad.chat.counting.PromptCounter`: the model's own tokenizer and
 chat template, else the engine's ``/v1/chat/completions/input_tokens``; for a plain-text prompt
-``/tokenize``). ``max_tokens`` is what llama-server would generate at most: ``n_predict``,
-``max_completion_tokens``, ``max_tokens`` or (Responses) ``max_output_tokens`` (the largest one given); a request
-without any gets the server's stated default, written into the request so the engine stops there.
+``/tokenize``; each API's own: :mod:`squad.serve.apis`). ``max_tokens`` is the largest of the
+generation-limit fields the API reads (:data:`MAX_TOKEN_FIELDS`: ``n_predict``, ``max_completion_tokens``,
+``max_tokens``, Responses ``max_output_tokens``); a request without any gets the server's stated
+default. Either way the reserved limit is written into every one of those fields of the body sent
+(:meth:`squad.serve.apis.base.Api.write_limit`): the engine never generates more than was reserved.
 
 A request that cannot be admitted is a :class:`Refused`: an HTTP status and an OpenAI-shaped
 error body with the numbers (``{"error": {"message", "type", "param", "code", ...}}``).
@@ -18,16 +20,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from squad.engine.llama import round_ctx
+from squad.engine.llama import COMPLETIONS_FIELDS, LIMIT_FIELDS, round_ctx
 
-__all__ = ["Demand", "Refused", "Kind", "MAX_TOKEN_FIELDS", "read_max_tokens", "demand_for", "error_body"]
+__all__ = ["Demand", "Refused", "Kind", "MAX_TOKEN_FIELDS", "read_max_tokens", "completions", "demand_for",
+           "error_body"]
 
-Kind = Literal["chat", "completion", "responses", "messages", "embeddings"]
-"""``chat``: ``/v1/chat/completions`` (messages); ``completion``: ``/v1/completions`` and
-llama-server's ``/completion`` (a text prompt); the others: :mod:`squad.serve.apis`."""
+Kind = Literal["chat", "completion", "responses", "messages", "embeddings", "infill", "rerank"]
+"""The name of an API squad serve admits (:data:`squad.serve.apis.APIS`: one module each)."""
 
-MAX_TOKEN_FIELDS = ("n_predict", "max_completion_tokens", "max_tokens", "max_output_tokens")
-"""Request fields llama-server reads as the most tokens to generate."""
+MAX_TOKEN_FIELDS = (*LIMIT_FIELDS, "max_output_tokens")
+"""Request fields llama-server reads as the most tokens to generate (Responses' ``max_output_tokens``
+becomes ``max_tokens``)."""
 
 
 class Refused(Exception):
@@ -58,14 +61,14 @@ class Demand:
         return self.prompt + self.max_tokens
 
 
-def read_max_tokens(body: dict[str, Any]) -> int | None:
-    """The most tokens ``body`` lets the engine generate: the largest of :data:`MAX_TOKEN_FIELDS`
-    given, None when none is (``n_predict: -1`` means none). Raises :class:`Refused` for a value
-    that is not a whole number >= 1."""
+def read_max_tokens(body: dict[str, Any], fields: tuple[str, ...] = MAX_TOKEN_FIELDS) -> int | None:
+    """The most tokens ``body`` asks the engine to generate: the largest of ``fields`` given, None
+    when none is (``n_predict: -1`` means none: squad's default is reserved, and written). Raises
+    :class:`Refused` for a value that is not a whole number >= 1."""
     found: list[int] = []
-    for name in MAX_TOKEN_FIELDS:
+    for name in fields:
         value = body.get(name)
-        if value is None or (name == "n_predict" and value == -1):
+        if value is None or (name == "n_predict" and value == -1 and not isinstance(value, bool)):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise Refused(400, f"{name} must be a whole number of at least 1, got {value!r}", param=name)
@@ -73,10 +76,20 @@ def read_max_tokens(body: dict[str, Any]) -> int | None:
     return max(found) if found else None
 
 
+def completions(body: dict[str, Any]) -> Any:
+    """The number of completions ``body`` asks for, as llama-server reads it: the first of
+    :data:`~squad.engine.llama.COMPLETIONS_FIELDS` given and not null (1 when none is); not checked."""
+    for name in COMPLETIONS_FIELDS:
+        if body.get(name) is not None:
+            return body[name]
+    return 1
+
+
 Count = Callable[[dict[str, Any], Kind], Awaitable[int]]
 
 
-async def demand_for(body: dict[str, Any], kind: Kind, count: Count, *, limit: int, default_max_tokens: int) -> Demand:
+async def demand_for(body: dict[str, Any], kind: Kind, count: Count, *, limit: int, default_max_tokens: int,
+                     fields: tuple[str, ...] = MAX_TOKEN_FIELDS) -> Demand:
     """The :class:`Demand` of ``body`` on an engine where one request may hold at most ``limit``
     tokens (:attr:`squad.sched.admission.Admission.limit`). A request without max_tokens gets
     ``default_max_tokens``, lowered to what fits beside its prompt. ``count(body, kind)`` returns
@@ -84,10 +97,11 @@ async def demand_for(body: dict[str, Any], kind: Kind, count: Count, *, limit: i
 
     Raises :class:`Refused` (400) for a request that can never fit, with the numbers and the fix.
     """
-    if not isinstance(body.get("n", 1), int) or body.get("n", 1) != 1:
-        raise Refused(400, f"squad serve admits one completion per request, got n={body.get('n')!r}: "
+    n = completions(body)
+    if isinstance(n, bool) or not isinstance(n, int) or n != 1:
+        raise Refused(400, f"squad serve admits one completion per request here, got n={n!r}: "
                            "send n requests instead", param="n")
-    asked = read_max_tokens(body)
+    asked = read_max_tokens(body, fields)
     prompt = await count(body, kind)
     if asked is None:
         room = limit - prompt

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
+from squad.engine.llama import COMPLETIONS_FIELDS
 from squad.errors import AdmissionError
 from squad.events import Origin
+from squad.serve import apis
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, data_of, streamed_upstream
-from squad.serve.demand import Kind, Refused, demand_for, error_body
+from squad.serve.demand import Kind, Refused, completions, error_body
 from squad.serve.stream_start import add_role
 
 if TYPE_CHECKING:
@@ -45,9 +47,7 @@ def split(body: dict[str, Any], kind: Kind, path: str = "/v1/completions") -> li
     """The parts of ``body`` (sent to ``path``) in choice order (each one prompt, ``n`` = 1), or
     None when it asks for one completion. Raises :class:`Refused` (400) for a bad ``n``, an empty
     prompt list, more than :data:`MAX_PARTS` parts, or several on llama-server's ``/completion``."""
-    n = body.get("n", 1)
-    if n is None:
-        n = 1
+    n = completions(body)  # n_cmpl, else n: what llama-server reads
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise Refused(400, f"n must be a whole number of at least 1, got {n!r}", param="n")
     prompts = _prompts(body.get("prompt")) if kind == "completion" else None
@@ -79,7 +79,7 @@ def _prompts(prompt: Any) -> list[Any] | None:
 
 
 def _part(body: dict[str, Any], prompt: Any) -> dict[str, Any]:
-    part = {k: v for k, v in body.items() if k != "n"}
+    part = {k: v for k, v in body.items() if k not in COMPLETIONS_FIELDS}
     if prompt is not None:
         part["prompt"] = prompt
     return part
@@ -109,14 +109,12 @@ class _Fanout:
         demands = []
         for part in self.parts:  # every part is checked before any is sent
             try:
-                demands.append(await demand_for(part, self.relay.kind, g.count, limit=g.admission.limit,
-                                                default_max_tokens=g.default_max_tokens))
+                demands.append(await apis.demand(part, self.relay.api, g, big=self.relay.big))
             except Refused as exc:
                 await self._answer(exc.status, exc.body)
                 return "refused" if exc.status == 400 else "failed"
-        for part, demand in zip(self.parts, demands):
-            if demand.defaulted:
-                part["max_tokens"] = demand.max_tokens
+        # exactly the reserved limit, in every field the engine reads it from (squad.serve.apis.base)
+        self.parts = [self.relay.api.write_limit(part, d.max_tokens) for part, d in zip(self.parts, demands)]
         g.ledger.move(live, "queued", tokens=sum(d.tokens for d in demands))
         async with anyio.create_task_group() as tg:
             for i, (part, demand) in enumerate(zip(self.parts, demands)):

@@ -5,8 +5,10 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
 
 - generation, admitted: ``POST /v1/chat/completions``, ``/v1/completions`` (and the
   unprefixed ``/chat/completions``, ``/completions``, llama-server's ``/completion``),
-  ``/v1/responses``, ``/v1/messages`` and ``/v1/embeddings`` (:mod:`squad.serve.apis`; tool
-  choice and schemas rewritten as the engine honours them, :mod:`squad.serve.forcing`); a list of
+  ``/v1/responses``, ``/v1/messages``, ``/v1/embeddings``, ``/infill`` and ``/v1/rerank`` (and
+  ``/rerank``, ``/reranking``, ``/v1/reranking``): one module per API in :mod:`squad.serve.apis`
+  (its paths, its shape check, its count, its generation limit, its error shape); tool
+  choice and schemas rewritten as the engine honours them, :mod:`squad.serve.forcing`; a list of
   prompts or ``n`` > 1 is one reservation per completion (:mod:`squad.serve.fanout`);
 - ``OPTIONS`` (a CORS preflight, no key): :mod:`squad.serve.cors`;
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
@@ -14,8 +16,11 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
   ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
 - ``GET /squad/status``: slots, pool reservations, queue, per-client counts (JSON).
 
-One generation request: count the prompt (:mod:`squad.serve.demand`), reserve
-``prompt + max_tokens`` (FIFO within priority: header ``X-Squad-Priority``, lower first, default
+One generation request: its body read (at most ``max_body`` bytes, 413; within ``body_timeout``
+seconds, 408) and parsed (off the event loop when large, :mod:`squad.serve.http`), its shape checked
+(400 in the API's own error shape), count the prompt (:mod:`squad.serve.demand`), reserve
+``prompt + max_tokens`` and write exactly that limit into the body sent (FIFO within priority:
+header ``X-Squad-Priority``, lower first, default
 0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
 when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
 once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
@@ -28,8 +33,9 @@ The request itself is :class:`squad.serve.relay.Relay`; ASGI plumbing is :mod:`s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import json
+import logging
 import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -47,20 +53,28 @@ from squad.errors import EngineError, EngineGone, UserError
 from squad.events import Event, EventSink, emit_to
 from squad.sched.admission import Admission, Reservation
 from squad.serve import apis
+from squad.serve.apis import Api
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.ending import end_request, refusal
 from squad.serve.http import (
+    BODY_TIMEOUT,
     CLIENT_HEADER,
+    MAX_BODY,
+    OFF_LOOP_BYTES,
     PRIORITY_HEADER,
     SERVE_HEADER,
     Receive,
     Send,
     client_name,
+    drain,
+    header,
+    parse_body,
     priority_of,
     read_body,
     relayed,
     send_json,
+    shaped,
 )
 from squad.serve.keeper import EngineKeeper
 from squad.serve.relay import Relay
@@ -82,9 +96,8 @@ UPSTREAM_SHARDS = 8
 every connection it holds each time a request starts or ends (quadratic in the streams): 640
 streams 64 at a time made 2.7 million such checks on one pool, 0.2 million over 8 (cProfile)."""
 
-GENERATION: dict[str, Kind] = {"/v1/chat/completions": "chat", "/chat/completions": "chat",
-                               "/v1/completions": "completion", "/completions": "completion",
-                               "/completion": "completion", **apis.ROUTES}
+GENERATION: dict[str, Api] = apis.ROUTES
+_log = logging.getLogger("squad.serve")
 PASS_GET = ("/health", "/props", "/slots", "/metrics", "/v1/models", "/models")
 PASS_POST = ("/tokenize", "/detokenize", "/apply-template", "/v1/chat/completions/input_tokens", *apis.PASS_POST)
 
@@ -98,7 +111,9 @@ class Gateway:
     - ``default_max_tokens``: what a request without max_tokens reserves and may generate;
     - ``request_timeout``: seconds one upstream request may take;
     - ``on_event``: receives ``call.first_token``/``call.finished``/``call.failed`` (admission's
-      own events reach the session's sinks).
+      own events reach the session's sinks);
+    - ``max_body``: bytes a request body may have (413 beyond); ``body_timeout``: seconds it may take
+      to arrive (408 after).
 
     Raises :class:`~squad.errors.UserError` for a session without admission (its engine admits
     on its own: another squad serve).
@@ -107,7 +122,8 @@ class Gateway:
     def __init__(self, session: EngineSession, *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
                  on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
-                 client_keys: dict[str, str] | None = None) -> None:
+                 client_keys: dict[str, str] | None = None, max_body: int = MAX_BODY,
+                 body_timeout: float = BODY_TIMEOUT) -> None:
         if session.admission is None:
             raise UserError(f"the engine at {session.info.base_url} admits on its own (it is a squad serve "
                             "endpoint already): point clients at it directly")
@@ -115,6 +131,7 @@ class Gateway:
         self.api_key = api_key or secrets.token_urlsafe(24)
         self.default_max_tokens = default_max_tokens
         self.request_timeout = request_timeout
+        self.max_body, self.body_timeout = max_body, body_timeout
         self.ledger = Ledger()
         self.replans: list[dict[str, Any]] = []
         """Each reload :mod:`squad.serve.replan` made: when, from/to slots and context, the reason."""
@@ -187,33 +204,40 @@ class Gateway:
                 await client.aclose()
         self._pools, self._retired = [], []
 
-    async def count(self, body: dict[str, Any], kind: Kind, *, again: bool = True) -> int:
-        """Prompt tokens of a request as the engine counts them (:mod:`squad.chat.counting` for chat;
-        the local tokenizer + 1 for a possible BOS, else ``/tokenize``, for a text prompt). While a dead engine
-        restarts it waits for it, and counts ``again`` once when the engine died under the count.
-        Raises :class:`Refused`: 400 for a prompt it cannot read, 503 while the engine loads,
-        502 when the engine does not answer."""
+    async def count(self, body: dict[str, Any], kind: Kind, big: bool = False, *, again: bool = True) -> int:
+        """Prompt tokens of a request of ``kind`` as the engine counts them (each API's own count,
+        :mod:`squad.serve.apis`; ``big``: counted off the event loop). While a dead engine restarts it waits for
+        it, and counts ``again`` once when the engine died under the count. Raises :class:`Refused`: 400 for
+        a prompt it cannot read (the model's template fails on it, or the engine says so), 503 while the
+        engine loads, 502 when the engine does not answer."""
         if self.keeper is not None and not self.keeper.up:  # a request that arrives while the engine restarts
             await self.keeper.wait_up()
         try:
-            if kind in ("responses", "messages", "embeddings"):
-                return await apis.count(self, body, kind)
-            if kind == "chat":
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages:
-                    raise Refused(400, "messages must be a non-empty list of chat messages", param="messages")
-                return (await self.counter(messages, body.get("tools") or None))[0]
-            return await self.count_text(body.get("prompt"))
+            return await apis.BY_NAME[kind].count(self, body, big)
         except Loading as exc:
             raise Refused(503, str(exc) or "Loading model", "unavailable_error") from exc
         except (EngineGone, EngineError) as exc:
             if again and isinstance(exc, EngineGone) and await self.engine_back():  # it died: restarted now
-                return await self.count(body, kind, again=False)
+                return await self.count(body, kind, big, again=False)
             raise Refused(502, f"squad serve could not count the prompt: {exc}", "server_error") from exc
+        except Refused:
+            raise
+        except Exception as exc:  # the model's own template (jinja2) raising on these messages
+            raise Refused(400, f"the model's chat template cannot render this request: {type(exc).__name__}: "
+                               f"{str(exc)[:300]}") from exc
 
-    async def count_text(self, prompt: Any) -> int:
-        """Prompt tokens of a text prompt or a list of token ids (a single-item list is its item). Raises
-        :class:`Refused` (400: neither; 503: the engine loads), :class:`EngineGone`, :class:`EngineError`."""
+    async def count_chat(self, messages: list[Any], tools: list[Any] | None, big: bool = False) -> int:
+        """Prompt tokens of chat ``messages`` and ``tools`` (:mod:`squad.chat.counting`)."""
+        return (await self.counter(messages, tools, in_thread=big))[0]
+
+    async def engine_count(self, path: str, body: dict[str, Any]) -> int:
+        """The engine's own count of ``body`` at its counting endpoint ``path``."""
+        return await apis.engine_count(self.upstream, self.engine.base_url, path, body)
+
+    async def count_text(self, prompt: Any, big: bool = False) -> int:
+        """Prompt tokens of a text prompt or a list of token ids (a single-item list is its item; ``big``:
+        counted off the event loop). Raises :class:`Refused` (400: neither; 503: the engine loads),
+        :class:`EngineGone`, :class:`EngineError`."""
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -223,8 +247,10 @@ class Gateway:
                                f"{type(prompt).__name__}", param="prompt")
         await self.counter.prepare()
         local = self.counter.local
-        if local is not None:
-            return local.count_text(prompt) + 1  # + a BOS the engine may add: never reserve less than it uses
+        if local is not None:  # + a BOS the engine may add: never reserve less than it uses
+            if big or len(prompt) >= OFF_LOOP_BYTES:
+                return await anyio.to_thread.run_sync(local.count_text, prompt) + 1
+            return local.count_text(prompt) + 1
         how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
         if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
             return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
@@ -289,12 +315,13 @@ class Gateway:
             return
         version, cors = self._version, self.cors.headers(scope)
 
-        async def tagged(message: dict[str, Any]) -> None:
+        async def headed(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (SERVE_HEADER.encode(), version), *cors]
             await send(message)
 
         path, method = scope["path"], scope["method"]
+        tagged = shaped(headed, GENERATION.get(path))  # every error in its API's own shape, never a raw 500
         if method == "OPTIONS":  # a CORS preflight carries no key (squad.serve.cors)
             status, headers, data = self.cors.preflight(scope)
             await send({"type": "http.response.start", "status": status,
@@ -315,7 +342,14 @@ class Gateway:
                                                      "'Authorization: Bearer KEY'", "authentication_error"))
             return
         if path in GENERATION and method == "POST":
-            await self._generate(scope, receive, tagged, GENERATION[path])
+            try:
+                await self._generate(scope, receive, tagged, GENERATION[path])
+            except Exception as exc:  # noqa: BLE001  # a bug: logged; the client gets an error in its API's shape
+                _log.exception("squad serve failed on %s", path)
+                with contextlib.suppress(Exception):  # the answer may have started already
+                    await send_json(tagged, 500, error_body(500, f"squad serve failed on this request "
+                                                                 f"({type(exc).__name__}): please report it",
+                                                            "server_error"))
         elif path == STATUS_PATH and method == "GET":
             await send_json(tagged, 200, self.status())
         elif (path in PASS_GET and method == "GET") or (path in PASS_POST and method == "POST"):
@@ -369,7 +403,11 @@ class Gateway:
     # -- passthrough ------------------------------------------------------------------------------
 
     async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        body = await read_body(receive) if scope["method"] == "POST" else b""
+        try:
+            body = await self._read(scope, receive) if scope["method"] == "POST" else b""
+        except Refused as exc:
+            await self._refuse_body(exc, receive, send)
+            return
         headers = {"content-type": "application/json"} if body else {}
         params = scope.get("query_string", b"").decode() or None
         try:
@@ -395,31 +433,39 @@ class Gateway:
 
     # -- generation --------------------------------------------------------------------------------
 
-    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, kind: Kind) -> None:
+    async def _read(self, scope: dict[str, Any], receive: Receive) -> bytes:
+        """The request body, at most :attr:`max_body` bytes, within :attr:`body_timeout` seconds."""
+        return await read_body(receive, limit=self.max_body, timeout=self.body_timeout,
+                               declared=header(scope, b"content-length"))
+
+    async def _refuse_body(self, exc: Refused, receive: Receive, send: Send) -> None:
+        await send_json(send, exc.status, exc.body)
+        if exc.status == 413:  # the client may still be sending: let it read the answer
+            await drain(receive, self.body_timeout)
+
+    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, api: Api) -> None:
         state, detail = self.engine_state()
         if state in ("stopping", "down") and (self.stopping or self.keeper is None or self.keeper.gave_up):
-            await send_json(send, 503, refusal(kind, 503, detail))  # squad serve stops, or gave up on the engine
+            await send_json(send, 503, refusal(api.name, 503, detail))  # squad serve stops, or gave up on the engine
             return
-        raw = await read_body(receive)
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not an object")
-            priority = priority_of(scope)
-        except (ValueError, UnicodeDecodeError) as exc:
-            await send_json(send, 400, error_body(400, f"squad serve could not read the request: {exc}",
-                                              "invalid_request_error"))
+            raw = await self._read(scope, receive)
+        except Refused as exc:
+            await self._refuse_body(exc, receive, send)
             return
+        try:
+            body = await parse_body(raw)  # off the event loop when large
+            priority = priority_of(scope)
         except Refused as exc:
             await send_json(send, exc.status, exc.body)
             return
         if self.stopping is not None:  # it stopped while the body arrived
-            await send_json(send, 503, refusal(kind, 503, self.stopping))
+            await send_json(send, 503, refusal(api.name, 503, self.stopping))
             return
         live = Live(id=f"r{next(self._ids)}", client=client_name(scope, body), priority=priority,
-                    stream=bool(body.get("stream")), api=kind)
+                    stream=bool(body.get("stream")), api=api.name)
         self.ledger.open(live)
-        relay = Relay(self, live, scope, body, raw, kind)
+        relay = Relay(self, live, scope, body, raw, api)
         outcome = "failed"
         started = False
 
@@ -439,7 +485,7 @@ class Gateway:
                     outcome = await relay.run(ending)
                     tg.cancel_scope.cancel()
             if stopper.cancelled_caught and not relay.finished and not relay.disconnected:
-                await end_request(send, kind, stream=live.stream, started=started,
+                await end_request(send, api.name, stream=live.stream, started=started,
                                   message=self.stopping or "squad serve is stopping")
         finally:
             self._requests.pop(live.id, None)

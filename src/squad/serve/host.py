@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from squad.serve.apis import Counting
+from squad.serve.apis import Api, Counting
 
 if TYPE_CHECKING:
     import httpx
@@ -78,3 +78,7 @@ class Fanned(Protocol):
     scope: dict[str, Any]
     body: dict[str, Any]
     kind: Kind
+    api: Api
+    """The request's API (:mod:`squad.serve.apis`)."""
+    big: bool
+    """Whether its body is large enough to be counted off the event loop."""

@@ -14,6 +14,7 @@ import anyio
 import httpx
 
 from squad.chat.settle import Ending
+from squad.engine.llama import COMPLETIONS_FIELDS
 from squad.errors import AdmissionError
 from squad.events import CallFailed, CallFinished, CallFirstToken, Event, Origin
 from squad.serve import apis
@@ -21,11 +22,12 @@ from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstre
 from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
-from squad.serve.http import Receive, Send, relayed, send_json
+from squad.serve.http import OFF_LOOP_BYTES, Receive, Send, relayed, send_json
 from squad.serve.status import Live
 from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 
 if TYPE_CHECKING:
+    from squad.serve.apis import Api
     from squad.serve.host import RelayHost
 
 __all__ = ["Relay"]
@@ -35,8 +37,11 @@ class Relay:
     """One admitted generation request (see the module docstring)."""
 
     def __init__(self, gateway: RelayHost, live: Live, scope: dict[str, Any], body: dict[str, Any], raw: bytes,
-                 kind: Kind) -> None:
-        self.g, self.live, self.scope, self.body, self.raw, self.kind = gateway, live, scope, body, raw, kind
+                 api: Api) -> None:
+        self.g, self.live, self.scope, self.body, self.raw, self.api = gateway, live, scope, body, raw, api
+        self.kind: Kind = api.name  # type: ignore[assignment]  # each API's name is a Kind
+        self.big = len(raw) >= OFF_LOOP_BYTES
+        """A large body: parsed, counted and written off the event loop."""
         self.finished = self.disconnected = False
         self.prompt_tokens = 0
         """The prompt's tokens as squad counted them (0 until counted)."""
@@ -55,8 +60,11 @@ class Relay:
         """Admit, forward and relay; return the outcome for the ledger."""
         g, live = self.g, self.live
         admission = g.admission
-        try:  # tool choice and schemas as the engine honours them (squad.serve.apis)
-            body = apis.prepare(self.body, self.kind, g.engine.tool_call_prefix, g.engine.call_id_length)
+        api = self.api
+        try:  # its shape; tool choice and schemas as the engine honours them (squad.serve.apis)
+            api.check(self.body)
+            body = self.body if api.several else {k: v for k, v in self.body.items() if k not in COMPLETIONS_FIELDS}
+            body = apis.prepare(body, self.kind, g.engine.tool_call_prefix, g.engine.call_id_length)
             parts = split(body, self.kind, self.scope["path"])
         except Refused as exc:
             await send_json(send, exc.status, exc.body)
@@ -65,20 +73,16 @@ class Relay:
             self.body = body
             return await fan_out(self, parts, send)
         try:  # counted (squad.serve.apis)
-            demand = await apis.demand(body, self.kind, g)
+            demand = await apis.demand(body, api, g, big=self.big)
         except Refused as exc:
             await send_json(send, exc.status, exc.body)
             return "refused" if exc.status == 400 else "failed"
-        content = self.raw if body is self.body else None
-        self.body = body
         self.prompt_tokens = demand.prompt
-        if demand.defaulted:
-            self.body["max_tokens"] = demand.max_tokens
-            content = None
-        if content is None:
-            content = json.dumps(self.body).encode()
-        if self.assembled:  # so that llama-server stops it when the client leaves (squad.serve.assemble)
-            content = json.dumps(streamed_upstream(self.body, self.kind)).encode()
+        # exactly the reserved limit, in every field the engine reads it from: rewritten, never trusted
+        self.body = api.write_limit(body, demand.max_tokens)
+        sent = streamed_upstream(self.body, self.kind) if self.assembled else self.body
+        # (assembled: streamed from the engine, so that llama-server stops it when the client leaves)
+        content = (await anyio.to_thread.run_sync(_dumps, sent)) if self.big else _dumps(sent)
         g.ledger.move(live, "queued", tokens=demand.tokens)
         origin = Origin(live.client, conversation=live.id)
         early = EarlyStart(send) if live.stream else None  # a queued stream starts early (squad.serve.early)
@@ -212,3 +216,7 @@ class Relay:
         if self.g.observed:
             self.g.emit(kind(agent=self.live.client, conversation=self.live.id, call=self.live.id,
                              engine=self.g.engine.base_url, **data))
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()

@@ -24,6 +24,7 @@ from squad.engine.session import EngineSession
 from squad.errors import EngineError, UserError
 from squad.events import EventSink
 from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
+from squad.serve.http import BODY_TIMEOUT, MAX_BODY
 from squad.serve.keeper import MAX_RESTARTS, RESTART_WINDOW_S, EngineKeeper
 from squad.serve.replan import Replanner
 
@@ -100,17 +101,18 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
                   log: Callable[[str], None] | None = None, sock: socket.socket | None = None,
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   max_restarts: int = MAX_RESTARTS, restart_window: float = RESTART_WINDOW_S,
-                  ) -> AsyncIterator[Served]:
+                  max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
     squad (None: never re-plan; :mod:`squad.serve.replan`); ``log`` receives its lines. ``sock``: an already bound
     socket (:func:`bind`) instead of ``host:port``. ``cors_origins``: web origins allowed besides its own
     (:mod:`squad.serve.cors`). ``client_keys``: more keys by client name (a request with one is
-    counted under that name). ``max_restarts`` deaths of a launched engine within ``restart_window`` seconds are
-    restarted (:mod:`squad.serve.keeper`); one more stops squad serve. Raises :class:`UserError` (port taken, or the
-    engine at the URL admits on its own), :class:`EngineError` (the engine could not be kept up) and the session's
-    errors.
+    counted under that name). ``max_body``: bytes a request body may have (413 beyond);
+    ``body_timeout``: seconds it may take to arrive (408 after). ``max_restarts`` deaths of a launched engine
+    within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve.
+    Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
+    (the engine could not be kept up) and the session's errors.
     """
     import uvicorn
 
@@ -123,7 +125,8 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
             spec = session.spec
             gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
                               request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
-                              cors_origins=cors_origins, client_keys=client_keys)
+                              cors_origins=cors_origins, client_keys=client_keys, max_body=max_body,
+                              body_timeout=body_timeout)
             config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                     timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
             server = _Server(config)
