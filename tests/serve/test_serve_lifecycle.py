@@ -438,3 +438,37 @@ async def test_stopping_while_the_engine_restarts_ends_at_once_and_answers_the_q
                             await served.gateway.end_requests("squad serve is stopping (SIGTERM)")
     answer = got["answer"]
     assert answer.status_code == 503 and answer.json()["error"]["message"] == "squad serve is stopping (SIGTERM)"
+
+
+class HangingHealthEngine(FakeEngine):
+    """A fake engine whose /health does not answer while ``hung`` (a SIGSTOPped or wedged llama-server: the kernel
+    still accepts its connections, nothing answers them)."""
+
+    hung = False
+
+    async def _health(self, request):  # type: ignore[no-untyped-def]
+        for _ in range(600):  # 60 s at most
+            if not self.hung:
+                break
+            await anyio.sleep(0.1)
+        return await super()._health(request)
+
+
+async def test_health_of_an_engine_that_does_not_answer_is_a_prompt_503(monkeypatch):
+    """A stopped or hung engine (its process alive, so nothing restarts it): /health answers 503 ``unresponsive``
+    within HEALTH_TIMEOUT_S instead of hanging for the request timeout (600 s: a SIGSTOPped llama-server under squad
+    serve made /health hang); 200 again once the engine answers."""
+    from squad.serve import gateway
+
+    monkeypatch.setattr(gateway, "HEALTH_TIMEOUT_S", 0.5)
+    async with HangingHealthEngine(slots=1, n_ctx=4096) as fe:
+        async with serving(EngineSpec(url=fe.base_url), port=0) as served:
+            async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+                assert (await client.get("/health")).status_code == 200
+                fe.hung = True
+                with anyio.fail_after(20):
+                    r = await client.get("/health")
+                assert r.status_code == 503 and r.json()["status"] == "unresponsive", r.text
+                assert "did not answer" in r.json()["error"]["message"], r.text
+                fe.hung = False
+                assert (await client.get("/health")).status_code == 200
