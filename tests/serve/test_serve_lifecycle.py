@@ -472,3 +472,26 @@ async def test_health_of_an_engine_that_does_not_answer_is_a_prompt_503(monkeypa
                 assert "did not answer" in r.json()["error"]["message"], r.text
                 fe.hung = False
                 assert (await client.get("/health")).status_code == 200
+
+
+async def test_a_restart_that_fails_with_an_os_error_counts_as_a_failed_restart_not_a_crash():
+    """The engine's restart can fail with an OSError, not only a SquadError (its log file cannot be opened:
+    ``process.spawn``'s ``open_private``; the state folder was removed or replaced by a file): the keeper counts it
+    as a restart that failed and gives up past ``max_restarts`` with the reason, instead of letting the OSError
+    crash squad serve's task group (a traceback, queued requests never answered)."""
+    from squad.serve.keeper import EngineKeeper
+
+    class Session(_Session):
+        async def restart(self):
+            self.attempts += 1
+            raise FileExistsError(17, "File exists", "/state/logs")
+
+    session = Session([])
+    said: list[str] = []
+    given_up: list[str] = []
+    keeper = EngineKeeper(session, max_restarts=1, log=said.append,  # type: ignore[arg-type]
+                          on_give_up=lambda e: given_up.append(str(e)))
+    assert await keeper._restart("engine exited (signal 9 SIGKILL), log: x") is False
+    assert session.attempts == 1 and keeper.gave_up and len(given_up) == 1
+    assert "File exists" in keeper.restarts[0]["error"] and "File exists" in given_up[0], keeper.restarts
+    assert any("the restart failed" in line and "/state/logs" in line for line in said), said
