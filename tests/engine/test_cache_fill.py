@@ -129,6 +129,41 @@ def test_write_atomic_leaves_the_old_file_or_the_new_one(tmp_path):
     assert path.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
 
 
+@pytest.mark.parametrize("blocked", ["folder", "lock"])
+def test_a_cache_that_cannot_be_written_is_a_user_error_naming_squad_cache_dir(tmp_path, blocked):
+    """A missing entry whose folder (a file stands in its way) or lock (a folder stands at its name) cannot be made:
+    a :class:`UserError` naming the folder and SQUAD_CACHE_DIR, still an OSError for callers that go on without a
+    cache (fill_entry), and make is never called. (A read-only cache gave a raw OSError traceback from
+    ``squad models pull``; a file in the way gives the same error for root too.)"""
+    from squad.engine.model_cache import fill_entry
+    from squad.errors import UserError
+
+    if blocked == "folder":
+        (tmp_path / "models").write_text("not a folder")
+        entry = tmp_path / "models" / "m.gguf"
+    else:
+        entry = tmp_path / "m.gguf"
+        lock_path(entry).mkdir()
+    called = []
+    with pytest.raises(cache_fill.CacheNotWritable) as caught:
+        fill_once(entry, called.append, whole=entry.is_file, doing="pulling m")
+    assert isinstance(caught.value, UserError) and isinstance(caught.value, OSError)
+    assert str(entry.parent) in str(caught.value) and "SQUAD_CACHE_DIR" in str(caught.value) and called == []
+    assert fill_entry(entry, lambda: {"built": 1}, whole=entry.is_file, doing="counting") == {"built": 1}
+
+
+def test_models_pull_into_a_cache_that_cannot_be_written_says_so_without_a_traceback(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").write_text("not a folder")
+    env = {**os.environ, "SQUAD_CACHE_DIR": str(cache), "SQUAD_STATE_DIR": str(tmp_path / "state"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-m", "squad", "models", "pull", "smollm2-135m"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "SQUAD_CACHE_DIR" in done.stderr, done.stderr
+
+
 def test_the_waiters_note_names_what_and_a_live_holders_pid(tmp_path):
     entry = tmp_path / "x.tar.gz"
     holder = entry.with_name(".x.tar.gz.holder")

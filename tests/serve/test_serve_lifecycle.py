@@ -438,3 +438,60 @@ async def test_stopping_while_the_engine_restarts_ends_at_once_and_answers_the_q
                             await served.gateway.end_requests("squad serve is stopping (SIGTERM)")
     answer = got["answer"]
     assert answer.status_code == 503 and answer.json()["error"]["message"] == "squad serve is stopping (SIGTERM)"
+
+
+class HangingHealthEngine(FakeEngine):
+    """A fake engine whose /health does not answer while ``hung`` (a SIGSTOPped or wedged llama-server: the kernel
+    still accepts its connections, nothing answers them)."""
+
+    hung = False
+
+    async def _health(self, request):  # type: ignore[no-untyped-def]
+        for _ in range(600):  # 60 s at most
+            if not self.hung:
+                break
+            await anyio.sleep(0.1)
+        return await super()._health(request)
+
+
+async def test_health_of_an_engine_that_does_not_answer_is_a_prompt_503(monkeypatch):
+    """A stopped or hung engine (its process alive, so nothing restarts it): /health answers 503 ``unresponsive``
+    within HEALTH_TIMEOUT_S instead of hanging for the request timeout (600 s: a SIGSTOPped llama-server under squad
+    serve made /health hang); 200 again once the engine answers."""
+    from squad.serve import gateway
+
+    monkeypatch.setattr(gateway, "HEALTH_TIMEOUT_S", 0.5)
+    async with HangingHealthEngine(slots=1, n_ctx=4096) as fe:
+        async with serving(EngineSpec(url=fe.base_url), port=0) as served:
+            async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+                assert (await client.get("/health")).status_code == 200
+                fe.hung = True
+                with anyio.fail_after(20):
+                    r = await client.get("/health")
+                assert r.status_code == 503 and r.json()["status"] == "unresponsive", r.text
+                assert "did not answer" in r.json()["error"]["message"], r.text
+                fe.hung = False
+                assert (await client.get("/health")).status_code == 200
+
+
+async def test_a_restart_that_fails_with_an_os_error_counts_as_a_failed_restart_not_a_crash():
+    """The engine's restart can fail with an OSError, not only a SquadError (its log file cannot be opened:
+    ``process.spawn``'s ``open_private``; the state folder was removed or replaced by a file): the keeper counts it
+    as a restart that failed and gives up past ``max_restarts`` with the reason, instead of letting the OSError
+    crash squad serve's task group (a traceback, queued requests never answered)."""
+    from squad.serve.keeper import EngineKeeper
+
+    class Session(_Session):
+        async def restart(self):
+            self.attempts += 1
+            raise FileExistsError(17, "File exists", "/state/logs")
+
+    session = Session([])
+    said: list[str] = []
+    given_up: list[str] = []
+    keeper = EngineKeeper(session, max_restarts=1, log=said.append,  # type: ignore[arg-type]
+                          on_give_up=lambda e: given_up.append(str(e)))
+    assert await keeper._restart("engine exited (signal 9 SIGKILL), log: x") is False
+    assert session.attempts == 1 and keeper.gave_up and len(given_up) == 1
+    assert "File exists" in keeper.restarts[0]["error"] and "File exists" in given_up[0], keeper.restarts
+    assert any("the restart failed" in line and "/state/logs" in line for line in said), said

@@ -25,12 +25,20 @@ from pathlib import Path
 import psutil
 from filelock import FileLock, Timeout
 
-__all__ = ["NOTE_AFTER_S", "fill_once", "lock_path", "temp_prefix", "write_atomic"]
+from squad.errors import UserError
+
+__all__ = ["NOTE_AFTER_S", "CacheNotWritable", "fill_once", "lock_path", "temp_prefix", "write_atomic"]
 
 NOTE_AFTER_S = 3.0
 """How long a waiter waits quietly before it says what it waits for."""
 
 Note = Callable[[str], None]
+
+
+class CacheNotWritable(UserError, OSError):
+    """The folder of a missing cache entry cannot be written (a read-only file system, no permission): the user
+    points ``SQUAD_CACHE_DIR`` elsewhere. An :class:`OSError` too, so that a caller for whom a cache is optional
+    (:func:`squad.engine.model_cache.fill_entry`) goes on without it."""
 
 
 def lock_path(entry: Path) -> Path:
@@ -59,12 +67,18 @@ def fill_once(
     which are removed afterwards. ``whole()`` is asked before the lock and again once it is held (another
     process may have made the entry meanwhile); ``force`` makes it again anyway. ``doing`` says what the
     producer does ("downloading x.tar.gz"), for the waiter's note, which goes to ``note`` (default: stderr).
-    What ``make`` raises propagates, with nothing of it left at ``entry`` or a temporary name.
+    What ``make`` raises propagates, with nothing of it left at ``entry`` or a temporary name. A missing entry
+    whose folder or lock file cannot be made (a read-only cache) raises :class:`CacheNotWritable`.
     """
     if not force and whole():
         return False
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with _held(entry, doing, note):
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock = _acquire(entry, doing, note)
+    except OSError as exc:
+        raise CacheNotWritable(f"squad cannot write {entry.parent} to keep {entry.name} there "
+                               f"({exc.strerror or exc}); set SQUAD_CACHE_DIR to a writable directory") from exc
+    with _held(entry, lock, doing):
         if not force and whole():
             return False
         _remove_temps(entry.parent, temp_prefix(entry))  # a killed producer's: none is at work now
@@ -93,16 +107,22 @@ def write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _held(entry: Path, doing: str, note: Note | None) -> Iterator[None]:
-    """Hold ``entry``'s lock, saying after :data:`NOTE_AFTER_S` seconds who holds it; records this process as the
-    holder in ``.<name>.holder`` while held."""
+def _acquire(entry: Path, doing: str, note: Note | None) -> FileLock:
+    """Take ``entry``'s lock, saying after :data:`NOTE_AFTER_S` seconds who holds it. Raises ``OSError`` (the
+    lock file cannot be made)."""
     lock = FileLock(lock_path(entry))
     try:
         lock.acquire(timeout=NOTE_AFTER_S)
     except Timeout:
         (note or _to_stderr)(_waiting(entry, doing))
         lock.acquire()  # until the holder is done, or dies (the kernel drops its flock)
+    return lock
+
+
+@contextlib.contextmanager
+def _held(entry: Path, lock: FileLock, doing: str) -> Iterator[None]:
+    """Hold ``entry``'s taken ``lock`` (released at the end), recording this process as the holder in
+    ``.<name>.holder`` meanwhile."""
     holder = _holder_path(entry)
     try:
         with contextlib.suppress(OSError):  # the note only loses the pid

@@ -91,6 +91,10 @@ __all__ = ["Gateway", "SERVE_HEADER", "PRIORITY_HEADER", "CLIENT_HEADER", "DEFAU
 STATUS_PATH = "/squad/status"
 DEFAULT_MAX_TOKENS = 1024
 """Tokens reserved for (and generated at most by) a request that gives no max_tokens."""
+HEALTH_TIMEOUT_S = 10.0
+"""Seconds ``/health`` waits for the engine's: an engine that does not answer (stopped with SIGSTOP, hung; its
+process alive, so nothing restarts it) is reported 503 ``unresponsive`` instead of holding the probe for the
+request timeout."""
 UPSTREAM_SHARDS = 8
 """HTTP clients to the engine that generation requests take in turn. httpcore's pool looks at
 every connection it holds each time a request starts or ends (quadratic in the streams): 640
@@ -335,7 +339,7 @@ class Gateway:
                 await send_json(tagged, 503, {"status": state, **error_body(503, what + detail,
                                                                             "unavailable_error")})
                 return
-            await self._pass(scope, receive, tagged)
+            await self._pass(scope, receive, tagged, timeout=HEALTH_TIMEOUT_S)
             return
         if not self._authorized(scope):
             await send_json(tagged, 401, error_body(401, "Invalid API Key: send the key squad serve printed, as "
@@ -402,7 +406,9 @@ class Gateway:
 
     # -- passthrough ------------------------------------------------------------------------------
 
-    async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def _pass(self, scope: dict[str, Any], receive: Receive, send: Send, *,
+                    timeout: float | None = None) -> None:
+        """Pass the request to the engine as it is (``timeout``: seconds, instead of the request timeout)."""
         try:
             body = await self._read(scope, receive) if scope["method"] == "POST" else b""
         except Refused as exc:
@@ -410,15 +416,23 @@ class Gateway:
             return
         headers = {"content-type": "application/json"} if body else {}
         params = scope.get("query_string", b"").decode() or None
+        limit = httpx.USE_CLIENT_DEFAULT if timeout is None else httpx.Timeout(timeout)
         try:
             try:
                 r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
-                                                params=params)
-            except httpx.TransportError:  # once more: a pooled connection the engine had just closed
+                                                params=params, timeout=limit)
+            except httpx.TransportError as exc:  # once more: a pooled connection the engine had just closed
+                if timeout is not None and isinstance(exc, httpx.TimeoutException):
+                    raise
                 r = await self.upstream.request(scope["method"], scope["path"], content=body or None, headers=headers,
-                                                params=params)
-        except httpx.TransportError:
-            if self.reloading or self.session.launcher is not None and self.session.launcher.running is False:
+                                                params=params, timeout=limit)
+        except httpx.TransportError as exc:
+            if timeout is not None and isinstance(exc, httpx.TimeoutException):
+                # alive (else the keeper restarts it) but not answering: a probe learns it now, not in 600 s
+                await send_json(send, 503, {"status": "unresponsive", **error_body(
+                    503, f"the engine at {self.engine.base_url} did not answer {scope['path']} within {timeout:g} s "
+                    "(its process is alive: stopped or hung?)", "unavailable_error")})
+            elif self.reloading or self.session.launcher is not None and self.session.launcher.running is False:
                 await send_json(send, 503, error_body(503, "Loading model", "unavailable_error"))
             else:
                 await send_json(send, 502, error_body(502, f"the engine at {self.engine.base_url} is not answering",

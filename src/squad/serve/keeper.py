@@ -135,7 +135,8 @@ class EngineKeeper:
             started = time.monotonic()
             try:
                 info = await self.session.restart()
-            except SquadError as exc:  # it did not start again: counts as another death
+            except (SquadError, OSError) as exc:  # it did not start again (OSError: its log file could not be
+                # opened, process.spawn): counts as another death, never a crash of squad serve
                 row["error"] = str(exc)
                 why = f"engine did not start again: {exc}"
                 self._log(f"squad serve: the restart failed: {exc}")
