@@ -30,10 +30,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+T = TypeVar("T")
 SLOTS = 16
 MAX_TOKENS = 4
 BUDGET = 64
@@ -120,7 +123,7 @@ def run_child(side: str, url: str, n: int, profile: str | None = None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-async def _with_fake(fn):  # type: ignore[no-untyped-def]
+async def _with_fake(fn: Callable[[str], T]) -> T:
     from _common import MODEL, fake_engine_process
 
     async with fake_engine_process(SLOTS, SLOTS * BUDGET * 2, str(MODEL)) as url:
@@ -148,7 +151,7 @@ def report(got: dict[int, dict[str, list[dict]]]) -> str:
     rows, cpu_med, ratio_med = [], {}, {}
     for n, sides in got.items():
         raw, sq = sides["raw"], sides["squad"]
-        per = lambda runs, k: [r[k] / n * 1e3 for r in runs]  # noqa: E731 - a local shorthand
+        per = lambda runs, k, n=n: [r[k] / n * 1e3 for r in runs]  # noqa: E731 - a local shorthand
         ratios = [s["cpu"] / r["cpu"] for s, r in zip(sq, raw)]
         cpu_med[n], ratio_med[n] = statistics.median(per(sq, "cpu")), statistics.median(ratios)
         rows.append([f"{n:,}", spread(per(raw, "cpu"), 2), spread(per(sq, "cpu"), 2), spread(ratios, 2),
@@ -160,7 +163,8 @@ def report(got: dict[int, dict[str, list[dict]]]) -> str:
     drift = max(abs(cpu_med[n] / lo - 1) for n in ns)
     big = got[ns[-1]]
     raw_peak = statistics.median(r["peak"] for r in big["raw"])
-    footprint = statistics.median(s["before"] for s in big["squad"]) - statistics.median(r["before"] for r in big["raw"])
+    footprint = (statistics.median(s["before"] for s in big["squad"])
+                 - statistics.median(r["before"] for r in big["raw"]))
     sq_peak = statistics.median(s["peak"] for s in big["squad"])
     limit = raw_peak + footprint + TARGET_RSS_MIB
     lines = [

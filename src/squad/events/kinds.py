@@ -178,7 +178,8 @@ class _Admission(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CallQueued(_Admission):
-    """``position`` in squad's queue (0 = head)."""
+    """``position``: calls waiting ahead of it in squad's queue when it asked, by priority then arrival
+    (0 = head; the ``fifo`` order exactly; ``program`` and ``backfill`` may admit it sooner)."""
 
     kind: ClassVar[str] = "call.queued"
     position: int = 0
