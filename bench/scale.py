@@ -94,7 +94,7 @@ async def _squad(url: str, n: int, profile: str | None) -> dict:
         if profile:
             import cProfile
 
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.process_time)
             prof.enable()
         cpu, t0 = time.process_time(), time.monotonic()
         results = await sq.map("echo", [f"say hello number {i}" for i in range(n)])
@@ -201,7 +201,7 @@ def main() -> None:
         import pstats
         import tempfile
 
-        out = tempfile.mktemp(suffix=".prof")
+        out = os.environ.get("SCALE_PROFILE_OUT") or tempfile.mktemp(suffix=".prof")
         print(json.dumps(asyncio.run(_with_fake(lambda url: run_child("squad", url, args.profile, out)))))
         pstats.Stats(out).sort_stats("tottime").print_stats(30)
         pstats.Stats(out).sort_stats("cumulative").print_stats(40)
