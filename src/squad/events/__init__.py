@@ -44,6 +44,7 @@ from squad.events.kinds import (
     EngineReplanning,
     EngineWarning,
     ItemLost,
+    MapProgress,
     MCPWarning,
     MentionDispatched,
     MentionQueued,
@@ -101,4 +102,5 @@ __all__ = [
     "WorkerStarted",
     "WorkerFailed",
     "ItemLost",
+    "MapProgress",
 ]

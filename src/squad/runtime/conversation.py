@@ -42,6 +42,7 @@ from squad.runtime.blocks import Policy, run_block
 from squad.runtime.blocks import cancel_reason as operation_cancel_reason
 from squad.runtime.blocks import stopped_by as operation_stopped_by
 from squad.runtime.outcome import Outcome, fix_for
+from squad.runtime.progress import MapProgressMeter
 from squad.runtime.results import AgentResult, AgentTimings, cancelled_result
 from squad.runtime.tools import Tool, ToolError
 from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
@@ -157,6 +158,7 @@ class Conversations:
         ``output`` replaces each agent's own output schema."""
 
         group = self._share_group([prompt for _, prompt in pairs])
+        meter = MapProgressMeter(pairs[0][0], len(pairs), self._emit) if items and len(pairs) > 1 else None
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
@@ -165,10 +167,15 @@ class Conversations:
             origin = self._origin(agent, parent, item)
             assert origin.conversation is not None  # _origin names every conversation
             with joined(group or board_group(pairs[i][1]), origin.conversation):
-                return await self._recorded(agent, pairs[i][1], priority=priority, variables=variables, limiter=limiter,
-                                            cancel_reason=reason, origin=origin,
-                                            record=record, fail_on=fail_on, output=output)
+                result = await self._recorded(agent, pairs[i][1], priority=priority, variables=variables,
+                                              limiter=limiter, cancel_reason=reason, origin=origin,
+                                              record=record, fail_on=fail_on, output=output)
+            if meter is not None:
+                meter.item_done(result.ok)
+            return result
 
+        if meter is not None:
+            meter.start()
         try:
             return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
         finally:
