@@ -166,7 +166,9 @@ class ProgramQueue:
             group = (w.reservation.priority, self.program(w.reservation))
             self._groups.setdefault(group, []).append((w.reservation.tokens, seq))
             self._of_program[group[1]].add(group[0])
-        for heap in (self._small, self._due, *self._groups.values()):
+        heapq.heapify(self._small)
+        heapq.heapify(self._due)
+        for heap in self._groups.values():
             heapq.heapify(heap)
         self._top, self._entries = [], 2 * len(self._waiting)
         for group in list(self._groups):
