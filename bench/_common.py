@@ -191,9 +191,10 @@ async def raw_call(client: AsyncOpenAI, prompt: str, max_tokens: int, t0: float)
     return out
 
 
-def raw_client(base_url: str, api_key: str) -> AsyncOpenAI:
-    """A plain openai client for the engine at ``base_url`` (no SDK retries)."""
-    return AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0, timeout=600)
+def raw_client(base_url: str, api_key: str, *, retries: int = 0) -> AsyncOpenAI:
+    """A plain openai client for the engine at ``base_url`` (no SDK retries unless ``retries``: the SDK's own
+    retry of a connection error or a 5xx, which a loaded machine needs, as squad's client retries them too)."""
+    return AsyncOpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=retries, timeout=600)
 
 
 async def raw_fanout(

@@ -85,7 +85,7 @@ async def raw_once(base_url: str, prompts: list[str], profiler: object = None) -
     pool is as warm as squad's), then the timed fan-out: (wall s, this process's CPU s). Fresh
     per run because the fake engine (uvicorn) closes idle keep-alive connections after 5 s and
     the SDK does not retry (max_retries=0)."""
-    client = raw_client(base_url, "none")
+    client = raw_client(base_url, "none", retries=3)
     try:
         await raw_fanout(base_url, "", [f"warm up {p}" for p in prompts], MAX_TOKENS, client=client)
         cpu = time.process_time()

@@ -51,6 +51,9 @@ KEEPALIVE_S = 2.0
 AUX_TIMEOUT_S = 600.0
 """Seconds a token count or ``/health`` request may take when call deadlines are derived."""
 
+COUNT_CONCURRENCY = 16
+"""Token-count requests to one engine at once (the rest wait in an ``anyio.CapacityLimiter``, O(1) per waiter)."""
+
 PROGRESS_KINDS = ("llama.cpp", "squad-serve")
 """Engine kinds asked for ``return_progress`` (llama-server's prompt-progress chunks)."""
 
@@ -74,6 +77,10 @@ class LlamaServerTransport:
         """What the engine's template demands (read from its text once, not per call)."""
         self._retired: list[openai.AsyncOpenAI | httpx.AsyncClient] = []
         self.counter = PromptCounter(engine.model_path, self._count_remote, counter, template=engine.chat_template)
+        self._counting = anyio.CapacityLimiter(COUNT_CONCURRENCY)
+        """At most :data:`COUNT_CONCURRENCY` count requests in the HTTP pool at once: a map of thousands would
+        otherwise queue every item's count in httpcore's pool, whose assignment walks its whole queue per request
+        (O(n) each, O(n^2) a map: issue 31). The limiter's own queue is a deque, O(1) per waiter."""
         self.openai, self.http = self._connect(engine)
         self.slots = EngineSlots(lambda: self.http)
         """The engine's ``/slots``, read to release a call that ended early only once its slot is free."""
@@ -163,7 +170,8 @@ class LlamaServerTransport:
         if how == "tokenize":  # vLLM: POST /tokenize with the chat messages -> {"count", "max_model_len", "tokens"}
             body["model"], path = self._engine.model_alias, "/tokenize"
         try:
-            r = await retry_idempotent(lambda: self.http.post(path, json=body))
+            async with self._counting:
+                r = await retry_idempotent(lambda: self.http.post(path, json=body))
         except httpx.TimeoutException as exc:
             raise EngineError(f"{path} timed out after {self.http.timeout.read} s") from exc
         except httpx.TransportError as exc:

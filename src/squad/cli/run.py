@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -208,11 +209,18 @@ def run_command(
 
     exporting = _otel_export(otel, loaded.name, spec)
 
+    def json_progress(event: Any) -> None:
+        """--json: a map's progress events as JSON lines on stderr (stdout keeps its one document)."""
+        if event.kind == "map.progress" and not quiet:
+            err_console.print(json.dumps({"kind": event.kind, "agent": event.agent, **event.data}), markup=False,
+                              highlight=False, soft_wrap=True)
+
     async def main() -> Any:
         with JsonlTrace(trace_path) as tracer, live_view(on=not quiet and not as_json, console=err_console) as sink, \
                 exporting as spans:
             return await run_recipe(loaded, engine=spec if len(specs) == 1 else specs,
-                                    on_event=[tracer, sink, note_lost, *([spans] if spans else [])],
+                                    on_event=[tracer, sink, note_lost, *([json_progress] if as_json else []),
+                                              *([spans] if spans else [])],
                                     record=record, ray=fanout, journal=journal)
 
     try:

@@ -45,6 +45,7 @@ from squad.events.kinds import (
     EngineReplanning,
     EngineWarning,
     ItemLost,
+    MapProgress,
     MCPWarning,
     MentionDispatched,
     MentionQueued,
@@ -103,4 +104,5 @@ __all__ = [
     "WorkerStarted",
     "WorkerFailed",
     "ItemLost",
+    "MapProgress",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "WorkerStarted",
     "WorkerFailed",
     "ItemLost",
+    "MapProgress",
 ]
 
 
@@ -192,7 +193,8 @@ class _Admission(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CallQueued(_Admission):
-    """``position`` in squad's queue (0 = head)."""
+    """``position``: calls waiting ahead of it in squad's queue when it asked, by priority then arrival
+    (0 = head; the ``fifo`` order exactly; ``program`` and ``backfill`` may admit it sooner)."""
 
     kind: ClassVar[str] = "call.queued"
     position: int = 0
@@ -422,3 +424,32 @@ class ItemLost(Event):
         then = "run again on another worker" if self.retry else "not run again"
         return f"worker {self.worker} lost ({self.reason}): {then}"
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapProgress(Event):
+    """A map of ``agent`` over ``total`` items has ``done`` of them finished (``failed`` of those did not
+    end in an answer), at ``rate`` items per second since it started (measured: done / seconds), so the
+    rest would take ``eta_s`` seconds at that rate (None until one is done). Emitted when the map starts,
+    at most once a second while it runs, and when it ends: a map of any size is a handful of lines."""
+
+    kind: ClassVar[str] = "map.progress"
+    done: int
+    total: int
+    failed: int = 0
+    rate: float = 0.0
+    eta_s: float | None = None
+
+    @property
+    def message(self) -> str:
+        """``1,234/10,000 items done (3 failed), 56.1/s, about 2m 36s left``, for people."""
+        failed = f" ({self.failed:,} failed)" if self.failed else ""
+        text = f"{self.done:,}/{self.total:,} items done{failed}"
+        if self.done and self.done < self.total:
+            text += f", {self.rate:.1f}/s"
+            if self.eta_s is not None:
+                minutes, seconds = divmod(round(self.eta_s), 60)
+                text += f", about {minutes}m {seconds:02d}s left" if minutes else f", about {seconds}s left"
+        elif self.done:
+            text += f", {self.rate:.1f}/s"
+        return text

@@ -36,11 +36,13 @@ from squad.events import (
     EnginePlanned,
     Event,
     ItemLost,
+    MapProgress,
     WorkerFailed,
     WorkerStarted,
     item_label,
 )
 from squad.events.names import short_url
+from squad.events.view_maps import BulkMaps
 
 _RAY = (ClusterStarting, ClusterConnected, WorkerStarted, WorkerFailed, ItemLost)
 """A Ray run's progress: printed as lines in both modes."""
@@ -151,11 +153,15 @@ class ViewState:
         return len(self.engines) > 1
     progress: str | None = None
     """A Ray run's latest start-up line, shown until an engine reports."""
+    bulk: BulkMaps = field(default_factory=BulkMaps)
+    """Large maps: their progress, and their items running now (no row each)."""
+    quiet: bool = False
+    """The last event applied is shown by its map's progress only (no plain line)."""
 
     @property
     def waiting(self) -> int:
         """Calls in squad's admission queue, all agents."""
-        return sum(len(r.waiting) for r in self.agents.values())
+        return sum(len(r.waiting) for r in self.agents.values()) + self.bulk.waiting
 
     def name(self, event: Event) -> str | None:
         """The row an event belongs to: ``agent[i]`` for a map item's conversation, else the agent."""
@@ -172,9 +178,35 @@ class ViewState:
     def apply(self, event: Event) -> None:
         """Fold one event into the state. Kinds the view does not show are ignored."""
         t = event.t
+        self.quiet = False
         if self.t0 is None:
             self.t0 = t
         self.last = max(self.last, t)
+        if isinstance(event, (EnginePlanned, EngineLoading, EngineLoaded, EngineLost)):
+            self._engine_event(event)
+        elif isinstance(event, _RAY):
+            self.progress = self.ray_text(event)
+            if isinstance(event, ItemLost):  # the lost attempt holds nothing any more
+                lost = self.row(item_label(event.agent or "?", event.item), t)
+                lost.held.clear()
+                lost.waiting.clear()
+                lost.detail = event.message
+                self._set(lost, "retrying" if event.retry else "failed", t)
+        elif isinstance(event, AgentResumed):  # answered from the journal of the run it resumes: no call
+            resumed = self.row(item_label(event.agent or "?", event.item), t)
+            self._set(resumed, "done" if event.outcome == "ok" else event.outcome, t)
+            resumed.detail = f"resumed from run {event.run}"
+        elif isinstance(event, MapProgress):
+            self.bulk.progress[event.agent or ""] = event
+        elif self._bulk(event):
+            self.quiet = True
+        elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
+            self._agent_event(event, self.row(self.name(event), t), t)
+        elif event.call is not None:
+            self._call_event(event, self.row(self.name(event), t), t)
+
+    def _engine_event(self, event: EnginePlanned | EngineLoading | EngineLoaded | EngineLost) -> None:
+        """The engine rows: what was planned, what loads, what was loaded or lost."""
         if isinstance(event, EnginePlanned):
             self.planned = (event.slots, event.n_ctx)
         elif isinstance(event, EngineLoading):
@@ -193,22 +225,17 @@ class ViewState:
                 self.engines.setdefault(event.engine, EngineRow()).lost = event.reason
                 self.slots = sum(e.slots for e in self.engines.values() if e.lost is None)
                 self.pool = sum(e.pool for e in self.engines.values() if e.lost is None)
-        elif isinstance(event, _RAY):
-            self.progress = self.ray_text(event)
-            if isinstance(event, ItemLost):  # the lost attempt holds nothing any more
-                lost = self.row(item_label(event.agent or "?", event.item), t)
-                lost.held.clear()
-                lost.waiting.clear()
-                lost.detail = event.message
-                self._set(lost, "retrying" if event.retry else "failed", t)
-        elif isinstance(event, AgentResumed):  # answered from the journal of the run it resumes: no call
-            resumed = self.row(item_label(event.agent or "?", event.item), t)
-            self._set(resumed, "done" if event.outcome == "ok" else event.outcome, t)
-            resumed.detail = f"resumed from run {event.run}"
-        elif isinstance(event, (AgentStarted, AgentFinished, AgentFailed, AgentCancelled)):
-            self._agent_event(event, self.row(self.name(event), t), t)
-        elif event.call is not None:
-            self._call_event(event, self.row(self.name(event), t), t)
+
+    def _bulk(self, event: Event) -> bool:
+        """An item event of a large map, shown by the map's progress only (:mod:`squad.events.view_maps`)."""
+        label = self.bulk.item_label(event)
+        if self.bulk.take(event):
+            if isinstance(event, (CallAdmitted, CallReleased)):
+                self._reported(event.in_flight, event.pool_used, event.engine)
+            return True
+        if label is not None and event.conversation:  # a failed item gets its row
+            self.labels[event.conversation] = label
+        return False
 
     def _set(self, row: AgentRow, state: str, t: float) -> None:
         if row.state != state:
@@ -351,7 +378,8 @@ class ViewState:
         parts.append(f"{self.waiting} waiting")
         if self.pool:
             parts.append(f"pool {self.pool_used}/{self.pool} tokens reserved ({100 * self.pool_used // self.pool}%)")
-        return " · ".join(parts)
+        maps = self.bulk.text()
+        return " · ".join(parts + ([maps] if maps else []))
 
     def loading_text(self) -> str:
         """``loading model.gguf: 12 s of at most 90 s`` (the latest ``engine.loading``)."""
@@ -381,8 +409,12 @@ class ViewState:
         t = event.t - (self.t0 if self.t0 is not None else event.t)
         name = self.name(event) or event.worker or "-"
         text: str | None
+        if self.quiet:
+            return None
         if isinstance(event, _RAY):
             text, name = self.ray_text(event), "ray"
+        elif isinstance(event, MapProgress):
+            text = f"map: {event.message}"
         elif isinstance(event, EngineLoading):
             if event.elapsed_s - self.loading_logged < 10:
                 return None

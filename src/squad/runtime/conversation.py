@@ -50,6 +50,7 @@ from squad.runtime.blocks import Policy, run_block
 from squad.runtime.blocks import cancel_reason as operation_cancel_reason
 from squad.runtime.blocks import stopped_by as operation_stopped_by
 from squad.runtime.outcome import Outcome, fix_for
+from squad.runtime.progress import MapProgressMeter
 from squad.runtime.results import AgentResult, AgentTimings, cancelled_result
 from squad.runtime.tools import Tool, ToolError
 from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
@@ -169,6 +170,7 @@ class Conversations:
         each conversation ends (a resumable run records it then, :mod:`squad.runtime.journal`)."""
 
         group = self._share_group([prompt for _, prompt in pairs])
+        meter = MapProgressMeter(pairs[0][0], len(pairs), self._emit) if items and len(pairs) > 1 else None
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
                       record: Callable[[AgentResult], None]) -> AgentResult:
@@ -182,8 +184,12 @@ class Conversations:
                                               record=record, fail_on=fail_on, output=output)
             if on_result is not None:
                 on_result(i, result)
+            if meter is not None:
+                meter.item_done(result.ok)
             return result
 
+        if meter is not None:
+            meter.start()
         try:
             return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
         finally:

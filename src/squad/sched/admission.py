@@ -71,6 +71,11 @@ class Admission:
       a request above it (e.g. Ollama truncates such a prompt silently).
     - ``queue``: the order of waiting calls, a :class:`~squad.sched.policy.QueuePolicy` or its
       name (``program`` default, ``fifo``, ``backfill``); ``ValueError`` for an unknown name.
+
+    Cost per call, n calls waiting: ``reserve`` and its release O(log n) amortised (the policy's
+    ``add``/``pick``/``remove``, each O(log n) or better: see the policies; the slot numbers a
+    min-heap, O(log slots); the waiting tokens and the count per priority kept as calls come and go,
+    O(1)). The views ``queued`` and ``queued_calls`` sort the queue, O(n log n): for displays only.
     """
 
     def __init__(self, slots: int, pool: int, *, per_request_limit: int | None = None,
@@ -87,6 +92,8 @@ class Admission:
         self._free: list[int] = list(range(slots))  # free slot numbers, a min-heap
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
+        self._queued_tokens = 0  # tokens the waiting calls ask for
+        self._by_priority: dict[int, int] = {}  # priority -> calls waiting at it (a handful of keys)
         self._held = False
         self.closed: EngineLost | None = None
         """Set by :meth:`close`: the engine was lost; every reservation fails with it."""
@@ -140,8 +147,8 @@ class Admission:
 
     @property
     def queued_tokens(self) -> int:
-        """Tokens the waiting calls ask for."""
-        return sum(w.reservation.tokens for w in self._waiters)
+        """Tokens the waiting calls ask for (kept as calls come and go: O(1))."""
+        return self._queued_tokens
 
     @property
     def limit(self) -> int:
@@ -183,17 +190,16 @@ class Admission:
         self.check(tokens, agent=origin)
         waiter = _Waiter(Reservation(origin=origin, tokens=tokens, priority=priority, call=call), next(self._seq))
         started = time.monotonic()
-        self.queue.add(waiter)
+        position = sum(n for p, n in self._by_priority.items() if p <= priority)
+        self._enqueue(waiter)
         self._dispatch()
         if not waiter.granted.is_set():
-            waiting = self._waiters
-            position = waiting.index(waiter) if waiter in waiting else 0
             self._emit(CallQueued, waiter.reservation, tokens=tokens, position=position,
                        in_flight=self.in_flight, pool_used=self.reserved)
             try:
                 await self._wait(waiter)
             except BaseException:
-                if self.queue.remove(waiter):
+                if self._dequeue(waiter):
                     self._dispatch()  # the head may have changed
                 else:
                     self._release(waiter.reservation, started)
@@ -250,7 +256,7 @@ class Admission:
                 self.check(waiter.reservation.tokens, agent=waiter.reservation.agent)
             except AdmissionError as exc:
                 waiter.error = exc
-                self.queue.remove(waiter)
+                self._dequeue(waiter)
                 waiter.granted.set()
         self.resume()
 
@@ -260,7 +266,7 @@ class Admission:
         self.closed = lost
         for waiter in self._waiters:
             waiter.error = lost
-            self.queue.remove(waiter)
+            self._dequeue(waiter)
             waiter.granted.set()
 
     # -- internals -----------------------------------------------------------------------------
@@ -269,6 +275,29 @@ class Admission:
     def _check_shape(slots: int, pool: int) -> None:
         if slots < 1 or pool < 1:
             raise ValueError(f"admission needs at least one slot and a positive pool, got slots={slots} pool={pool}")
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        """Into the policy's queue, and into the counts the views read (O(1) here)."""
+        self.queue.add(waiter)
+        r = waiter.reservation
+        self._queued_tokens += r.tokens
+        self._by_priority[r.priority] = self._by_priority.get(r.priority, 0) + 1
+
+    def _dequeue(self, waiter: _Waiter) -> bool:
+        """Out of the policy's queue without a grant; False if it was not there."""
+        if not self.queue.remove(waiter):
+            return False
+        self._left_queue(waiter)
+        return True
+
+    def _left_queue(self, waiter: _Waiter) -> None:
+        r = waiter.reservation
+        self._queued_tokens -= r.tokens
+        left = self._by_priority[r.priority] - 1
+        if left:
+            self._by_priority[r.priority] = left
+        else:
+            del self._by_priority[r.priority]
 
     def _fits(self, reservation: Reservation) -> bool:
         return self._reserved + reservation.tokens <= self.pool
@@ -293,6 +322,7 @@ class Admission:
             if head is None:
                 return
             assert isinstance(head, _Waiter)
+            self._left_queue(head)
             slot = heapq.heappop(self._free)
             head.reservation.slot = slot
             self._running[slot] = head.reservation
