@@ -205,7 +205,7 @@ class LlamaServerTransport:
         extra = dict(req.sampling or {})
         if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.chat.deadline)
             extra.setdefault("return_progress", True)
-        if call.pin is not None:  # the slot admission granted, restored with the fan-out's prefix (squad.sched.share)
+        if call.pin is not None:  # the slot admission granted: the conversation's prefix, or a fan-out's restored one
             extra["id_slot"] = call.pin
         return dict(model=self._engine.model_alias or "default", messages=self.messages(req),
                     max_tokens=req.max_tokens, stream=True, stream_options={"include_usage": True}, extra_body=extra,

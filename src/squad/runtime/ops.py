@@ -5,7 +5,7 @@ neither the flow nor the cluster imports the other."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol
 
 from squad.events import Event
@@ -26,12 +26,15 @@ class SquadOps(Protocol):
 
     async def run(self, text: str, *, output_type: Any = None) -> RunResult: ...
 
-    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None) -> AgentResult: ...
+    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None,
+                        shared: str | None = None) -> AgentResult: ...
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
-                       fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]: ...
+                       fail_on: Collection[Outcome | str] = (), output_type: Any = None,
+                       shared: str | Sequence[str | None] | None = None) -> list[AgentResult]: ...
 
     async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
-                  fail_on: Collection[Outcome | str] = (), output_type: Any = None) -> list[AgentResult]: ...
+                  fail_on: Collection[Outcome | str] = (), output_type: Any = None,
+                  shared: str | Sequence[str | None] | None = None) -> list[AgentResult]: ...
 
     def emit(self, event: Event) -> None: ...
