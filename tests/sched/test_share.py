@@ -108,7 +108,7 @@ async def sent(mode: str, calls: list[tuple[str, str]], shared: str | None) -> l
     return sorted(json.dumps(r.messages) for r in engine.requests)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fanout, st.sampled_from([None, FILE]))
 def test_the_engine_gets_the_same_messages_with_sharing_on_or_off(rows, shared):
     """I2: for any fan-out, sharing on and off send the same messages, and they are the author's:
