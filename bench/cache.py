@@ -93,7 +93,7 @@ async def tool_loops(slots: int) -> list[list[object]]:
             before = await engine_total(squad)
             lasts: list[int] = [0] * 4
 
-            async def one(i: int) -> None:
+            async def one(i: int, lasts: list[int] = lasts, keep: bool = keep) -> None:
                 lasts[i] = await loop(squad, i, rounds=5, keep_tools=keep)
 
             async with anyio.create_task_group() as tg:
@@ -127,22 +127,22 @@ async def fanouts() -> list[list[object]]:
             got = {}
             for mode in ("off", "prefix"):
                 seen: list[Event] = []
-                squad._sinks.append(seen.append)  # noqa: SLF001 - a bench reads the events of one case
+                squad._sinks.append(seen.append)
                 squad.shared_input = mode
                 before = await engine_total(squad)
                 results = await squad.parallel(calls, check=True, shared=shared)
                 got[mode] = (await engine_total(squad) - before, sum(r.usage.prompt_tokens for r in results),
                              sum(e.shared_tokens for e in seen if isinstance(e, CallFinished)))
-                squad._sinks.remove(seen.append)  # noqa: SLF001
+                squad._sinks.remove(seen.append)
             rows.append([name, f"{got['off'][1]:,}", f"{got['off'][0]:,.0f}", f"{got['prefix'][0]:,.0f}",
                          f"{got['prefix'][2]:,}", f"{got['prefix'][0] / got['off'][0]:.2f}x"])
     return rows
 
 
 async def serve_turns(turns: int = 8) -> list[list[object]]:
-    from serve import KEY, ServeProcess
-
     import openai
+
+    from serve import KEY, ServeProcess
 
     serve = await anyio.to_thread.run_sync(lambda: ServeProcess("-c", "2048", "-np", "2", "-t", str(THREADS),
                                                                 "--llama-server", str(BINARY), "-m", str(MODEL)))
@@ -151,7 +151,8 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
             before = processed((await http.get("/metrics")).text)
             lasts = [0] * 4
-            async with openai.AsyncOpenAI(base_url=serve.url + "/v1", api_key=KEY, max_retries=0, timeout=900) as client:
+            async with openai.AsyncOpenAI(base_url=serve.url + "/v1", api_key=KEY, max_retries=0,
+                                          timeout=900) as client:
                 async def conversation(i: int) -> None:
                     messages = [{"role": "system", "content": "You are a helpful assistant. Answer in two sentences."}]
                     for t in range(turns):
@@ -167,7 +168,8 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
                         tg.start_soon(conversation, i)
             done = processed((await http.get("/metrics")).text) - before
         ideal = sum(lasts)
-        return [[f"4 conversations x {turns} turns, -np 2 -c 2048", f"{done:,.0f}", f"{ideal:,}", f"{done / ideal:.2f}x"]]
+        return [[f"4 conversations x {turns} turns, -np 2 -c 2048", f"{done:,.0f}", f"{ideal:,}",
+                 f"{done / ideal:.2f}x"]]
     finally:
         await anyio.to_thread.run_sync(serve.stop)
 
