@@ -60,14 +60,6 @@ def spec(llama_server_path: Path, default_model_path: Path) -> EngineSpec:
     return EngineSpec(model=default_model_path, binary=llama_server_path, threads=THREADS, slots=3)
 
 
-async def erase(squad: Squad) -> None:
-    """Every slot emptied (``POST /slots/N?action=erase``): each run starts from the same cache state."""
-    headers = {"Authorization": f"Bearer {squad.info.api_key}"} if squad.info.api_key else {}
-    async with httpx.AsyncClient(base_url=squad.info.base_url, headers=headers, timeout=60) as http:
-        for slot in range(squad.info.slots):
-            (await http.post(f"/slots/{slot}", params={"action": "erase"})).raise_for_status()
-
-
 async def counted(squad: Squad, system: str, prompt: str) -> int:
     """The engine's count of the author's own messages."""
     headers = {"Authorization": f"Bearer {squad.info.api_key}"} if squad.info.api_key else {}
@@ -78,42 +70,38 @@ async def counted(squad: Squad, system: str, prompt: str) -> int:
         return int(r.json()["input_tokens"])
 
 
-async def one_at_a_time(squad: Squad, mode: str, calls: list[tuple[str, str]], shared: str | None = None) -> list:
-    """``calls`` one at a time (concurrent batches change greedy answers) from empty slots."""
-    await erase(squad)
-    squad.shared_input = mode
-    try:
-        return await squad.parallel(calls, check=True, max_concurrency=1, shared=shared)
-    finally:
-        squad.shared_input = "prefix"
-
-
 async def test_answers_are_the_authors_and_a_declared_shared_context_is_processed_once(
     llama_server_path: Path, default_model_path: Path
 ) -> None:
-    """One engine (K = 3): (1) the issue's layout (own instructions, then the same file) and (2) one
-    reviewer given three prompts that begin with the same file (a prefix sharing does use): the
-    default sends the author's messages (the engine counts exactly their tokens) and answers as with
-    sharing off; (3) the same file declared as ``shared`` is processed once and every restored
-    member's engine-counted reuse says so."""
-    seen: list[Event] = []
-    async with Squad(reviewers(), engine=spec(llama_server_path, default_model_path), on_event=seen.append) as squad:
-        assert squad.info.slot_save_dir, "squad's launcher gives the engine a slot save directory"
-        prompt = "Review this file:\n\n" + source(60)
-        issue = [(n, prompt) for n in REVIEWERS]
-        common = [("security", prompt + f"\n\nFocus on {what}.") for what in ("input checks", "errors", "limits")]
-        for calls, grouped in ((issue, False), (common, True)):
+    """K = 3, each mode on a fresh engine (the engine's host prompt cache outlives erased slots, and a
+    prompt loaded from it gives other greedy answers than one computed whole, whatever squad does):
+    (1) the issue's layout (own instructions, then the same file): the default sends exactly the
+    author's messages (the engine counts their tokens) and answers as sharing off; (2) one reviewer
+    given three prompts that begin with the same file: sharing uses that prefix (the engine's
+    ``cache_n``) and still sends the author's messages; (3) the file declared as ``shared`` is
+    processed once."""
+    prompt = "Review this file:\n\n" + source(60)
+    issue = [(n, prompt) for n in REVIEWERS]
+    common = [("security", prompt + f"\n\nFocus on {what}.") for what in ("input checks", "errors", "limits")]
+    answers: dict[str, list[str]] = {}
+    for mode in ("prefix", "off"):
+        seen: list[Event] = []
+        async with Squad(reviewers(), engine=spec(llama_server_path, default_model_path), on_event=seen.append,
+                         shared_input=mode) as squad:
+            assert squad.info.slot_save_dir, "squad's launcher gives the engine a slot save directory"
+            results = await squad.parallel(issue, check=True, max_concurrency=1)
+            answers[mode] = [r.output for r in results]
+            assert not [e for e in seen if isinstance(e, CallFinished) and e.shared_tokens]  # nothing in common
             seen.clear()
-            default = await one_at_a_time(squad, "prefix", calls)
+            grouped = await squad.parallel(common, check=True, max_concurrency=1)
             shared = [e.shared_tokens for e in seen if isinstance(e, CallFinished)]
-            assert (max(shared) > 500) is grouped, shared  # sharing works only where the prompts begin the same
-            off = await one_at_a_time(squad, "off", calls)
-            for (name, text), on_result, off_result in zip(calls, default, off):
-                author = await counted(squad, squad.agents[name].system_prompt([], {}), text)
-                assert on_result.usage.prompt_tokens == off_result.usage.prompt_tokens == author
-            if not grouped:  # nothing shared: the very same requests, so the same greedy answers
-                assert [r.output for r in default] == [r.output for r in off]
-        await processed_once(squad, seen)
+            assert (max(shared) > 500) is (mode == "prefix"), shared  # only what the prompts begin with
+            for (name, text), result in zip(issue + common, results + grouped):
+                assert result.usage.prompt_tokens == await counted(squad, squad.agents[name].system_prompt([], {}),
+                                                                   text)
+            if mode == "prefix":
+                await processed_once(squad, seen)
+    assert answers["prefix"] == answers["off"]  # the very same requests: the same greedy answers
 
 
 async def processed_once(squad: Squad, seen: list[Event]) -> None:
