@@ -2,7 +2,8 @@
 shape (recipes/review.yaml: the three reviewers of recipes/agents/reviewers.yaml, each given
 "Review this code:\\n<file>" / "Which tests does this code need:\\n<file>", one piece per file) over real
 source files from the packages installed in the venv (not files we wrote), at temperature 0 with a
-seed, one call at a time from empty slots (batch composition changes greedy answers).
+seed, one call at a time, each way on a fresh engine (batch composition and cached prefixes change
+greedy answers).
 
 Ways: ``off`` (every speed-up off: ``shared_input: off``), ``default`` (squad's defaults), and
 ``declared`` (the author puts the file first with ``shared=``, a layout change they ask for; judged
@@ -105,12 +106,13 @@ async def main() -> None:
     answers: dict[str, list[str]] = {"off": [], "default": [], "declared": []}
     ground: dict[str, list[bool]] = {k: [] for k in answers}
     tokens: dict[str, float] = dict.fromkeys(answers, 0.0)
-    async with Squad(reviewers(args.max_tokens), engine=spec) as squad:
-        for f in files:
-            code = f.read_text()
-            names = defined(code)
-            for way in answers:
-                squad.shared_input = "off" if way == "off" else "prefix"
+    texts = [f.read_text() for f in files]
+    for way in answers:  # each way on a fresh engine: the host prompt cache outlives erased slots, and a
+        # prompt loaded from it gives other greedy answers than one computed whole
+        mode = "off" if way == "off" else "prefix"
+        async with Squad(reviewers(args.max_tokens), engine=spec, shared_input=mode) as squad:
+            for code in texts:
+                names = defined(code)
                 before = await erase_and_total(squad)
                 if way == "declared":
                     calls = [(n, DECLARED[n]) for n in PROMPTS]
@@ -121,6 +123,7 @@ async def main() -> None:
                 tokens[way] += await erase_and_total(squad) - before
                 answers[way] += [r.output for r in results]
                 ground[way] += [grounded(r.output, names) for r in results]
+        print(f"{way}: done", file=sys.stderr, flush=True)
     n = len(answers["off"])
     same = sum(a == b for a, b in zip(answers["default"], answers["off"]))
     same_declared = sum(a == b for a, b in zip(answers["declared"], answers["off"]))
