@@ -89,6 +89,8 @@ class Admission:
         self._reserved = 0  # sum of the running reservations' tokens
         self._free: list[int] = list(range(slots))  # free slot numbers, a min-heap
         self._homes: dict[str, int] = {}  # conversation -> the slot its last call used (its prefix is there)
+        self._owner: dict[int, str] = {}  # slot -> the conversation whose prompt it holds
+        self._released: dict[int, float] = {}  # slot -> when its last call was released
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
         self._held = False
@@ -300,24 +302,36 @@ class Admission:
 
     def _slot_for(self, reservation: Reservation) -> int:
         """The free slot to grant: the one the same conversation used last, when free (its prefix is
-        still in the engine's cells there), else the lowest free one. O(slots)."""
+        still in the engine's cells there); else the lowest free slot no conversation holds a prefix
+        in; else the free slot released longest ago (its conversation the least likely to come back
+        soon). O(slots)."""
         home = self._homes.get(reservation.origin.conversation) if reservation.origin.conversation else None
-        if home is not None and home in self._free:
-            self._free.remove(home)
-            heapq.heapify(self._free)
-            return home
-        return heapq.heappop(self._free)
+        if home is None or home not in self._free:
+            home = min(self._free, key=lambda s: (s in self._owner, self._released.get(s, 0.0), s))
+        if home == self._free[0]:
+            return heapq.heappop(self._free)
+        self._free.remove(home)
+        heapq.heapify(self._free)
+        return home
 
     def _release(self, reservation: Reservation, since: float) -> None:
         if self._running.get(reservation.slot) is not reservation:
             return
         del self._running[reservation.slot]
         self._reserved -= reservation.tokens
+        self._released[reservation.slot] = time.monotonic()
+        old = self._owner.pop(reservation.slot, None)
+        if old is not None and self._homes.get(old) == reservation.slot:
+            del self._homes[old]  # another conversation's prompt is in that slot now
         if reservation.origin.conversation:
+            self._owner[reservation.slot] = reservation.origin.conversation
             self._homes.pop(reservation.origin.conversation, None)  # most recent last: a bounded, ordered map
             self._homes[reservation.origin.conversation] = reservation.slot
             if len(self._homes) > _HOMES:
-                del self._homes[next(iter(self._homes))]
+                gone = next(iter(self._homes))
+                if self._owner.get(self._homes[gone]) == gone:
+                    del self._owner[self._homes[gone]]
+                del self._homes[gone]
         if reservation.slot < self.slots:
             heapq.heappush(self._free, reservation.slot)
         held_s = time.monotonic() - since
