@@ -70,6 +70,7 @@ async def counted(squad: Squad, system: str, prompt: str) -> int:
         return int(r.json()["input_tokens"])
 
 
+@pytest.mark.timeout(900)  # two engines, one after the other, and 15 calls on 2 shared cores
 async def test_answers_are_the_authors_and_a_declared_shared_context_is_processed_once(
     llama_server_path: Path, default_model_path: Path
 ) -> None:
@@ -80,7 +81,7 @@ async def test_answers_are_the_authors_and_a_declared_shared_context_is_processe
     given three prompts that begin with the same file: sharing uses that prefix (the engine's
     ``cache_n``) and still sends the author's messages; (3) the file declared as ``shared`` is
     processed once."""
-    prompt = "Review this file:\n\n" + source(60)
+    prompt = "Review this file:\n\n" + source(40)
     issue = [(n, prompt) for n in REVIEWERS]
     common = [("security", prompt + f"\n\nFocus on {what}.") for what in ("input checks", "errors", "limits")]
     answers: dict[str, list[str]] = {}
@@ -95,7 +96,7 @@ async def test_answers_are_the_authors_and_a_declared_shared_context_is_processe
             seen.clear()
             grouped = await squad.parallel(common, check=True, max_concurrency=1)
             shared = [e.shared_tokens for e in seen if isinstance(e, CallFinished)]
-            assert (max(shared) > 500) is (mode == "prefix"), shared  # only what the prompts begin with
+            assert (max(shared) > 300) is (mode == "prefix"), shared  # only what the prompts begin with
             for (name, text), result in zip(issue + common, results + grouped):
                 assert result.usage.prompt_tokens == await counted(squad, squad.agents[name].system_prompt([], {}),
                                                                    text)
@@ -105,7 +106,7 @@ async def test_answers_are_the_authors_and_a_declared_shared_context_is_processe
 
 
 async def processed_once(squad: Squad, seen: list[Event]) -> None:
-    file = source(90)
+    file = source(60)
     headers = {"Authorization": f"Bearer {squad.info.api_key}"} if squad.info.api_key else {}
     seen.clear()
     async with httpx.AsyncClient(base_url=squad.info.base_url, headers=headers, timeout=30) as http:
