@@ -43,7 +43,7 @@ DECLARED = {"security": "Review the code above.", "style": "Review the code abov
             "tests": "Which tests does the code above need?"}
 
 
-def real_files(n: int, lo: int = 50, hi: int = 110) -> list[Path]:
+def real_files(n: int, lo: int = 30, hi: int = 70) -> list[Path]:
     """``n`` source files of ``lo``..``hi`` lines from installed packages, one per package, in a fixed order."""
     site = Path(sysconfig.get_paths()["purelib"])
     found: list[Path] = []
@@ -123,6 +123,7 @@ async def main() -> None:
                 tokens[way] += await erase_and_total(squad) - before
                 answers[way] += [r.output for r in results]
                 ground[way] += [grounded(r.output, names) for r in results]
+                print(f"{way}: {len(answers[way]) // 3}/{len(texts)}", file=sys.stderr, flush=True)
         print(f"{way}: done", file=sys.stderr, flush=True)
     n = len(answers["off"])
     same = sum(a == b for a, b in zip(answers["default"], answers["off"]))

@@ -161,14 +161,18 @@ a task loads the cached prompt sharing the longest prefix with it (``server-cont
 ``get_available_slot``; a task pinned with ``id_slot`` to a slot holding another prompt does too)."""
 
 
+CACHE_RAM_POOLS = 4
+"""KV pools' worth of host RAM squad plans for the prompt cache: conversations parked while others hold the slots."""
+
+
 def cache_ram_mib(kv_bytes: int | None, memory_for_kv: int | None) -> int:
-    """The ``--cache-ram`` squad plans (MiB): room to park one whole KV pool (``kv_bytes``) in host
-    RAM, so every slot's prompt survives a slot given to another conversation; no more than what
-    the memory KV was planned against has left beside the pool, nor than llama-server's default;
-    the default when the pool's size is unknown."""
+    """The ``--cache-ram`` squad plans (MiB): room to park :data:`CACHE_RAM_POOLS` whole KV pools
+    (``kv_bytes`` each) in host RAM, so the prompts of conversations whose slots went to others
+    survive; no more than what the memory KV was planned against has left beside the pool, nor
+    than llama-server's default; the default when the pool's size is unknown."""
     if kv_bytes is None:
         return CACHE_RAM_DEFAULT_MIB
-    want = -(-kv_bytes // 2**20)
+    want = CACHE_RAM_POOLS * -(-kv_bytes // 2**20)
     if memory_for_kv is not None:
         want = min(want, max(0, (memory_for_kv - kv_bytes) // 2**20))
     return min(CACHE_RAM_DEFAULT_MIB, want)
