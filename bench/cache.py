@@ -36,7 +36,7 @@ from squad.engine.session import EngineSpec
 from squad.events import CallFinished, Event, Origin
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
-from squad.runtime.tools import tool
+from squad.runtime.tools import arguments_for_history, tool
 
 SAMPLING = {"temperature": 0.0, "seed": 1}
 
@@ -73,14 +73,15 @@ async def loop(squad: Squad, i: int, *, rounds: int, keep_tools: bool) -> int:
         answer = r == rounds
         tools = TOOLS if (keep_tools or not answer) else None
         choice = ("none" if answer else "required") if tools else None
-        reply = await squad.chat.complete(ChatRequest(origin=origin, messages=list(convo), max_tokens=32,
+        reply = await squad.chat.complete(ChatRequest(origin=origin, messages=list(convo), max_tokens=48,
                                                       tools=tools, tool_choice=choice, sampling=SAMPLING))
         last = reply.usage.prompt_tokens if reply.usage else 0
         if answer or not reply.tool_calls:
             break
         c = reply.tool_calls[0]
         convo += [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}]},
+            {"id": c.id, "type": "function", "function": {"name": c.name,
+                                                          "arguments": arguments_for_history(c.arguments)}}]},
             {"role": "tool", "tool_call_id": c.id, "content": lookup.fn(topic=QUESTIONS[i][:20])}]
     return last
 
