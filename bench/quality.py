@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import sys
 import sysconfig
@@ -100,15 +101,22 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--ways", default="off,default,declared", help="run only these ways (each on its own engine)")
+    ap.add_argument("--save", help="write the answers as JSON here (runs of different ways merged with --merge)")
+    ap.add_argument("--merge", nargs="*", help="JSON files of earlier runs: print their table, run nothing")
     args = ap.parse_args()
+    if args.merge:
+        table(*merged(args.merge))
+        return
     files = real_files(args.files)
     spec = EngineSpec(model=MODEL, binary=BINARY, threads=THREADS, slots=3, ctx=8192)
     answers: dict[str, list[str]] = {"off": [], "default": [], "declared": []}
     ground: dict[str, list[bool]] = {k: [] for k in answers}
     tokens: dict[str, float] = dict.fromkeys(answers, 0.0)
     texts = [f.read_text() for f in files]
-    for way in answers:  # each way on a fresh engine: the host prompt cache outlives erased slots, and a
-        # prompt loaded from it gives other greedy answers than one computed whole
+    # each way on a fresh engine: the host prompt cache outlives erased slots, and a prompt loaded from it
+    # gives other greedy answers than one computed whole
+    for way in [w for w in answers if w in args.ways.split(",")]:
         mode = "off" if way == "off" else "prefix"
         async with Squad(reviewers(args.max_tokens), engine=spec, shared_input=mode) as squad:
             for code in texts:
@@ -125,14 +133,33 @@ async def main() -> None:
                 ground[way] += [grounded(r.output, names) for r in results]
                 print(f"{way}: {len(answers[way]) // 3}/{len(texts)}", file=sys.stderr, flush=True)
         print(f"{way}: done", file=sys.stderr, flush=True)
-    n = len(answers["off"])
-    same = sum(a == b for a, b in zip(answers["default"], answers["off"]))
-    same_declared = sum(a == b for a, b in zip(answers["declared"], answers["off"]))
-    rows = [[way, f"{sum(ground[way])}/{n} ({sum(ground[way]) / n:.0%})",
-             f"{same}/{n}" if way == "default" else f"{same_declared}/{n}" if way == "declared" else "-",
-             f"{tokens[way]:,.0f}"] for way in answers]
+    if args.save:
+        Path(args.save).write_text(json.dumps({"files": [str(f) for f in files], "max_tokens": args.max_tokens,
+                                               "answers": answers, "ground": ground, "tokens": tokens}))
+    table(files, args.max_tokens, answers, ground, tokens)
+
+
+def merged(paths: list[str]) -> tuple[list[Path], int, dict, dict, dict]:
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    answers: dict[str, list[str]] = {}
+    ground: dict[str, list[bool]] = {}
+    tokens: dict[str, float] = {}
+    for run in runs:
+        for way, got in run["answers"].items():
+            if got:
+                answers[way], ground[way], tokens[way] = got, run["ground"][way], run["tokens"][way]
+    return [Path(f) for f in runs[0]["files"]], runs[0]["max_tokens"], answers, ground, tokens
+
+
+def table(files: list[Path], max_tokens: int, answers: dict, ground: dict, tokens: dict) -> None:
+    n = len(answers.get("off", []))
+    rows = []
+    for way in answers:
+        same = sum(a == b for a, b in zip(answers[way], answers.get("off", [])))
+        rows.append([way, f"{sum(ground[way])}/{len(ground[way])} ({sum(ground[way]) / max(1, len(ground[way])):.0%})",
+                     f"{same}/{n}" if way != "off" else "-", f"{tokens[way]:,.0f}"])
     sources = ", ".join(f"{f.parent.name}/{f.name}" for f in files)
-    print(f"{len(files)} files ({sources}); 3 reviewers each, max_tokens {args.max_tokens}, temperature 0, seed 1\n")
+    print(f"{len(files)} files ({sources}); 3 reviewers each, max_tokens {max_tokens}, temperature 0, seed 1\n")
     print(md_table(["way", "grounded answers", "identical to off", "engine-processed prompt tokens"], rows))
 
 
