@@ -14,7 +14,7 @@ processed once: each round or turn adds only its new tokens).
 - **serve**: 4 conversations × 8 turns through ``squad serve`` on ``-np 2`` and a pool that cannot hold
   all 4 (the engine's ``--cache-ram`` parks the others). Target ≤ 1.3× the ideal.
 
-    SQUAD_BENCH_BINARY=.venv/bin/squad-llama-server .venv/bin/python bench/cache.py [--parts loops,fanout,serve]
+    SQUAD_BENCH_BINARY=.venv/bin/squad-llama-server .venv/bin/python bench/cache.py [--parts loops4,loops2,fanout,serve]
 """
 
 from __future__ import annotations
@@ -148,7 +148,14 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
     serve = await anyio.to_thread.run_sync(lambda: ServeProcess("-c", "2048", "-np", "2", "-t", str(THREADS),
                                                                 "--llama-server", str(BINARY), "-m", str(MODEL)))
     try:
-        url, key = serve.engine()
+        import psutil
+
+        status = httpx.get(serve.url + "/squad/status", headers={"Authorization": f"Bearer {KEY}"}).json()
+        url = status["engine"]["url"]
+        # the prebuilt engine runs as python: find it by its command line
+        (child,) = [c for c in psutil.Process(serve.pid).children(recursive=True)
+                    if any("llama-server" in part for part in c.cmdline()) and "--port" in c.cmdline()]
+        key = child.environ().get("LLAMA_API_KEY", "none")
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
             before = processed((await http.get("/metrics")).text)
             lasts = [0] * 4
@@ -177,21 +184,20 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="loops,fanout,serve")
+    ap.add_argument("--parts", default="loops4,loops2,fanout,serve", help="any of loops4, loops2, fanout, serve")
     parts = ap.parse_args().parts.split(",")
-    out = []
-    if "loops" in parts:
-        rows = [*await tool_loops(4), *await tool_loops(2)]
-        out.append("### Tool loops: 4 agents x 5 rounds (engine-processed prompt tokens vs the ideal)\n\n"
-                   + md_table(["engine", "answer round", "processed", "ideal", "ratio"], rows))
-    if "fanout" in parts:
-        out.append("### Fan-outs: shared_input off vs prefix (default), engine-processed prompt tokens\n\n"
-                   + md_table(["case", "prompt tokens", "processed off", "processed prefix",
-                               "shared (engine cache_n)", "prefix/off"], await fanouts()))
-    if "serve" in parts:
-        out.append("### Multi-turn through squad serve\n\n"
-                   + md_table(["case", "processed", "ideal", "ratio"], await serve_turns()))
-    print("\n\n".join(out))
+    for part in parts:  # each table printed as soon as its part ends
+        if part.startswith("loops"):
+            rows = await tool_loops(int(part[5:]))
+            print(f"### Tool loops: 4 agents x 5 rounds, {part[5:]} slots (engine-processed prompt tokens vs ideal)\n\n"
+                  + md_table(["engine", "answer round", "processed", "ideal", "ratio"], rows), flush=True)
+        elif part == "fanout":
+            print("### Fan-outs: shared_input off vs prefix (default), engine-processed prompt tokens\n\n"
+                  + md_table(["case", "prompt tokens", "processed off", "processed prefix",
+                              "shared (engine cache_n)", "prefix/off"], await fanouts()), flush=True)
+        elif part == "serve":
+            print("### Multi-turn through squad serve\n\n"
+                  + md_table(["case", "processed", "ideal", "ratio"], await serve_turns()), flush=True)
 
 
 if __name__ == "__main__":
