@@ -33,7 +33,7 @@ from _common import BINARY, MODEL, THREADS, md_table
 from shared_input import python_source
 from squad.chat import ChatRequest
 from squad.engine.session import EngineSpec
-from squad.events import CallFinished, Event, Origin
+from squad.events import CallFinished, Event, Origin, ShareSkipped
 from squad.runtime.agent import Agent
 from squad.runtime.squad import Squad
 from squad.runtime.tools import arguments_for_history, tool
@@ -107,8 +107,11 @@ async def tool_loops(slots: int) -> list[list[object]]:
     return rows
 
 
-async def fanouts() -> list[list[object]]:
-    rows = []
+async def fanouts(mode: str) -> list[list[object]]:
+    """The fan-out cases with ``shared_input`` ``mode``, on a fresh engine (the cache warmed by one
+    mode must not serve the other): per case the prompt tokens, the engine-processed ones and the
+    engine-counted ``shared_tokens``."""
+    rows: list[list[object]] = []
     file = python_source(200)
     other = python_source(60, seed=3)
     spec = EngineSpec(model=MODEL, binary=BINARY, threads=THREADS, slots=3, ctx=12288)
@@ -123,20 +126,16 @@ async def fanouts() -> list[list[object]]:
         ("3 reviewers, the file declared shared", [(n, "Review the code above.") for n in ("security", "style",
                                                                                            "tests")], file),
     ]
-    async with Squad(agents, engine=spec) as squad:
+    seen: list[Event] = []
+    async with Squad(agents, engine=spec, on_event=seen.append, shared_input=mode) as squad:
         for name, calls, shared in cases:
-            got = {}
-            for mode in ("off", "prefix"):
-                seen: list[Event] = []
-                squad._sinks.append(seen.append)
-                squad.shared_input = mode
-                before = await engine_total(squad)
-                results = await squad.parallel(calls, check=True, shared=shared)
-                got[mode] = (await engine_total(squad) - before, sum(r.usage.prompt_tokens for r in results),
-                             sum(e.shared_tokens for e in seen if isinstance(e, CallFinished)))
-                squad._sinks.remove(seen.append)
-            rows.append([name, f"{got['off'][1]:,}", f"{got['off'][0]:,.0f}", f"{got['prefix'][0]:,.0f}",
-                         f"{got['prefix'][2]:,}", f"{got['prefix'][0] / got['off'][0]:.2f}x"])
+            seen.clear()
+            before = await engine_total(squad)
+            results = await squad.parallel(calls, check=True, shared=shared)
+            done = await engine_total(squad) - before
+            rows.append([name, mode, f"{sum(r.usage.prompt_tokens for r in results):,}", f"{done:,.0f}",
+                         f"{sum(e.shared_tokens for e in seen if isinstance(e, CallFinished)):,}",
+                         len([e for e in seen if isinstance(e, ShareSkipped)])])
     return rows
 
 
@@ -184,17 +183,19 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="loops4,loops2,fanout,serve", help="any of loops4, loops2, fanout, serve")
+    ap.add_argument("--parts", default="loops4,loops2,fanout,serve", help="any of loops4, loops2, fanout (or fanout-off, fanout-prefix), serve")
     parts = ap.parse_args().parts.split(",")
     for part in parts:  # each table printed as soon as its part ends
         if part.startswith("loops"):
             rows = await tool_loops(int(part[5:]))
             print(f"### Tool loops: 4 agents x 5 rounds, {part[5:]} slots (engine-processed prompt tokens vs ideal)\n\n"
                   + md_table(["engine", "answer round", "processed", "ideal", "ratio"], rows), flush=True)
-        elif part == "fanout":
-            print("### Fan-outs: shared_input off vs prefix (default), engine-processed prompt tokens\n\n"
-                  + md_table(["case", "prompt tokens", "processed off", "processed prefix",
-                              "shared (engine cache_n)", "prefix/off"], await fanouts()), flush=True)
+        elif part.startswith("fanout"):
+            modes = [part.split("-")[1]] if "-" in part else ["off", "prefix"]
+            rows = [row for mode in modes for row in await fanouts(mode)]
+            print("### Fan-outs: shared_input off vs prefix (default), each on a fresh engine\n\n"
+                  + md_table(["case", "shared_input", "prompt tokens", "engine-processed", "shared (engine cache_n)",
+                              "share.skipped"], rows), flush=True)
         elif part == "serve":
             print("### Multi-turn through squad serve\n\n"
                   + md_table(["case", "processed", "ideal", "ratio"], await serve_turns()), flush=True)
