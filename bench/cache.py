@@ -183,7 +183,8 @@ async def serve_turns(turns: int = 8) -> list[list[object]]:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="loops4,loops2,fanout,serve", help="any of loops4, loops2, fanout (or fanout-off, fanout-prefix), serve")
+    ap.add_argument("--parts", default="loops4,loops2,fanout,serve",
+                    help="any of loops4, loops2, fanout (or fanout-off, fanout-prefix), serve")
     parts = ap.parse_args().parts.split(",")
     for part in parts:  # each table printed as soon as its part ends
         if part.startswith("loops"):
