@@ -4,8 +4,10 @@ K = 1, 3, 5 reviewers given the same generated Python file (300 and 600 lines) t
 ``Squad.parallel``; with ``--big``, the shipped review recipe (recipes/review.yaml: three
 reviewers map over the file's chunks, then a lead) on a 2,000-line file. Each case runs twice on
 the same engine: ``shared_input="off"`` (the prompts as written: instructions, then the file)
-and ``"first"`` (the file first in the system message, prefilled once, restored into the other
-slots). Reported per case: prompt tokens the engine processed (``llamacpp:prompt_tokens_total``
+and ``"first"`` (since issue 29: the file declared ``shared=`` by the author, so it goes first in the
+system message, prefilled once, restored into the other slots; squad no longer moves it on its own).
+The ``--big`` recipe case runs the recipe as shipped, whose prompts begin differently: both ways
+then send the same requests. Reported per case: prompt tokens the engine processed (``llamacpp:prompt_tokens_total``
 from ``/metrics``, before and after), wall seconds, first token (seconds from the start to each
 call's first token: median and last), and the ratios.
 
@@ -133,8 +135,13 @@ async def parallel_cases(agents: list[Agent], sizes: list[int], ks: list[int], s
                             continue
                         squad.shared_input = way
 
-                        async def work(prompt: str = prompt, k: int = k) -> None:
-                            await squad.parallel([(FOCUS[j], prompt) for j in range(k)], check=True)
+                        async def work(prompt: str = prompt, k: int = k, way: str = way) -> None:
+                            if way == "off":
+                                await squad.parallel([(FOCUS[j], prompt) for j in range(k)], check=True)
+                            else:  # the layout an author asks for: the file first (squad.sched.share)
+                                file = prompt.removeprefix("Review this file:\n\n")
+                                await squad.parallel([(FOCUS[j], "Review the file above.") for j in range(k)],
+                                                     check=True, shared=file)
 
                         pair[way] = await measured(squad, http, seen, work)
                         print(f"{lines} lines K={k} {way}: {pair[way]}", file=sys.stderr, flush=True)

@@ -30,9 +30,10 @@ def test_render_shows_timeline_numbers_reasons_and_command():
     assert "step 3 › ×3" in out and "fix, fix, fix" in out
     assert "slots        4" in out and "16,384 tokens" in out
     assert "360.0 MiB at f16/f16 of 1,024.0 MiB available (35%)" in out
+    assert "host prompt cache (--cache-ram) 664 MiB more" in out  # what the 1,024 MiB leave beside the pool
     assert "slots 4 = peak concurrency at step 2 (review): lead, security, style, tests" in out
     assert ("LLAMA_API_KEY=<KEY> llama-server -m '/models/my model.gguf' -c 16384 -np 4 --kv-unified "
-            "--host 127.0.0.1 --port <PORT> --metrics") in out
+            "--cache-ram 664 --host 127.0.0.1 --port <PORT> --metrics") in out
 
 
 def test_render_rounding_and_warnings():

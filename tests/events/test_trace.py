@@ -123,8 +123,7 @@ def test_jsonl_trace_writes_one_flushed_line_per_event_with_its_ids(tmp_path):
                      "data": {"slots": 2, "n_ctx": 2048, "pool": 4096, "base_url": URL, "reason": "launched"}}
     assert second == {"kind": "call.admitted", "t": pytest.approx(0.1), "wall": WALL + 0.1, "agent": "a",
                       "conversation": "a#1", "parent": "lead#1", "call": "c1", "engine": URL, "worker": None,
-                      "data": {"tokens": 300, "slot": 0, "queued_s": 0.0, "in_flight": 1, "pool_used": 300,
-                               "shared_tokens": 0}}
+                      "data": {"tokens": 300, "slot": 0, "queued_s": 0.0, "in_flight": 1, "pool_used": 300}}
     sink.close()
     sink(events[4])  # after close: dropped, no error
     assert len(path.read_text().splitlines()) == 2

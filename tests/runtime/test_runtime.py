@@ -221,7 +221,8 @@ async def test_tool_rounds_are_bounded() -> None:
         async with Squad([agent], engine=fe.info, tools=[add], max_tool_rounds=2) as sq:
             result = await sq.run_agent("calc", "loop")
     assert result.output == "gave up on tools"
-    assert "tools" not in fe.requests[2] or not fe.requests[2]["tools"]  # last round offers no tools
+    # the last round offers no tools: it says tool_choice none and keeps the same definitions (the prefix stays)
+    assert fe.requests[2]["tool_choice"] == "none" and fe.requests[2]["tools"] == fe.requests[0]["tools"]
 
 
 async def test_sub_agent_as_tool() -> None:

@@ -50,7 +50,7 @@ def greedy(*names: str):
     following = dict(zip(names, names[1:]))
 
     def respond(req):
-        if req.tools and req.agent in following:
+        if req.tools and req.tool_choice != "none" and req.agent in following:
             return ask(following[req.agent])
         tools = [m for m in req.messages if m["role"] == "tool"]
         return f"{req.agent} answers after {len(tools)} tool results"

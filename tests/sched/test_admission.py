@@ -222,3 +222,22 @@ async def test_resize_fails_queued_calls_that_can_no_longer_fit():
         await anyio.sleep(0.01)
         gate.set()
     assert len(errors) == 1 and "big" in str(errors[0])
+
+
+async def test_a_conversation_gets_back_the_slot_holding_its_prefix_and_others_keep_off_it():
+    """Issue 29: between a conversation's calls (its tools running) its slot holds its prefix; it
+    gets that slot back when free, a new conversation takes a slot nobody holds a prefix in, and only
+    when every free slot holds one does admission take the one released longest ago."""
+    from squad.events import Origin
+
+    adm = Admission(slots=3, pool=3000)
+
+    async def once(conversation: str) -> int:
+        async with adm.reserve(10, agent=Origin("a", conversation)) as r:
+            return r.slot
+
+    assert [await once("a#1"), await once("b#1")] == [0, 1]  # b keeps off a's slot
+    assert await once("a#1") == 0 and await once("b#1") == 1  # each gets its own back
+    assert await once("c#1") == 2  # the one slot nobody holds
+    assert await once("d#1") == 0  # all hold a prefix: the slot released longest ago (a's)
+    assert await once("a#1") == 1  # a's slot went to d: a takes the least recently used (b's)

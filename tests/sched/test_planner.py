@@ -297,8 +297,9 @@ def test_plans_equal_when_they_start_the_same_engine():
 def test_server_args():
     p = mk(FOUR, cache_type_k="q8_0", cache_type_v="q8_0", kv_bytes_per_token=12_240)
     assert p.server_args() == ["-m", str(MODEL), "-c", "16384", "-np", "4", "--kv-unified",
-                               "-ctk", "q8_0", "-ctv", "q8_0"]
-    assert mk(Call("a", 100)).server_args()[-1] == "--no-kv-unified"
+                               "-ctk", "q8_0", "-ctv", "q8_0", "--cache-ram", str(p.cache_ram_mib)]
+    assert p.cache_ram_mib == 4 * -(-(p.kv_bytes or 0) // 2**20)  # four pools' worth of host RAM
+    assert "--no-kv-unified" in mk(Call("a", 100)).server_args()
 
 
 @pytest.mark.parametrize("turn, expect", [
@@ -376,3 +377,13 @@ def test_a_budget_above_the_pinned_context_can_never_fit_and_the_warning_says_wh
     together = mk(Parallel((Call("a", 512), Call("b", 512))), pin_ctx=512)
     assert any("some wait" in w for w in together.warnings)
     assert not any("can never fit" in w for w in together.warnings)
+
+
+def test_cache_ram_is_one_pool_within_the_memory_left_and_the_engine_default():
+    from squad.engine.llama import CACHE_RAM_DEFAULT_MIB, cache_ram_mib
+
+    assert cache_ram_mib(None, None) == CACHE_RAM_DEFAULT_MIB
+    assert cache_ram_mib(100 * 2**20, None) == 400
+    assert cache_ram_mib(100 * 2**20, 150 * 2**20) == 50  # only what the pool leaves
+    assert cache_ram_mib(100 * 2**20, 90 * 2**20) == 0  # none left: the cache is off
+    assert cache_ram_mib(10**12, None) == CACHE_RAM_DEFAULT_MIB

@@ -23,12 +23,12 @@ import httpx
 
 from squad.chat import ChatEngine, ChatRequest, ChatResult
 from squad.chat.budget import refuse_over_budget, refuse_oversized
-from squad.chat.call import Call, opened
+from squad.chat.call import Call, emit, opened
 from squad.chat.counting import PromptCounter
 from squad.chat.settle import CALL_SETTLE_TIMEOUT, EngineSlots, until_engine_free
 from squad.chat.stream import InnocentOverflow
 from squad.chat.wrapper import WrapperChatEngine
-from squad.events import EngineWarning, EventSink
+from squad.events import EngineWarning, EventSink, ShareSkipped
 from squad.sched.admission import Admission, Reservation
 from squad.sched.share import MIN_SHARED_TOKENS, ShareGroup, request_shares
 
@@ -48,16 +48,25 @@ class AdmittedChatEngine(WrapperChatEngine):
       a call that ended early;
     - ``http``: returns the engine's ``httpx.AsyncClient``, for a fan-out's shared prefix
       (:mod:`squad.sched.share`);
-    - ``on_event``: receives ``engine.warning`` (a local count below the engine's) and settling's.
+    - ``prefill_deadline``: seconds a fan-out's one-time prefill of N tokens may take
+      (:meth:`squad.chat.deadline.EngineDeadlines.prefill_deadline`);
+    - ``on_event``: receives ``engine.warning`` (a local count below the engine's), ``share.skipped``
+      and settling's.
+
+    On an engine squad launched (it has a slot save directory) every call is pinned (``id_slot``) to
+    the slot admission granted, which is the slot the conversation's last call used when free: its
+    prefix is still there, so a tool loop's next round reuses it.
     """
 
     def __init__(self, inner: ChatEngine, admission: Admission | None, *, counter: PromptCounter,
                  slots: EngineSlots, http: Callable[[], httpx.AsyncClient],
                  messages: Callable[[ChatRequest], list[dict[str, Any]]],
+                 prefill_deadline: Callable[[int], float] = lambda tokens: 600.0,
                  on_event: EventSink | None = None) -> None:
         super().__init__(inner)
         self.admission, self.counter, self.slots = admission, counter, slots
         self._http, self._messages, self.on_event = http, messages, on_event
+        self.prefill_deadline = prefill_deadline
 
     async def complete(self, request: ChatRequest) -> ChatResult:
         """Count, refuse or reserve, then ``inner.complete(request)``; the result gets
@@ -73,14 +82,19 @@ class AdmittedChatEngine(WrapperChatEngine):
             if local or engine.count_with != "estimate":
                 refuse_over_budget(request, prompt, engine.n_ctx_train)
             need = prompt + request.max_tokens
-            group, shared = await self._shares(request)
+            group, shared = await self._shares(call)
             call.need, call.prompt, call.admission, call.upstream = need, prompt, admission, admission is None
-            async with self._reserve(call, need, shared) as reservation, until_engine_free(
+            async with self._reserve(call, need) as reservation, until_engine_free(
                     admission, reservation, self.slots, on_event=self.on_event,
                     timeout=CALL_SETTLE_TIMEOUT) as ending:
                 call.ending, call.slot = ending, reservation.slot
-                call.pin = (reservation.slot if group is not None
-                            and await group.enter(self._http(), reservation.slot, engine.slot_save_dir) else None)
+                call.shared = 0
+                if group is not None and await group.enter(
+                        self._http(), reservation.slot, engine.slot_save_dir,
+                        deadline_s=self.prefill_deadline(shared), skip=self._skipper(call, shared)):
+                    call.shared = shared
+                owned = admission is not None and bool(engine.slot_save_dir) and reservation.slot >= 0
+                call.pin = reservation.slot if owned or call.shared else None
                 try:
                     result = await self.inner.complete(request)
                 except InnocentOverflow as exc:
@@ -94,19 +108,34 @@ class AdmittedChatEngine(WrapperChatEngine):
                 self.on_event(EngineWarning(engine=engine.base_url, warning=warning))
         return result
 
-    def _reserve(self, call: Call, need: int, shared: int) -> AbstractAsyncContextManager[Reservation]:
+    def _reserve(self, call: Call, need: int) -> AbstractAsyncContextManager[Reservation]:
         req = call.request
         if self.admission is None:
             return contextlib.nullcontext(Reservation(req.origin, need, call=call.id))
-        return self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id, shared=shared)
+        return self.admission.reserve(need, agent=req.origin, priority=req.priority, call=call.id)
 
-    async def _shares(self, request: ChatRequest) -> tuple[ShareGroup | None, int]:
-        """The fan-out group whose shared prefix this call restores, and its tokens (squad.sched.share):
-        the first call of a fan-out member whose prompt starts with the shared text, only on an
-        engine squad gave a slot save directory; else ``(None, 0)``."""
-        if self.admission is None or not self.engine.slot_save_dir:
-            return None, 0
+    def _skipper(self, call: Call, tokens: int) -> Callable[[str], None]:
+        def skip(reason: str) -> None:
+            emit(self.on_event, ShareSkipped, call, self.engine.base_url, reason=reason, tokens=tokens)
+        return skip
+
+    async def _shares(self, call: Call) -> tuple[ShareGroup | None, int]:
+        """The fan-out group whose common prefix this call restores, and its tokens (squad.sched.share):
+        the first call of a fan-out member whose messages begin with the group's prefix, only on an
+        engine squad gave a slot save directory; else ``(None, 0)``, with a ``share.skipped`` once
+        per group when it cannot be used."""
+        request = call.request
         group = request_shares(request)
-        shared = await group.probe(self._http()) if group is not None else 0
-        return (group, shared) if shared >= MIN_SHARED_TOKENS else (None, 0)
+        if group is None or self.admission is None:
+            return None, 0
+        if not self.engine.slot_save_dir:
+            group.tell_once("the engine has no slot save directory (squad did not launch it); each member "
+                            "prefills its own prompt", self._skipper(call, 0))
+            return None, 0
+        shared = await group.probe(self._http(), request.tools)
+        if shared < MIN_SHARED_TOKENS:
+            group.tell_once(f"the common prefix is {shared} tokens, under the {MIN_SHARED_TOKENS} worth a slot "
+                            "save; each member prefills its own prompt", self._skipper(call, shared))
+            return None, 0
+        return group, shared
 

@@ -55,7 +55,10 @@ class Call:
     """The endpoint admits on its own (squad serve): it is told who asks, and may queue the request."""
     slot: int = -1
     pin: int | None = None
-    """The engine slot (``id_slot``) that holds the call's shared prefix (:mod:`squad.sched.share`)."""
+    """The engine slot (``id_slot``) the call is sent to: the slot admission granted, which holds the
+    conversation's prefix or a fan-out's restored one (:mod:`squad.sched.share`)."""
+    shared: int = 0
+    """Tokens of a fan-out's common prefix restored into the call's slot (0: none)."""
     ending: Ending = field(default_factory=Ending)
 
     @property

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from squad.chat import ChatRequest, ChatResult
@@ -87,7 +87,8 @@ class EngineClient(WrapperChatEngine):
         t = self.transport
         self.admitted = AdmittedChatEngine(
             t, Admission.for_engine(engine, on_event=on_event) if admission == "auto" else admission,
-            counter=t.counter, slots=t.slots, http=lambda: t.http, messages=t.messages, on_event=on_event)
+            counter=t.counter, slots=t.slots, http=lambda: t.http, messages=t.messages,
+            prefill_deadline=lambda tokens: t.deadlines.prefill_deadline(tokens), on_event=on_event)
         self.retrying = RetryingChatEngine(self.admitted, load_deadline=load_deadline, max_attempts=max_attempts,
                                            restart=restart, adopt=self._adopt_restarted, on_event=on_event)
         super().__init__(self.retrying)
@@ -198,8 +199,16 @@ class EngineClient(WrapperChatEngine):
         timings = result.timings
         timings.total_s = time.monotonic() - call.started
         usage = result.usage
+        cached = _cache_n(timings.engine)
         emit(self._on_event, CallFinished, call, self.engine.base_url, attempts=call.attempts,
              finish_reason=result.finish_reason, prompt_tokens=usage.prompt_tokens if usage else None,
              completion_tokens=usage.completion_tokens if usage else None, queued_s=timings.queued_s,
-             ttft_s=timings.ttft_s, total_s=timings.total_s, tokens_per_s=timings.tokens_per_s, slot=result.slot)
+             ttft_s=timings.ttft_s, total_s=timings.total_s, tokens_per_s=timings.tokens_per_s, slot=result.slot,
+             cached_tokens=cached, shared_tokens=min(cached or 0, call.shared))
         return result
+
+
+def _cache_n(engine: Mapping[str, Any] | None) -> int | None:
+    """Prompt tokens the engine reused from its cache: llama-server's ``timings.cache_n`` (None: not said)."""
+    value = (engine or {}).get("cache_n")
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -176,6 +176,16 @@ class EngineDeadlines:
         """True once the engine sent a ``prompt_progress`` chunk (then a batch, not the whole
         prompt, is the longest silence before the first token)."""
 
+    def prefill_deadline(self, tokens: int) -> float:
+        """Seconds a one-time prefill of ``tokens`` (no answer, no progress chunks) may take: the
+        fixed ``request_timeout``, else ``margin ×`` its estimate at the measured speed, within
+        ``floor`` and ``longest`` (:mod:`squad.sched.share`)."""
+        p = self.policy
+        if p.request_timeout is not None:
+            return p.request_timeout
+        estimate = tokens / self.speed.prefill + 1 / self.speed.decode
+        return min(p.longest, max(p.floor, p.margin * estimate))
+
     def watch(self, prompt: int, max_tokens: int, *, queued_upstream: bool = False) -> CallWatch:
         """The watch for one attempt of ``prompt`` counted tokens and ``max_tokens``.
         ``queued_upstream``: the endpoint admits on its own (squad serve) and may hold the request

@@ -214,7 +214,7 @@ class LlamaServerTransport:
         extra = dict(req.sampling or {})
         if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.chat.deadline)
             extra.setdefault("return_progress", True)
-        if call.pin is not None:  # the slot admission granted, restored with the fan-out's prefix (squad.sched.share)
+        if call.pin is not None:  # the slot admission granted: the conversation's prefix, or a fan-out's restored one
             extra["id_slot"] = call.pin
         # a thinking budget as this kind reads it (none it can take: the runtime warned, it thinks within max_tokens)
         extra.update(thinking_fields(self._engine.kind, req.thinking_budget) or {})

@@ -99,53 +99,35 @@ def plan_command(
 
 
 def sharing_lines(recipe: Any, *, attached: bool = False) -> list[str]:
-    """What ``squad plan`` says about shared input (:mod:`squad.sched.share`): per ``parallel`` block,
-    the text its agents share and the system-message order that sends it first."""
-    from squad.sched.share import MIN_SHARED_CHARS, SEPARATOR, SHARED_MARK, arrange
+    """What ``squad plan`` says about shared input (:mod:`squad.sched.share`): per fan-out step, the
+    layout the author declared (``shared:`` put first in each system message, or the prompts as
+    written) and what the engine is asked to prefill once."""
+    from squad.sched.share import SEPARATOR, share_mode
 
-    mode = getattr(recipe, "shared_input", "first")
+    mode = share_mode(getattr(recipe, "shared_input", "prefix"))
     lines: list[str] = []
     for step in recipe.flow:
-        if step.kind != "parallel":
+        children = list(step.steps) if step.kind == "parallel" else [step] if step.kind == "map" else []
+        if not children:
             continue
-        texts: list[str] = []
-        calls = [c for c in step.steps if c.kind == "call"]
-        try:
-            prompts = [recipe.render_prompt(c, {}) for c in calls]
-        except Exception:  # noqa: BLE001 - a prompt that reads earlier steps is known only at run time
-            prompts = []
-        found = arrange(prompts) if len(prompts) > 1 else None
-        if found is not None:
-            texts.append(found.shared)
-        maps = [c for c in step.steps if c.kind == "map"]
-        seen: dict[str, int] = {}
-        for child in maps:
-            try:
-                for item in set(map(str, recipe.items(child, {}))):
-                    seen[item] = seen.get(item, 0) + 1
-            except Exception:  # noqa: BLE001 - items from earlier steps are known only at run time
-                pass
-        shared_items = [t for t, n in seen.items() if n > 1 and len(t.strip()) >= MIN_SHARED_CHARS]
-        if not texts and not shared_items and not maps:
-            continue
-        agents = ", ".join(c.agent for c in step.steps)
+        agents = ", ".join(c.agent for c in children)
+        declared = [c.id for c in children if c.shared]
+        if declared:
+            lines.append(f"step '{step.id}' ({agents}): shared: of {', '.join(declared)} goes first in each agent's "
+                         f"system message: system = [shared context]{SEPARATOR!r}[its instructions], user = its "
+                         "prompt as written (the layout the recipe asks for)")
+        else:
+            lines.append(f"step '{step.id}' ({agents}): prompts sent as written (no shared: context); only a "
+                         "prefix the agents' messages already begin with is shared")
         if mode == "off":
-            lines.append(f"step '{step.id}' ({agents}): shared_input: off, prompts sent as written")
-            continue
-        what = (f"{len(texts[0]):,} characters common to its prompts" if texts else
-                f"{len(shared_items)} map item(s) the map steps share" if shared_items else
-                "map items shared when known at run time")
-        lines.append(f"step '{step.id}' ({agents}): {what}; each agent's messages: "
-                     f"system = [shared text]{SEPARATOR!r}[its instructions], user = its prompt with the shared "
-                     f"text replaced by {SHARED_MARK!r}")
-        if mode == "order":
-            lines.append("  shared_input: order: moved first only, each slot prefills its own copy")
+            lines.append("  shared_input: off: each slot prefills its own prompt")
         elif attached:
             lines.append("  note: an attached engine was not started with --slot-save-path by squad, so each slot "
-                         "prefills its own copy of the shared text (today's way); the order is still applied")
+                         "prefills its own copy of a common prefix")
         else:
-            lines.append("  prefilled once in the first slot admitted, saved and restored into the others "
-                         "(a copy per slot: the pool still counts it per slot)")
+            lines.append("  a common prefix of 64 tokens or more is prefilled once in the first slot admitted, saved "
+                         "and restored into the others (a copy per slot: the pool still counts it per slot); "
+                         "call.finished reports what the engine reused")
     return lines
 
 
@@ -154,7 +136,8 @@ def _render_sharing(recipe: Any, *, attached: bool) -> None:
 
     lines = sharing_lines(recipe, attached=attached)
     if lines:
-        console.print("[bold]shared input[/] (shared_input: " + escape(str(recipe.shared_input)) + "):")
+        console.print("[bold]shared input[/] (shared_input: " + escape(str(recipe.shared_input)) + "; squad "
+                      "changes no prompt for it):")
         for line in lines:
             console.print("  " + escape(line), soft_wrap=True)
 

@@ -55,6 +55,7 @@ def plan_json(plan: EnginePlan, binary: str = "llama-server") -> dict[str, Any]:
         "chat_template_file": str(plan.chat_template) if plan.chat_template else None,
         "kv_bytes": plan.kv_bytes,
         "kv_bytes_full": plan.kv_bytes_full,
+        "cache_ram_mib": plan.cache_ram_mib,
         "memory_for_kv": plan.memory_for_kv,
         "memory_source": plan.memory_source,
         "peak": plan.peak,
@@ -139,6 +140,8 @@ def _memory(plan: EnginePlan) -> str:
     if plan.kv_bytes_full and plan.kv_bytes_full > plan.kv_bytes:
         text += (f"; sliding window saves {_mib(plan.kv_bytes_full - plan.kv_bytes)} "
                  f"(every layer holding all cells: {_mib(plan.kv_bytes_full)})")
+    if plan.cache_ram_mib is not None:
+        text += f"; host prompt cache (--cache-ram) {plan.cache_ram_mib:,} MiB more"
     return text
 
 

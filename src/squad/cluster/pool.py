@@ -94,9 +94,11 @@ class _Pool:
 
     async def map(self, name: str, prompts: Sequence[str], *, max_concurrency: int | None,
                   fail_on: Collection[Any], output_type: Any,
-                  on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
+                  on_result: Callable[[int, AgentResult], None] | None = None,
+                  shared: Sequence[str | None] | None = None) -> list[AgentResult]:
         call = dict(fail_on=frozenset(fail_on), output_type=output_type)
-        items = [(name, prompt, call) for prompt in prompts]
+        each = list(shared) if shared is not None else [None] * len(prompts)
+        items = [(name, prompt, {**call, "shared": s} if s else call) for prompt, s in zip(prompts, each)]
         results: dict[int, AgentResult] = {}
 
         def lost(index: int, worker: str, reason: str, retry: bool) -> None:
@@ -206,14 +208,17 @@ class _ClusterSquad:
 
     @property
     def shared_input(self) -> str:
-        return self._local.shared_input if self._local is not None else "first"
+        return self._local.shared_input if self._local is not None else "prefix"
 
     async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
                   fail_on: Collection[Outcome | str] = (), output_type: Any = None,
                   item_ids: Sequence[int] | None = None,
-                  on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
-        results = await self._pool.map(name, list(inputs), max_concurrency=max_concurrency, fail_on=fail_on,
-                                       output_type=output_type, on_result=on_result)
+                  on_result: Callable[[int, AgentResult], None] | None = None,
+                  shared: str | Sequence[str | None] | None = None) -> list[AgentResult]:
+        prompts = list(inputs)
+        each = [shared] * len(prompts) if shared is None or isinstance(shared, str) else list(shared)
+        results = await self._pool.map(name, prompts, max_concurrency=max_concurrency, fail_on=fail_on,
+                                       output_type=output_type, on_result=on_result, shared=each)
         for i, result in enumerate(results):  # the workers number them from 0: the resumed map's own ids
             if item_ids is not None:
                 result.item = item_ids[i]
@@ -222,14 +227,16 @@ class _ClusterSquad:
     async def run(self, text: str, *, output_type: Any = None) -> RunResult:
         return await self.local.run(text, output_type=output_type)
 
-    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None) -> AgentResult:
-        return await self.local.run_agent(name, prompt, output_type=output_type)
+    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None,
+                        shared: str | None = None) -> AgentResult:
+        return await self.local.run_agent(name, prompt, output_type=output_type, shared=shared)
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
                        fail_on: Collection[Outcome | str] = (), output_type: Any = None,
-                       on_result: Callable[[int, AgentResult], None] | None = None) -> list[AgentResult]:
+                       on_result: Callable[[int, AgentResult], None] | None = None,
+                       shared: str | Sequence[str | None] | None = None) -> list[AgentResult]:
         return await self.local.parallel(calls, policy=policy, check=check, fail_on=fail_on, output_type=output_type,
-                                         on_result=on_result)
+                                         on_result=on_result, shared=shared)
 
     def emit(self, event: Event) -> None:
         emit_to(self._sinks, event)

@@ -119,7 +119,7 @@ class _Worker:
         return LaunchedEngine(spec, share=self.share, restart=False)
 
     def run(self, index: int, name: str, prompt: str, *, fail_on: frozenset[Any],
-            output_type: Any) -> tuple[AgentResult, int]:
+            output_type: Any, shared: str | None = None) -> tuple[AgentResult, int]:
         """Item ``index``: ``name`` on ``prompt`` (one ``Squad.map`` call); returns its result
         and how many events were emitted by then (its own among them). The agent's own failure
         is in the result. Raises :class:`EngineGone` when the item failed because this worker's
@@ -132,7 +132,8 @@ class _Worker:
 
         async def one() -> AgentResult:
             _ITEM.set(index)  # this task's events, and its children's, are item index's
-            [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type, first_item=index)
+            [result] = await squad.map(name, [prompt], fail_on=fail_on, output_type=output_type, first_item=index,
+                                       shared=[shared])
             return result
 
         try:

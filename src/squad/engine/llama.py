@@ -199,9 +199,34 @@ def kv_row_bytes(n_elements: int, cache_type: str) -> int:
     return -((-n_elements * per.numerator) // per.denominator)
 
 
+CACHE_RAM_DEFAULT_MIB = 8192
+"""llama-server's host-RAM prompt cache when not told (``--cache-ram``, MiB; ``common/common.h``
+``cache_ram_mib``, b11434 and b11549): a slot given to another prompt saves its own there first, and
+a task loads the cached prompt sharing the longest prefix with it (``server-context.cpp``
+``get_available_slot``; a task pinned with ``id_slot`` to a slot holding another prompt does too)."""
+
+
+CACHE_RAM_POOLS = 4
+"""KV pools' worth of host RAM squad plans for the prompt cache: conversations parked while others hold the slots."""
+
+
+def cache_ram_mib(kv_bytes: int | None, memory_for_kv: int | None) -> int:
+    """The ``--cache-ram`` squad plans (MiB): room to park :data:`CACHE_RAM_POOLS` whole KV pools
+    (``kv_bytes`` each) in host RAM, so the prompts of conversations whose slots went to others
+    survive; no more than what the memory KV was planned against has left beside the pool, nor
+    than llama-server's default; the default when the pool's size is unknown."""
+    if kv_bytes is None:
+        return CACHE_RAM_DEFAULT_MIB
+    want = CACHE_RAM_POOLS * -(-kv_bytes // 2**20)
+    if memory_for_kv is not None:
+        want = min(want, max(0, (memory_for_kv - kv_bytes) // 2**20))
+    return min(CACHE_RAM_DEFAULT_MIB, want)
+
+
 def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
                 cache_type_k: str = "f16", cache_type_v: str = "f16",
-                chat_template: Path | str | None = None, gpu_layers: int | str | None = None) -> list[str]:
+                chat_template: Path | str | None = None, gpu_layers: int | str | None = None,
+                cache_ram: int | None = None) -> list[str]:
     """The arguments that size the engine: ``-m``, ``-c``, ``-np``, KV layout and types, and the
     chat template when it is not the model's own.
 
@@ -213,7 +238,8 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
     its built-in template names otherwise (``common/arg.cpp``; jinja is on by default for the
     server, the flag makes it explicit). ``gpu_layers`` (a count or ``"all"``) adds ``-ngl``
     (b11434's default is ``auto``, which sizes itself from free GPU memory; squad passes what it
-    planned KV memory for, :func:`squad.sched.memory.kv_memory`).
+    planned KV memory for, :func:`squad.sched.memory.kv_memory`). ``cache_ram`` (MiB) adds
+    ``--cache-ram`` (:func:`cache_ram_mib`).
     """
     args = ["-m", str(model), "-c", str(n_ctx), "-np", str(slots)]
     args.append("--kv-unified" if kv_unified else "--no-kv-unified")
@@ -225,6 +251,8 @@ def server_args(model: Path | str, *, n_ctx: int, slots: int, kv_unified: bool,
         args += ["--jinja", "--chat-template-file", str(chat_template)]
     if gpu_layers is not None:
         args += ["-ngl", str(gpu_layers)]
+    if cache_ram is not None:
+        args += ["--cache-ram", str(cache_ram)]
     return args
 
 

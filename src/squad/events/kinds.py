@@ -202,13 +202,11 @@ class CallQueued(_Admission):
 
 @dataclass(frozen=True, kw_only=True)
 class CallAdmitted(_Admission):
-    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited; ``shared_tokens``:
-    prompt tokens it shares with its fan-out, prefilled once for all of it (:mod:`squad.sched.share`; 0: none)."""
+    """``slot``: squad's slot number (0-based); ``queued_s`` seconds waited."""
 
     kind: ClassVar[str] = "call.admitted"
     slot: int
     queued_s: float = 0.0
-    shared_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +218,10 @@ class CallFirstToken(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CallFinished(Event):
-    """Times in seconds; tokens from the engine's ``usage``."""
+    """Times in seconds; tokens from the engine's ``usage``. ``cached_tokens``: prompt tokens the
+    engine reused from its cache (its own ``timings.cache_n``; None: it did not say);
+    ``shared_tokens``: of those, the ones a fan-out's prefix prefilled once gave it (:mod:`squad.sched.share`;
+    0: none), also read from the engine, never from squad's plan."""
 
     kind: ClassVar[str] = "call.finished"
     finish_reason: str
@@ -232,6 +233,18 @@ class CallFinished(Event):
     total_s: float = 0.0
     tokens_per_s: float | None = None
     slot: int | None = None
+    cached_tokens: int | None = None
+    shared_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareSkipped(Event):
+    """A fan-out's common prefix was not prefilled once (:mod:`squad.sched.share`): ``reason``; its
+    members each prefill their own prompt (slower, never a different prompt). ``tokens``: the prefix."""
+
+    kind: ClassVar[str] = "share.skipped"
+    reason: str
+    tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

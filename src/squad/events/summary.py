@@ -86,7 +86,9 @@ class CallSpan:
     moved_to: str | None = None
     rerun: bool = False
     shared_tokens: int = 0
-    """Prompt tokens it shared with its fan-out (``call.admitted``, :mod:`squad.sched.share`)."""
+    """Prompt tokens a fan-out's prefix prefilled once gave it, as the engine counted them (``call.finished``)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine reused from its cache (``call.finished``, its ``timings.cache_n``)."""
 
     @property
     def start(self) -> float:
@@ -359,13 +361,13 @@ def _call_event(s: CallSpan, ev: Event, t: float) -> int:
         s.queued = t
     elif isinstance(ev, CallAdmitted):
         s.admitted, s.reserved, s.slot = t, ev.tokens, ev.slot
-        s.shared_tokens = ev.shared_tokens
         return ev.in_flight
     elif isinstance(ev, CallFirstToken):
         s.first_token = t if s.first_token is None else s.first_token
     elif isinstance(ev, CallFinished):
         s.end, s.error, s.finish_reason = t, None, ev.finish_reason
         s.prompt_tokens, s.completion_tokens = ev.prompt_tokens, ev.completion_tokens
+        s.shared_tokens, s.cached_tokens = ev.shared_tokens, ev.cached_tokens
     elif isinstance(ev, CallFailed):
         s.end, s.error = t, f"{ev.error}: {ev.message}" if ev.message else ev.error
     elif isinstance(ev, CallReleased):

@@ -41,6 +41,7 @@ from squad.events import (
     Event,
     MCPWarning,
     OutputRetried,
+    ShareSkipped,
     StepWarning,
     ToolLimited,
     ToolTruncated,
@@ -107,7 +108,7 @@ class LiveView:
                 for warning in found:
                     self.console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
             restarted = isinstance(event, EngineLoaded) and event.reason == "restarted"
-            shown = (EngineExited, EngineLost, CallMoved, *_RAY)
+            shown = (EngineExited, EngineLost, CallMoved, ShareSkipped, *_RAY)
             if self.on and self.live_mode and (isinstance(event, shown) or restarted):  # in both modes
                 self.console.print(self.state.line(event), markup=False, highlight=False, soft_wrap=True)
 

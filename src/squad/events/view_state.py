@@ -37,6 +37,7 @@ from squad.events import (
     Event,
     ItemLost,
     MapProgress,
+    ShareSkipped,
     WorkerFailed,
     WorkerStarted,
     item_label,
@@ -452,13 +453,16 @@ class ViewState:
             return f"waiting for a slot ({event.tokens} tokens) · {self.status_line()}"
         if isinstance(event, CallAdmitted):
             where = f" on {_short(event.engine)}" if self.several else ""
-            shared = f", {event.shared_tokens} of its prompt shared with its fan-out" if event.shared_tokens else ""
-            return f"admitted{where} ({event.tokens} tokens reserved{shared}) · {self.status_line()}"
+            return f"admitted{where} ({event.tokens} tokens reserved) · {self.status_line()}"
         if isinstance(event, CallFirstToken):
             return "first token"
         if isinstance(event, CallFinished):
             rate = f", {event.tokens_per_s:.0f} tok/s" if event.tokens_per_s else ""
-            return f"call finished{rate}"
+            reused = f", {event.cached_tokens} prompt tokens reused" if event.cached_tokens else ""
+            shared = f" ({event.shared_tokens} from its fan-out's prefix)" if event.shared_tokens else ""
+            return f"call finished{rate}{reused}{shared}"
+        if isinstance(event, ShareSkipped):
+            return f"shared prefix not prefilled once: {event.reason}"
         if isinstance(event, CallFailed):
             return f"call failed: {event.error}" + (f": {event.message}" if event.message else "")
         if isinstance(event, CallRetried):

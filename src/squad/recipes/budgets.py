@@ -30,6 +30,7 @@ from squad.runtime.agent import Agent, sub_agent_names
 from squad.runtime.mention import parse_mentions, unmark
 from squad.runtime.toolroom import MAX_TOOL_ROUNDS
 from squad.runtime.turn import agent_tools
+from squad.sched.share import with_shared
 from squad.templates import AnyValue, template_paths
 
 __all__ = ["model_file", "n_ctx_train", "engine_template", "check_prompts", "plan_budgets", "headroom",
@@ -178,6 +179,8 @@ def _counted(recipe: Recipe, step: Step, agent: Agent, counter: GGUFCounter, tra
         subs = [recipe.agents[n] for n in sub_agent_names(who, recipe.agents, recipe.main)]
         try:
             system = who.system_prompt(subs, {"params": recipe.params})
+            if who is agent:
+                system = with_shared(recipe.render_shared(step, outputs, **extra), system)
         except SquadError:
             continue
         check_size(step, who, system + text, trained)

@@ -173,6 +173,15 @@ class FlowChecks:
         roots |= {"chunks"} if spec.split == "chunks" else set()
         self._check_refs(spec.prompt or "", self.located, prompt_path, roots=roots, done=done,
                          in_map=spec.kind == "map")
+        if spec.shared is not None:
+            if spec.kind == "call" and "parallel" not in path:
+                raise self.located.error("shared: puts context first for the agents of a fan-out: use it on a map "
+                                         "step or a step inside a parallel block", (*path, "shared"))
+            if agent == self.main:
+                raise self.located.error("shared: applies to a step of a sub-agent (agent: NAME), not one the main "
+                                         "agent takes with its @mentions", (*path, "shared"))
+            self._check_refs(spec.shared, self.located, (*path, "shared"), roots=roots, done=done,
+                             in_map=spec.kind == "map")
         mentions = self._mentions(spec.prompt or "", agent, prompt_path)
         line, column = self.located.where(prompt_path)
         loc = {"file": self.located.file, "line": line, "column": column, "field": field_path(prompt_path)}
@@ -185,7 +194,8 @@ class FlowChecks:
         return Step(id=sid, kind=spec.kind, agent=agent, to_main=spec.agent is None, prompt=spec.prompt or "",
                     mentions=mentions, over=over, split=spec.split or "lines",
                     chunk_tokens=spec.chunk_tokens, overlap=spec.overlap or 0,
-                    concurrency=spec.concurrency, non_answers=non_answers, schema=schema, loc=loc)
+                    concurrency=spec.concurrency, non_answers=non_answers, schema=schema, shared=spec.shared or "",
+                    loc=loc)
 
     def _map_param(self, name: str, split: str | None, path: Path_) -> None:
         """A map over a parameter needs items: a list parameter, or a text one with ``split``."""
@@ -293,6 +303,7 @@ def _render_step(recipe: Recipe, step: Step, outputs: dict[str, dict[str, Any]])
             if step.split == "chunks":
                 extra["chunks"] = 1
         recipe.render_prompt(step, outputs, **extra)
+        recipe.render_shared(step, outputs, **extra)
     for sid in ids_in(step):
         outputs[sid] = {"output": _OUTPUT_STAND_IN, "outputs": [_OUTPUT_STAND_IN], "error": None,
                         "value": AnyValue.many(_OUTPUT_STAND_IN) if step.kind == "map" else AnyValue(_OUTPUT_STAND_IN)}

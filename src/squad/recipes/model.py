@@ -101,6 +101,8 @@ class Step:
     concurrency: int | None = None
     non_answers: Mapping[Outcome, Handling] = field(default_factory=lambda: dict(DEFAULT_HANDLING))
     schema: OutputSchema | None = None
+    shared: str = ""
+    """Context put first in the agent's system message (the step's ``shared:``; "" for none)."""
     loc: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -179,7 +181,7 @@ class Recipe:
     unchecked: list[RecipeWarning] = field(default_factory=list)
     engines: tuple[EngineSettings, ...] = ()
     """Its ``engines:`` list (several engines, :mod:`squad.chat.routing`), else empty."""
-    shared_input: str = "first"
+    shared_input: str = "prefix"
     """Its ``shared_input:`` (:mod:`squad.sched.share`)."""
     text_counter: Callable[[str | None], tuple[Count, bool]] = field(default=_estimated, repr=False, compare=False)
     """How :meth:`items` counts the tokens of a chunk: ``(count, exact)`` for the recipe's model,
@@ -268,6 +270,15 @@ class Recipe:
             raise RecipeError(f"the prompt is {len(text):,} characters, more than {cap:,}{why}; shorten it",
                               **_file_loc(step.loc), field=step.loc.get("field"))
         return text
+    def render_shared(self, step: Step, outputs: Mapping[str, Mapping[str, Any]], **extra: Any) -> str | None:
+        """Render ``step.shared`` (the context put first in its agent's system message) as
+        :meth:`render_prompt` renders the prompt; None when the step has none."""
+        if not step.shared:
+            return None
+        variables = {"params": self.params, "steps": outputs, **extra}
+        return render_template(step.shared, variables, where=step.loc.get("field", "") + ".shared",
+                               loc=_file_loc(step.loc))
+
     def max_chars(self, agent: str) -> tuple[int | None, str]:
         """``(characters, why)``: the most text one prompt to ``agent`` can be, at
         :data:`~squad.chat.counting.MAX_BYTES_PER_TOKEN` per token of its budget (or of the model's

@@ -177,6 +177,11 @@ class StepSpec(_Strict):
     on a parallel block it applies to the steps inside. A call or map step may give a JSON
     ``schema`` its answers must match (each item's, for a map): it is sent to the engine and
     the answers are validated (:mod:`squad.chat.structured`).
+
+    ``shared`` (a map step, or a step inside a parallel block): context rendered like the prompt and
+    put first in the agent's system message, before its own instructions, so the members of the
+    fan-out begin the same way and the engine prefills it once (:mod:`squad.sched.share`). A layout
+    the author asks for; ``squad plan`` shows it. Without it prompts are sent as written.
     """
 
     id: str | None = None
@@ -191,6 +196,7 @@ class StepSpec(_Strict):
     concurrency: StrictInt | None = Field(default=None, ge=1, le=64)
     non_answers: NonAnswersSpec | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    shared: str | None = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -212,7 +218,7 @@ class StepSpec(_Strict):
     def _one_kind(self) -> StepSpec:
         if self.parallel is not None:
             extra = [k.rstrip("_") for k in ("agent", "prompt", "map", "split", "chunk_tokens", "overlap",
-                                             "concurrency",
+                                             "concurrency", "shared",
                                               "schema_") if getattr(self, k) is not None]
             if extra:
                 raise ValueError("a parallel step holds only id, policy, non_answers and parallel; move "
@@ -268,10 +274,10 @@ class RecipeSpec(_Strict):
     flow: list[StepSpec] = Field(min_length=1)
     output: OutputSpec | None = None
     non_answers: NonAnswersSpec | None = None
-    shared_input: Literal["first", "order", "off"] = "first"
-    """Text several agents of one fan-out are given (:mod:`squad.sched.share`): ``first`` moves it to the
-    start of their system messages and prefills it once, ``order`` only moves it, ``off`` sends
-    the prompts as written."""
+    shared_input: Literal["prefix", "off", "first", "order"] = "prefix"
+    """Whether the prefix a fan-out's agents really begin with is prefilled once (:mod:`squad.sched.share`):
+    ``prefix`` (default) or ``off``; ``first`` and ``order`` are old names of the two. No prompt is
+    changed for it: put a long common text first with a step's ``shared:``."""
 
     @field_validator("name", mode="before")
     @classmethod

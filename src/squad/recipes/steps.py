@@ -45,20 +45,22 @@ async def _step(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun) -> 
         await _map(recipe, squad, step, run)
     else:
         prompt = recipe.render_prompt(step, run.steps, as_sent=True)
-        result = await _call(recipe, squad, step, prompt, run)
+        result = await _call(recipe, squad, step, prompt, run, recipe.render_shared(step, run.steps))
         run.steps[step.id] = entry(_passed_on(squad, step, result, run), result.outcome, step, result)
 
 
-async def _call(recipe: Recipe, squad: SquadOps, step: Step, prompt: str, run: RecipeRun) -> AgentResult:
+async def _call(recipe: Recipe, squad: SquadOps, step: Step, prompt: str, run: RecipeRun,
+                shared: str | None = None) -> AgentResult:
     """One call of ``step``; its result is in ``run.results``. Raises its error when it
-    failed, or :class:`~squad.errors.IncompleteAnswer` for a non-answer ``step`` fails on."""
+    failed, or :class:`~squad.errors.IncompleteAnswer` for a non-answer ``step`` fails on.
+    ``shared``: the step's rendered ``shared:`` context."""
     try:
         if step.agent == recipe.main:
             turn = await squad.run(prompt, output_type=step.schema)
             run.results.extend((step.id, r) for r in turn.subs)
             result = turn.main
         else:
-            result = await squad.run_agent(step.agent, prompt, output_type=step.schema)
+            result = await squad.run_agent(step.agent, prompt, output_type=step.schema, shared=shared)
     except MentionError as exc:  # e.g. '@checker {{ x }}' with x empty: nothing to do
         raise RecipeError(f"step '{step.id}': {exc}", **{k: step.loc.get(k) for k in
                                                          ("file", "line", "column", "field")}) from None
@@ -120,7 +122,8 @@ async def _parallel(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun)
     if simple:  # the runtime's own parallel block: policy, cancel reasons, one operation
         pairs = [(s.agent, recipe.render_prompt(s, run.steps, as_sent=True)) for s in step.steps]
         results = await squad.parallel(pairs, policy=step.policy, check=step.policy == "fail-fast",
-                                       fail_on=_fail_on(step.steps[0]), output_type=step.steps[0].schema)
+                                       fail_on=_fail_on(step.steps[0]), output_type=step.steps[0].schema,
+                                       shared=[recipe.render_shared(s, run.steps) for s in step.steps])
         for child, result in zip(step.steps, results):
             run.results.append((child.id, result))
             if result.error is not None:
@@ -141,19 +144,27 @@ async def _parallel(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun)
 
 
 def _shared_items(recipe: Recipe, step: Step, run: RecipeRun) -> list[str]:
-    """The map items (e.g. chunks of one file) that two or more children of the parallel block
-    ``step`` go over: each is text those children's prompts share (:func:`squad.sched.share.sharing`)."""
+    """The declared ``shared:`` contexts (e.g. a chunk of one file put first) that two or more
+    children of the parallel block ``step`` render the same: each starts those children's system
+    messages, so its members may prefill it once (:func:`squad.sched.share.sharing`)."""
     seen: dict[str, int] = {}
     for child in step.steps:
-        if child.kind != "map":
+        if not child.shared:
             continue
         try:
-            items = recipe.items(child, run.steps)
-        except Exception:  # noqa: BLE001 - the map reports its own error when it runs
+            if child.kind == "map":
+                items = recipe.items(child, run.steps)
+                extra: dict[str, Any] = {"chunks": len(items)} if child.split == "chunks" else {}
+                texts = {recipe.render_shared(child, run.steps, item=item, index=i, **extra)
+                         for i, item in enumerate(items)}
+            else:
+                texts = {recipe.render_shared(child, run.steps)}
+        except Exception:  # noqa: BLE001 - the step reports its own error when it runs
             continue
-        for item in {str(i) for i in items}:
-            seen[item] = seen.get(item, 0) + 1
-    return [item for item, n in seen.items() if n > 1]
+        for text in texts - {None}:
+            assert text is not None
+            seen[text] = seen.get(text, 0) + 1
+    return [text for text, n in seen.items() if n > 1]
 
 
 async def _guarded(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun, policy: str) -> None:
@@ -173,12 +184,13 @@ async def _map(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun) -> N
     extra: dict[str, Any] = {"chunks": len(items)} if step.split == "chunks" else {}
     prompts = [recipe.render_prompt(step, run.steps, as_sent=True, item=item, index=i, **extra)
                for i, item in enumerate(items)]
+    shared = [recipe.render_shared(step, run.steps, item=item, index=i, **extra) for i, item in enumerate(items)]
     outputs: list[str] = [""] * len(prompts)
     outcomes: list[Outcome] = [Outcome.OK] * len(prompts)
     values: list[Any] = [None] * len(prompts)
     if step.agent != recipe.main:
         results = await squad.map(step.agent, prompts, max_concurrency=step.concurrency, fail_on=_fail_on(step),
-                                  output_type=step.schema)
+                                  output_type=step.schema, shared=shared)
         for i, result in enumerate(results):
             run.results.append((step.id, result))  # the result's label names the item
             outputs[i], outcomes[i] = _passed_on(squad, step, result, run), result.outcome
@@ -191,7 +203,7 @@ async def _map(recipe: Recipe, squad: SquadOps, step: Step, run: RecipeRun) -> N
         async def one(i: int, prompt: str) -> None:
             async with limiter:
                 try:
-                    result = await _call(recipe, squad, step, prompt, run)
+                    result = await _call(recipe, squad, step, prompt, run, shared[i])
                 except AgentCancelled:
                     raise
                 except AgentRunError as exc:

@@ -54,7 +54,7 @@ from squad.runtime.progress import MapProgressMeter
 from squad.runtime.results import AgentResult, AgentTimings, cancelled_result
 from squad.runtime.tools import Tool, ToolError
 from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
-from squad.sched.share import ShareGroup, arrange, board_group, current_group, joined
+from squad.sched.share import ShareGroup, board_group, common_prefixes, joined, share_mode, with_shared
 from squad.sched.workload import Call
 
 __all__ = ["Conversations", "incomplete_answer"]
@@ -163,13 +163,20 @@ class Conversations:
         first_item: int = 0,
         item_ids: Sequence[int] | None = None,
         on_result: Callable[[int, AgentResult], None] | None = None,
+        shared: str | Sequence[str | None] | None = None,
     ) -> list[AgentResult]:
         """``items``: the pairs are map items; conversation ``i`` carries ``item=first_item + i``
         (``item_ids[i]`` when given: a map resumed with only some of its items);
         ``output`` replaces each agent's own output schema; ``on_result(i, result)`` is called as
-        each conversation ends (a resumable run records it then, :mod:`squad.runtime.journal`)."""
-
-        group = self._share_group([prompt for _, prompt in pairs])
+        each conversation ends (a resumable run records it then, :mod:`squad.runtime.journal`);
+        ``shared``: context the author put first in every member's system message (one text, or one per
+        pair; :func:`squad.sched.share.with_shared`)."""
+        shares = [shared] * len(pairs) if shared is None or isinstance(shared, str) else list(shared)
+        if len(shares) != len(pairs):
+            raise UserError(f"shared= gives {len(shares)} texts for {len(pairs)} calls: give one, or one per call")
+        systems = [with_shared(shares[i], self._system(self.agents[name], variables))
+                   for i, (name, _) in enumerate(pairs)]
+        groups = self._share_groups(systems, [prompt for _, prompt in pairs])
         meter = MapProgressMeter(pairs[0][0], len(pairs), self._emit) if items and len(pairs) > 1 else None
 
         async def one(i: int, limiter: anyio.CapacityLimiter | None, reason: Callable[[], str | None],
@@ -178,10 +185,10 @@ class Conversations:
             item = (item_ids[i] if item_ids is not None else first_item + i) if items else None
             origin = self._origin(agent, parent, item)
             assert origin.conversation is not None  # _origin names every conversation
-            with joined(group or board_group(pairs[i][1]), origin.conversation):
+            with joined(groups[i] or board_group(systems[i]), origin.conversation):
                 result = await self._recorded(agent, pairs[i][1], priority=priority, variables=variables,
                                               limiter=limiter, cancel_reason=reason, origin=origin,
-                                              record=record, fail_on=fail_on, output=output)
+                                              record=record, fail_on=fail_on, output=output, shared=shares[i])
             if on_result is not None:
                 on_result(i, result)
             if meter is not None:
@@ -193,16 +200,20 @@ class Conversations:
         try:
             return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
         finally:
-            if group is not None:
+            for group in {id(g): g for g in groups if g is not None}.values():
                 group.close()
 
-    def _share_group(self, prompts: Sequence[str]) -> ShareGroup | None:
-        """The share group of a fan-out of ``prompts`` (:mod:`squad.sched.share`), or None."""
-        if self.shared_input == "off":
-            return None
-        arrangement = arrange(prompts)
-        return ShareGroup(arrangement,
-                          mode=self.shared_input) if arrangement is not None else None  # type: ignore[arg-type]
+    def _share_groups(self, systems: Sequence[str], prompts: Sequence[str]) -> list[ShareGroup | None]:
+        """Each member's share group (:mod:`squad.sched.share`): the subsets of the fan-out whose
+        messages really begin the same way; None for a member in none."""
+        found: list[ShareGroup | None] = [None] * len(prompts)
+        if share_mode(self.shared_input) == "off":
+            return found
+        for members, prefix in common_prefixes(list(zip(systems, prompts))):
+            group = ShareGroup(prefix)
+            for i in members:
+                found[i] = group
+        return found
 
     async def _recorded(
         self,
@@ -218,6 +229,7 @@ class Conversations:
         record: Callable[[AgentResult], None] | None = None,
         fail_on: frozenset[Outcome] = frozenset(),
         output: OutputSchema | None = None,
+        shared: str | None = None,
     ) -> AgentResult:
         """Run one conversation and always produce its AgentResult (given to ``record`` too,
         so a cancelled one is recorded before the cancellation propagates). An outcome in
@@ -231,7 +243,7 @@ class Conversations:
         bound = _BOUND.set(_BOUND.get() or self._bound(agent))  # a conversation the caller started is a run
         try:
             async with limiter if limiter is not None else contextlib.nullcontext():
-                result = await self._converse(agent, origin, prompt, history, priority, variables, output)
+                result = await self._converse(agent, origin, prompt, history, priority, variables, output, shared)
         except anyio.get_cancelled_exc_class():
             reason = cancel_reason() or operation_cancel_reason()
             result = cancelled_result(agent.name, reason, time.monotonic() - start, origin.conversation)
@@ -263,7 +275,7 @@ class Conversations:
 
     async def _converse(self, agent: Agent, origin: Origin, prompt: str, history: Sequence[Mapping[str, Any]],
                         priority: int, variables: Mapping[str, Any] | None,
-                        output: OutputSchema | None = None) -> AgentResult:
+                        output: OutputSchema | None = None, shared: str | None = None) -> AgentResult:
         """One turn of ``agent`` with its tools (:func:`squad.runtime.turn.run_turn`), its answer held
         to ``output`` or its own ``output_type``; raises AgentRunError."""
         subs: list[AgentResult] = []
@@ -280,10 +292,7 @@ class Conversations:
                 f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
                 "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
                 "model pleases, still within max_tokens")))
-        system = self._system(agent, variables)
-        group = current_group()
-        if group is not None and origin.conversation in group.members:  # shared text first (squad.sched.share)
-            system, prompt = group.arrangement.system(system), group.arrangement.prompt(prompt)
+        system = with_shared(shared, self._system(agent, variables))  # the author's declared layout only
         result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,

@@ -50,11 +50,16 @@ def fingerprint(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def call_key(op: str, agent: str, prompt: str, schema: Any = None) -> str:
+def call_key(op: str, agent: str, prompt: str, schema: Any = None, shared: str | None = None) -> str:
     """The key of one call: a hash of its inputs (``op``: ``run``, ``agent``, ``parallel`` or
     ``map``; the agent's name, ``""`` for a main-agent turn; the prompt as sent; the answer's
-    JSON schema, or None)."""
-    return fingerprint([op, agent, prompt, _schema(schema)])
+    JSON schema, or None; the shared context put first in its system message, or None)."""
+    return fingerprint([op, agent, prompt, _schema(schema)] + ([shared] if shared is not None else []))
+
+
+def _each(shared: str | Sequence[str | None] | None, n: int) -> list[str | None]:
+    """``shared`` as one text (or None) per call of ``n``."""
+    return [shared] * n if shared is None or isinstance(shared, str) else list(shared)
 
 
 def _schema(output_type: Any) -> Any:
@@ -295,20 +300,23 @@ class Resumable:
         self.journal.record(key, turn.main, turn.subs)
         return turn
 
-    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None) -> AgentResult:
-        key = call_key("agent", name, prompt, output_type)
+    async def run_agent(self, name: str, prompt: str, *, output_type: Any = None,
+                        shared: str | None = None) -> AgentResult:
+        key = call_key("agent", name, prompt, output_type, shared)
         done = self.journal.take(key)
         if done is not None:
             return self._said(done)
-        result = await self.inner.run_agent(name, prompt, output_type=output_type)
+        result = await self.inner.run_agent(name, prompt, output_type=output_type, shared=shared)
         self.journal.record(key, result)
         return result
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
                        fail_on: Collection[Outcome | str] = (), output_type: Any = None,
-                       on_result: OnResult | None = None) -> list[AgentResult]:
+                       on_result: OnResult | None = None,
+                       shared: str | Sequence[str | None] | None = None) -> list[AgentResult]:
         pairs = list(calls)
-        keys = [call_key("parallel", name, prompt, output_type) for name, prompt in pairs]
+        shares = _each(shared, len(pairs))
+        keys = [call_key("parallel", name, prompt, output_type, s) for (name, prompt), s in zip(pairs, shares)]
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
         todo = [i for i, r in enumerate(results) if r is None]
         for r in results:
@@ -321,17 +329,20 @@ class Resumable:
                     on_result(todo[j], result)
 
             fresh = await self.inner.parallel([pairs[i] for i in todo], policy=policy, check=check,
-                                              fail_on=fail_on, output_type=output_type, on_result=done)
+                                              fail_on=fail_on, output_type=output_type, on_result=done,
+                                              shared=[shares[i] for i in todo])
             for i, result in zip(todo, fresh):
                 results[i] = result
         return [r for r in results if r is not None]
 
     async def map(self, name: str, inputs: Iterable[str], *, max_concurrency: int | None = None,
                   fail_on: Collection[Outcome | str] = (), output_type: Any = None,
-                  item_ids: Sequence[int] | None = None, on_result: OnResult | None = None) -> list[AgentResult]:
+                  item_ids: Sequence[int] | None = None, on_result: OnResult | None = None,
+                  shared: str | Sequence[str | None] | None = None) -> list[AgentResult]:
         prompts = list(inputs)
+        shares = _each(shared, len(prompts))
         ids = list(item_ids) if item_ids is not None else list(range(len(prompts)))
-        keys = [call_key("map", name, prompt, output_type) for prompt in prompts]
+        keys = [call_key("map", name, prompt, output_type, s) for prompt, s in zip(prompts, shares)]
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
         todo = [i for i, r in enumerate(results) if r is None]
         for i, r in enumerate(results):
@@ -346,7 +357,7 @@ class Resumable:
 
             fresh = await self.inner.map(name, [prompts[i] for i in todo], max_concurrency=max_concurrency,
                                          fail_on=fail_on, output_type=output_type, item_ids=[ids[i] for i in todo],
-                                         on_result=done)
+                                         on_result=done, shared=[shares[i] for i in todo])
             for i, result in zip(todo, fresh):
                 results[i] = result
         return [r for r in results if r is not None]

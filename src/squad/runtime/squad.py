@@ -131,7 +131,7 @@ class Squad(Conversations):
         max_sub_depth: int = MAX_SUB_DEPTH,
         max_sub_calls: int = MAX_SUB_CALLS,
         queue: str | None = None,
-        shared_input: str = "first",
+        shared_input: str = "prefix",
         **renamed: Any,
     ) -> None:
         if renamed:
@@ -139,8 +139,8 @@ class Squad(Conversations):
         if shared_input not in SHARE_MODES:
             raise UserError(f"shared_input={shared_input!r} is not one of {', '.join(SHARE_MODES)}")
         self.shared_input = shared_input
-        """How a fan-out's shared text is sent (:mod:`squad.sched.share`): ``first`` (default) moved first
-        and prefilled once, ``order`` moved first only, ``off`` as written."""
+        """Whether a prefix a fan-out's prompts really begin with is prefilled once (:mod:`squad.sched.share`):
+        ``prefix`` (default) or ``off`` (``first``/``order``: old names of the two). No prompt is changed for it."""
         if not agents:
             raise UserError("a squad needs at least one agent")
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
@@ -311,8 +311,10 @@ class Squad(Conversations):
         variables: Mapping[str, Any] | None = None,
         fail_on: Collection[Outcome | str] = (),
         output_type: Any = None,
+        shared: str | None = None,
     ) -> AgentResult:
         """One turn of agent ``name`` on ``prompt`` (after ``history``, OpenAI-style messages).
+        ``shared``: context put first in its system message (see :meth:`parallel`).
 
         Runs the tool loop if it has tools or sub-agent tools. ``output_type``: see :meth:`run`
         (the value is ``AgentResult.output_value``). Raises its
@@ -324,7 +326,8 @@ class Squad(Conversations):
         failing = _fail_on(fail_on)
         async with self._operations.operation():
             result = await self._recorded(agent, unmark(prompt), history=history, priority=priority,
-                                          variables=variables, fail_on=failing, output=output_schema(output_type))
+                                          variables=variables, fail_on=failing, output=output_schema(output_type),
+                                          shared=shared)
         if result.error is not None:
             raise result.error
         return result
@@ -341,6 +344,7 @@ class Squad(Conversations):
         fail_on: Collection[Outcome | str] = (),
         output_type: Any = None,
         on_result: Callable[[int, AgentResult], None] | None = None,
+        shared: str | Sequence[str | None] | None = None,
     ) -> list[AgentResult]:
         """Run ``(agent, prompt)`` pairs at once; results in the same order.
 
@@ -351,7 +355,10 @@ class Squad(Conversations):
         :class:`IncompleteAnswer` error, and under ``fail-fast`` it cancels the siblings.
         ``output_type`` applies to every answer (see :meth:`run`). ``on_result(i, result)`` is
         called as pair ``i``'s conversation ends (what a resumable run records,
-        :mod:`squad.runtime.journal`).
+        :mod:`squad.runtime.journal`). ``shared``: context put first in
+        every agent's system message, before its own instructions (one text, or one per call): a
+        layout you ask for, so the engine prefills it once for all of them (``docs/shared-input.md``).
+        Without it squad sends each prompt as written and shares only what they already begin with.
         """
         self._require_open()
         pairs = [(self._agent(name).name, unmark(prompt)) for name, prompt in calls]
@@ -359,7 +366,7 @@ class Squad(Conversations):
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=priority, max_concurrency=max_concurrency,
                                            variables=variables, fail_on=failing, output=output_schema(output_type),
-                                           on_result=on_result)
+                                           on_result=on_result, shared=shared)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed
@@ -378,13 +385,14 @@ class Squad(Conversations):
         first_item: int = 0,
         item_ids: Sequence[int] | None = None,
         on_result: Callable[[int, AgentResult], None] | None = None,
+        shared: str | Sequence[str | None] | None = None,
     ) -> list[AgentResult]:
         """Run agent ``name`` once per input, at most ``max_concurrency`` at a time (and never
         more than the engine's slots in flight); results in input order, each with its
         ``item`` index (events, errors and views name it ``name[i]``), counted from
         ``first_item`` (a part of a larger map, e.g. one item a Ray worker runs), or
         ``item_ids[i]`` for input ``i`` (the items of a map a resumed run still had to do). See
-        :meth:`parallel` (``output_type`` and ``on_result`` too)."""
+        :meth:`parallel` (``output_type``, ``on_result`` and ``shared`` too)."""
         self._require_open()
         pairs = [(self._agent(name).name, unmark(text)) for text in inputs]
         if item_ids is not None and len(item_ids) != len(pairs):
@@ -393,7 +401,8 @@ class Squad(Conversations):
         async with self._operations.operation():
             results = await self._parallel(pairs, policy=policy, priority=0, max_concurrency=max_concurrency,
                                            items=True, fail_on=failing, output=output_schema(output_type),
-                                           first_item=first_item, item_ids=item_ids, on_result=on_result)
+                                           first_item=first_item, item_ids=item_ids, on_result=on_result,
+                                           shared=shared)
         failed = first_failure(results)
         if check and failed is not None:
             raise failed

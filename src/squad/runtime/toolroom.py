@@ -93,13 +93,16 @@ async def fit_results(
     mode: str = "cut",
     trained: int | None = None,
     count_text: Count | None = None,
+    listed: list[dict[str, Any]] | None = None,
 ) -> Fitted:
     """Fit one round's tool results into the next request (rule in the module docstring).
 
     ``messages``: the next request's messages up to and including the assistant message that
     called the tools; ``calls``: ``(tool_call_id, tool name, result text)`` in call order;
     ``limit``: the agent's budget (tokens); ``tools``: the definitions the next round would
-    offer (None: it offers none). ``mode``: ``cut`` or ``fail``; ``trained``: the model's
+    offer (None: it offers none); ``listed``: the definitions every round sends whether or not it
+    offers them (a round that offers none says ``tool_choice: none``, :func:`squad.runtime.turn.run_turn`).
+    ``mode``: ``cut`` or ``fail``; ``trained``: the model's
     training context, so a suggested budget is one the model can hold.
 
     Raises :class:`ToolResultTooLarge` in ``fail`` mode for a result that does not fit, and in
@@ -115,7 +118,7 @@ async def fit_results(
 
     async def room_for(offer: list[dict[str, Any]] | None) -> int:
         keep = max_tokens + RESULT_FLOOR if offer else 0  # one more round: its call and a short result
-        used = await chat.count(build([""] * n), offer)
+        used = await chat.count(build([""] * n), offer or listed)
         return limit - max_tokens - used - keep - CUT_RESERVE * n
 
     sizes = [await _size(t, limit, count) for t in texts]
@@ -136,7 +139,7 @@ async def fit_results(
         raise _too_large(agent, calls, sizes, room, limit, trained)
     for _ in range(3):  # joined texts can count a token or two more than their parts: check
         placed, cuts = await _cut(calls, sizes, room, limit, count)
-        total = await chat.count(build(placed), offer)
+        total = await chat.count(build(placed), offer or listed)
         over = total + max_tokens + (max_tokens + RESULT_FLOOR if offer else 0) - limit
         if over <= 0:
             return Fitted(placed, cuts, offer is not None)

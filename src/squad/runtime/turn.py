@@ -3,7 +3,10 @@
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
 when the model asks for tools it runs them (:func:`squad.runtime.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
-round offers no tools, so the model must answer. Each round's results are fitted to the room
+round offers no tools, so the model must answer. Every round sends the same tool definitions and
+system message (a round that offers none says ``tool_choice: "none"``, which llama-server b11434
+honours with the tools still rendered: ``common/chat.cpp``), so the engine reuses the
+conversation's cached prefix round after round (issue 29). Each round's results are fitted to the room
 the agent's budget has left (:func:`squad.runtime.toolroom.fit_results`: cut with a marker and a
 ``tool.truncated`` event, or :class:`~squad.errors.ToolResultTooLarge` with
 ``tool_results: fail``); when no room is left for another tool round, the next one offers no
@@ -180,12 +183,16 @@ async def run_turn(
 
     async def send(messages: list[dict[str, Any]], offer: list[dict[str, Any]] | None = None,
                    choice: str | None = None) -> ChatResult:
-        # b11434 lets a response_format grammar win over tools (squad.chat.structured): never both
-        fmt = output.response_format() if output is not None and not offer else None
+        # the same tool definitions in every round (the cached prefix stays); a round that offers none
+        # says tool_choice "none". b11434 lets a response_format grammar win over offered tools
+        # (squad.chat.structured): the schema goes only with a round that offers none
+        answering = not offer
+        sent, choice = (offer, choice) if offer else (specs, "none" if specs else None)
+        fmt = output.response_format() if output is not None and answering else None
         reply = await chat.complete(ChatRequest(
             origin=origin, messages=([{"role": "system", "content": system}] if system else []) + messages,
-            max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=offer, tool_choice=choice,
-            parallel_tool_calls=None if agent.parallel_tool_calls or not offer else False, response_format=fmt,
+            max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=sent, tool_choice=choice,
+            parallel_tool_calls=None if agent.parallel_tool_calls or not sent else False, response_format=fmt,
             sampling=agent.sampling.as_params() or None, priority=priority, thinking_budget=agent.thinking_budget,
         ))
         calls.append(reply)
@@ -213,7 +220,7 @@ async def run_turn(
             for c in wanted
         ]})
         tools_open = await _results(chat, agent, origin, reply, wanted, tools, convo, system=system,
-                                    offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit,
+                                    offer=specs if round_no + 1 < max_tool_rounds else None, limit=limit, listed=specs,
                                     count_text=counter, tool_log=tool_log, notes=notes, on_event=on_event)
         round_no += 1
     value, text = None, reply.content or ""
@@ -239,6 +246,7 @@ async def run_turn(
 async def _results(chat: ChatEngine, agent: Agent, origin: Origin, reply: ChatResult, wanted: Sequence[Any],
                    tools: Mapping[str, Tool], convo: list[dict[str, Any]], *, system: str,
                    offer: list[dict[str, Any]] | None, limit: int, count_text: TextCounter,
+                   listed: list[dict[str, Any]] | None,
                    tool_log: list[tuple[str, str, str]], notes: list[str], on_event: EventSink) -> bool:
     """Run the ``wanted`` calls of ``reply``, fit their results to the room left
     (:func:`squad.runtime.toolroom.fit_results`; ``offer``: the tools the next round would offer) and
@@ -249,7 +257,7 @@ async def _results(chat: ChatEngine, agent: Agent, origin: Origin, reply: ChatRe
         chat, ([{"role": "system", "content": system}] if system else []) + convo,
         [(c.id, c.name, o.text) for c, o in zip(wanted, outcomes)], limit=limit, max_tokens=agent.max_tokens,
         tools=offer, agent=agent.name, mode=agent.tool_results,
-        trained=getattr(chat.engine, "n_ctx_train", None), count_text=count_text)
+        trained=getattr(chat.engine, "n_ctx_train", None), count_text=count_text, listed=listed)
     agent_id, conversation, parent, call_id = origin.agent, origin.conversation, origin.parent, reply.call
     for call, outcome, text in zip(wanted, outcomes, fitted.texts):
         convo.append({"role": "tool", "tool_call_id": call.id, "content": text})

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Admission", "Reservation"]
 
+_HOMES = 4096
+"""Conversations whose last slot admission remembers (the oldest forgotten first)."""
+
 
 @dataclass
 class _Waiter:
@@ -90,6 +93,9 @@ class Admission:
         self._running: dict[int, Reservation] = {}  # slot -> reservation
         self._reserved = 0  # sum of the running reservations' tokens
         self._free: list[int] = list(range(slots))  # free slot numbers, a min-heap
+        self._homes: dict[str, int] = {}  # conversation -> the slot its last call used (its prefix is there)
+        self._owner: dict[int, str] = {}  # slot -> the conversation whose prompt it holds
+        self._released: dict[int, float] = {}  # slot -> when its last call was released
         self._seq = itertools.count()
         self._idle: list[anyio.Event] = []
         self._queued_tokens = 0  # tokens the waiting calls ask for
@@ -172,13 +178,12 @@ class Admission:
 
     @asynccontextmanager
     async def reserve(self, tokens: int, *, agent: str | Origin, priority: int = 0,
-                      call: str | None = None, shared: int = 0) -> AsyncIterator[Reservation]:
+                      call: str | None = None) -> AsyncIterator[Reservation]:
         """Hold ``tokens`` KV cells and one slot for the block; wait (in order) until they fit.
 
         ``agent`` is the caller (a name or its :class:`~squad.events.Origin`); ``call`` the
-        call id its events carry; ``shared`` the prompt tokens it shares with its fan-out
-        (:mod:`squad.sched.share`; its ``call.admitted`` says so). ``tokens`` still counts them: a
-        restored prefix is a copy in this slot's cells, not cells shared with another slot.
+        call id its events carry. A conversation gets back the slot its last call used when that
+        slot is free (the engine still holds its prefix there); else the lowest free slot.
 
         Raises :class:`AdmissionError` at once if ``tokens`` alone exceeds the pool (or
         ``per_request_limit``), or later if a :meth:`resize` makes it impossible. Cancelling
@@ -209,7 +214,7 @@ class Admission:
         reservation = waiter.reservation
         reservation.queued_s = time.monotonic() - started
         self._emit(CallAdmitted, reservation, tokens=tokens, slot=reservation.slot, queued_s=reservation.queued_s,
-                   in_flight=self.in_flight, pool_used=self.reserved, shared_tokens=shared)
+                   in_flight=self.in_flight, pool_used=self.reserved)
         admitted = time.monotonic()
         try:
             yield reservation
@@ -323,17 +328,44 @@ class Admission:
                 return
             assert isinstance(head, _Waiter)
             self._left_queue(head)
-            slot = heapq.heappop(self._free)
+            slot = self._slot_for(head.reservation)
             head.reservation.slot = slot
             self._running[slot] = head.reservation
             self._reserved += head.reservation.tokens
             head.granted.set()
+
+    def _slot_for(self, reservation: Reservation) -> int:
+        """The free slot to grant: the one the same conversation used last, when free (its prefix is
+        still in the engine's cells there); else the lowest free slot no conversation holds a prefix
+        in; else the free slot released longest ago (its conversation the least likely to come back
+        soon). O(slots)."""
+        home = self._homes.get(reservation.origin.conversation) if reservation.origin.conversation else None
+        if home is None or home not in self._free:
+            home = min(self._free, key=lambda s: (s in self._owner, self._released.get(s, 0.0), s))
+        if home == self._free[0]:
+            return heapq.heappop(self._free)
+        self._free.remove(home)
+        heapq.heapify(self._free)
+        return home
 
     def _release(self, reservation: Reservation, since: float) -> None:
         if self._running.get(reservation.slot) is not reservation:
             return
         del self._running[reservation.slot]
         self._reserved -= reservation.tokens
+        self._released[reservation.slot] = time.monotonic()
+        old = self._owner.pop(reservation.slot, None)
+        if old is not None and self._homes.get(old) == reservation.slot:
+            del self._homes[old]  # another conversation's prompt is in that slot now
+        if reservation.origin.conversation:
+            self._owner[reservation.slot] = reservation.origin.conversation
+            self._homes.pop(reservation.origin.conversation, None)  # most recent last: a bounded, ordered map
+            self._homes[reservation.origin.conversation] = reservation.slot
+            if len(self._homes) > _HOMES:
+                gone = next(iter(self._homes))
+                if self._owner.get(self._homes[gone]) == gone:
+                    del self._owner[self._homes[gone]]
+                del self._homes[gone]
         if reservation.slot < self.slots:
             heapq.heappush(self._free, reservation.slot)
         held_s = time.monotonic() - since

@@ -77,6 +77,9 @@ class EnginePlan:
     template_name: str = field(default="the model's own", compare=False)
     kv_bytes_full: int | None = field(default=None, compare=False)
     memory_source: str | None = field(default=None, compare=False)
+    cache_ram_mib: int | None = field(default=None, compare=False)
+    """Host RAM for llama-server's prompt cache (``--cache-ram``, MiB; :func:`squad.engine.llama.cache_ram_mib`);
+    None: not set (the engine's default)."""
 
     def server_args(self) -> list[str]:
         """The llama-server arguments that realise this plan (model, context, slots, KV).
@@ -85,7 +88,8 @@ class EnginePlan:
         """
         return server_args(self.model, n_ctx=self.n_ctx, slots=self.slots, kv_unified=self.kv_unified,
                            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
-                           chat_template=self.chat_template, gpu_layers=self.gpu_layers)
+                           chat_template=self.chat_template, gpu_layers=self.gpu_layers,
+                           cache_ram=self.cache_ram_mib if self.backend == "llama-server" else None)
 
     @classmethod
     def simple(cls, model: Path | str, *, slots: int = DEFAULT_SLOTS, n_ctx: int = 4096) -> EnginePlan:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, overload
 
-from squad.engine.llama import CTX_ROUND, DEFAULT_SLOTS, MAX_SLOTS, round_ctx, slot_ctx
+from squad.engine.llama import CTX_ROUND, DEFAULT_SLOTS, MAX_SLOTS, cache_ram_mib, round_ctx, slot_ctx
 from squad.sched import sizing
 from squad.sched.facts import KvBytesAt, PlanFacts
 from squad.sched.kv_fit import KvMemory, fit_memory, q8_bytes, tokens_that_fit
@@ -108,6 +108,10 @@ def _plan(f: PlanFacts) -> EnginePlan:
         notes.reason(f"KV memory planned against {f.memory_source}: {mib(f.memory_for_kv)} for the KV cache")
 
     kv_unified = f.backend != "mlx" and slots >= 2
+    cache_ram = cache_ram_mib(kv_bytes, f.memory_for_kv) if f.backend == "llama-server" else None
+    if cache_ram is not None:
+        notes.reason(f"host prompt cache (--cache-ram) {cache_ram:,} MiB: a conversation's prompt parked there when "
+                     "its slot goes to another, restored when it comes back")
     per_slot = sizing.per_slot(f.backend, slots, n_ctx, kv_unified, f.n_ctx_train, f.mlx_max_batch, notes)
     return EnginePlan(
         model=Path(f.model), slots=slots, n_ctx=n_ctx, kv_unified=kv_unified,
@@ -115,7 +119,7 @@ def _plan(f: PlanFacts) -> EnginePlan:
         kv_bytes=kv_bytes, per_slot_ctx=per_slot, reasons=tuple(notes.reasons),
         warnings=tuple(notes.warnings), timeline=timeline, requested_ctx=requested,
         memory_for_kv=f.memory_for_kv, n_ctx_train=f.n_ctx_train, kv_bytes_full=kv_full,
-        memory_source=f.memory_source,
+        memory_source=f.memory_source, cache_ram_mib=cache_ram,
         peak=None if peak_stage is None else (-1 if peak_stage.unbounded else len(peak_stage.calls)),
         budgets=budgets,
     )
@@ -244,6 +248,7 @@ def plan_for_replan(current: EnginePlan, concurrent: Iterable[Call], *,
         return None
     reason = f"re-plan: {len(group)} agents at once this turn ({names(stage)})"
     per_slot = slot_ctx(n_ctx, slots, True, current.n_ctx_train)
+    cache_ram = cache_ram_mib(kv_bytes, current.memory_for_kv) if current.cache_ram_mib is not None else None
     return replace(current, slots=slots, n_ctx=n_ctx, kv_unified=slots >= 2, kv_bytes=kv_bytes,
-                   per_slot_ctx=per_slot, reasons=current.reasons + (reason,),
+                   per_slot_ctx=per_slot, reasons=current.reasons + (reason,), cache_ram_mib=cache_ram,
                    requested_ctx=need, peak=len(group))

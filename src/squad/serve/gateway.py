@@ -19,9 +19,8 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
 One generation request: its body read (at most ``max_body`` bytes, 413; within ``body_timeout``
 seconds, 408) and parsed (off the event loop when large, :mod:`squad.serve.http`), its shape checked
 (400 in the API's own error shape), count the prompt (:mod:`squad.serve.demand`), reserve
-``prompt + max_tokens`` and write exactly that limit into the body sent (FIFO within priority:
-header ``X-Squad-Priority``, lower first, default
-0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
+``prompt + max_tokens`` and write exactly that limit into the body sent (queue order: the policy,
+header ``X-Squad-Priority`` first, lower first, default 0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
 when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
 once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
 connection is closed so llama-server stops the task, and its reservation is released once the
