@@ -285,3 +285,21 @@ def test_a_recipe_keeps_its_last_runs_journals_only(review, monkeypatch):
         os.utime(made[-1], (1000 + i, 1000 + i))  # each older than the next
     kept = sorted(runs_dir("parallel-review").glob("*.jsonl"))
     assert set(kept) == set(made[-3:])
+
+
+def test_resume_last_takes_this_recipe_files_run_when_another_recipe_shares_its_name(review, tmp_path):
+    """Two recipe files with one ``name:`` share a runs folder: ``--resume`` (last) resumes this
+    file's newest run, not the other file's newer one refused as 'the recipe changed'."""
+    other = tmp_path / "other" / "review.yaml"
+    other.parent.mkdir()
+    (other.parent / "agents").mkdir()
+    (other.parent / "agents" / "reviewers.yaml").write_text((review.parent / "agents" / "reviewers.yaml").read_text())
+    other.write_text(review.read_text().replace("concurrency: 1", "concurrency: 2", 1))
+    mine = recipe_journal(load(review)).path
+    theirs = recipe_journal(load(other)).path
+    os.utime(mine, (1000, 1000))  # the other recipe's run is the newer
+    assert recipe_journal(load(review), "last").path == mine
+    assert recipe_journal(load(other), "last").path == theirs
+    review.write_text(review.read_text().replace("concurrency: 1", "concurrency: 3", 1))
+    with pytest.raises(UserError, match="the recipe changed since it ran"):  # no run of it as it is now
+        recipe_journal(load(review), "last")
