@@ -226,3 +226,15 @@ def test_chunks_of_korean_japanese_and_mixed_text_fit_by_the_models_own_count(de
     assert all(counter.count_text(c) <= size for c in chunks)
     if not overlap:
         assert "".join(chunks) == (text if text.strip() else "")
+
+
+@pytest.mark.parametrize("template, text", [
+    ("{{ v | tojson }}", '["리뷰어", "a<b & c\'s"]'),
+    ("{{ {'이름': v[0]} | tojson }}", '{"이름": "리뷰어"}'),
+    ("{{ v[1] | tojson }}", '"a<b & c\'s"'),
+])
+def test_tojson_writes_text_as_it_is_not_as_escapes(template, text):
+    """``| tojson`` in a prompt is JSON the model reads: Korean stays Korean (not ``\\ub9ac``, six
+    characters and several tokens each) and ``< > & '`` stay as written (not jinja's HTML-safe
+    ``\\u003c``), like every other container squad prints."""
+    assert render_template(template, {"v": ["리뷰어", "a<b & c's"]}) == text
