@@ -186,6 +186,11 @@ class RunJournal:
             line["subs"] = [_dump(s) for s in subs if s.error is None]
         self._append(line)
 
+    def void(self, key: str) -> None:
+        """The last answer recorded with ``key`` failed its step after all (``non_answers: {truncated: fail}``):
+        a resume does that call again."""
+        self._append({"kind": "void", "key": key})
+
     def close(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
@@ -230,6 +235,8 @@ def read_journal(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, A
             header = line
         elif line.get("kind") == "call" and isinstance(line.get("key"), str) and isinstance(line.get("result"), dict):
             held.setdefault(line["key"], []).append(line)
+        elif line.get("kind") == "void" and isinstance(line.get("key"), str) and held.get(line["key"]):
+            held[line["key"]].pop()  # an answer its step's non_answers made a failure: done again
         elif line.get("kind") == "engine" and isinstance(line.get("model"), str):
             header.setdefault("engine", line["model"])
     if header is None:
@@ -269,6 +276,14 @@ class Resumable:
     def __init__(self, inner: SquadOps, journal: RunJournal) -> None:
         self.inner, self.journal = inner, journal
         self.resumed: list[str] = []
+        self._keys: dict[int, str] = {}  # id of an answer recorded by run / run_agent -> its key
+
+    def forget(self, result: AgentResult) -> None:
+        """``result`` (an answer of :meth:`run` or :meth:`run_agent`) failed its step after all (its outcome is
+        one the step's ``non_answers`` fails on): not an answer a resume may reuse."""
+        key = self._keys.pop(id(result), None)
+        if key is not None and result.resumed is None:
+            self.journal.void(key)
 
     @property
     def shared_input(self) -> str:
@@ -293,6 +308,7 @@ class Resumable:
             return turn
         turn = await self.inner.run(text, output_type=output_type)
         self.journal.record(key, turn.main, turn.subs)
+        self._keys[id(turn.main)] = key
         return turn
 
     async def run_agent(self, name: str, prompt: str, *, output_type: Any = None) -> AgentResult:
@@ -302,12 +318,14 @@ class Resumable:
             return self._said(done)
         result = await self.inner.run_agent(name, prompt, output_type=output_type)
         self.journal.record(key, result)
+        self._keys[id(result)] = key
         return result
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
                        fail_on: Collection[Outcome | str] = (), output_type: Any = None,
                        on_result: OnResult | None = None) -> list[AgentResult]:
         pairs = list(calls)
+        failing = {Outcome(o) for o in fail_on}
         keys = [call_key("parallel", name, prompt, output_type) for name, prompt in pairs]
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
         todo = [i for i, r in enumerate(results) if r is None]
@@ -316,7 +334,8 @@ class Resumable:
                 self._said(r)
         if todo:
             def done(j: int, result: AgentResult) -> None:
-                self.journal.record(keys[todo[j]], result)
+                if result.outcome not in failing:  # a non-answer the caller fails on is done again
+                    self.journal.record(keys[todo[j]], result)
                 if on_result is not None:
                     on_result(todo[j], result)
 
@@ -330,6 +349,7 @@ class Resumable:
                   fail_on: Collection[Outcome | str] = (), output_type: Any = None,
                   item_ids: Sequence[int] | None = None, on_result: OnResult | None = None) -> list[AgentResult]:
         prompts = list(inputs)
+        failing = {Outcome(o) for o in fail_on}
         ids = list(item_ids) if item_ids is not None else list(range(len(prompts)))
         keys = [call_key("map", name, prompt, output_type) for prompt in prompts]
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
@@ -340,7 +360,8 @@ class Resumable:
                 self._said(r)
         if todo:
             def done(j: int, result: AgentResult) -> None:
-                self.journal.record(keys[todo[j]], result)
+                if result.outcome not in failing:  # a non-answer the caller fails on is done again
+                    self.journal.record(keys[todo[j]], result)
                 if on_result is not None:
                     on_result(todo[j], result)
 
