@@ -196,6 +196,8 @@ def test_no_python_repr_ever_reaches_a_prompt(value, template):
     ('["", " "]', "has 2 blank items (at index 0, 1 of 2)"),
     ('["x", "  "]', "has 1 blank item (at index 1 of 2)"),
     ("[1, null]", "has 1 blank item"),
+    ('["\\u200b", "x"]', "has 1 blank item (at index 0 of 2)"),  # a zero-width space shows nothing
+    ('["\\ufeff\\u2060", "x", "\\u200c\\u3000"]', "has 2 blank items (at index 0, 2 of 3)"),  # BOM, joiners
 ])
 def test_a_list_parameter_refuses_objects_and_blank_items_before_any_call(tmp_path, given, message):
     path = write(tmp_path, METHODS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import types
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import jinja2
 
 from squad.templates.meter import TemplateLimit
 
-__all__ = ["not_text", "refuse_internal", "as_text", "plain", "texts"]
+__all__ = ["not_text", "refuse_internal", "as_text", "plain", "texts", "is_blank"]
 
 _PLAIN = (str, int, float, type(None))
 _HOLDERS = (list, tuple, dict, set, frozenset)
@@ -114,3 +115,9 @@ def texts(values: Any) -> Any:
     if isinstance(values, tuple) and type(values).__str__ is object.__str__:
         return tuple(as_text(v) for v in values)
     return as_text(values)
+
+
+def is_blank(text: str) -> bool:
+    """``text`` shows nothing: only whitespace and invisible format characters (Unicode ``Cf``: zero-width space
+    U+200B, joiners, word joiner, a byte-order mark U+FEFF, soft hyphen). A prompt of such text is an empty one."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
