@@ -13,7 +13,8 @@ when the identity differs, naming each part that changed, and appends to the sam
 ``run``, ``run_agent``, ``parallel`` pair and ``map`` item whose key the journal holds is answered
 from it (``AgentResult.resumed``; an ``agent.resumed`` event), the others are sent to the squad
 as before and recorded as each ends. Only answers are recorded (``ok``, ``truncated``, ``empty``
-without an error): a failed or cancelled call is done again. Two calls with the same key are
+without an error): a failed or cancelled call is done again, and so is an answer the caller then
+failed on (:meth:`Resumable.forget`: a ``void`` line, the last record of that key no longer held). Two calls with the same key are
 answered in the order they were recorded. The thinking (``reasoning``) and the conversation's
 history are not recorded: what later steps read is the output.
 
