@@ -25,14 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli_support import engine, squad, state  # noqa: F401 - fixtures
-from squad.errors import UserError
+from squad.errors import AgentRunError, UserError
 from squad.events import AgentFinished, AgentResumed
 from squad.events.summary import summarize
 from squad.recipes import load_recipe, run_recipe
 from squad.recipes.resume import recipe_journal, runs_dir
 from squad.runtime.journal import RunJournal, call_key, read_journal
 from squad.runtime.results import AgentResult
-from squad.testing import FakeEngine
+from squad.testing import FakeEngine, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -285,3 +285,72 @@ def test_a_recipe_keeps_its_last_runs_journals_only(review, monkeypatch):
         os.utime(made[-1], (1000 + i, 1000 + i))  # each older than the next
     kept = sorted(runs_dir("parallel-review").glob("*.jsonl"))
     assert set(kept) == set(made[-3:])
+
+
+def test_resume_last_takes_this_recipe_files_run_when_another_recipe_shares_its_name(review, tmp_path):
+    """Two recipe files with one ``name:`` share a runs folder: ``--resume`` (last) resumes this
+    file's newest run, not the other file's newer one refused as 'the recipe changed'."""
+    other = tmp_path / "other" / "review.yaml"
+    other.parent.mkdir()
+    (other.parent / "agents").mkdir()
+    (other.parent / "agents" / "reviewers.yaml").write_text((review.parent / "agents" / "reviewers.yaml").read_text())
+    other.write_text(review.read_text().replace("concurrency: 1", "concurrency: 2", 1))
+    mine = recipe_journal(load(review)).path
+    theirs = recipe_journal(load(other)).path
+    os.utime(mine, (1000, 1000))  # the other recipe's run is the newer
+    assert recipe_journal(load(review), "last").path == mine
+    assert recipe_journal(load(other), "last").path == theirs
+    review.write_text(review.read_text().replace("concurrency: 1", "concurrency: 3", 1))
+    with pytest.raises(UserError, match="the recipe changed since it ran"):  # no run of it as it is now
+        recipe_journal(load(review), "last")
+
+
+NON_ANSWER_FAILS = """\
+name: strict
+params:
+  xs: {type: list, default: ["one", "CUT two", "three"]}
+agents:
+  lead: {instructions: Lead., max_tokens: 64}
+  w: {instructions: Work., max_tokens: 64}
+main: lead
+flow:
+  - id: first
+    agent: w
+    non_answers: {truncated: fail}
+    prompt: "CUT {{ params.xs | join(' ') }}"
+"""
+
+
+@pytest.mark.parametrize("flow", [
+    "",  # the single call above
+    "  - id: each\n    agent: w\n    map: params.xs\n    non_answers: {truncated: fail}\n    prompt: '{{ item }}'\n",
+], ids=["step", "map"])
+async def test_an_answer_its_step_fails_on_is_not_reused_by_a_resume(tmp_path, monkeypatch, flow):
+    """``non_answers: {truncated: fail}`` makes a cut answer a failure: like any failed call, a resume sends it
+    again (the engine may answer in full this time) instead of replaying the failure from the journal."""
+    monkeypatch.setenv("SQUAD_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "strict.yaml"
+    text = NON_ANSWER_FAILS if not flow else NON_ANSWER_FAILS.replace(
+        "    prompt: \"CUT {{ params.xs | join(' ') }}\"\n", "    prompt: \"{{ params.xs | length }} items\"\n") + flow
+    path.write_text(text)
+    cut = {"on": True}
+
+    def reply(body: dict) -> Reply:
+        asked = body["messages"][-1]["content"]
+        return Reply(content="part", finish_reason="length") if "CUT" in asked and cut["on"] else Reply(content="all")
+
+    async with FakeEngine(slots=3, n_ctx=4096) as fe:
+        fe.responder = reply
+        try:  # the single step raises; the map's collect policy lets the run finish with the item failed
+            first = await run_recipe(load_recipe(path, {}), engine=fe.info,
+                                     journal=recipe_journal(load_recipe(path, {})))
+            assert first.errors
+        except AgentRunError:
+            pass
+        cut["on"] = False
+        sent = len(fe.requests)
+        run = await run_recipe(load_recipe(path, {}), engine=fe.info, journal=recipe_journal(load_recipe(path, {}),
+                                                                                                "last"))
+    again = [r["messages"][-1]["content"] for r in fe.requests[sent:]]
+    assert len(again) == 1 and "CUT" in again[0]  # only the call that failed, sent again
+    assert all(r.outcome == "ok" for _, r in run.results)

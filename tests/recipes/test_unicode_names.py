@@ -196,6 +196,8 @@ def test_no_python_repr_ever_reaches_a_prompt(value, template):
     ('["", " "]', "has 2 blank items (at index 0, 1 of 2)"),
     ('["x", "  "]', "has 1 blank item (at index 1 of 2)"),
     ("[1, null]", "has 1 blank item"),
+    ('["\\u200b", "x"]', "has 1 blank item (at index 0 of 2)"),  # a zero-width space shows nothing
+    ('["\\ufeff\\u2060", "x", "\\u200c\\u3000"]', "has 2 blank items (at index 0, 2 of 3)"),  # BOM, joiners
 ])
 def test_a_list_parameter_refuses_objects_and_blank_items_before_any_call(tmp_path, given, message):
     path = write(tmp_path, METHODS)
@@ -226,3 +228,15 @@ def test_chunks_of_korean_japanese_and_mixed_text_fit_by_the_models_own_count(de
     assert all(counter.count_text(c) <= size for c in chunks)
     if not overlap:
         assert "".join(chunks) == (text if text.strip() else "")
+
+
+@pytest.mark.parametrize("template, text", [
+    ("{{ v | tojson }}", '["리뷰어", "a<b & c\'s"]'),
+    ("{{ {'이름': v[0]} | tojson }}", '{"이름": "리뷰어"}'),
+    ("{{ v[1] | tojson }}", '"a<b & c\'s"'),
+])
+def test_tojson_writes_text_as_it_is_not_as_escapes(template, text):
+    """``| tojson`` in a prompt is JSON the model reads: Korean stays Korean (not ``\\ub9ac``, six
+    characters and several tokens each) and ``< > & '`` stay as written (not jinja's HTML-safe
+    ``\\u003c``), like every other container squad prints."""
+    assert render_template(template, {"v": ["리뷰어", "a<b & c's"]}) == text

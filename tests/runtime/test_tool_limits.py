@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import enum
 import json
 import threading
 import time
+import types
 from types import SimpleNamespace
 
 import anyio
@@ -165,3 +167,50 @@ def test_a_sub_agent_tool_has_no_tool_timeout():
 
     made: Tool = _ask_tool(Agent(name="리뷰어"), ask)
     assert made.name == "ask_리뷰어" and made.timeout is None
+
+
+class _StrRaises:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class _ExcStrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this error either")
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value, text", [
+    (types.MappingProxyType({"k": "한"}), '{"k": "한"}'),  # a read-only mapping: its data, no repr
+    (collections.deque([1, "é"]), '[1, "é"]'),
+    (collections.UserDict({"a": b"x"}), '{"a": "x"}'),
+    (collections.UserList([1]), "[1]"),
+])
+def test_mappings_and_sequences_of_other_types_are_their_data(value, text):
+    assert tool_text(value) == text
+
+
+@pytest.mark.parametrize("make", [lambda: _StrRaises(), lambda: {"a": _StrRaises()}, lambda: _nested(100_000)],
+                         ids=["str-raises", "str-raises-inside", "nested-too-deep"])
+async def test_a_result_that_cannot_be_written_is_a_tool_error_never_a_crash(make):
+    @tool
+    def odd() -> str:
+        return make()
+
+    outcome = await odd.call("{}")  # Tool.call never raises for what the function did
+    assert not outcome.ok and "odd" in outcome.text and "return text" in outcome.text
+
+
+async def test_an_exception_whose_text_raises_is_still_a_tool_error():
+    @tool
+    def fails() -> str:
+        raise _ExcStrRaises()
+
+    outcome = await fails.call("{}")
+    assert not outcome.ok and "_ExcStrRaises" in outcome.text

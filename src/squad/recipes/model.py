@@ -31,6 +31,7 @@ from squad.runtime.outcome import DEFAULT_HANDLING, Handling, Outcome
 from squad.sched.policy import DEFAULT_QUEUE
 from squad.sched.workload import Call, Delegate, Map, Node, Parallel, Sequence
 from squad.templates import render_template
+from squad.templates.text import is_blank
 
 if TYPE_CHECKING:
     from squad.mcp import MCPServer
@@ -326,7 +327,7 @@ class Recipe:
             if not isinstance(value, list):
                 raise RecipeError(f"{what} is JSON but not a list", **_file_loc(step.loc))
             items = [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value]
-            return [v for v in items if v.strip()]  # a blank item would be a call on an empty prompt
+            return [v for v in items if not is_blank(v)]  # a blank item would be a call on an empty prompt
         return _lines(text)
 
     def no_items(self, step: Step, outputs: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
@@ -356,7 +357,7 @@ class Recipe:
         if spec.type == "file":
             return f"the file given for parameter '{name}' is empty" if not text else \
                 f"the file given for parameter '{name}' holds only blank lines"
-        return f"parameter '{name}' is empty text" if not text.strip() else \
+        return f"parameter '{name}' is empty text" if is_blank(text) else \
             f"parameter '{name}' gives no items (split: {step.split})"
 
     def empty_maps(self, unset: set[str] | frozenset[str] = frozenset()) -> list[tuple[Step, str]]:
@@ -397,6 +398,6 @@ def _lines(text: str) -> list[str]:
     items = []
     for line in text.splitlines():
         line = re.sub(r"^\s*(?:[-*+]|\d+[.)])\s+", "", line).strip()
-        if line:
+        if not is_blank(line):
             items.append(line)
     return items

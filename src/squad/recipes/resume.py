@@ -11,6 +11,7 @@ changed, naming which. The last :data:`KEEP_RUNS` journals of a recipe are kept.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,18 @@ def _plain(value: Any) -> Any:
 
 
 def find_run(recipe: Recipe, run: str) -> Path:
-    """The journal ``run`` names: :data:`LAST` (the recipe's newest), a run id (a file in
-    :func:`runs_dir`) or a path. Raises :class:`UserError` when there is none."""
+    """The journal ``run`` names: :data:`LAST` (the recipe's newest: of this recipe file as it is
+    now when there is one, since two recipe files may share a ``name:`` and so a runs folder), a
+    run id (a file in :func:`runs_dir`) or a path. Raises :class:`UserError` when there is none."""
     folder = runs_dir(recipe.name)
     if run == LAST:
         found = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
         if not found:
             raise UserError(f"no run of recipe '{recipe.name}' to resume (none in {folder}); run it without --resume "
                             "first")
-        return found[-1]
+        recipe_hash = recipe_identity(recipe)["recipe"]
+        same = [p for p in found if _recipe_hash(p) == recipe_hash]
+        return (same or found)[-1]  # none of this recipe: the newest, and the resume names what changed
     candidate = Path(run)
     if candidate.suffix == ".jsonl" and candidate.is_file():
         return candidate
@@ -82,6 +86,16 @@ def find_run(recipe: Recipe, run: str) -> Path:
         hint = f"; the last runs: {', '.join(known)}" if known else ""
         raise UserError(f"--resume {run}: no such run of recipe '{recipe.name}' in {folder}{hint}")
     return named
+
+
+def _recipe_hash(path: Path) -> str | None:
+    """The ``recipe`` part of the identity in the header of the journal at ``path`` (None when unreadable)."""
+    try:
+        with path.open("rb") as f:
+            header = json.loads(f.readline())
+        return str(header["identity"]["recipe"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _prune(folder: Path) -> None:

@@ -28,6 +28,7 @@ from squad.engine.llama import CACHE_TYPES, MAX_SLOTS
 from squad.engine.urls import check_engine_url
 from squad.names import check_name, normalize
 from squad.sched.policy import queue_name
+from squad.templates.text import is_blank
 
 __all__ = ["EngineSection", "EngineItem", "ParamSpec", "NonAnswersSpec", "StepSpec", "OutputSpec", "RecipeSpec",
            "AgentFileSpec",
@@ -374,7 +375,7 @@ def _as_list(name: str, value: Any) -> list[str]:
         if any(isinstance(v, (dict, list)) for v in value):
             raise ValueError(f"parameter '{name}' expects a list of plain values; write one text per item")
         items = [_yaml_text(v) for v in value]
-        blank = [i for i, v in enumerate(items) if not v.strip()]
+        blank = [i for i, v in enumerate(items) if is_blank(v)]
         if blank:
             which = ", ".join(str(i) for i in blank[:5]) + (", ..." if len(blank) > 5 else "")
             raise ValueError(f"parameter '{name}' has {len(blank)} blank item{'s' if len(blank) > 1 else ''} "

@@ -18,6 +18,7 @@ from squad.events import StepWarning
 from squad.recipes.model import Recipe, Step
 from squad.recipes.record import RecipeRun, entry, outcome_of_error, plain, record_failure, shown
 from squad.runtime.conversation import incomplete_answer
+from squad.runtime.journal import Resumable
 from squad.runtime.ops import SquadOps
 from squad.runtime.outcome import Outcome, fix_for, marked, worst
 from squad.runtime.results import AgentResult
@@ -71,6 +72,8 @@ async def _call(recipe: Recipe, squad: SquadOps, step: Step, prompt: str, run: R
         raise
     run.results.append((step.id, result))
     if result.outcome in _fail_on(step):
+        if isinstance(squad, Resumable):
+            squad.forget(result)  # a failure: a resume sends it again
         result.error = incomplete_answer(result)
         _warn(squad, step, result, run)
         raise result.error

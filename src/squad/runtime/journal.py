@@ -13,7 +13,9 @@ when the identity differs, naming each part that changed, and appends to the sam
 ``run``, ``run_agent``, ``parallel`` pair and ``map`` item whose key the journal holds is answered
 from it (``AgentResult.resumed``; an ``agent.resumed`` event), the others are sent to the squad
 as before and recorded as each ends. Only answers are recorded (``ok``, ``truncated``, ``empty``
-without an error): a failed or cancelled call is done again. Two calls with the same key are
+without an error): a failed or cancelled call is done again, and so is an answer the caller then
+failed on (:meth:`Resumable.forget`: a ``void`` line, the last record of that key no longer held).
+Two calls with the same key are
 answered in the order they were recorded. The thinking (``reasoning``) and the conversation's
 history are not recorded: what later steps read is the output.
 
@@ -191,6 +193,11 @@ class RunJournal:
             line["subs"] = [_dump(s) for s in subs if s.error is None]
         self._append(line)
 
+    def void(self, key: str) -> None:
+        """The last answer recorded with ``key`` failed its step after all (``non_answers: {truncated: fail}``):
+        a resume does that call again."""
+        self._append({"kind": "void", "key": key})
+
     def close(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
@@ -235,6 +242,8 @@ def read_journal(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, A
             header = line
         elif line.get("kind") == "call" and isinstance(line.get("key"), str) and isinstance(line.get("result"), dict):
             held.setdefault(line["key"], []).append(line)
+        elif line.get("kind") == "void" and isinstance(line.get("key"), str) and held.get(line["key"]):
+            held[line["key"]].pop()  # an answer its step's non_answers made a failure: done again
         elif line.get("kind") == "engine" and isinstance(line.get("model"), str):
             header.setdefault("engine", line["model"])
     if header is None:
@@ -274,6 +283,14 @@ class Resumable:
     def __init__(self, inner: SquadOps, journal: RunJournal) -> None:
         self.inner, self.journal = inner, journal
         self.resumed: list[str] = []
+        self._keys: dict[int, str] = {}  # id of an answer recorded by run / run_agent -> its key
+
+    def forget(self, result: AgentResult) -> None:
+        """``result`` (an answer of :meth:`run` or :meth:`run_agent`) failed its step after all (its outcome is
+        one the step's ``non_answers`` fails on): not an answer a resume may reuse."""
+        key = self._keys.pop(id(result), None)
+        if key is not None and result.resumed is None:
+            self.journal.void(key)
 
     @property
     def shared_input(self) -> str:
@@ -298,6 +315,7 @@ class Resumable:
             return turn
         turn = await self.inner.run(text, output_type=output_type)
         self.journal.record(key, turn.main, turn.subs)
+        self._keys[id(turn.main)] = key
         return turn
 
     async def run_agent(self, name: str, prompt: str, *, output_type: Any = None,
@@ -308,6 +326,7 @@ class Resumable:
             return self._said(done)
         result = await self.inner.run_agent(name, prompt, output_type=output_type, shared=shared)
         self.journal.record(key, result)
+        self._keys[id(result)] = key
         return result
 
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
@@ -317,6 +336,7 @@ class Resumable:
         pairs = list(calls)
         shares = _each(shared, len(pairs))
         keys = [call_key("parallel", name, prompt, output_type, s) for (name, prompt), s in zip(pairs, shares)]
+        failing = {Outcome(o) for o in fail_on}
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
         todo = [i for i, r in enumerate(results) if r is None]
         for r in results:
@@ -324,7 +344,8 @@ class Resumable:
                 self._said(r)
         if todo:
             def done(j: int, result: AgentResult) -> None:
-                self.journal.record(keys[todo[j]], result)
+                if result.outcome not in failing:  # a non-answer the caller fails on is done again
+                    self.journal.record(keys[todo[j]], result)
                 if on_result is not None:
                     on_result(todo[j], result)
 
@@ -341,6 +362,7 @@ class Resumable:
                   shared: str | Sequence[str | None] | None = None) -> list[AgentResult]:
         prompts = list(inputs)
         shares = _each(shared, len(prompts))
+        failing = {Outcome(o) for o in fail_on}
         ids = list(item_ids) if item_ids is not None else list(range(len(prompts)))
         keys = [call_key("map", name, prompt, output_type, s) for prompt, s in zip(prompts, shares)]
         results: list[AgentResult | None] = [self.journal.take(k) for k in keys]
@@ -351,7 +373,8 @@ class Resumable:
                 self._said(r)
         if todo:
             def done(j: int, result: AgentResult) -> None:
-                self.journal.record(keys[todo[j]], result)
+                if result.outcome not in failing:  # a non-answer the caller fails on is done again
+                    self.journal.record(keys[todo[j]], result)
                 if on_result is not None:
                     on_result(todo[j], result)
 

@@ -19,6 +19,7 @@ import enum
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Annotated, Any, get_type_hints
 
@@ -149,11 +150,26 @@ class Tool:
         except ToolError as exc:
             return ToolOutcome(self.name, f"error: {exc}", ok=False)
         except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model
-            return ToolOutcome(self.name, f"error: {self.name} raised {type(exc).__name__}: {exc}", ok=False)
+            return ToolOutcome(self.name, f"error: {self.name} raised {type(exc).__name__}{_said(exc)}", ok=False)
         if scope.cancelled_caught:
             return ToolOutcome(self.name, f"error: {self.name} timed out: it did not finish within its timeout of "
                                           f"{self.timeout:g} s and was stopped; no result", ok=False)
-        return ToolOutcome(self.name, tool_text(value), ok=True)
+        try:
+            text = tool_text(value)
+        except Exception as exc:  # noqa: BLE001 - its own __str__ raised, nested too deep to write: the tool's fault
+            return ToolOutcome(self.name, f"error: {self.name} returned {_type_name(value)} that cannot be written "
+                                          f"as text ({type(exc).__name__}{_said(exc)}): return text, numbers, lists "
+                                          "or mappings from the tool", ok=False)
+        return ToolOutcome(self.name, text, ok=True)
+
+
+def _said(exc: BaseException) -> str:
+    """``": TEXT"`` of an exception, or ``""`` when it has none or its own ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception class whose text fails: named by its type alone
+        return ""
+    return f": {text}" if text else ""
 
 
 @dataclass(frozen=True)
@@ -255,6 +271,10 @@ def _describe(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, (tuple, list)):
         return list(value)
+    if isinstance(value, Mapping):  # MappingProxyType, UserDict, a ChainMap: their data, never their repr
+        return dict(value)
+    if isinstance(value, (Sequence, AbstractSet)) and not isinstance(value, (str, range)):
+        return list(value)  # UserList, deque, array
     own_str: Any = type(value).__str__
     if own_str is not object.__str__ and not callable(value):  # Path, UUID, Decimal: their own text
         return str(value)

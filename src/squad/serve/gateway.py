@@ -20,13 +20,13 @@ One generation request: its body read (at most ``max_body`` bytes, 413; within `
 seconds, 408) and parsed (off the event loop when large, :mod:`squad.serve.http`), its shape checked
 (400 in the API's own error shape), count the prompt (:mod:`squad.serve.demand`), reserve
 ``prompt + max_tokens`` and write exactly that limit into the body sent (queue order: the policy,
-header ``X-Squad-Priority`` first, lower first, default 0), send it to the engine, relay the answer chunk by chunk as it arrives (no buffering), release
-when the answer ends. A client that disconnects, while queued or while streaming, is noticed at
-once (the request's ASGI ``receive`` is watched): it leaves the queue, or its upstream
-connection is closed so llama-server stops the task, and its reservation is released once the
-engine's ``/slots`` shows the slot free (:func:`squad.chat.settle.until_engine_free`: the engine
-notices a closed connection of a request it does not stream only at its next look, every 1 s). Every
-response carries ``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
+``X-Squad-Priority`` first, lower first, default 0), send it to the engine, relay the answer chunk
+by chunk as it arrives, release when it ends. A client that disconnects, queued or streaming, is
+noticed at once (the ASGI ``receive`` is watched): it leaves the queue, or its upstream connection is
+closed so llama-server stops the task, and its reservation is released once the engine's ``/slots``
+shows the slot free (:func:`squad.chat.settle.until_engine_free`: the engine notices a closed
+connection of a request it does not stream only at its next look, every 1 s). Every response carries
+``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
 The request itself is :class:`squad.serve.relay.Relay`; ASGI plumbing is :mod:`squad.serve.http`.
 """
 

@@ -17,6 +17,7 @@ Design (what each limit checks, and how): docs/design/sandbox.md
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -36,7 +37,7 @@ from squad.templates.meter import (
     metered,
     size_of,
 )
-from squad.templates.text import as_text, not_text, refuse_internal, texts
+from squad.templates.text import as_text, not_text, plain, refuse_internal, texts
 
 __all__ = ["BoundedSandbox", "TemplateLimit", "Meter", "metered", "bound", "flat_size", "OUT", "not_text",
            "MAX_VALUE", "MAX_STEPS", "MAX_INT_DIGITS"]
@@ -96,6 +97,17 @@ OUT = "squad:out"
 through another): an environment may replace it to treat that output as data."""
 
 
+def _tojson(value: Any, indent: int | None = None) -> str:
+    """jinja's ``tojson`` for prompts: the same JSON (keys sorted, ``indent`` as given), text written as it is
+    (``리뷰어``, not ``\\ub9ac...``; ``<``, ``&``, ``'`` as written, not jinja's HTML-safe ``\\u003c``), containers
+    as :func:`~squad.templates.text.as_text` makes them."""
+    data = plain(value)
+    try:
+        return json.dumps(data, ensure_ascii=False, default=str, sort_keys=True, indent=indent)
+    except TypeError:  # keys of mixed kinds (1 and "a") do not sort: as they are
+        return json.dumps(data, ensure_ascii=False, default=str, indent=indent)
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """An immutable jinja2 sandbox whose templates cannot exhaust CPU or memory (module
     docstring). Parse with :meth:`parse`, then pass the tree through :func:`bound` before
@@ -107,6 +119,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.globals.pop("lipsum", None)
         self.globals["range"] = _range
+        self.filters["tojson"] = _tojson
         self.filters = {name: guard_filter(name, f) for name, f in self.filters.items()}
         self.filters.update({_LOOP: _loop, _CONCAT: _concat, _TEXT: _out, OUT: _out_value})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import types
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import jinja2
 
 from squad.templates.meter import TemplateLimit
 
-__all__ = ["not_text", "refuse_internal", "as_text", "texts"]
+__all__ = ["not_text", "refuse_internal", "as_text", "plain", "texts", "is_blank"]
 
 _PLAIN = (str, int, float, type(None))
 _HOLDERS = (list, tuple, dict, set, frozenset)
@@ -77,17 +78,17 @@ def refuse_internal(value: Any, what: str) -> None:
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """``value`` with every container made JSON's (lists, string keys; a set's items in a fixed order); a value
     that prints itself (its class has its own ``__str__``, like a stand-in) as its text."""
     if isinstance(value, _CONTAINERS) and type(value).__str__ is not object.__str__:
         return str(value)
     if isinstance(value, dict):
-        return {_key(k): _plain(v) for k, v in value.items()}
+        return {_key(k): plain(v) for k, v in value.items()}
     if isinstance(value, (set, frozenset)):
-        return sorted((_plain(v) for v in value), key=lambda v: json.dumps(v, ensure_ascii=False, default=str))
+        return sorted((plain(v) for v in value), key=lambda v: json.dumps(v, ensure_ascii=False, default=str))
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -106,7 +107,7 @@ def as_text(value: Any) -> Any:
         return value
     if type(value).__str__ is not object.__str__:
         return str(value)
-    return json.dumps(_plain(value), ensure_ascii=False, default=str)
+    return json.dumps(plain(value), ensure_ascii=False, default=str)
 
 
 def texts(values: Any) -> Any:
@@ -114,3 +115,9 @@ def texts(values: Any) -> Any:
     if isinstance(values, tuple) and type(values).__str__ is object.__str__:
         return tuple(as_text(v) for v in values)
     return as_text(values)
+
+
+def is_blank(text: str) -> bool:
+    """``text`` shows nothing: only whitespace and invisible format characters (Unicode ``Cf``: zero-width space
+    U+200B, joiners, word joiner, a byte-order mark U+FEFF, soft hyphen). A prompt of such text is an empty one."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
