@@ -6,16 +6,19 @@ is never changed, I2):
 
 - ``model``: the request's own ``model`` (b11434 answers with its model file's path,
   ``task.params.oaicompat_model = meta->model_name`` in ``server-context.cpp``), in every API;
-- Messages ``id``: ``msg_...`` (b11434 uses its ``chatcmpl-...`` completion id);
+- Messages ``id``: ``msg_...`` (b11434 uses its ``chatcmpl-...`` completion id); a streamed
+  ``tool_use`` block starts with ``input: {}``, as Anthropic's do;
 - Messages ``stop_reason``: ``stop_sequence`` when ``stop_sequence`` names the one that ended
   the answer (b11434 says ``end_turn``, ``to_json_anthropic`` in ``server-task.cpp``);
 - Responses: every stream event gets ``sequence_number`` and, for the item it belongs to,
   ``output_index`` and ``content_index`` (b11434 sends neither: the openai SDK's
-  ``responses.stream()`` raises on them), ``logprobs: []`` on text events, and
+  ``responses.stream()`` raises on them), ``logprobs: []`` on text events, ``annotations: []`` on a text part, and
   ``function_call_arguments.done`` before a call's ``output_item.done``; the ``response`` object
   gets the fields the SDK's ``Response`` declares as required (``created_at``, ``model``,
-  ``output``, ``parallel_tool_calls``, ``tool_choice``, ``tools``: the request's own) and
-  ``usage.output_tokens_details``; an answer cut at its generation limit is
+  ``output``, ``parallel_tool_calls``, ``tool_choice``, ``tools``: the request's own),
+  ``usage.output_tokens_details.reasoning_tokens`` (0, given only when the answer has no reasoning
+  item) and ``usage.input_tokens_details.cache_write_tokens`` (the prompt tokens the engine
+  processed rather than found cached: ``input_tokens - cached_tokens``); an answer cut at its generation limit is
   ``status: "incomplete"`` with ``incomplete_details: {"reason": "max_output_tokens"}`` (its last
   event ``response.incomplete``), as OpenAI answers;
 - parallel tool calls off (chat and Responses ``parallel_tool_calls: false``, Messages
@@ -147,7 +150,12 @@ def mend_response(asked: Asked, response: dict[str, Any], *, output: list[Any] |
     usage = out.get("usage")
     if isinstance(usage, dict):
         usage = {**usage}
-        usage.setdefault("input_tokens_details", {"cached_tokens": 0})
+        details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"), dict) else {}
+        cached, prompt = details.get("cached_tokens", 0), usage.get("input_tokens", 0)
+        if isinstance(cached, int) and isinstance(prompt, int):
+            # the prompt tokens the engine processed, which stay in its slot's cache for the next request
+            details = {"cached_tokens": cached, "cache_write_tokens": max(0, prompt - cached), **details}
+        usage["input_tokens_details"] = details
         if "output_tokens_details" not in usage and not any(
                 isinstance(i, dict) and i.get("type") == "reasoning" for i in items):
             usage["output_tokens_details"] = {"reasoning_tokens": 0}  # no reasoning item: none was written
@@ -332,24 +340,29 @@ class ResponsesStream(Mender):
         self.sequence += 1
         return self.sequence - 1
 
+    LIFECYCLE = ("response.created", "response.in_progress", "response.completed", "response.incomplete",
+                 "response.failed")
+
+    def _lifecycle(self, data: dict[str, Any]) -> dict[str, Any]:
+        kind = data.get("type")
+        given = data.get("response") if isinstance(data.get("response"), dict) else {}
+        self.id = self.id or given.get("id")  # one id from start to end (a start squad serve sent has its own)
+        given = {**given, "id": self.id} if self.id else given
+        if kind in ("response.created", "response.in_progress"):
+            return {**data, "response": mend_response(self.asked, given, output=[])}
+        response = mend_response(self.asked, given, output=[self.items[i] for i in sorted(self.items)])
+        if kind == "response.completed" and response.get("status") == "incomplete":
+            kind = "response.incomplete"
+        return {**data, "type": kind, "response": response}
+
     def _mend(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         kind = data.get("type")
         item = data.get("item") if isinstance(data.get("item"), dict) else None
         item_id = str((item or {}).get("id") or data.get("item_id") or "")
         if item_id in self.dropped:
             return []
-        if kind in ("response.created", "response.in_progress", "response.completed", "response.incomplete",
-                    "response.failed"):
-            given = data.get("response") if isinstance(data.get("response"), dict) else {}
-            self.id = self.id or given.get("id")  # one id from start to end (a start squad serve sent has its own)
-            given = {**given, "id": self.id} if self.id else given
-        if kind in ("response.created", "response.in_progress"):
-            return [{**data, "response": mend_response(self.asked, given, output=[])}]
-        if kind in ("response.completed", "response.incomplete", "response.failed"):
-            response = mend_response(self.asked, given, output=[self.items[i] for i in sorted(self.items)])
-            if kind == "response.completed" and response.get("status") == "incomplete":
-                kind = "response.incomplete"
-            return [{**data, "type": kind, "response": response}]
+        if kind in self.LIFECYCLE:
+            return [self._lifecycle(data)]
         if kind == "response.output_item.added" and item is not None:
             if item.get("type") == "function_call" and not self.asked.parallel and any(
                     i.get("type") == "function_call" for i in self.items.values()):
@@ -372,6 +385,9 @@ class ResponsesStream(Mender):
             out.setdefault("content_index", 0)
         if kind in ("response.output_text.delta", "response.output_text.done"):
             out.setdefault("logprobs", [])
+        part = out.get("part")
+        if isinstance(part, dict) and part.get("type") == "output_text" and "annotations" not in part:
+            out["part"] = {**part, "annotations": []}
         if kind == "response.output_item.done" and item is not None:
             self.items[index] = item
             if item.get("type") == "function_call":
@@ -424,6 +440,8 @@ class MessagesStream(Mender):
                     self.dropped.add(index)  # type: ignore[arg-type]
                     _drop(self.asked)
                     return b""
+                if "input" not in content:  # Anthropic starts a tool_use block with its input empty
+                    return _block(head, {**data, "content_block": {**content, "input": {}}})
             return block
         if kind == "content_block_delta" and index in self.as_text and isinstance(data.get("delta"), dict):
             text = str(data["delta"].get("partial_json") or "")
