@@ -4,6 +4,7 @@ objects leniently, so a missing field surfaces later as a TypeError or an Attrib
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -54,6 +55,7 @@ def check_events(kind: str, events: list[dict[str, Any]]) -> list[Any]:
     return [(by_type[e["type"]] if e.get("type") in by_type else adapter).validate_python(e) for e in events]
 
 
+@functools.cache
 def _by_type(kind: str) -> dict[str, TypeAdapter[Any]]:
     """The event model for each ``type`` of a union of events (so that an error names the one field, not every
     member of the union)."""
