@@ -13,9 +13,9 @@ import anthropic
 import httpx
 import openai
 import pytest
-from api_shapes_support import check_answer, check_events, sse
 from pydantic import BaseModel
 
+from api_shapes_support import check_answer, check_events, sse
 from serve_support import squad_serve
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
