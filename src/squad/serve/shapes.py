@@ -115,7 +115,9 @@ def mend_answer(asked: Asked, body: Any) -> Any:
 
 def _one_call_choice(asked: Asked, choice: Any) -> Any:
     message = choice.get("message") if isinstance(choice, dict) else None
-    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        return choice
+    calls = message.get("tool_calls")
     if not isinstance(calls, list) or len(calls) < 2:
         return choice
     for _ in calls[1:]:
@@ -132,7 +134,8 @@ def mend_response(asked: Asked, response: dict[str, Any], *, output: list[Any] |
     out.setdefault("created_at", int(time.time()))
     if asked.model is not None or "model" not in out:
         out["model"] = asked.model or ""
-    items = out.get("output") if isinstance(out.get("output"), list) else (output or [])
+    given = out.get("output")
+    items: list[Any] = given if isinstance(given, list) else (output or [])
     if not asked.parallel:
         calls = [i for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
         for _ in calls[1:]:
@@ -150,7 +153,8 @@ def mend_response(asked: Asked, response: dict[str, Any], *, output: list[Any] |
     usage = out.get("usage")
     if isinstance(usage, dict):
         usage = {**usage}
-        details = usage.get("input_tokens_details") if isinstance(usage.get("input_tokens_details"), dict) else {}
+        given_details = usage.get("input_tokens_details")
+        details: dict[str, Any] = given_details if isinstance(given_details, dict) else {}
         cached, prompt = details.get("cached_tokens", 0), usage.get("input_tokens", 0)
         if isinstance(cached, int) and isinstance(prompt, int):
             # the prompt tokens the engine processed, which stay in its slot's cache for the next request
@@ -174,7 +178,8 @@ def mend_message(asked: Asked, message: dict[str, Any]) -> dict[str, Any]:
     """A Messages ``message`` with its id, model, stop reason, tool calls and output format as
     Anthropic answers them (module docstring)."""
     out = _message_head(asked, message)
-    blocks = out.get("content") if isinstance(out.get("content"), list) else []
+    content = out.get("content")
+    blocks: list[Any] = content if isinstance(content, list) else []
     kept, calls, answered = [], 0, False
     for block in blocks:
         if isinstance(block, dict) and block.get("type") == "tool_use":
@@ -288,9 +293,9 @@ class ChatStream(Mender):
         changed = False
         for choice in data.get("choices") or []:
             delta = choice.get("delta") if isinstance(choice, dict) else None
-            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            if not isinstance(calls, list):
+            if not isinstance(delta, dict) or not isinstance(delta.get("tool_calls"), list):
                 continue
+            calls = delta["tool_calls"]
             for call in calls:
                 index = call.get("index", 0) if isinstance(call, dict) else 0
                 if isinstance(index, int) and index + 1 > self._calls:
@@ -345,7 +350,8 @@ class ResponsesStream(Mender):
 
     def _lifecycle(self, data: dict[str, Any]) -> dict[str, Any]:
         kind = data.get("type")
-        given = data.get("response") if isinstance(data.get("response"), dict) else {}
+        response_given = data.get("response")
+        given: dict[str, Any] = response_given if isinstance(response_given, dict) else {}
         self.id = self.id or given.get("id")  # one id from start to end (a start squad serve sent has its own)
         given = {**given, "id": self.id} if self.id else given
         if kind in ("response.created", "response.in_progress"):
@@ -372,11 +378,13 @@ class ResponsesStream(Mender):
             index = self.index.setdefault(item_id, len(self.index))
             self.items[index] = item
             return [{**data, "output_index": index}]
-        index = self.index.get(item_id)
-        if index is None:  # an item the engine did not announce: it gets the next index
+        known = self.index.get(item_id)
+        if known is None:  # an item the engine did not announce: it gets the next index
             index = self.index.setdefault(item_id, len(self.index))
             if item is not None:
                 self.items[index] = item
+        else:
+            index = known
         out = {**data, "output_index": index}
         if kind == "response.function_call_arguments.delta":
             self.arguments[item_id] = self.arguments.get(item_id, "") + str(data.get("delta") or "")
