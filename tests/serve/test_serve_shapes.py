@@ -330,8 +330,8 @@ async def test_chat_through_serve_echoes_the_model_and_honours_parallel_tool_cal
     tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in "ab"]
     async with FakeEngine(slots=1, n_ctx=1024) as fe:
         fe.script(Reply(tool_calls=two), Reply(tool_calls=two))
-        async with serving(EngineSpec(url=fe.base_url, api_key=fe.api_key), port=0) as served:
-            client = openai.AsyncOpenAI(base_url=served.base_url, api_key=served.api_key, max_retries=0)
+        async with serving(EngineSpec(url=fe.base_url, api_key=fe.api_key), port=0) as served, \
+                openai.AsyncOpenAI(base_url=served.base_url, api_key=served.api_key, max_retries=0) as client:
             messages = [{"role": "user", "content": "hi"}]
             if stream:
                 async with client.chat.completions.stream(model="my-model", messages=messages, tools=tools,

@@ -40,12 +40,14 @@ def served(tmp_path_factory, llama_server_path, default_model_path):
 
 @pytest.fixture
 def oai(served):
-    return openai.OpenAI(base_url=served + "/v1", api_key=KEY, max_retries=0, timeout=600)
+    with openai.OpenAI(base_url=served + "/v1", api_key=KEY, max_retries=0, timeout=600) as client:
+        yield client
 
 
 @pytest.fixture
 def claude(served):
-    return anthropic.Anthropic(base_url=served, api_key=KEY, max_retries=0, timeout=600)
+    with anthropic.Anthropic(base_url=served, api_key=KEY, max_retries=0, timeout=600) as client:
+        yield client
 
 
 def test_the_responses_stream_helper_works_and_a_cut_answer_is_incomplete(oai):
