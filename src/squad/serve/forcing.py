@@ -19,10 +19,8 @@ counted and sent:
   chat ``response_format`` the converter passes on (``server_chat_convert_responses_to_chatcmpl``
   copies every other field of the body);
 - Messages ``tool_choice: {"type": "none"}`` (b11434 reads it as ``auto``) sends no tools;
-- Messages ``output_config.format`` (structured output, which b11434's Messages converter drops)
-  is sent as one more tool, :data:`squad.serve.shapes.OUTPUT_TOOL` with the format's schema, and
-  ``tool_choice: any`` (forced as above); its call comes back as a text block
-  (:func:`squad.serve.shapes.mend_message`);
+- Messages ``output_config.format`` (b11434 drops it) goes as a forced tool with its schema,
+  answered as text (:mod:`squad.serve.shapes`);
 - a call in the history whose arguments are not a JSON object (a reply cut by ``max_tokens``
   mid-call, which clients send back as they got it: LangChain's ``invalid_tool_calls``, LiteLLM's
   message dump) goes back with ``{}`` (:func:`repair_history`), as squad's own runtime sends it

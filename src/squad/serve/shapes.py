@@ -1,34 +1,27 @@
 """An answer in its API's own shape: the fields clients (the openai and anthropic SDKs) check,
-mended where llama-server b11434 leaves them out or gets them wrong.
+mended where llama-server b11434 leaves them out or gets them wrong (docs/llama-facts.md, "The
+other APIs' shapes"). The text the model wrote is never changed (I2); only these fields are:
 
-squad serve relays the engine's answer; it rewrites only these fields (the text the model wrote
-is never changed, I2):
-
-- ``model``: the request's own ``model`` (b11434 answers with its model file's path,
-  ``task.params.oaicompat_model = meta->model_name`` in ``server-context.cpp``), in every API;
-- Messages ``id``: ``msg_...`` (b11434 uses its ``chatcmpl-...`` completion id); a streamed
-  ``tool_use`` block starts with ``input: {}``, as Anthropic's do;
-- Messages ``stop_reason``: ``stop_sequence`` when ``stop_sequence`` names the one that ended
-  the answer (b11434 says ``end_turn``, ``to_json_anthropic`` in ``server-task.cpp``);
-- Responses: every stream event gets ``sequence_number`` and, for the item it belongs to,
-  ``output_index`` and ``content_index`` (b11434 sends neither: the openai SDK's
-  ``responses.stream()`` raises on them), ``logprobs: []`` on text events, ``annotations: []`` on a text part, and
-  ``function_call_arguments.done`` before a call's ``output_item.done``; the ``response`` object
-  gets the fields the SDK's ``Response`` declares as required (``created_at``, ``model``,
-  ``output``, ``parallel_tool_calls``, ``tool_choice``, ``tools``: the request's own),
-  ``usage.output_tokens_details.reasoning_tokens`` (0, given only when the answer has no reasoning
-  item) and ``usage.input_tokens_details.cache_write_tokens`` (the prompt tokens the engine
-  processed rather than found cached: ``input_tokens - cached_tokens``); an answer cut at its generation limit is
-  ``status: "incomplete"`` with ``incomplete_details: {"reason": "max_output_tokens"}`` (its last
-  event ``response.incomplete``), as OpenAI answers;
-- parallel tool calls off (chat and Responses ``parallel_tool_calls: false``, Messages
-  ``tool_choice.disable_parallel_tool_use``): the engine is asked for one call where its API
-  reads the field (chat, Responses), and when the answer still holds more, the first is kept and
-  the others dropped, which squad serve logs (``squad.serve`` logger) and, for an answer not
-  streamed, says in the header ``x-squad-dropped-tool-calls``;
-- Messages ``output_config.format`` (structured output; b11434's Messages converter drops it) is
-  sent as a forced tool (:data:`OUTPUT_TOOL`, :func:`squad.serve.forcing.force_messages`) whose
-  call comes back as the text block the client asked for (its JSON input as the text).
+- ``model``: the request's own (b11434 answers with its model file's path), in every API;
+- Messages: ``id`` ``msg_...`` (b11434: ``chatcmpl-...``); ``stop_reason: stop_sequence`` when
+  ``stop_sequence`` names the one that ended the answer (b11434: ``end_turn``); a streamed
+  ``tool_use`` block starts with ``input: {}``;
+- Responses: every stream event gets ``sequence_number``, ``output_index``, ``content_index``
+  (the openai SDK's ``responses.stream()`` raises without them), text events ``logprobs: []``,
+  text parts ``annotations: []``, a call ``function_call_arguments.done``; the ``response`` the
+  fields the SDK's ``Response`` requires (``created_at``, ``model``, ``output``, and the request's
+  ``parallel_tool_calls``, ``tool_choice``, ``tools``), ``usage.output_tokens_details`` (0
+  reasoning tokens, only when no reasoning item came) and ``input_tokens_details.cache_write_tokens``
+  (``input_tokens - cached_tokens``: what the engine processed); an answer that used its whole
+  generation limit is ``status: incomplete``, ``incomplete_details.reason: max_output_tokens``,
+  last event ``response.incomplete`` (OpenAI's shape);
+- parallel calls off (chat and Responses ``parallel_tool_calls: false``, Messages
+  ``tool_choice.disable_parallel_tool_use``): the engine is asked where its API reads the field,
+  and an answer that still holds several calls keeps the first; squad serve logs that (logger
+  ``squad.serve``) and, not streamed, sends ``x-squad-dropped-tool-calls: N``;
+- Messages ``output_config.format``: sent as the forced tool :data:`OUTPUT_TOOL`
+  (:func:`squad.serve.forcing.force_messages`), whose first call comes back as the text block
+  ``messages.parse`` reads (its JSON input as the text).
 
 :func:`mend_answer` mends a whole answer; :func:`stream_mender` gives the mender of a streamed
 one (bytes in, bytes out, whole SSE events).
