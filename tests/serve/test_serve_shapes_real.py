@@ -128,8 +128,8 @@ def test_messages_parse_gets_its_output_format(claude, stream):
     """``output_config.format`` goes to the engine as a forced tool and comes back as the one text
     block ``messages.parse`` reads, holding the call's JSON object. Whether that object has every
     field of the schema is the engine's tool-call grammar's and the model's: measured, SmolLM2
-    fills it alone on a cold engine and once answered ``{}`` after other requests (then the SDK's
-    own validation of the text is what fails, not the shape)."""
+    fills it alone on a cold engine, and after other requests once answered ``{}``, once a call cut by
+    max_tokens (then the SDK's own validation of the text is what fails, not the shape)."""
     ask = {"model": "claude-x", "max_tokens": 100, "output_format": Pet, "extra_body": T0,
            "messages": [{"role": "user", "content": "My pet is a dog named Rex, 3 years old."}]}
     try:
@@ -138,8 +138,9 @@ def test_messages_parse_gets_its_output_format(claude, stream):
                 message = s.get_final_message()
         else:
             message = claude.messages.parse(**ask)
-    except ValidationError as exc:  # the text block came, as JSON, and did not fit the schema
-        assert exc.title == "Pet" and all(e["type"] == "missing" for e in exc.errors()), exc
+    except ValidationError as exc:  # the text block came and the SDK read it; the model's JSON did not fit the
+        # schema, or was cut by max_tokens mid-call (measured: SmolLM2 once repeated "SQUAD_" to the limit)
+        assert exc.title == "Pet" and all(e["type"] in ("missing", "json_invalid") for e in exc.errors()), exc
         return
     assert [b.type for b in message.content] == ["text"] and message.model == "claude-x"
     assert isinstance(message.parsed_output, Pet), message.content
