@@ -298,13 +298,14 @@ async def test_n_completions_are_one_reservation_each_and_one_answer():
     async with FakeEngine(slots=1, n_ctx=1024, token_delay=0.002) as fe:
         async with serving(spec(fe), port=0) as served, sdk(served) as client:
             done = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=6, n=3)
-            assert [c.index for c in done.choices] == [0, 1, 2]
+            assert [c.index for c in done.choices] == [0, 1, 2] and done.model == "x"  # the request's (shapes)
             assert done.usage.completion_tokens == 18 and done.usage.prompt_tokens == 3 * count_tokens(ask(4))
             stream = await client.chat.completions.create(model="x", messages=ask(4), max_tokens=5, n=2, stream=True,
                                                           stream_options={"include_usage": True})
             texts: dict[int, str] = {}
             usage = None
             async for chunk in stream:
+                assert chunk.model == "x"
                 for c in chunk.choices:
                     texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
                 usage = chunk.usage or usage

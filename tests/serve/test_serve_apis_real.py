@@ -293,9 +293,10 @@ def test_an_answer_not_streamed_is_the_engines_own_shape(served, path):
         through = httpx.post(url + path, headers={**H, "anthropic-version": "2023-06-01"}, json=body, timeout=600)
         assert through.status_code == 200, through.text
         d, t = direct.json(), through.json()
-        assert set(t) == set(d), (sorted(t), sorted(d))
+        assert set(d) <= set(t), (sorted(t), sorted(d))  # and the fields the SDK requires (squad.serve.shapes)
         if path == "/v1/responses":
-            assert t["status"] == d["status"] and set(t["usage"]) == set(d["usage"])
+            cut = t["usage"]["output_tokens"] >= case["max_output_tokens"]  # incomplete, as OpenAI says
+            assert t["status"] == ("incomplete" if cut else d["status"]) and set(d["usage"]) <= set(t["usage"])
             if "tools" in case:  # forced through serve, as the engine does not force it (squad.serve.forcing)
                 call = next(o for o in t["output"] if o["type"] == "function_call")
                 assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"]), dict)

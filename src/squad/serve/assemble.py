@@ -92,36 +92,48 @@ class Assembly:
         if "error" in chunk:
             self.error = chunk
             return
-        for key in ("id", "created", "model", "system_fingerprint", "object"):
-            if key in chunk:
-                self.envelope.setdefault(key, chunk[key])
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        if isinstance(chunk.get("timings"), dict):
-            self.timings = chunk["timings"]
+        for key, value in chunk.items():  # every field the engine sends survives (the last one given wins)
+            if key == "choices":
+                continue
+            if key in ("usage", "timings"):
+                if isinstance(value, dict):
+                    setattr(self, key, value)
+            elif key in ("id", "created", "model", "system_fingerprint", "object"):
+                self.envelope.setdefault(key, value)
+            elif value is not None or key not in self.envelope:
+                self.envelope[key] = value
         for choice in chunk.get("choices") or []:
-            self._choice(choice)
+            if isinstance(choice, dict):
+                self._choice(choice)
 
     def _choice(self, choice: dict[str, Any]) -> None:
-        index = int(choice.get("index") or 0)
+        index = choice.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) else 0
         got = self.choices.setdefault(index, {"index": index, "finish_reason": None})
-        if choice.get("finish_reason") is not None:
-            got["finish_reason"] = choice["finish_reason"]
-        if "text" in choice:  # text_completion
-            got["text"] = got.get("text", "") + (choice.get("text") or "")
+        for key, value in choice.items():
+            if key in ("index", "delta"):
+                continue
+            if key == "text":  # text_completion
+                got["text"] = got.get("text", "") + (value if isinstance(value, str) else "")
+            elif key == "logprobs":
+                got["logprobs"] = _joined(got.get("logprobs"), value)
+            elif value is not None or key not in got:
+                got[key] = value
         delta = choice.get("delta")
         if isinstance(delta, dict):
             message = got.setdefault("message", {"role": "assistant", "content": None})
-            for key in ("content", "reasoning_content"):
-                if delta.get(key):
-                    message[key] = (message.get(key) or "") + delta[key]
-            for call in delta.get("tool_calls") or []:
-                _add_call(message.setdefault("tool_calls", []), call)
-        logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
-            got.setdefault("logprobs", {"content": []})["content"].extend(logprobs["content"])
-        else:
-            got.setdefault("logprobs", None)
+            for key, value in delta.items():
+                if key == "tool_calls":
+                    for call in value if isinstance(value, list) else []:
+                        if isinstance(call, dict):
+                            _add_call(message.setdefault("tool_calls", []), call)
+                elif key == "role":
+                    message["role"] = value or message["role"]
+                elif isinstance(value, str):  # content, reasoning_content, refusal: joined
+                    message[key] = (message.get(key) or "") + value
+                elif value is not None or key not in message:
+                    message[key] = value
+        got.setdefault("logprobs", None)
 
     def answer(self) -> tuple[int, dict[str, Any]]:
         """``(HTTP status, body)``: 200 and the whole answer, or the error the stream ended with
@@ -139,6 +151,21 @@ class Assembly:
         if self.timings is not None:
             body["timings"] = self.timings
         return 200, body
+
+
+def _joined(got: Any, more: Any) -> Any:
+    """Streamed ``logprobs`` joined: the lists of each chunk's object (``content``, ``refusal``,
+    text completions' ``tokens``...) one after another; None until one comes."""
+    if not isinstance(more, dict):
+        return got if got is not None else more
+    if not isinstance(got, dict):
+        return {k: list(v) if isinstance(v, list) else v for k, v in more.items()}
+    for key, value in more.items():
+        if isinstance(value, list) and isinstance(got.get(key), list):
+            got[key].extend(value)
+        elif value is not None or key not in got:
+            got[key] = value
+    return got
 
 
 def _add_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:

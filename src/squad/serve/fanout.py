@@ -103,6 +103,9 @@ class _Fanout:
         self.failed: tuple[int, Any] | None = None  # (status, body) of the first part that failed
         self.started = False  # the 200 and event-stream headers were sent
         self.lock = anyio.Lock()
+        model = relay.body.get("model")
+        self.model = model if isinstance(model, str) and model else None
+        """The request's ``model``, echoed in the answer (squad.serve.shapes)."""
 
     async def run(self) -> str:
         g, live = self.g, self.relay.live
@@ -139,6 +142,8 @@ class _Fanout:
             for index, choice in enumerate(choices):
                 choice["index"] = index
             merged = {**(self.results[0] or {}), "choices": choices, "usage": self.usage}
+            if self.model is not None:
+                merged["model"] = self.model
             merged.pop("timings", None)
             await self._answer(200, merged)
         return "completed"
@@ -211,6 +216,8 @@ class _Fanout:
             if not choices:
                 continue  # the part's usage chunk: one summed usage chunk ends the stream
             self.envelope = self.envelope or {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+            if self.model is not None:
+                chunk["model"] = self.envelope["model"] = self.model
             for choice in choices:
                 choice["index"] = index
             if first:

@@ -19,6 +19,8 @@ counted and sent:
   chat ``response_format`` the converter passes on (``server_chat_convert_responses_to_chatcmpl``
   copies every other field of the body);
 - Messages ``tool_choice: {"type": "none"}`` (b11434 reads it as ``auto``) sends no tools;
+- Messages ``output_config.format`` (b11434 drops it) goes as a forced tool with its schema,
+  answered as text (:mod:`squad.serve.shapes`);
 - a call in the history whose arguments are not a JSON object (a reply cut by ``max_tokens``
   mid-call, which clients send back as they got it: LangChain's ``invalid_tool_calls``, LiteLLM's
   message dump) goes back with ``{}`` (:func:`repair_history`), as squad's own runtime sends it
@@ -34,8 +36,9 @@ from typing import Any
 
 from squad.runtime.tools import arguments_for_history
 from squad.serve.demand import Refused
+from squad.serve.shapes import OUTPUT_TOOL
 
-__all__ = ["force_chat", "force_responses", "force_messages", "repair_history"]
+__all__ = ["force_chat", "force_responses", "force_messages", "repair_history", "output_format"]
 
 
 def _named(tools: Any, name: str | None, name_of: Any, api: str) -> list[dict[str, Any]]:
@@ -98,8 +101,40 @@ def force_responses(body: dict[str, Any], prefix: str | None) -> dict[str, Any]:
     return out
 
 
+def output_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A Messages body's structured output format: ``output_config.format`` (or the beta's
+    top-level ``output_format``) of type ``json_schema``, else None."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else body.get("output_format")
+    return fmt if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+
+
+def _with_output_tool(body: dict[str, Any], fmt: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with its output format as the forced tool :data:`~squad.serve.shapes.OUTPUT_TOOL`
+    (offered beside the client's tools, unless its tool choice is ``none``), ``tool_choice: any``."""
+    out = dict(body)
+    config = out.pop("output_config", None)
+    rest = {k: v for k, v in config.items() if k != "format"} if isinstance(config, dict) else {}
+    if rest:
+        out["output_config"] = rest
+    out.pop("output_format", None)
+    choice, tools = body.get("tool_choice"), body.get("tools")
+    offered = [] if not isinstance(tools, list) or (isinstance(choice, dict) and choice.get("type") == "none") \
+        else tools
+    schema = fmt.get("schema") if isinstance(fmt.get("schema"), dict) else {"type": "object"}
+    out["tools"] = [*offered, {"name": OUTPUT_TOOL, "description": "Give your answer as this tool's input.",
+                               "input_schema": schema}]
+    out["tool_choice"] = {"type": "any"}
+    return out
+
+
 def force_messages(body: dict[str, Any], prefix: str | None) -> dict[str, Any]:
-    """A ``/v1/messages`` (Anthropic) body with its tool choice as b11434 honours it."""
+    """A ``/v1/messages`` (Anthropic) body with its tool choice and output format as b11434
+    honours them."""
+    fmt = output_format(body)
+    named = isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("type") == "tool"
+    if fmt is not None and not named:  # a named tool is the answer's shape already
+        body = _with_output_tool(body, fmt)
     choice, tools = body.get("tool_choice"), body.get("tools")
     if not tools or not isinstance(choice, dict):
         return body

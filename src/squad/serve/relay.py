@@ -23,6 +23,7 @@ from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
 from squad.serve.fanout import fan_out, split
 from squad.serve.http import OFF_LOOP_BYTES, Receive, Send, relayed, send_json
+from squad.serve.shapes import Asked, asked_of, mend_answer, stream_mender
 from squad.serve.status import Live
 from squad.serve.stream_start import ChatRole, FirstEvent, MessagesStart, ResponsesStart
 
@@ -45,6 +46,8 @@ class Relay:
         self.finished = self.disconnected = False
         self.prompt_tokens = 0
         """The prompt's tokens as squad counted them (0 until counted)."""
+        self.asked: Asked = asked_of(body, self.kind)
+        """What the client's own body says of its answer's shape (:mod:`squad.serve.shapes`)."""
 
     async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
         """Cancel the request when the client disconnects (queued, waiting or streaming)."""
@@ -80,6 +83,7 @@ class Relay:
         self.prompt_tokens = demand.prompt
         # exactly the reserved limit, in every field the engine reads it from: rewritten, never trusted
         self.body = api.write_limit(body, demand.max_tokens)
+        self.asked = asked_of(self.asked.body, self.kind, limit=demand.max_tokens, sent=self.body)
         sent = streamed_upstream(self.body, self.kind) if self.assembled else self.body
         # (assembled: streamed from the engine, so that llama-server stops it when the client leaves)
         content = (await anyio.to_thread.run_sync(_dumps, sent)) if self.big else _dumps(sent)
@@ -134,17 +138,24 @@ class Relay:
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             started = True
             start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
+            # the API's own fields (squad.serve.shapes)
+            shape = stream_mender(self.asked) if live.stream and response.status_code == 200 else None
             async for chunk in response.aiter_raw():
                 if first:
                     first = False
                     self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
                 if start is not None:
                     chunk = start.feed(chunk)
-                    if not chunk:
-                        continue
+                if shape is not None and chunk:
+                    chunk = shape.feed(chunk)
+                if not chunk:
+                    continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             ending.done()  # the engine's answer was read to its end: its task is over
-            await send({"type": "http.response.body", "body": start.end() if start is not None else b""})
+            tail = start.end() if start is not None else b""
+            if shape is not None:
+                tail = shape.feed(tail) + shape.end()
+            await send({"type": "http.response.body", "body": tail})
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
             if not started:
@@ -203,7 +214,12 @@ class Relay:
         status, body = got.answer()
         if not got.done and status == 200:
             status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
-        await send_json(send, status, body, [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())])
+        headers = [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
+        if status == 200:
+            body = mend_answer(self.asked, body)  # the API's own fields (squad.serve.shapes)
+            if self.asked.dropped:
+                headers.append((b"x-squad-dropped-tool-calls", str(self.asked.dropped).encode()))
+        await send_json(send, status, body, headers)
         if status != 200:
             self._emit(CallFailed, error=f"HTTP {status}", message=str(body)[:200], attempts=1)
             return "failed"
