@@ -77,7 +77,12 @@ def _agents_model(kind: str, base_url: str, key: str, timeout: float = 300):
     return cls(model="any", openai_client=client)
 
 
-@pytest.mark.parametrize("kind", ["responses", "chat"])
+INCOMPLETE = pytest.mark.xfail(strict=False, reason=(
+    "squad serve now ends a Responses answer cut at max_output_tokens with response.incomplete, as OpenAI does "
+    "(issue 28); the Agents SDK raises ModelBehaviorError on it, and this test's answers reach their cap"))
+
+
+@pytest.mark.parametrize("kind", [pytest.param("responses", marks=INCOMPLETE), "chat"])
 def test_openai_agents_sdk(served, kind):
     agents = pytest.importorskip("agents")
     from agents import Agent, ModelSettings, Runner, function_tool
@@ -303,7 +308,7 @@ PEERS = {"agents-responses": "agents", "agents-chat": "agents", "pydantic-ai": "
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("name", list(PEERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=INCOMPLETE) if n == "agents-responses" else n for n in PEERS])
 def test_eight_concurrent_runs_fail_directly_and_complete_through_serve(served, name):
     pytest.importorskip(PEERS[name])
     url, pid = served
