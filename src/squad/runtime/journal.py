@@ -329,6 +329,17 @@ class Resumable:
         self._keys[id(result)] = key
         return result
 
+    def _recorder(self, keys: Sequence[str], todo: Sequence[int], failing: Collection[Outcome],
+                  on_result: OnResult | None) -> OnResult:
+        """The ``on_result`` of the calls ``todo`` still sends: records each answer under its key (a non-answer
+        the caller fails on is done again), then tells ``on_result`` with the call's own index."""
+        def done(j: int, result: AgentResult) -> None:
+            if result.outcome not in failing:
+                self.journal.record(keys[todo[j]], result)
+            if on_result is not None:
+                on_result(todo[j], result)
+        return done
+
     async def parallel(self, calls: Iterable[tuple[str, str]], *, policy: Policy = "collect", check: bool = False,
                        fail_on: Collection[Outcome | str] = (), output_type: Any = None,
                        on_result: OnResult | None = None,
@@ -343,12 +354,7 @@ class Resumable:
             if r is not None:
                 self._said(r)
         if todo:
-            def done(j: int, result: AgentResult) -> None:
-                if result.outcome not in failing:  # a non-answer the caller fails on is done again
-                    self.journal.record(keys[todo[j]], result)
-                if on_result is not None:
-                    on_result(todo[j], result)
-
+            done = self._recorder(keys, todo, failing, on_result)
             fresh = await self.inner.parallel([pairs[i] for i in todo], policy=policy, check=check,
                                               fail_on=fail_on, output_type=output_type, on_result=done,
                                               shared=[shares[i] for i in todo])
@@ -372,12 +378,7 @@ class Resumable:
                 r.item = ids[i]
                 self._said(r)
         if todo:
-            def done(j: int, result: AgentResult) -> None:
-                if result.outcome not in failing:  # a non-answer the caller fails on is done again
-                    self.journal.record(keys[todo[j]], result)
-                if on_result is not None:
-                    on_result(todo[j], result)
-
+            done = self._recorder(keys, todo, failing, on_result)
             fresh = await self.inner.map(name, [prompts[i] for i in todo], max_concurrency=max_concurrency,
                                          fail_on=fail_on, output_type=output_type, item_ids=[ids[i] for i in todo],
                                          on_result=done, shared=[shares[i] for i in todo])
