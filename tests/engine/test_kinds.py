@@ -308,7 +308,7 @@ async def test_squad_serve_fronts_every_kind(fake, kind):
                             codes[i] = await ask(i)
                         tg.start_soon(one)
                 before = fe.count_requests
-                counted = await served.gateway.count({"prompt": "one two three four"}, "text")
+                counted = await served.gateway.count({"prompt": "one two three four"}, "completion")
                 health = await client.get("/health")
                 status = (await client.get("/squad/status")).json()
     assert codes == [200] * 6

@@ -170,7 +170,7 @@ async def test_a_queued_stream_starts_early_and_keeps_its_connection_alive(monke
                     while not (await lines.__anext__()).startswith("data: "):
                         pass
                     sdk = openai.AsyncOpenAI(base_url=served.base_url, api_key=served.api_key, max_retries=0,
-                                             timeout=httpx.Timeout(30, read=0.8))
+                                             timeout=openai.Timeout(30, read=0.8))  # httpx2 in newer SDKs
                     async with anyio.create_task_group() as tg:
                         got: list[str] = []
 
