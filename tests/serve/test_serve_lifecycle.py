@@ -278,7 +278,9 @@ async def test_a_dead_engine_is_restarted_queued_requests_wait_and_health_tells_
                     status = served.gateway.status()
     assert got["queued"][0] == 200, got["queued"]  # type: ignore[index]
     last = [x for x in got["lines"] if x.startswith("data: ")][-1]  # type: ignore[union-attr]
-    assert "error" in json.loads(last[6:]), got["lines"]
+    said_to_client = json.loads(last[6:])["error"]["message"]
+    assert "the engine exited while answering this request" in said_to_client, said_to_client  # not an httpx repr
+    assert "send the request again" in said_to_client and "Error(" not in said_to_client
     seen = [s for s in got["health"]]  # type: ignore[union-attr]
     assert (503, "restarting") in seen and seen[-1] == (200, "ok"), seen
     assert all(code == 503 for code, state in seen if state in ("restarting", "down")), seen
@@ -495,3 +497,34 @@ async def test_a_restart_that_fails_with_an_os_error_counts_as_a_failed_restart_
     assert session.attempts == 1 and keeper.gave_up and len(given_up) == 1
     assert "File exists" in keeper.restarts[0]["error"] and "File exists" in given_up[0], keeper.restarts
     assert any("the restart failed" in line and "/state/logs" in line for line in said), said
+
+
+async def test_a_stream_the_dead_engine_cut_ends_saying_the_engine_exited():
+    """The engine dies mid-stream: the stream's last event is the API's error event saying the engine exited and
+    to send the request again (not an httpx exception's repr). Each API's own error event: ending.error_event, in
+    test_error_shapes_per_api."""
+    path, body = "/v1/chat/completions", {"max_tokens": 2000, "stream": True,
+                                          "messages": [{"role": "user", "content": "hi"}]}
+    from squad.engine.session import EngineSession
+
+    async with FakeEngine(slots=1, n_ctx=4096, token_delay=0.05) as fe:
+        async with EngineSession(fe.info) as session:
+            launcher = DyingLauncher(fe)
+            session.launcher = launcher
+            async with serving(session, port=0) as served:
+                headers = {"Authorization": f"Bearer {served.api_key}", "anthropic-version": "2023-06-01"}
+                async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
+                    lines: list[str] = []
+                    async with anyio.create_task_group() as tg:
+                        async def stream() -> None:
+                            async with client.stream("POST", path, json=body) as r:
+                                async for line in r.aiter_lines():
+                                    lines.append(line)
+                        tg.start_soon(stream)
+                        with anyio.fail_after(30):
+                            while sum(x.startswith("data: ") for x in lines) < 3:
+                                await anyio.sleep(0.02)
+                        await launcher.kill()
+    events = [x for x in lines if x]
+    message = json.loads(events[-1][6:])["error"]["message"]
+    assert "the engine exited while answering this request" in message and "send the request again" in message

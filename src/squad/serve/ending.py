@@ -16,7 +16,7 @@ from typing import Any
 from squad.serve.demand import error_body
 from squad.serve.http import Send, send_json
 
-__all__ = ["refusal", "error_event", "end_request"]
+__all__ = ["refusal", "error_event", "end_request", "broken_off"]
 
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
@@ -27,6 +27,17 @@ def refusal(kind: str, status: int, message: str) -> dict[str, Any]:
     if kind == "messages":
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     return error_body(status, message, "unavailable_error" if status == 503 else "server_error")
+
+
+async def broken_off(host: Any, exc: BaseException) -> str:
+    """What a client is told when the engine's answer to its request broke off (``exc``, an httpx error): that the
+    engine exited (squad serve restarts it, :mod:`squad.serve.keeper`) when its process ended, else that the
+    connection broke; both say to send the request again. ``host``: the gateway (its ``engine_exited``)."""
+    if await host.engine_exited():
+        return ("the engine exited while answering this request; squad serve restarts it with the same plan "
+                "(/health tells when it is up): send the request again")
+    return (f"the engine broke off this answer ({type(exc).__name__}: {str(exc) or 'connection closed'}); "
+            "send the request again")
 
 
 def error_event(kind: str, status: int, message: str) -> bytes:

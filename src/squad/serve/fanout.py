@@ -26,6 +26,7 @@ from squad.events import Origin
 from squad.serve import apis
 from squad.serve.assemble import STREAMABLE_PATHS, Assembly, data_of, streamed_upstream
 from squad.serve.demand import Kind, Refused, completions, error_body
+from squad.serve.ending import broken_off
 from squad.serve.stream_start import add_role
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ class _Fanout:
                             else:
                                 self._keep(index, body)
                     except httpx.HTTPError as exc:
-                        self._fail(502, error_body(502, f"the engine broke off: {exc!r}", "server_error"), scope)
+                        self._fail(502, error_body(502, await broken_off(self.g, exc), "server_error"), scope)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await response.aclose()

@@ -60,6 +60,10 @@ class RelayHost(Counting, Protocol):
         """After a connection to the engine failed: True when the engine had died and was restarted (send again)."""
         ...
 
+    async def engine_exited(self) -> bool:
+        """After an answer broke off: True when the engine's process had exited (squad serve restarts it)."""
+        ...
+
     def until_engine_free(self, held: Reservation) -> AbstractAsyncContextManager[Ending]:
         """Wraps the engine round trip of an admitted request; releases ``held`` when the engine's slot is free."""
         ...

@@ -21,6 +21,7 @@ from squad.serve import apis
 from squad.serve.assemble import STREAMABLE_PATHS, assembly_for, streamed_upstream
 from squad.serve.demand import Kind, Refused, error_body
 from squad.serve.early import EarlyStart
+from squad.serve.ending import broken_off, error_event
 from squad.serve.fanout import fan_out, split
 from squad.serve.http import OFF_LOOP_BYTES, Receive, Send, relayed, send_json
 from squad.serve.shapes import Asked, asked_of, mend_answer, stream_mender
@@ -158,12 +159,12 @@ class Relay:
             await send({"type": "http.response.body", "body": tail})
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
+            why = await broken_off(self.g, exc)
             if not started:
-                await send_json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
-            else:
-                frame = json.dumps(error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                await send_json(send, 502, error_body(502, why, "server_error"))
+            else:  # the stream's end, in its API's own shape (squad.serve.ending)
                 await send({"type": "http.response.body",
-                            "body": f"data: {frame}\n\n".encode() if live.stream else b""})
+                            "body": error_event(self.kind, 502, why) if live.stream else b""})
             return "failed"
         finally:
             with anyio.CancelScope(shield=True):
@@ -206,7 +207,7 @@ class Relay:
                 ending.done()  # read to its end: the engine's task is over
             except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
                 self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
-                await send_json(send, 502, error_body(502, f"the engine broke off: {exc!r}", "server_error"))
+                await send_json(send, 502, error_body(502, await broken_off(self.g, exc), "server_error"))
                 return "failed"
         finally:
             with anyio.CancelScope(shield=True):
