@@ -528,3 +528,60 @@ async def test_a_stream_the_dead_engine_cut_ends_saying_the_engine_exited():
     events = [x for x in lines if x]
     message = json.loads(events[-1][6:])["error"]["message"]
     assert "the engine exited while answering this request" in message and "send the request again" in message
+
+
+async def test_a_live_engine_that_stops_answering_is_killed_and_restarted(monkeypatch):
+    """An engine whose process lives but does not answer /health (SIGSTOP, hung) is killed with SIGKILL after
+    ``hung_after`` seconds and restarted; the restart row and the log say why; an engine that answers is never
+    touched, however long it runs."""
+    import signal as signals
+
+    from squad.serve import keeper as keeping
+    from squad.serve.keeper import EngineKeeper
+
+    class Launcher:
+        pid, running = 4242, True
+
+    class Session:
+        launcher, admission = Launcher(), None
+        restarted = 0
+
+        def exited(self):
+            return None if Launcher.running else "engine exited (signal 9 SIGKILL)"
+
+        async def restart(self):
+            self.restarted += 1
+            Launcher.running = True
+            return type("Info", (), {"base_url": "http://127.0.0.1:1", "slots": 1, "pool": 100})()
+
+    killed: list[tuple[int, int]] = []
+
+    def kill(pid: int, sig: int) -> None:
+        killed.append((pid, sig))
+        Launcher.running = False
+
+    monkeypatch.setattr(keeping.os, "kill", kill)
+    answers = {"now": True}
+
+    async def probe() -> bool:
+        if not answers["now"]:
+            await anyio.sleep(1)  # a stopped engine: the probe's own timeout ends it
+        return answers["now"]
+
+    said: list[str] = []
+    session = Session()
+    keeper = EngineKeeper(session, probe=probe, probe_every=0.05, hung_after=0.3, log=said.append)  # type: ignore
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await anyio.sleep(0.6)  # it answers: nothing happens
+        assert killed == [] and keeper.up
+        answers["now"] = False
+        with anyio.fail_after(10):
+            while not keeper.restarts or not keeper.up:
+                await anyio.sleep(0.02)
+        answers["now"] = True
+        await anyio.sleep(0.3)
+        tg.cancel_scope.cancel()
+    assert killed == [(4242, signals.SIGKILL)] and session.restarted == 1
+    assert "killed by squad serve: it did not answer /health" in keeper.restarts[0]["why"], keeper.restarts
+    assert any("has not answered /health" in line and "killing it to restart it" in line for line in said), said

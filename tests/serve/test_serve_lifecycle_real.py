@@ -12,6 +12,7 @@ The same against the fake engine, in process: tests/serve/test_serve_lifecycle.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -264,3 +265,30 @@ def test_a_killed_engine_is_restarted_queued_requests_complete_and_a_crash_loop_
     said = log.read_text()
     assert "the engine died 2 times within 600 s" in said and "gave up" in said, said
     assert wait_gone(second) and not list((state / "engines").glob("*.json"))
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_engine_is_killed_and_restarted(tmp_path, llama_server_path, default_model_path):
+    """SIGSTOP of the engine (its process lives, it answers nothing): after ``--hung-after`` seconds squad serve kills
+    and restarts it, says why in its log and /squad/status, and serves again."""
+    state = tmp_path / "state"
+    with serve(state, llama_server_path, default_model_path, "--hung-after", "6") as (proc, url, log):
+        first = engine_pid(state)
+        os.kill(first, signal.SIGSTOP)
+        try:
+            for _ in range(1200):  # at most ~240 s
+                status = httpx.get(url + "/squad/status", headers=headers(), timeout=10).json()
+                if status["engine"]["restarts"] and status["engine"]["state"] == "up":
+                    break
+                time.sleep(0.2)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first, signal.SIGCONT)
+        assert wait_gone(first)
+        (row,) = status["engine"]["restarts"]
+        assert row["ok"] and "killed by squad serve: it did not answer /health" in row["why"], row
+        r = httpx.post(url + "/v1/chat/completions", headers=headers(), timeout=300,
+                       json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        said = log.read_text()
+        assert "has not answered /health" in said and "killing it to restart it" in said, said

@@ -70,6 +70,10 @@ def serve_command(
         "--max-restarts", min=0,
         help="Restarts of a launched engine that died, within 10 minutes, before squad serve gives up and exits 1 "
              "(0: never restart).")] = 3,
+    hung_after: Annotated[float, typer.Option(
+        "--hung-after", min=1.0,
+        help="Seconds a launched engine whose process lives may go without answering /health (stopped, hung) "
+             "before squad serve kills and restarts it.")] = 60.0,
 ) -> None:
     """Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models),
     the Anthropic Messages API (/v1/messages) and /v1/embeddings in front of llama-server, admitting every request
@@ -121,7 +125,8 @@ def serve_command(
                 async with serving(spec, sock=sock, api_key=api_key, default_max_tokens=default_max_tokens,
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
                                    cors_origins=tuple(cors_origin or ()), client_keys=keys,
-                                   max_restarts=max_restarts, max_body=round(max_body * 2**20)) as served:
+                                   max_restarts=max_restarts, max_body=round(max_body * 2**20),
+                                   hung_after=hung_after) as served:
                     running.append(served)
                     await show(served, loading)
             tg.cancel_scope.cancel()

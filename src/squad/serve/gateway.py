@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -284,6 +285,19 @@ class Gateway:
         restarted it (the request may be sent again), False otherwise (:meth:`EngineKeeper.gone`)."""
         return self.keeper is not None and await self.keeper.gone()
 
+    async def engine_answers(self) -> bool:
+        """Whether the engine answers ``GET /health`` at all (any status, ``Loading model`` included) within
+        :data:`HEALTH_TIMEOUT_S`: the keeper's probe for an engine that is stopped or hung
+        (:class:`~squad.serve.keeper.EngineKeeper`). A refused connection counts as an answer: the process watch
+        handles an engine that exited."""
+        try:
+            await self.upstream.get("/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.TimeoutException:
+            return False
+        except httpx.HTTPError:
+            return True
+        return True
+
     async def engine_exited(self, settle: float = 0.5) -> bool:
         """Whether the engine squad serve launched has exited (its process ended within ``settle`` seconds of a
         broken answer; a process whose socket closed first takes a moment to end), or restarts already. False for
@@ -352,6 +366,7 @@ class Gateway:
             state, detail = self.engine_state()
             if state != "up":  # the engine restarts, is down, or squad serve stops (squad.serve.keeper)
                 what = "Loading model: " if state == "restarting" else ""
+                detail = re.sub(r",? log: \S+", "", detail)  # /health takes no key: no file paths (the log has them)
                 await send_json(tagged, 503, {"status": state, **error_body(503, what + detail,
                                                                             "unavailable_error")})
                 return

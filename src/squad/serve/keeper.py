@@ -10,6 +10,10 @@ request saw the engine gone, :meth:`EngineKeeper.check`). When it has exited by 
    in serve's log;
 3. resumes admission: the queued requests go to the new engine.
 
+An engine whose process lives but does not answer (stopped with SIGSTOP, hung) is found by ``probe`` (a ``GET
+/health`` with a timeout, every :data:`PROBE_S` seconds): when it has not answered for :data:`HUNG_AFTER_S` seconds
+the keeper kills it (``SIGKILL``, which also ends a stopped process) and restarts it as above, saying why.
+
 ``state`` is what ``/health``, ``/squad/status`` and ``--watch`` show: ``up``, ``restarting`` (503 on ``/health``),
 ``down`` (503: it died and squad serve gave up). A crash loop is bounded: more than ``max_restarts`` deaths within
 ``window`` seconds (a restart that fails to start counts as one) and the keeper gives up: ``state`` is ``down`` for
@@ -19,8 +23,11 @@ requests it holds with it, and exits 1).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -30,7 +37,7 @@ from squad.errors import EngineError, SquadError
 if TYPE_CHECKING:
     from squad.engine.session import EngineSession
 
-__all__ = ["EngineKeeper", "EngineState", "MAX_RESTARTS", "RESTART_WINDOW_S", "POLL_S"]
+__all__ = ["EngineKeeper", "EngineState", "MAX_RESTARTS", "RESTART_WINDOW_S", "POLL_S", "PROBE_S", "HUNG_AFTER_S"]
 
 EngineState = Literal["up", "restarting", "down"]
 
@@ -40,6 +47,12 @@ RESTART_WINDOW_S = 600.0
 """Seconds over which deaths count towards :data:`MAX_RESTARTS`."""
 POLL_S = 0.25
 """Seconds between two looks at the engine's process (``Popen.poll``: no system call beyond ``waitpid``)."""
+PROBE_S = 10.0
+"""Seconds between two ``probe`` calls (each may take up to this long: a probe that does not answer in time fails)."""
+HUNG_AFTER_S = 60.0
+"""Seconds an engine whose process lives may go without answering ``/health`` before it is killed and restarted.
+llama-server answers ``/health`` on its HTTP threads, not between tokens, so a busy engine answers at once; a
+loaded machine delays that by milliseconds, not a minute."""
 
 
 class EngineKeeper:
@@ -50,13 +63,16 @@ class EngineKeeper:
     def __init__(self, session: EngineSession, *, max_restarts: int = MAX_RESTARTS,
                  window: float = RESTART_WINDOW_S, log: Callable[[str], None] | None = None,
                  on_give_up: Callable[[EngineError], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, probe: Callable[[], Awaitable[bool]] | None = None,
+                 probe_every: float = PROBE_S, hung_after: float = HUNG_AFTER_S) -> None:
         self.session = session
         self.max_restarts = max_restarts
         self.window = window
         self.state: EngineState = "up"
         self.detail = ""
         """Why the engine is not up (its exit, the restart under way, why squad serve gave up)."""
+        self.hung = ""
+        """Why the keeper killed a live engine (it stopped answering), until its restart says so."""
         self.restarts: list[dict[str, Any]] = []
         """One row per death: ``at`` (Unix time), ``why``, ``ok`` (the restart succeeded), ``took_s``, ``error``."""
         self._log = log or (lambda line: None)
@@ -65,6 +81,7 @@ class EngineKeeper:
         self._up.set()
         self._wake = anyio.Event()
         self._clock = clock
+        self._probe, self.probe_every, self.hung_after = probe, probe_every, hung_after
 
     @property
     def up(self) -> bool:
@@ -107,6 +124,39 @@ class EngineKeeper:
 
     async def run(self) -> None:
         """Watch the engine until cancelled, or until it gave up (returns then)."""
+        async with anyio.create_task_group() as tg:
+            if self._probe is not None:
+                tg.start_soon(self._watch_answers)
+            await self._watch_process()
+            tg.cancel_scope.cancel()
+
+    async def _watch_answers(self) -> None:
+        """Kill an engine whose process lives but has not answered ``probe`` for ``hung_after`` seconds (module
+        docstring); :meth:`_watch_process` then restarts it."""
+        assert self._probe is not None
+        silent = 0.0
+        while True:
+            started = time.monotonic()
+            launcher = self.session.launcher
+            if not self.up or launcher is None or not launcher.running:
+                silent = 0.0
+            else:
+                answered = False
+                with anyio.move_on_after(self.probe_every):
+                    answered = await self._probe()
+                silent = 0.0 if answered else silent + max(time.monotonic() - started, self.probe_every)
+                pid = launcher.pid
+                if silent >= self.hung_after and pid is not None and self.up and launcher.running:
+                    self._log(f"squad serve: the engine (pid {pid}) has not answered /health for {silent:.0f} s "
+                              "(stopped or hung): killing it to restart it")
+                    self.hung = f"did not answer /health for {silent:.0f} s"
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    self.check()
+                    silent = 0.0
+            await anyio.sleep(max(0.0, self.probe_every - (time.monotonic() - started)))
+
+    async def _watch_process(self) -> None:
         while True:
             with anyio.move_on_after(POLL_S):
                 await self._wake.wait()
@@ -114,6 +164,8 @@ class EngineKeeper:
             why = self.session.exited()  # reports engine.exited, once per process
             if why is None:
                 continue
+            if self.hung:  # killed by _watch_answers: say why it was killed
+                why, self.hung = f"{why} (killed by squad serve: it {self.hung})", ""
             if not await self._restart(why):
                 return
 

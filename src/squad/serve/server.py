@@ -25,7 +25,7 @@ from squad.errors import EngineError, UserError
 from squad.events import EventSink
 from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
 from squad.serve.http import BODY_TIMEOUT, MAX_BODY
-from squad.serve.keeper import MAX_RESTARTS, RESTART_WINDOW_S, EngineKeeper
+from squad.serve.keeper import HUNG_AFTER_S, MAX_RESTARTS, PROBE_S, RESTART_WINDOW_S, EngineKeeper
 from squad.serve.replan import Replanner
 
 if TYPE_CHECKING:
@@ -101,7 +101,8 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
                   log: Callable[[str], None] | None = None, sock: socket.socket | None = None,
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   max_restarts: int = MAX_RESTARTS, restart_window: float = RESTART_WINDOW_S,
-                  max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT) -> AsyncIterator[Served]:
+                  max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
+                  hung_after: float = HUNG_AFTER_S) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
@@ -110,7 +111,8 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
     (:mod:`squad.serve.cors`). ``client_keys``: more keys by client name (a request with one is
     counted under that name). ``max_body``: bytes a request body may have (413 beyond);
     ``body_timeout``: seconds it may take to arrive (408 after). ``max_restarts`` deaths of a launched engine
-    within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve.
+    within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve. One
+    that lives but has not answered ``/health`` for ``hung_after`` seconds is killed and restarted.
     Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
     (the engine could not be kept up) and the session's errors.
     """
@@ -138,7 +140,9 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
             served = Served(url=url, api_key=gateway.api_key, gateway=gateway, session=session, replanner=replanner)
             if session.launcher is not None and session.restart_on_death:
                 gateway.keeper = EngineKeeper(session, max_restarts=max_restarts, window=restart_window, log=log,
-                                              on_give_up=lambda error: served.stop(str(error), failure=error))
+                                              on_give_up=lambda error: served.stop(str(error), failure=error),
+                                              probe=gateway.engine_answers, hung_after=hung_after,
+                                              probe_every=min(PROBE_S, hung_after / 3))
             async with anyio.create_task_group() as tg:
                 async def run_server() -> None:
                     await server.serve(sockets=[sock])
