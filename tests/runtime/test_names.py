@@ -112,6 +112,20 @@ def test_a_joiner_where_no_script_joins_is_refused_naming_it(name):
         Agent.build(name=name)
 
 
+def test_two_agents_that_differ_only_in_an_invisible_joiner_are_refused():
+    with pytest.raises(UserError, match="differ only in case or in invisible joiners"):
+        check_squad([Agent(name="می\u200cخواهم"), Agent(name="میخواهم")])
+
+
+def test_a_joiner_name_after_a_dot_in_a_template_says_to_use_brackets():
+    from squad.errors import RecipeError
+    from squad.templates import render_template
+
+    with pytest.raises(RecipeError, match=r"zero-width joiner .* write it in brackets, params\["):
+        render_template("{{ params.می\u200cخواهم }}", {"params": {"می\u200cخواهم": "x"}})
+    assert render_template('{{ params["می\u200cخواهم"] }}', {"params": {"می\u200cخواهم": "x"}}) == "x"
+
+
 @FAST
 @given(st.data())
 def test_a_joiner_is_a_name_character_exactly_where_unicodes_identifier_rules_allow_it(data):
