@@ -9,6 +9,7 @@ requests it was sent. The real engine's proof is ``tests/engine/test_resume_real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -202,9 +203,11 @@ def test_a_call_key_is_its_inputs(a, b):
     assert call_key(*a, {"type": "object"}) != call_key(*a)
 
 
-def test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_rest(review, engine, state, capsys,
-                                                                                  tmp_path):
-    """``squad run`` (a process) is stopped by SIGTERM while the review runs; ``squad run --resume``
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_squad_run_stopped_by_a_signal_is_resumed_by_the_cli_sending_only_the_rest(review, engine, state, capsys,
+                                                                                   tmp_path, sig):
+    """``squad run`` (a process) is stopped by SIGTERM, or killed by SIGKILL (no handler runs, the journal's last
+    line may be torn, the lock is the kernel's to drop), while the review's map runs; ``squad run --resume``
     sends only the calls its journal does not hold and says which it did not send."""
     engine.token_delay = 0.05  # long enough to stop it mid-run
     env = {**os.environ, "SQUAD_STATE_DIR": str(state), "PYTHONPATH": str(ROOT / "src")}
@@ -223,14 +226,19 @@ def test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_res
             time.sleep(0.05)
         else:
             pytest.fail("the run recorded no 2 calls in 120 s")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err.decode()
-    assert b"--resume" in err, err.decode()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left in its group (nothing, if all is well)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, err.decode()
+        assert b"--resume" in err, err.decode()
+    else:
+        assert proc.returncode == -signal.SIGKILL
     recorded = calls_of(found[0])
     total = 3 * 5 + 1
     engine.requests.clear()
