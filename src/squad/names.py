@@ -130,20 +130,15 @@ def check_name(name: object, what: str = "name") -> str:
 
 def scan_name(text: str, start: int) -> int:
     """The end of the name token that starts at ``text[start]``: the longest run of name
-    characters (a joiner where :func:`joiner_fits`, in the token), without trailing ``-``; ``start`` itself when
-    there is none. The token may still not be a valid name (``@2nd``): the caller compares it with the known
-    names."""
+    characters and, after its first, zero-width joiners (wherever they stand: a mention is
+    compared by what it shows, :func:`name_key` drops them, so ``@리뷰어`` with a stray joiner
+    inside still reads as ``@리뷰어`` and ``@리뷰어`` + joiner + ``님`` as ``@리뷰어님``), without
+    trailing ``-``; ``start`` itself when there is none. The token may still not be a valid name
+    (``@2nd``): the caller compares it with the known names."""
     end = start
     n = len(text)
-    while end < n and (is_name_char(text[end]) or (end > start and text[end] in _JOINERS and _fits_in(text, start,
-                                                                                                      end))):
+    while end < n and (is_name_char(text[end]) or (end > start and text[end] in _JOINERS)):
         end += 1
     while end > start and text[end - 1] == "-":
         end -= 1
     return end
-
-
-def _fits_in(text: str, start: int, at: int) -> bool:
-    """:func:`joiner_fits` for the joiner at ``text[at]`` of a token that starts at ``start`` (what is before the
-    token is not part of its context; a joiner's context after it is at most a name long)."""
-    return joiner_fits(text[start:at + MAX_NAME + 1], at - start)

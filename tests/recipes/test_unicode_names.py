@@ -192,7 +192,7 @@ def test_no_python_repr_ever_reaches_a_prompt(value, template):
     if isinstance(value, (list, tuple, dict)):
         json.loads(body)  # the container's text is JSON
         assert "'" not in out.replace(json.dumps(value, ensure_ascii=False, default=str), "") or "'" in str(value)
-    if value is None or isinstance(value, bool):
+    if (value is None or isinstance(value, bool)) and "'k'" not in template:
         assert body == json.dumps(value)  # true, false, null: as YAML and JSON write them
     if not _has_text(value):
         assert not any(word in out for word in ("True", "False", "None"))

@@ -112,6 +112,17 @@ def test_a_joiner_where_no_script_joins_is_refused_naming_it(name):
         Agent.build(name=name)
 
 
+@pytest.mark.parametrize("text, agents, unknown", [
+    ("@리\u200c뷰어 봐 주세요", ["리뷰어"], []),  # a stray joiner inside: it shows @리뷰어
+    ("@리뷰어\u200c님 봐 주세요", [], ["리뷰어\u200c님"]),  # it shows @리뷰어님: the suffix is refused, as without it
+    ("@بررسیکننده ببین", ["بررسی\u200cکننده"], []),  # typed without the joiner: the same name
+    ("@بررسی\u200c ببین", ["بررسی"], []),
+])
+def test_a_mention_reads_as_it_shows_whatever_joiners_it_hides(text, agents, unknown):
+    parsed = parse_mentions(text, ["리뷰어", "بررسی\u200cکننده", "بررسی"])
+    assert parsed.agents == agents and [u.name for u in parsed.unknown] == unknown
+
+
 def test_two_agents_that_differ_only_in_an_invisible_joiner_are_refused():
     with pytest.raises(UserError, match="differ only in case or in invisible joiners"):
         check_squad([Agent(name="می\u200cخواهم"), Agent(name="میخواهم")])
