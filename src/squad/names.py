@@ -28,7 +28,8 @@ import unicodedata
 
 from idna import valid_contextj
 
-__all__ = ["MAX_NAME", "NAME_RULE", "is_name_char", "is_name_start", "joiner_fits", "first_bad_char", "name_problem", "check_name", "normalize",
+__all__ = ["MAX_NAME", "NAME_RULE", "is_name_char", "is_name_start", "joiner_fits", "first_bad_char",
+           "name_problem", "check_name", "normalize",
            "name_key", "scan_name", "describe_char"]
 
 MAX_NAME = 64

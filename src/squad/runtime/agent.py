@@ -221,7 +221,8 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
         if agent.name in by_name:
             raise UserError(f"two agents are named {agent.name!r}: names must be unique")
         if (other := by_key.get(name_key(agent.name))) is not None:
-            how = "in case" if other.casefold() == agent.name.casefold() else "in case or in invisible joiners (U+200C, U+200D)"
+            how = "in case" if other.casefold() == agent.name.casefold() else \
+                "in case or in invisible joiners (U+200C, U+200D)"
             raise UserError(f"agents {other!r} and {agent.name!r} differ only {how}, so they cannot both be "
                             "@mentioned (a mention ignores both): rename one")
         by_name[agent.name], by_key[name_key(agent.name)] = agent, agent.name

@@ -1,8 +1,9 @@
 """What may reach a prompt from a template: data (text, numbers, lists and mappings of them),
 never a Python object's repr (a macro not called, a generator, jinja's ``loop``). A list or
 mapping reaches it as JSON (:func:`as_text`: ``{{ params }}`` is ``{"문서": "..."}``, never
-``{'문서': '...'}``), and so do ``true``, ``false`` and ``null`` (``{{ params.strict }}`` is ``true``, as the
-recipe's YAML and the answers' JSON write it, never Python's ``True`` or ``None``), wherever a template turns a value into text: ``{{ ... }}``, ``~``, ``%``,
+``{'문서': '...'}``), and so do ``true``, ``false`` and ``null`` (``{{ params.strict }}`` is
+``true``, as the recipe's YAML and the answers' JSON write it, never Python's ``True`` or
+``None``), wherever a template turns a value into text: ``{{ ... }}``, ``~``, ``%``,
 ``.format()``, ``join`` and the filters that print their input."""
 
 from __future__ import annotations
