@@ -1,7 +1,7 @@
 """The main job, side by side: ``squad run recipes/review.yaml -p code=@FILE`` on a real source file of hundreds of
 lines, with prefix sharing on (``shared_input: prefix``, the default) and off, and (``--baseline``) the same job
 written the way users write it today: the openai SDK with ``asyncio.gather`` against llama-server started with its
-own defaults (only ``-m``).
+own defaults (only ``-m``, and ``--metrics`` to read its counts).
 
 Each way runs on its own fresh engine (squad's: the recipe's own plan, launched as ``squad run`` launches it, so the
 sharing way has its ``--slot-save-path``), the file from the packages installed on this machine (default: the
@@ -121,7 +121,7 @@ async def squad_way(code: str, way: str) -> dict[str, Any]:
     results = [r for _, r in run.results]
     return {
         "way": f"squad, shared_input: {way}" + (" (default)" if way == "prefix" else ""),
-        "engine": f"squad's plan: {plan.slots} slots, ctx {plan.ctx}",
+        "engine": f"squad's plan: {plan.slots} slots, ctx {plan.n_ctx}",
         "processed": after - before, "prompt_tokens": sum(r.usage.prompt_tokens for r in results if r.usage),
         "wall": wall, "calls": len(bodies), "failures": len(run.errors),
         "as_asked": sorted(sent) == sorted(asked) and not any("tools" in b for b in bodies),
@@ -138,7 +138,7 @@ async def baseline_way(code: str) -> dict[str, Any]:
     recipe = load(code, "off")
     variables = {"params": recipe.params}
     review = recipe.flow[0]
-    async with hand_engine(DEFAULTS_ARGS) as eng:
+    async with hand_engine([*DEFAULTS_ARGS, "--metrics"]) as eng:  # --metrics: only to read its counts
         client = AsyncOpenAI(base_url=eng.base_url + "/v1", api_key=eng.api_key, max_retries=0, timeout=3600)
         before = await engine_processed(eng.base_url, eng.api_key)
         start = time.monotonic()
@@ -187,10 +187,11 @@ async def main(argv: list[str]) -> str:
     rows: list[dict[str, Any]] = []
     for way in WAYS:
         rows.append(await squad_way(code, way))
-        print(f"{way}: processed {rows[-1]['processed']:.0f}, wall {rows[-1]['wall']:.1f} s", file=sys.stderr,
-              flush=True)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("sent", "asked", "reviewers")}),
+              file=sys.stderr, flush=True)
     if args.baseline:
         rows.append(await baseline_way(code))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     off, on = rows[0], rows[1]
     table = md_table(
         ["way", "engine", "engine-processed prompt tokens", "prompt tokens of the calls", "wall s", "calls",
