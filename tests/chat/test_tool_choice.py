@@ -293,3 +293,22 @@ def test_family_call_openers(marker, prefix) -> None:
     from squad.engine.chat_templates import call_prefix
 
     assert call_prefix("{{ '" + marker + "' }}") == prefix
+
+
+def test_squad_plan_says_a_named_tool_choice_narrows_the_first_round(tmp_path, capsys, monkeypatch):
+    """The one place squad offers other tool definitions than the agent's (I2) is shown by ``squad plan``."""
+    import json as _json
+
+    from cli_support import squad
+
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_path / "tc.yaml"
+    path.write_text("name: tc\nagents:\n  lead: {budget: 1024, max_tokens: 32, agents: [helper], "
+                    "tool_choice: ask_helper}\n  helper: {budget: 512, max_tokens: 32}\nmain: lead\nflow:\n"
+                    "  - prompt: hi\n")
+    code, out, err = squad(capsys, "plan", path, "--json")
+    assert code == 0, err
+    said = _json.loads(out)["tool_choice"]
+    assert len(said) == 1 and said[0].startswith("agent 'lead' (tool_choice: ask_helper): the first round")
+    code, out, err = squad(capsys, "plan", path)
+    assert code == 0 and "offers only the tool ask_helper" in " ".join(out.split()), out

@@ -145,3 +145,39 @@ async def test_a_recipe_passes_a_cut_in_thinking_on_marked_or_fails_as_non_answe
     with pytest.raises(ReasoningBudgetExhausted, match="while thinking"):
         await run_recipe(load_recipe(path), engine=engine)
     assert len(sent) == 1  # the report step never ran
+
+
+@pytest.mark.timeout(300)
+async def test_a_budget_for_the_built_in_model_that_does_not_think_is_warned_once(llama_server_path,
+                                                                                  default_model_path, sent,
+                                                                                  tmp_path):
+    """SmolLM2 (the built-in model) does not think: the engine's own chat template (``/props``) says so, and a
+    run whose agents have thinking budgets gets one warning naming the model; the budget is sent as asked. The
+    Qwen3.5 stand-in, which thinks, gets none (the engine fixture above)."""
+    from squad.events import EngineWarning
+
+    plan = plan_engine(EngineSpec(model=str(default_model_path), slots=1, ctx=1024), None)
+    events: list = []
+    agents = [Agent(name="a", instructions="Answer.", max_tokens=4, thinking_budget=2, sampling=SEED),
+              Agent(name="b", instructions="Answer.", max_tokens=4, thinking_budget=1, sampling=SEED)]
+    async with Launcher(plan, binary=llama_server_path, threads=THREADS, log_dir=tmp_path / "logs") as launched:
+        assert launched.info is not None and launched.info.chat_template  # what the engine applies
+        async with Squad(agents, engine=launched.info, on_event=events.append) as sq:
+            await sq.run_agent("a", PROMPT)
+            await sq.run_agent("b", PROMPT)
+    said = [e.warning for e in events if isinstance(e, EngineWarning) and "thinking_budget" in e.warning]
+    assert len(said) == 1 and said[0].startswith("agent 'a': thinking_budget 2 has no effect")
+    assert "SmolLM2" in said[0] and "does not think" in said[0]
+    assert [b["extra_body"].get(THINKING_BUDGET_FIELD) for b in sent] == [2, 1]
+
+
+@pytest.mark.timeout(300)
+async def test_a_model_that_thinks_gets_no_such_warning(engine, sent):
+    from squad.events import EngineWarning
+
+    events: list = []
+    agent = Agent(name="capped", instructions="Think.", max_tokens=8, thinking_budget=2, sampling=SEED)
+    async with Squad([agent], engine=engine, on_event=events.append) as sq:
+        await sq.run_agent("capped", PROMPT)
+    assert not [e for e in events if isinstance(e, EngineWarning) and "thinking_budget" in e.warning]
+    assert sent[0]["extra_body"][THINKING_BUDGET_FIELD] == 2

@@ -34,7 +34,8 @@ HELPERS = {
     "int_param.yaml": "valid; a bad -p value is the error (test_recipe_errors.py)",
     "missing_param.yaml": "valid at validate; missing at run (test_recipe_errors.py)",
     "budget_too_big.yaml": "needs the model file on disk (test_recipe_errors.py)",
-    "unicode_names_ok.yaml": "valid: Korean, Japanese and Hindi names, a parameter named items (test_unicode_names.py)",
+    "unicode_names_ok.yaml": "valid: Korean, Japanese, Hindi and Persian names (joiners where Unicode "
+                             "allows them), a parameter named items (test_unicode_names.py)",
 }
 """Files in the folder that are not broken recipes on their own, and why."""
 
@@ -233,7 +234,11 @@ CORPUS = [
      "step id '요약.1' is not a name: '.' (U+002E FULL STOP) is not allowed"),
     ('unicode_param_space.yaml', 3, 'params',
      "parameter name '문 서' is not a name: ' ' (U+0020 SPACE) is not allowed"),
-    ('unicode_name_zero_width.yaml', 1, 'name', "'\\u200d' (U+200D ZERO WIDTH JOINER) is not allowed"),
+    ('unicode_name_zero_width.yaml', 1, 'name',
+     "'\\u200d' (U+200D ZERO WIDTH JOINER) is allowed in a name only after a virama"),
+    ('unicode_joiner_after_alef.yaml', 3, 'agents.ها\u200cی',
+     "'\\u200c' (U+200C ZERO WIDTH NON-JOINER) is allowed in a name only after a virama (Hindi क्\u200dष) or "
+     "between two letters that join across it"),
     ('unicode_mention_suffix.yaml', 7, 'flow[0].prompt', "unknown agent '@리뷰어님'; did you mean '리뷰어'?"),
     ('unicode_mention_glued.yaml', 7, 'flow[0].prompt', "'@レビュー' follows a letter with no space"),
 ]

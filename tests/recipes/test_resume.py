@@ -9,6 +9,7 @@ requests it was sent. The real engine's proof is ``tests/engine/test_resume_real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -202,9 +203,11 @@ def test_a_call_key_is_its_inputs(a, b):
     assert call_key(*a, {"type": "object"}) != call_key(*a)
 
 
-def test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_rest(review, engine, state, capsys,
-                                                                                  tmp_path):
-    """``squad run`` (a process) is stopped by SIGTERM while the review runs; ``squad run --resume``
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_squad_run_stopped_by_a_signal_is_resumed_by_the_cli_sending_only_the_rest(review, engine, state, capsys,
+                                                                                   tmp_path, sig):
+    """``squad run`` (a process) is stopped by SIGTERM, or killed by SIGKILL (no handler runs, the journal's last
+    line may be torn, the lock is the kernel's to drop), while the review's map runs; ``squad run --resume``
     sends only the calls its journal does not hold and says which it did not send."""
     engine.token_delay = 0.05  # long enough to stop it mid-run
     env = {**os.environ, "SQUAD_STATE_DIR": str(state), "PYTHONPATH": str(ROOT / "src")}
@@ -223,14 +226,19 @@ def test_squad_run_stopped_by_sigterm_is_resumed_by_the_cli_sending_only_the_res
             time.sleep(0.05)
         else:
             pytest.fail("the run recorded no 2 calls in 120 s")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 143, err.decode()
-    assert b"--resume" in err, err.decode()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left in its group (nothing, if all is well)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, err.decode()
+        assert b"--resume" in err, err.decode()
+    else:
+        assert proc.returncode == -signal.SIGKILL
     recorded = calls_of(found[0])
     total = 3 * 5 + 1
     engine.requests.clear()
@@ -263,6 +271,9 @@ async def test_a_squad_of_ones_own_resumes_a_map_through_resumable(tmp_path):
                 await Resumable(sq, journal).map("w", prompts, max_concurrency=1,
                                                  on_result=stop)
         assert scope.cancelled_caught
+        with pytest.raises(UserError, match="open for writing in this process .*close"):
+            RunJournal.resume(journal.path, identity)  # one writer at a time, even in one process
+        journal.close()
         fe.requests.clear()
         again = RunJournal.resume(journal.path, identity)
         async with Squad([Agent(name="w", max_tokens=8)], engine=fe.info) as sq:
@@ -354,3 +365,106 @@ async def test_an_answer_its_step_fails_on_is_not_reused_by_a_resume(tmp_path, m
     again = [r["messages"][-1]["content"] for r in fe.requests[sent:]]
     assert len(again) == 1 and "CUT" in again[0]  # only the call that failed, sent again
     assert all(r.outcome == "ok" for _, r in run.results)
+
+
+# --- one writer at a time ------------------------------------------------------------------------------------
+
+_HOLD = """
+import sys
+from pathlib import Path
+from squad.runtime.journal import RunJournal
+journal = RunJournal.resume(Path(sys.argv[1]), {"recipe": "r"})
+print("holding", flush=True)
+sys.stdin.readline()
+journal.close()
+print("let go", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "holding", proc.stderr
+    return proc
+
+
+def test_two_resumes_of_one_run_at_once_the_second_is_refused_naming_the_first(tmp_path):
+    """A run resumed by one process cannot be resumed by another until the first lets go: the second gets a
+    clear error naming the first's pid, and writes nothing to the journal."""
+    journal = RunJournal.create(tmp_path / "runs", {"recipe": "r"})
+    journal.record(call_key("map", "w", "p"), AgentResult(agent="w", output="x", finish_reason="stop"))
+    journal.close()
+    proc = _holder(journal.path)
+    try:
+        before = journal.path.read_bytes()
+        with pytest.raises(UserError, match=rf"being written by process {proc.pid} .*kill {proc.pid}"):
+            RunJournal.resume(journal.path, {"recipe": "r"})
+        assert journal.path.read_bytes() == before  # the refused one wrote nothing
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "let go"
+        again = RunJournal.resume(journal.path, {"recipe": "r"})  # the first let go: this one may
+        assert again.recorded == 1
+        again.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_holder_killed_mid_run_does_not_lock_its_run_forever(tmp_path):
+    """SIGKILL leaves no chance to clean up: the kernel drops the lock with the process, so the run resumes."""
+    journal = RunJournal.create(tmp_path / "runs", {"recipe": "r"})
+    journal.close()
+    proc = _holder(journal.path)
+    proc.kill()
+    proc.wait()
+    again = RunJournal.resume(journal.path, {"recipe": "r"})
+    assert again.resumed
+    again.close()
+
+
+def test_a_run_still_going_cannot_be_resumed_beside_it(tmp_path):
+    """The process that created the journal holds it until it closes: a resume meanwhile names that process;
+    a resume with a changed recipe still says what changed (that check needs no lock)."""
+    journal = RunJournal.create(tmp_path / "runs", {"recipe": "r"})
+    with pytest.raises(UserError, match=rf"open for writing in this process \(pid {os.getpid()}\)"):
+        RunJournal.resume(journal.path, {"recipe": "r"})
+    with pytest.raises(UserError, match="the recipe changed since it ran"):
+        RunJournal.resume(journal.path, {"recipe": "other"})
+    journal.close()
+    with RunJournal.resume(journal.path, {"recipe": "r"}) as again:
+        assert again.resumed
+
+
+def test_squad_run_resume_beside_the_run_still_going_is_refused_before_any_call(review, engine, state, capsys,
+                                                                                tmp_path):
+    """``squad run`` is going (a process); ``squad run --resume`` in another terminal exits 2 with an error
+    naming that process and leaves the journal as the first writes it."""
+    engine.token_delay = 0.05
+    env = {**os.environ, "SQUAD_STATE_DIR": str(state), "PYTHONPATH": str(ROOT / "src")}
+    code = tmp_path / "code.py"
+    code.write_text(CODE)
+    argv = [sys.executable, "-m", "squad", "run", str(review), "-p", f"code=@{code}", "--url", engine.base_url,
+            "--quiet"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        folder = state / "runs" / "parallel-review"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # bounded: until the run has recorded a call
+            found = list(folder.glob("*.jsonl")) if folder.is_dir() else []
+            if found and calls_of(found[0]):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run recorded no call in 120 s")
+        writer = json.loads(found[0].read_text().splitlines()[0])["pid"]
+        code_, _, err = squad(capsys, "run", review, "-p", f"code=@{code}", "--url", engine.base_url, "--resume")
+        assert code_ == 2 and "Traceback" not in err
+        assert f"being written by process {writer}" in " ".join(err.split()), err
+        assert not [line for line in found[0].read_text().splitlines() if '"resume"' in line]  # it wrote nothing
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -181,14 +181,41 @@ def data_values(draw: st.DrawFn) -> object:
 
 @settings(max_examples=60, deadline=None)
 @given(data_values(), st.sampled_from(["{{ v }}", "{{ 'x' ~ v }}", "{{ '%s' % (v,) }}", "{{ '{}'.format(v) }}",
-                                       "{{ [v] | join(',') }}", "{{ v | string }}", "{{ {'k': v} }}"]))
+                                       "{{ [v] | join(',') }}", "{{ v | string }}", "{{ {'k': v} }}",
+                                       "{{ '%s' | format(v) }}", "{{ [v] | first }}"]))
 def test_no_python_repr_ever_reaches_a_prompt(value, template):
-    """Whatever data a template prints, and however it turns it into text, a list or mapping is JSON: the text
-    never holds a Python repr's marks (quotes around keys as 'k', True/None inside a container)."""
+    """Whatever data a template prints, and however it turns it into text, a list or mapping is JSON and so are
+    a boolean and None, alone or inside (``true``, ``null``): the text never holds a Python repr's marks (quotes
+    around keys as 'k', True/None anywhere)."""
     out = render_template(template, {"v": value})
+    body = out[1:] if out.startswith("x") else out
     if isinstance(value, (list, tuple, dict)):
-        json.loads(out[1:] if out.startswith("x") else out)  # the container's text is JSON
+        json.loads(body)  # the container's text is JSON
         assert "'" not in out.replace(json.dumps(value, ensure_ascii=False, default=str), "") or "'" in str(value)
+    if (value is None or isinstance(value, bool)) and "'k'" not in template:
+        assert body == json.dumps(value)  # true, false, null: as YAML and JSON write them
+    if not _has_text(value):
+        assert not any(word in out for word in ("True", "False", "None"))
+
+
+def _has_text(value: object) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, dict):
+        return any(_has_text(k) or _has_text(v) for k, v in value.items())
+    return isinstance(value, (list, tuple)) and any(_has_text(v) for v in value)
+
+
+@pytest.mark.parametrize("template, out", [
+    ("{{ params.strict }} {{ params.notes }}", "true null"),
+    ("strict: {{ params.strict ~ '' }}; notes: {{ '%s' % params.notes }}", "strict: true; notes: null"),
+    ("{{ steps.check.value.ok }}", "false"),
+])
+def test_true_false_and_none_reach_a_prompt_as_the_recipe_writes_them(template, out):
+    """A bool parameter, an optional parameter left unset and a schema answer's boolean print as YAML/JSON
+    write them (``true``, ``null``, ``false``), not as Python's ``True``/``None``."""
+    variables = {"params": {"strict": True, "notes": None}, "steps": {"check": {"value": {"ok": False}}}}
+    assert render_template(template, variables) == out
 
 
 @pytest.mark.parametrize("given, message", [

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from names_support import names
+from names_support import names, plain_names
 from squad.errors import MentionError, UserError
 from squad.names import check_name, is_name_char, name_key, name_problem, normalize
 from squad.runtime.agent import Agent, check_squad
@@ -28,9 +28,9 @@ FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthChe
 @st.composite
 def bad_names(draw: st.DrawFn) -> tuple[str, str]:
     """A valid name with one character the rule refuses put in (not at the end: a trailing '-' is its own case)."""
-    base = draw(names())
+    base = draw(plain_names())
     bad = draw(st.characters(exclude_categories=["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Nd", "Cs"]).filter(
-        lambda c: c not in "_-" and not is_name_char(normalize(c)[:1] or c)))
+        lambda c: c not in "_-\u200c\u200d" and not is_name_char(normalize(c)[:1] or c)))  # joiners: below
     at = draw(st.integers(0, len(base) - 1))
     text = base[:at] + bad + base[at:]
     assume(normalize(text) == text)  # the character survives NFC as written
@@ -90,6 +90,75 @@ def test_any_disallowed_character_is_refused_by_name(case):
     with pytest.raises(UserError) as caught:
         Agent.build(name=text)
     assert f"U+{ord(first_bad):04X}" in str(caught.value)
+
+
+# --- zero-width joiners (UAX #31) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["می\u200cخواهم", "کتاب\u200cها", "क्\u200dष", "क्\u200cष", "श्\u200dरी", "क्\u200d"])
+def test_joiners_a_script_needs_are_allowed_in_names(name):
+    """Persian writes ZWNJ between joining letters, Hindi ZWJ/ZWNJ after a virama: such a name is a name, kept
+    as written, and compared without its joiners (they are invisible)."""
+    assert check_name(name) == name and Agent(name=name).name == name
+    assert name_key(name) == name_key(name.replace("\u200c", "").replace("\u200d", ""))
+    assert parse_mentions(f"@{name} لطفا ببین", [name]).agents == [name]
+
+
+@pytest.mark.parametrize("name", ["레\u200d뷰", "a\u200cb", "ab\u200d", "a\u200d\u200cb", "कष\u200d", "ا\u200cب",
+                                  "ب\u200c", "ب\u200c\u200cب"])
+def test_a_joiner_where_no_script_joins_is_refused_naming_it(name):
+    with pytest.raises(UserError, match=r"U\+200[CD] ZERO WIDTH (NON-)?JOINER\) is allowed in a name only after a "
+                                        "virama"):
+        Agent.build(name=name)
+
+
+@pytest.mark.parametrize("text, agents, unknown", [
+    ("@리\u200c뷰어 봐 주세요", ["리뷰어"], []),  # a stray joiner inside: it shows @리뷰어
+    ("@리뷰어\u200c님 봐 주세요", [], ["리뷰어\u200c님"]),  # it shows @리뷰어님: the suffix is refused, as without it
+    ("@بررسیکننده ببین", ["بررسی\u200cکننده"], []),  # typed without the joiner: the same name
+    ("@بررسی\u200c ببین", ["بررسی"], []),
+])
+def test_a_mention_reads_as_it_shows_whatever_joiners_it_hides(text, agents, unknown):
+    parsed = parse_mentions(text, ["리뷰어", "بررسی\u200cکننده", "بررسی"])
+    assert parsed.agents == agents and [u.name for u in parsed.unknown] == unknown
+
+
+def test_two_agents_that_differ_only_in_an_invisible_joiner_are_refused():
+    with pytest.raises(UserError, match="differ only in case or in invisible joiners"):
+        check_squad([Agent(name="می\u200cخواهم"), Agent(name="میخواهم")])
+
+
+def test_a_joiner_name_after_a_dot_in_a_template_says_to_use_brackets():
+    from squad.errors import RecipeError
+    from squad.templates import render_template
+
+    with pytest.raises(RecipeError, match=r"zero-width joiner .* write it in brackets, params\["):
+        render_template("{{ params.می\u200cخواهم }}", {"params": {"می\u200cخواهم": "x"}})
+    assert render_template('{{ params["می\u200cخواهم"] }}', {"params": {"می\u200cخواهم": "x"}}) == "x"
+
+
+@FAST
+@given(st.data())
+def test_a_joiner_is_a_name_character_exactly_where_unicodes_identifier_rules_allow_it(data):
+    """Put a ZWNJ or ZWJ anywhere after the first character of any name (with joining letters and viramas
+    about): the name is accepted exactly when RFC 5892's CONTEXTJ (UAX #31's contexts) holds there; refused
+    otherwise, naming the joiner; an accepted one is the joiner-less name's twin (name_key) and dispatches."""
+    import idna
+
+    base = data.draw(names())
+    extra = data.draw(st.lists(st.sampled_from(["\u094d", "ب", "ا", "ه", "\u064e", "क"]), max_size=3))
+    text = normalize(base + "".join(extra))
+    at = data.draw(st.integers(1, len(text)))
+    joiner = data.draw(st.sampled_from(["\u200c", "\u200d"]))
+    name = text[:at] + joiner + text[at:]
+    assume(normalize(name) == name and len(name) <= 64 and name_problem(text) is None)
+    problem = name_problem(name)
+    if idna.valid_contextj(name, at):
+        assert problem is None
+        assert name_key(name) == name_key(text)
+        assert parse_mentions(f"@{name} check", [name, "other"]).agents == [name]
+    else:
+        assert problem is not None and f"U+{ord(joiner):04X}" in problem
 
 
 # --- mentions ---------------------------------------------------------------------------------

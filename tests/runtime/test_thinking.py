@@ -198,3 +198,39 @@ def test_squad_plan_shows_the_thinking_budget(tmp_path, capsys, monkeypatch):
     assert rows["writer"]["thinking_budget"] is None
     code, out, err = squad(capsys, "plan", path, "--ctx", "4096")
     assert code == 0 and "thinking" in out and "<= 4" in out, out
+
+
+# --- a budget for a model that does not think ------------------------------------------------------------------
+
+SMOLLM2_LIKE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                "{% endif %}")
+QWEN3_LIKE = SMOLLM2_LIKE + "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>{% endif %}"
+
+
+@pytest.mark.parametrize("template, warned", [(SMOLLM2_LIKE, True), (QWEN3_LIKE, False), (None, False)])
+async def test_a_budget_for_a_model_that_does_not_think_is_warned_once(template, warned):
+    """An engine whose chat template has no thinking gets one warning for the whole run, naming the first agent
+    with a budget and what to do; a template that thinks, or one not known, none. The budget is still sent
+    (harmless) and the calls run as before."""
+    import dataclasses
+
+    from squad.events import EngineWarning
+
+    events: list = []
+    async with FakeEngine() as fe:
+        info = dataclasses.replace(fe.info, chat_template=template)
+        agents = [Agent(name="a", max_tokens=8, thinking_budget=4), Agent(name="b", max_tokens=8, thinking_budget=0),
+                  Agent(name="c", max_tokens=8)]
+        async with Squad(agents, engine=info, on_event=events.append) as sq:
+            for name in ("c", "a", "b", "a"):
+                result = await sq.run_agent(name, "2+2?")
+                assert result.error is None
+    said = [e.warning for e in events if isinstance(e, EngineWarning) and "thinking_budget" in e.warning]
+    if not warned:
+        assert said == []
+        return
+    assert len(said) == 1, said
+    assert said[0].startswith("agent 'a': thinking_budget 4 has no effect:") and "does not think" in said[0]
+    assert "Drop thinking_budget" in said[0]
+    assert [r.get(THINKING_BUDGET_FIELD) for r in fe.requests] == [None, 4, 0, 4]  # still sent as asked

@@ -85,7 +85,8 @@ def plan_command(
         sharing = (sharing_lines(loaded, attached=url is not None or backend != "llama-server")
                    if recipe is not None else [])
         typer.echo(json.dumps({"steps": step_budgets_json(rows), "reads": [{"path": p, "why": why} for p, why in reads],
-                               "recipe_warnings": warned, **plan_json(the_plan, binary), "shared_input": sharing},
+                               "recipe_warnings": warned, **plan_json(the_plan, binary), "shared_input": sharing,
+                               "tool_choice": tool_choice_lines(loaded) if recipe is not None else []},
                               indent=2))
     else:
         if reads:
@@ -96,6 +97,8 @@ def plan_command(
         render_plan(the_plan, console, binary)
         if recipe is not None:
             _render_sharing(loaded, attached=url is not None or backend != "llama-server")
+            for line in tool_choice_lines(loaded):
+                console.print("[bold]tool_choice[/] " + escape_text(line), soft_wrap=True)
 
 
 def sharing_lines(recipe: Any, *, attached: bool = False) -> list[str]:
@@ -129,6 +132,25 @@ def sharing_lines(recipe: Any, *, attached: bool = False) -> list[str]:
                          "and restored into the others (a copy per slot: the pool still counts it per slot); "
                          "call.finished reports what the engine reused")
     return lines
+
+
+def tool_choice_lines(recipe: Any) -> list[str]:
+    """What ``squad plan`` says about a named ``tool_choice`` (the one place squad offers other tool definitions
+    than the agent's in a round, invariant I2): per agent, that its first round offers only that tool."""
+    lines = []
+    for name, agent in recipe.agents.items():
+        choice = getattr(agent, "tool_choice", "auto")
+        if choice not in ("auto", "required", None):
+            lines.append(f"agent '{name}' (tool_choice: {choice}): the first round of each turn offers only the tool "
+                         f"{choice} with tool_choice required (llama-server reads tool_choice only as a string); "
+                         "later rounds offer all its tools, so the engine reads the prompt again after that round")
+    return lines
+
+
+def escape_text(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _render_sharing(recipe: Any, *, attached: bool) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["ChatTemplate", "CHATML_TOOLS", "PHI3_TOOLS", "GRANITE_TOOLS",
            "ENGINE_FALLBACK", "chat_format", "handles_tools", "tool_template_for", "known_template",
-           "describe", "call_prefix", "call_id_length"]
+           "describe", "call_prefix", "call_id_length", "THINK_MARKS", "template_thinks"]
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,21 @@ def chat_format(source: str | None) -> str | None:
 
 _PROBE_TOOL = "squad_probe_tool_f1"
 _PROBE_CALL = "squad_probe_call_f2"
+
+
+THINK_MARKS = ("<|channel|>", "<think>", "[THINK]", "<|think|>")
+"""What a chat template that thinks writes or reads: gpt-oss's harmony channels, Qwen3 / DeepSeek-R1's
+``<think>``, Mistral's ``[THINK]``, ``<|think|>``."""
+
+
+def template_thinks(source: str | None) -> bool | None:
+    """Whether a model with the chat template ``source`` can think: the template marks thinking
+    (:data:`THINK_MARKS`) or has a thinking switch (``enable_thinking``, ``reasoning_effort``, ...);
+    None when no template is known (nothing can be said)."""
+    if not source:
+        return None
+    low = source.lower()
+    return any(mark in source for mark in THINK_MARKS) or "thinking" in low or "reasoning" in low
 
 
 @functools.lru_cache(maxsize=32)

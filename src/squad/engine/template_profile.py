@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from squad.engine.chat_templates import ENGINE_FALLBACK, call_id_length, handles_tools, known_template
+from squad.engine.chat_templates import ENGINE_FALLBACK, call_id_length, handles_tools, known_template, template_thinks
 from squad.engine.tokens import offline_counting, special_tokens
 
 __all__ = ["TemplateProfile", "profile", "template_markers", "call_id_length", "fit_call_id", "fit_call_ids",
@@ -97,7 +97,7 @@ def _reasoning(source: str) -> str:
     for opener in ("<think>", "[THINK]", "<|think|>"):
         if opener in source:
             return f"{opener} → reasoning_content"
-    if "thinking" in source.lower() or "reasoning" in source.lower():
+    if template_thinks(source):
         return "a thinking switch in the template → reasoning_content"
     return "none"
 

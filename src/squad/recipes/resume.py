@@ -21,7 +21,7 @@ from ruamel.yaml.error import YAMLError
 from squad.dirs import state_dir
 from squad.errors import UserError
 from squad.recipes.model import Recipe
-from squad.runtime.journal import RunJournal, fingerprint
+from squad.runtime.journal import RunJournal, fingerprint, lock_path
 
 __all__ = ["recipe_identity", "runs_dir", "find_run", "recipe_journal", "LAST", "KEEP_RUNS"]
 
@@ -107,6 +107,7 @@ def _prune(folder: Path) -> None:
     for old in found[:-KEEP_RUNS]:
         try:
             old.unlink()
+            lock_path(old).unlink(missing_ok=True)
         except OSError:
             pass
 

@@ -32,7 +32,7 @@ from pydantic import (
 from squad.chat.structured import OutputSchema, output_schema
 from squad.errors import UserError
 from squad.mcp import is_mcp_ref, split_ref, unknown_server
-from squad.names import check_name, describe_char, is_name_char, name_key, normalize
+from squad.names import check_name, describe_char, first_bad_char, name_key, normalize
 from squad.templates import render_template
 
 __all__ = ["Agent", "Sampling", "check_squad", "agent_error", "sub_agent_names", "find_cycle",
@@ -120,7 +120,7 @@ class Agent(BaseModel):
         and ``*``."""
         if isinstance(value, str):
             value = normalize(value)
-            bad = next((c for c in value if not (is_name_char(c) or c in ".*")), None)
+            bad = first_bad_char(value, ".*")
             if bad is not None or not value:
                 what = f"{describe_char(bad)} is not allowed" if bad else "it is empty"
                 raise ValueError(f"tool_choice {value!r} is not a tool name: {what}; use auto, required or a tool's "
@@ -221,8 +221,10 @@ def check_squad(agents: Sequence[Agent], tool_names: Sequence[str] = (),
         if agent.name in by_name:
             raise UserError(f"two agents are named {agent.name!r}: names must be unique")
         if (other := by_key.get(name_key(agent.name))) is not None:
-            raise UserError(f"agents {other!r} and {agent.name!r} differ only in case, so they cannot both be "
-                            "@mentioned (a mention ignores case): rename one")
+            how = "in case" if other.casefold() == agent.name.casefold() else \
+                "in case or in invisible joiners (U+200C, U+200D)"
+            raise UserError(f"agents {other!r} and {agent.name!r} differ only {how}, so they cannot both be "
+                            "@mentioned (a mention ignores both): rename one")
         by_name[agent.name], by_key[name_key(agent.name)] = agent, agent.name
     known_tools = set(tool_names)
     for agent in agents:

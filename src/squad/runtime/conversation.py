@@ -20,6 +20,7 @@ import anyio
 from squad.chat import ChatEngine
 from squad.chat.routing import EngineGroup
 from squad.chat.structured import OutputSchema
+from squad.engine.chat_templates import template_thinks
 from squad.engine.info import EngineInfo
 from squad.engine.kinds import thinking_fields
 from squad.engine.session import EngineSession
@@ -292,6 +293,11 @@ class Conversations:
                 f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
                 "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
                 "model pleases, still within max_tokens")))
+        elif (agent.thinking_budget is not None and template_thinks(self.info.chat_template) is False
+                and "thinking-model" not in self._tool_warned):
+            self._tool_warned.add("thinking-model")  # once: it is the model's, not the agent's
+            self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=thinks_not(
+                agent.name, agent.thinking_budget, self.info.model_alias or self.info.model_path)))
         system = with_shared(shared, self._system(agent, variables))  # the author's declared layout only
         result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
                                 history=history, tools=tools, priority=priority,
@@ -365,3 +371,12 @@ def incomplete_answer(result: AgentResult) -> IncompleteAnswer:
     if thinking:  # the thinking is never the partial answer kept for the user
         return ReasoningBudgetExhausted(message, agent=result.agent)
     return IncompleteAnswer(message, agent=result.agent, outcome=result.outcome.value, partial=result.output or "")
+
+
+def thinks_not(agent: str, budget: int, model: str) -> str:
+    """The warning for a ``thinking_budget`` given to a model that does not think."""
+    name = model.rsplit("/", 1)[-1] or "the model"
+    return (f"agent '{agent}': thinking_budget {budget} has no effect: {name} does not think (its chat template has "
+            "no thinking: no <think>, no reasoning switch), so there is nothing to cut and all of max_tokens is the "
+            "answer. Drop thinking_budget, or serve a model that thinks (Qwen3, DeepSeek-R1, gpt-oss, ...); said "
+            "once per run, for every agent with a budget")

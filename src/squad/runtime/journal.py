@@ -7,7 +7,12 @@ finished conversation, keyed by a hash of the call's inputs (:func:`call_key`: t
 the agent, the prompt as sent and the answer's schema). A run stopped by Ctrl-C, SIGTERM, a
 crash or a lost engine keeps every line written before; a torn last line (a crash mid-write) is
 ignored. :meth:`RunJournal.resume` opens it again, refusing (:class:`~squad.errors.UserError`)
-when the identity differs, naming each part that changed, and appends to the same file.
+when the identity differs, naming each part that changed, and appends to the same file. One
+process at a time writes a journal: it holds the journal's lock (``.NAME.lock`` beside it, a
+``flock`` through ``filelock``, which the kernel drops when the process dies, however it dies)
+from :meth:`~RunJournal.create` or :meth:`~RunJournal.resume` to :meth:`~RunJournal.close`; a
+second resume of a run that is still going is refused, naming the process that has it (each
+``run`` and ``resume`` line records its writer's ``pid``).
 
 :class:`Resumable` is a layer over a :class:`~squad.runtime.ops.SquadOps` (a ``Squad``): each
 ``run``, ``run_agent``, ``parallel`` pair and ``map`` item whose key the journal holds is answered
@@ -33,6 +38,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from squad.errors import UserError
 from squad.events import AgentResumed, Event
 from squad.runtime.blocks import Policy
@@ -40,7 +47,7 @@ from squad.runtime.ops import OnResult, SquadOps
 from squad.runtime.outcome import Outcome
 from squad.runtime.results import AgentResult, RunResult, Usage
 
-__all__ = ["RunJournal", "Resumable", "call_key", "fingerprint", "VERSION"]
+__all__ = ["RunJournal", "Resumable", "call_key", "fingerprint", "lock_path", "VERSION"]
 
 VERSION = 1
 """The journal format; a journal of another version is refused on resume."""
@@ -105,8 +112,9 @@ class RunJournal:
     ``held``: recorded calls not answered from it yet, by key."""
 
     def __init__(self, path: Path, identity: Mapping[str, str], *, resumed: bool = False,
-                 held: Mapping[str, list[dict[str, Any]]] | None = None) -> None:
+                 held: Mapping[str, list[dict[str, Any]]] | None = None, lock: FileLock | None = None) -> None:
         self.path, self.identity, self.resumed = path, dict(identity), resumed
+        self._lock = lock
         self.held: dict[str, list[dict[str, Any]]] = {k: list(v) for k, v in (held or {}).items()}
         self.recorded = sum(len(v) for v in self.held.values())
         """Calls the journal held when it was opened."""
@@ -129,32 +137,32 @@ class RunJournal:
         while path.exists():  # two runs in one second of one process (tests, Python callers)
             n += 1
             path = directory / f"{name}-{stamp}-{os.getpid()}-{n}.jsonl"
-        journal = cls(path, identity)
+        journal = cls(path, identity, lock=_take(path))
         journal._append({"kind": "run", "version": VERSION, "identity": journal.identity,
-                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid()})
         return journal
 
     @classmethod
     def resume(cls, path: Path, identity: Mapping[str, str]) -> RunJournal:
         """The journal at ``path``, to resume that run. Raises :class:`UserError` when it is no
-        journal, or when ``identity`` differs from the run's (naming every part that changed)."""
-        header, held = read_journal(path)
-        if header.get("version") != VERSION:
-            raise UserError(f"{path} is a run journal of another squad version ({header.get('version')}); it "
-                            "cannot be resumed: run again without --resume")
-        was = header.get("identity") or {}
-        changed = [k for k in sorted(set(was) | set(identity)) if was.get(k) != identity.get(k)]
-        if changed:
-            raise UserError(f"run {path.stem} cannot be resumed: {_changes(changed, was, identity)} changed since "
-                            "it ran; its recorded answers would not be what this run asks. Undo the change, or run "
-                            "again without --resume")
-        journal = cls(path, identity, resumed=True, held=held)
-        journal.engine_model = header.get("engine")
-        with contextlib.suppress(OSError), path.open("rb") as f:  # a torn last line: the next starts on its own
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                journal._append_raw(b"\n")
-        journal._append({"kind": "resume", "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "held": journal.recorded})
+        journal, when ``identity`` differs from the run's (naming every part that changed), or when
+        another process writes it (a run still going, or resumed twice at once: naming that process)."""
+        _check(path, read_journal(path)[0], identity)
+        lock = _take(path)
+        try:
+            header, held = read_journal(path)  # again under the lock: all the last writer wrote
+            _check(path, header, identity)
+            journal = cls(path, identity, resumed=True, held=held, lock=lock)
+            journal.engine_model = header.get("engine")
+            with contextlib.suppress(OSError), path.open("rb") as f:  # a torn last line: the next starts on its own
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    journal._append_raw(b"\n")
+            journal._append({"kind": "resume", "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             "held": journal.recorded, "pid": os.getpid()})
+        except BaseException:
+            lock.release()
+            raise
         return journal
 
     def note_engine(self, model: str) -> None:
@@ -198,11 +206,22 @@ class RunJournal:
         a resume does that call again."""
         self._append({"kind": "void", "key": key})
 
+    def __enter__(self) -> RunJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Stop writing: the file closed and its lock let go (another process may resume the run now)."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self._lock.release()
+            self._lock = None
 
     def _append(self, line: Mapping[str, Any]) -> None:
         self._append_raw((json.dumps(line, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
@@ -217,6 +236,59 @@ class RunJournal:
         except OSError as exc:
             raise UserError(f"the run journal {self.path} cannot be written ({exc.strerror or exc}); set "
                             "SQUAD_STATE_DIR to a writable directory") from None
+
+
+def _check(path: Path, header: Mapping[str, Any], identity: Mapping[str, str]) -> None:
+    """Refuse (:class:`UserError`) to resume the journal at ``path`` (its ``header``) as ``identity``: another
+    format, or a run of something else (naming every part that changed)."""
+    if header.get("version") != VERSION:
+        raise UserError(f"{path} is a run journal of another squad version ({header.get('version')}); it "
+                        "cannot be resumed: run again without --resume")
+    was = header.get("identity") or {}
+    changed = [k for k in sorted(set(was) | set(identity)) if was.get(k) != identity.get(k)]
+    if changed:
+        raise UserError(f"run {path.stem} cannot be resumed: {_changes(changed, was, identity)} changed since "
+                        "it ran; its recorded answers would not be what this run asks. Undo the change, or run "
+                        "again without --resume")
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file of the journal at ``path``: ``.NAME.lock`` beside it."""
+    return path.with_name(f".{path.stem}.lock")
+
+
+def _take(path: Path) -> FileLock:
+    """The journal at ``path``'s lock, taken without waiting; :class:`UserError` naming the process that holds it
+    (the ``pid`` of the journal's last ``run`` or ``resume`` line) when another one does."""
+    lock = FileLock(lock_path(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        pid = _writer(path)
+        if pid == os.getpid():
+            raise UserError(f"run {path.stem} is open for writing in this process (pid {pid}): close() the journal "
+                            "that writes it (or use it in a with block) before resuming it") from None
+        who = f"process {pid}" if pid is not None else "another process"
+        raise UserError(f"run {path.stem} is being written by {who} (a run still going, or resumed in another "
+                        f"terminal); two processes cannot resume one run at once. Wait for it to end (or stop it: "
+                        f"kill {pid if pid is not None else 'PID'}), then resume again") from None
+    except OSError as exc:
+        raise UserError(f"the run journal's lock {lock_path(path)} cannot be made ({exc.strerror or exc}); set "
+                        "SQUAD_STATE_DIR to a writable directory") from None
+    return lock
+
+
+def _writer(path: Path) -> int | None:
+    """The pid the journal at ``path`` last recorded as its writer (its last ``run`` or ``resume`` line)."""
+    pid = None
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        for raw in f:
+            with contextlib.suppress(ValueError):
+                line = json.loads(raw)
+                if isinstance(line, dict) and line.get("kind") in ("run", "resume") and isinstance(line.get("pid"),
+                                                                                                     int):
+                    pid = line["pid"]
+    return pid
 
 
 def read_journal(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:

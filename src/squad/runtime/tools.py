@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 from squad.errors import UserError
-from squad.names import describe_char, is_name_char
+from squad.names import describe_char, first_bad_char
 
 __all__ = ["Tool", "tool", "ToolOutcome", "ToolError", "run_tool_calls", "arguments_for_history", "tool_text",
            "DEFAULT_TOOL_TIMEOUT"]
@@ -90,7 +90,7 @@ class Tool:
                                     or not 0 < timeout < float("inf")):
             raise UserError(f"tool {tool_name!r}: timeout must be a positive number of seconds or None, got "
                             f"{timeout!r}")
-        bad = next((c for c in tool_name if not is_name_char(c)), None)
+        bad = first_bad_char(tool_name)
         if not tool_name or bad is not None:
             what = f"{describe_char(bad)} is not allowed; " if bad else ""
             raise UserError(f"tool name {tool_name!r}: {what}use letters (of any script), digits, '_' or '-'")

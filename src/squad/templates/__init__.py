@@ -29,6 +29,7 @@ Rules:
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,8 +104,13 @@ def _parse(source: str, where: str, loc: Mapping[str, Any] | None) -> nodes.Temp
     try:
         ast = _ENV.parse(source)
     except jinja2.TemplateSyntaxError as exc:
+        message = (exc.message or "").rstrip(".")
+        if re.search(r"unexpected char '\\u200[cd]'", message):  # a Persian or Hindi name's joiner after a dot
+            raise _error(f"template syntax error{_line(source, exc.lineno)}: {message}: a name with a zero-width "
+                         "joiner (U+200C, U+200D) is not a template name after a dot; write it in brackets, "
+                         "params[\"name\"] or steps[\"id\"].output", where, loc) from None
         raise _error(
-            f"template syntax error{_line(source, exc.lineno)}: {(exc.message or '').rstrip('.')}; only "
+            f"template syntax error{_line(source, exc.lineno)}: {message}; only "
             f"{{{{ ... }}}} and "
             "{% ... %} are template syntax, write literal braces as plain text",
             where,

@@ -136,7 +136,10 @@ def guard_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         value = call_args[lead] if len(call_args) > lead else None
         _check_filter(name, value, call_args[lead + 1:], kwargs, meter)
         if name in _TO_TEXT and len(call_args) > lead:  # it prints its input: a list or mapping as JSON
-            call_args = (*call_args[:lead], as_text(value), *call_args[lead + 1:])
+            rest = call_args[lead + 1:]
+            if name == "format":  # "%s"|format(flag): its arguments print too (true, null; JSON, never a repr)
+                rest, kwargs = tuple(as_text(a) for a in rest), {k: as_text(v) for k, v in kwargs.items()}
+            call_args = (*call_args[:lead], as_text(value), *rest)
         result = func(*call_args, **kwargs)
         if isinstance(result, str):
             meter.check(len(result) - size_of(value), f"the '{name}' filter")

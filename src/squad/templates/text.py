@@ -1,7 +1,9 @@
 """What may reach a prompt from a template: data (text, numbers, lists and mappings of them),
 never a Python object's repr (a macro not called, a generator, jinja's ``loop``). A list or
 mapping reaches it as JSON (:func:`as_text`: ``{{ params }}`` is ``{"문서": "..."}``, never
-``{'문서': '...'}``), wherever a template turns a value into text: ``{{ ... }}``, ``~``, ``%``,
+``{'문서': '...'}``), and so do ``true``, ``false`` and ``null`` (``{{ params.strict }}`` is
+``true``, as the recipe's YAML and the answers' JSON write it, never Python's ``True`` or
+``None``), wherever a template turns a value into text: ``{{ ... }}``, ``~``, ``%``,
 ``.format()``, ``join`` and the filters that print their input."""
 
 from __future__ import annotations
@@ -101,8 +103,11 @@ def _key(key: Any) -> Any:
 
 def as_text(value: Any) -> Any:
     """``value`` as it may reach a prompt: a list, tuple, set or mapping as compact-readable JSON
-    (``["a", "b"]``, ``{"a": 1}``; text unescaped, ``true``/``null`` inside), anything else unchanged (text,
-    numbers; jinja prints those itself). A container whose class prints itself is its text."""
+    (``["a", "b"]``, ``{"a": 1}``; text unescaped, ``true``/``null`` inside), a boolean or None as JSON's
+    ``true``/``false``/``null`` (never Python's ``True``/``None``), anything else unchanged (text, numbers;
+    jinja prints those itself). A container whose class prints itself is its text."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
     if not isinstance(value, _CONTAINERS):
         return value
     if type(value).__str__ is not object.__str__:
