@@ -25,7 +25,8 @@ OPTION_NAMES: dict[str, str | None] = {
     "--request-timeout": None, "--gpu-layers": "-ngl", "--queue": None,
     # serve
     "--host": None, "--engine-api-key": None, "--default-max-tokens": None, "--replan-interval": None,
-    "--max-body": None, "--watch": None, "--cors-origin": None, "--client-key": None, "--max-restarts": None, "--hung-after": None,
+    "--max-body": None, "--watch": None, "--cors-origin": None, "--client-key": None, "--max-restarts": None,
+    "--hung-after": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None, "--otel": None,
