@@ -64,15 +64,17 @@ def cluster(monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
-    made = Cluster(initialize_head=True, head_node_args=node_args(0, temp))
+    made = None
     try:
+        made = Cluster(initialize_head=True, head_node_args=node_args(0, temp))
         made.add_node(**node_args(1))
         made.wait_for_nodes()
         ray.init(address=made.address, logging_level=logging.ERROR, log_to_driver=False)
         yield made
     finally:
         ray.shutdown()
-        made.shutdown()
+        if made is not None:
+            made.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
 
 
