@@ -124,7 +124,8 @@ def main() -> None:
     rows = [[n, statistics.median(x["nodes"] for x in got[n]), spread([x["map_s"] for x in got[n]], 2),
              spread(rate[n], 1), "; ".join("+".join(map(str, x["per_worker"])) for x in got[n])] for n in (1, 2)]
     print(f"### {a.items} items over 1 vs 2 Ray nodes, one FakeNodeEngine per node ({a.slots} slots, "
-          f"{a.token_delay * 1e3:g} ms per token, {MAX_TOKENS} tokens per item; {a.repeats} repeats, median (min–max))\n")
+          f"{a.token_delay * 1e3:g} ms per token, {MAX_TOKENS} tokens per item; {a.repeats} repeats, "
+          "median (min–max))\n")
     print(md_table(["Ray nodes", "nodes used", "map s", "items/s", "items per worker (each repeat)"], rows))
     print(f"\n2 nodes / 1 node items/s: {spread(ratios, 2)} (paired per repeat; the nodes share this machine's cores)")
 

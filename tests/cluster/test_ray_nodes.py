@@ -25,20 +25,21 @@ pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray"
 
 N = 60
 OBJECT_STORE = 80 * 2**20  # Ray's smallest is 75 MiB; the machine is shared
-RECIPE = """\
+WORDS = ", ".join(f"w{i:02d}" for i in range(N))
+RECIPE = f"""\
 name: nodes
 params:
-  items: {type: list, default: [%s]}
+  items: {{type: list, default: [{WORDS}]}}
 agents:
-  echo: {instructions: Repeat., max_tokens: 8}
-  boss: {instructions: Be brief., max_tokens: 8}
+  echo: {{instructions: Repeat., max_tokens: 8}}
+  boss: {{instructions: Be brief., max_tokens: 8}}
 main: boss
 flow:
   - id: words
     map: params.items
     agent: echo
-    prompt: "Say {{ item }}"
-""" % ", ".join(f"w{i:02d}" for i in range(N))
+    prompt: "Say {{{{ item }}}}"
+"""
 
 
 def node_args(k: int, temp: str | None = None) -> dict:

@@ -70,7 +70,8 @@ class _Worker:
                  engine: EngineProvider | None = None, node_id: str = "") -> None:
         self.id, self.recipe, self.spec, self.share = worker_id, recipe, spec, share
         self.engine, self.node_id = engine, node_id
-        """``engine``: the provider this worker opens instead of launching from ``spec`` (``RayFanout.worker_engine``)."""
+        """``engine``: the provider this worker opens instead of launching from ``spec``
+        (``RayFanout.worker_engine``)."""
         self.per_node = per_node
         """Workers on this node, each with an engine (they share its cores: :func:`node_threads`)."""
         self._portal_cm: Any = None

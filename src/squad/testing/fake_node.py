@@ -12,6 +12,7 @@ from squad.engine.control import attach
 from squad.engine.provider import EngineHandle
 from squad.events import EventSink
 from squad.sched.workload import Node
+from squad.testing.fake_engine import FakeEngine  # needs the testing extra, as this module's users do
 
 __all__ = ["FakeNodeEngine"]
 
@@ -19,13 +20,13 @@ __all__ = ["FakeNodeEngine"]
 class _OwnedHandle(EngineHandle):
     """An engine handle that stops the fake it was opened on when it closes."""
 
-    fake: object = None
+    fake: FakeEngine | None = None
 
     async def aclose(self) -> None:
         await super().aclose()
         fake, self.fake = self.fake, None
         if fake is not None:
-            await fake.stop()  # type: ignore[attr-defined]
+            await fake.stop()
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,6 @@ class FakeNodeEngine:
     token_delay: float = 0.0
 
     async def open(self, workload: Node | None, on_event: EventSink | None = None) -> EngineHandle:
-        from squad.testing.fake_engine import FakeEngine
-
         fake = FakeEngine(slots=self.slots, n_ctx=self.n_ctx, token_delay=self.token_delay)
         await fake.start()
         handle = _OwnedHandle("launched", emit=on_event)
