@@ -12,6 +12,7 @@ import anyio
 from squad.cluster.dispatch import Served, WorkerLost, dispatch
 from squad.cluster.relay import _clock_offsets, _Feed, _fetch
 from squad.cluster.worker import WorkerInfo, _Worker
+from squad.engine.provider import EngineProvider
 from squad.engine.session import EngineSpec
 from squad.errors import AgentRunError, EngineError, SquadError
 from squad.events import ClusterConnected, Event, EventSink, ItemLost, WorkerFailed, WorkerStarted, emit_to
@@ -42,11 +43,12 @@ class _Pool:
         self.feed: dict[str, _Feed] = {}  # worker id -> its events' way to the sinks
 
     async def start(self, recipe: Recipe, spec: EngineSpec, *, address: str | None, per_node: int, share: float,
-                    notes: list[str]) -> None:
+                    notes: list[str], engine: EngineProvider | None = None) -> None:
         """Start ``per_node`` workers on each alive node of the cluster at ``address`` (None: a
         local one), all at once, each planning for ``share`` of its node's KV memory; each one's
         events flow to the sinks from its first (the engine's plan and load). A worker that does
-        not start is said in ``notes``; raises :class:`SquadError` when none starts."""
+        not start is said in ``notes``; raises :class:`SquadError` when none starts. ``engine``: the provider
+        each worker opens instead of launching from ``spec`` (``RayFanout.worker_engine``)."""
         ray = self.ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -60,7 +62,7 @@ class _Pool:
                 actor = remote.options(
                     num_cpus=0, max_concurrency=64, max_restarts=0, name=None,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-                ).remote(recipe, spec, wid, share, per_node)
+                ).remote(recipe, spec, wid, share, per_node, engine, node["NodeID"])
                 self.actors.append(actor)
                 pending.append((wid, actor))
         started: dict[str, _Handle] = {}

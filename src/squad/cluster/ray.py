@@ -36,6 +36,7 @@ from squad.cluster.worker import (
     WorkerInfo,
     _Worker,  # noqa: F401
 )
+from squad.engine.provider import EngineProvider
 from squad.engine.registry import is_reference, resolve_model
 from squad.engine.session import EngineSpec, plan_engine
 from squad.errors import ClusterError, ModelError, UnknownModel, UserError
@@ -82,7 +83,10 @@ class RayFanout:
       (None: ``1 / workers_per_node``);
     - ``retries``: how often an item whose worker was lost is sent elsewhere (default 1);
     - ``on_item``: called in the driver with each map item's
-      :class:`~squad.runtime.results.AgentResult` as it ends (progress; any order).
+      :class:`~squad.runtime.results.AgentResult` as it ends (progress; any order);
+    - ``worker_engine``: an :class:`~squad.engine.provider.EngineProvider` (picklable) each worker opens on its
+      node instead of launching llama-server from the spec (``squad.testing.FakeNodeEngine``: a fake engine per
+      node, for tests and benches); the launch checks are then skipped.
 
     After a run, ``workers`` lists the :class:`WorkerInfo` of each worker that started and
     ``notes`` what went wrong on the way (a worker that did not start). Raises
@@ -96,6 +100,7 @@ class RayFanout:
     temp_dir: str | Path | None = None
     retries: int = RETRIES
     on_item: Callable[[AgentResult], None] | None = None
+    worker_engine: EngineProvider | None = None
     workers: list[WorkerInfo] = field(default_factory=list, init=False)
     notes: list[str] = field(default_factory=list, init=False)
 
@@ -152,8 +157,7 @@ class RayFanout:
                 pool = _Pool(ray, self.retries, self.on_item, sinks, feeds)
                 try:
                     await pool.start(recipe, spec, address=self.address, per_node=self.workers_per_node,
-                                     share=self.share,
-                                     notes=self.notes)
+                                     share=self.share, notes=self.notes, engine=self.worker_engine)
                     self.workers = [w.info for w in pool.workers]
                     if cluster is not None:
                         cluster.collect()  # the workers and their engines
@@ -272,7 +276,8 @@ async def run_on_ray(recipe: Recipe, fanout: RayFanout, *, engine: EngineSpec,
     if not isinstance(engine, EngineSpec):
         raise UserError("a Ray run launches an engine on each worker: give engine as an EngineSpec (a model and pins)")
     check_address(fanout.address)
-    await anyio.to_thread.run_sync(check_launch, recipe, engine, fanout)
+    if fanout.worker_engine is None:
+        await anyio.to_thread.run_sync(check_launch, recipe, engine, fanout)
     sinks = [] if on_event is None else list(on_event) if isinstance(on_event, list) else [on_event]
     async with recipe_mcp(recipe) as servers, fanout.pool(recipe, engine, sinks) as pool, AsyncExitStack() as stack:
         local = None

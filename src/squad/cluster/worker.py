@@ -31,7 +31,8 @@ class WorkerInfo:
     """One worker as it started: ``id`` (``w<k>@<node ip>``), ``node`` (its node's IP),
     ``engine`` (its llama-server's base URL on that node), ``engine_pid``, ``slots``, ``n_ctx``
     and ``pool`` (tokens, read back from the engine), ``memory`` (bytes it planned the KV cache against),
-    ``share`` (its fraction of the node's memory) and ``pid`` (the worker's process on its node)."""
+    ``share`` (its fraction of the node's memory), ``pid`` (the worker's process on its node) and ``node_id`` (its
+    Ray node's id: several nodes may share one IP, e.g. a test cluster on one machine)."""
 
     id: str
     node: str
@@ -43,6 +44,7 @@ class WorkerInfo:
     memory: int
     share: float
     pool: int = 0
+    node_id: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -64,8 +66,12 @@ class _Worker:
     actor). Ray calls its methods from up to 64 threads at once; the dispatcher sends at most
     the engine's slots."""
 
-    def __init__(self, recipe: Recipe, spec: EngineSpec, worker_id: str, share: float, per_node: int = 1) -> None:
+    def __init__(self, recipe: Recipe, spec: EngineSpec, worker_id: str, share: float, per_node: int = 1,
+                 engine: EngineProvider | None = None, node_id: str = "") -> None:
         self.id, self.recipe, self.spec, self.share = worker_id, recipe, spec, share
+        self.engine, self.node_id = engine, node_id
+        """``engine``: the provider this worker opens instead of launching from ``spec``
+        (``RayFanout.worker_engine``)."""
         self.per_node = per_node
         """Workers on this node, each with an engine (they share its cores: :func:`node_threads`)."""
         self._portal_cm: Any = None
@@ -105,12 +111,14 @@ class _Worker:
         return WorkerInfo(id=self.id, node=node, pid=os.getpid(), engine=info.base_url,
                           engine_pid=launcher.pid if launcher else None, slots=info.slots, n_ctx=info.n_ctx,
                           memory=plan.memory_for_kv or 0 if plan is not None else 0, share=self.share,
-                          pool=info.pool), self.outbox.count
+                          pool=info.pool, node_id=self.node_id), self.outbox.count
 
     def provider(self) -> EngineProvider:
         """The worker's engine: launched from ``spec`` for its ``share`` of the node's KV memory and, unless the
         spec pins ``threads``, its share of the node's cores (:func:`node_threads`), never restarted; a ``spec``
-        with a ``url`` (tests) is attached as it is."""
+        with a ``url`` (tests) is attached as it is; a given ``engine`` is opened as it is."""
+        if self.engine is not None:
+            return self.engine
         if self.spec.url is not None:
             return provider_for(self.spec)
         spec = self.spec

@@ -5,7 +5,8 @@
   :class:`~squad.errors.AgentCancelled` with that reason, and every agent inside records it
   (:func:`cancel_reason`). An error that ends the operation on its own (every engine lost)
   is recorded as the reason too (:func:`stopped_by`), for the agents its cancellation stops.
-- :func:`run_block` runs one parallel block under a policy:
+- :func:`run_block` runs one parallel block under a policy, at most a window of its items
+  started at once:
 
   - ``"collect"``: every item finishes; failures are recorded beside the results;
   - ``"fail-fast"``: the first failure X cancels its siblings at once (their HTTP streams are
@@ -99,14 +100,20 @@ def single_errors() -> Iterator[None]:
 
 
 async def run_block(names: Sequence[str], one: One, *, policy: Policy,
-                    max_concurrency: int | None = None) -> list[AgentResult]:
-    """Run ``one(i, ...)`` for every item at once (at most ``max_concurrency`` at a time);
+                    max_concurrency: int | None = None, window: int | None = None) -> list[AgentResult]:
+    """Run ``one(i, ...)`` for every item (at most ``max_concurrency`` at a time);
     ``names[i]`` is item i's agent. Results in item order; an item cancelled before it began
-    gets a cancelled result. Raises :class:`UserError` for an unknown policy."""
+    gets a cancelled result. Raises :class:`UserError` for an unknown policy.
+
+    ``window``: at most this many items are started (a task each, rendered, counted, waiting in
+    admission) at once; the next one starts as one ends, in input order (None: all at once). A
+    map of 10,000 items then holds a window of tasks and the results so far, not 10,000 tasks
+    waiting; admission still orders the waiting calls of every running operation."""
     if policy not in ("collect", "fail-fast"):
         raise UserError(f"policy {policy!r}: use 'collect' or 'fail-fast'")
     results: list[AgentResult | None] = [None] * len(names)
     limiter = anyio.CapacityLimiter(max_concurrency) if max_concurrency else None
+    room = anyio.Semaphore(window) if window is not None and window < len(names) else None
     failed: list[str] = []
 
     def reason() -> str | None:
@@ -119,13 +126,19 @@ async def run_block(names: Sequence[str], one: One, *, policy: Policy,
                 def record(result: AgentResult) -> None:
                     results[i] = result
 
-                results[i] = result = await one(i, limiter, reason, record)
+                try:
+                    results[i] = result = await one(i, limiter, reason, record)
+                finally:
+                    if room is not None:
+                        room.release()
                 if (policy == "fail-fast" and result.error is not None and result.cancelled_reason is None
                         and not failed):
                     failed.append(names[i])
                     tg.cancel_scope.cancel(f"sibling {names[i]!r} failed")
 
             for i in range(len(names)):
+                if room is not None:
+                    await room.acquire()  # cancelled with the group (fail-fast, the caller): the rest never start
                 tg.start_soon(run, i)
-    return [r if r is not None else cancelled_result(names[i], "cancelled before it started")
+    return [r if r is not None else cancelled_result(names[i], reason() or "cancelled before it started")
             for i, r in enumerate(results)]

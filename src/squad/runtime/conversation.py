@@ -60,6 +60,12 @@ from squad.sched.workload import Call
 
 __all__ = ["Conversations", "incomplete_answer"]
 
+WINDOW_PER_SLOT = 4
+"""A fan-out starts at most this many items per engine slot at once (and at least :data:`MIN_WINDOW`,
+or ``max_concurrency`` when given): the next starts as one ends (:func:`squad.runtime.blocks.run_block`),
+so memory grows with the window and the results, not with every item waiting (issue 31)."""
+MIN_WINDOW = 32
+
 _CONVERSATION: ContextVar[str | None] = ContextVar("squad_conversation", default=None)
 """The conversation whose turn is running: the parent of conversations it starts."""
 _BOUND: ContextVar[SubAgentBound | None] = ContextVar("squad_sub_agent_bound", default=None)
@@ -175,8 +181,8 @@ class Conversations:
         shares = [shared] * len(pairs) if shared is None or isinstance(shared, str) else list(shared)
         if len(shares) != len(pairs):
             raise UserError(f"shared= gives {len(shares)} texts for {len(pairs)} calls: give one, or one per call")
-        systems = [with_shared(shares[i], self._system(self.agents[name], variables))
-                   for i, (name, _) in enumerate(pairs)]
+        own = {name: self._system(self.agents[name], variables) for name in dict.fromkeys(name for name, _ in pairs)}
+        systems = [with_shared(shares[i], own[name]) for i, (name, _) in enumerate(pairs)]
         groups = self._share_groups(systems, [prompt for _, prompt in pairs])
         meter = MapProgressMeter(pairs[0][0], len(pairs), self._emit) if items and len(pairs) > 1 else None
 
@@ -198,8 +204,15 @@ class Conversations:
 
         if meter is not None:
             meter.start()
+        window = max_concurrency or max(MIN_WINDOW, WINDOW_PER_SLOT * self.info.slots)
         try:
-            return await run_block([name for name, _ in pairs], one, policy=policy, max_concurrency=max_concurrency)
+            results = await run_block([name for name, _ in pairs], one, policy=policy,
+                                      max_concurrency=max_concurrency, window=window)
+            if items:  # an item cancelled before its window reached it still names its item
+                for i, result in enumerate(results):
+                    if result.item is None:
+                        result.item = item_ids[i] if item_ids is not None else first_item + i
+            return results
         finally:
             for group in {id(g): g for g in groups if g is not None}.values():
                 group.close()

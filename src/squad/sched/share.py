@@ -161,6 +161,8 @@ def common_prefixes(members: Sequence[tuple[str, str]], *,
     keys = [s + "\x00" + p for s, p in members]
     order = sorted(range(len(members)), key=keys.__getitem__)
     adjacent = [_common(keys[order[i]], keys[order[i + 1]]) for i in range(len(order) - 1)]
+    if max(adjacent) < min_chars:  # a group's prefix is at most its members' common key: none can be long enough
+        return []  # (O(n log n) for a map of short prompts; the search below is O(n^2) in the worst case)
 
     def value(lo: int, hi: int) -> tuple[int, CommonPrefix | None]:
         found = _prefix_of([members[order[i]] for i in range(lo, hi + 1)])
