@@ -15,8 +15,7 @@ import argparse
 
 import anyio
 
-from squad.runtime.agent import Agent
-from squad.runtime.squad import Squad
+from squad import Agent, Squad
 
 AGENTS = [
     Agent(name="lead", instructions="Answer in one sentence.", budget=768, max_tokens=32,

@@ -15,9 +15,7 @@ import argparse
 
 import anyio
 
-from squad.events import Event
-from squad.runtime.agent import Agent
-from squad.runtime.squad import Squad
+from squad import Agent, Event, Squad
 
 SUB = dict(budget=512, max_tokens=40, sampling={"temperature": 0.3, "seed": 1, "repeat_penalty": 1.2})
 

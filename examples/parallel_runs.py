@@ -14,9 +14,7 @@ import argparse
 
 import anyio
 
-from squad.runtime.agent import Agent
-from squad.runtime.squad import Squad
-from squad.sched.workload import Call, Map
+from squad import Agent, Call, Map, Squad
 
 SUMMARIZER = Agent(
     name="summarizer",
@@ -36,9 +34,9 @@ INPUTS = [
 ]
 
 
-async def main(model: str | None, limit: int) -> None:
+async def main(model: str | None, limit: int, threads: int) -> None:
     workload = Map(Call(SUMMARIZER.name, SUMMARIZER.budget), count=len(INPUTS), limit=limit)
-    async with Squad([SUMMARIZER], model=model, workload=workload, threads=2) as sq:
+    async with Squad([SUMMARIZER], model=model, workload=workload, threads=threads) as sq:
         print(f"engine: slots={sq.info.slots} n_ctx={sq.info.n_ctx}")
         results = await sq.map("summarizer", INPUTS, max_concurrency=limit)
     for text, result in zip(INPUTS, results):
@@ -50,5 +48,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or .gguf path (default: the default model)")
     parser.add_argument("--limit", type=int, default=3, help="conversations at once")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server threads (-t)")
     args = parser.parse_args()
-    anyio.run(main, args.model, args.limit)
+    anyio.run(main, args.model, args.limit, args.threads)

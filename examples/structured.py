@@ -20,9 +20,7 @@ from typing import Annotated
 import anyio
 from pydantic import BaseModel, Field
 
-from squad.runtime.agent import Agent
-from squad.runtime.squad import Squad
-from squad.runtime.tools import tool
+from squad import Agent, Squad, tool
 
 
 class City(BaseModel):
@@ -57,8 +55,8 @@ AGENTS = [
 ]
 
 
-async def main(model: str | None) -> None:
-    async with Squad(AGENTS, model=model, tools=[capital], threads=2) as sq:
+async def main(model: str | None, threads: int) -> None:
+    async with Squad(AGENTS, model=model, tools=[capital], threads=threads) as sq:
         found = await sq.run_agent("geo", "Which city is the Colosseum in?")
         trip = await sq.run_agent("planner", "Plan three days in the capital of Japan.")
     for result in (found, trip):
@@ -72,4 +70,6 @@ async def main(model: str | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or .gguf path (default: the default model)")
-    anyio.run(main, parser.parse_args().model)
+    parser.add_argument("--threads", type=int, default=2, help="llama-server threads (-t)")
+    args = parser.parse_args()
+    anyio.run(main, args.model, args.threads)

@@ -19,9 +19,7 @@ import datetime
 
 import anyio
 
-from squad.runtime.agent import Agent
-from squad.runtime.squad import Squad
-from squad.runtime.tools import tool
+from squad import Agent, Squad, tool
 
 
 @tool
@@ -69,8 +67,8 @@ AGENTS = [
 ]
 
 
-async def main(model: str | None) -> None:
-    async with Squad(AGENTS, model=model, tools=[days_until], threads=2) as sq:
+async def main(model: str | None, threads: int) -> None:
+    async with Squad(AGENTS, model=model, tools=[days_until], threads=threads) as sq:
         print(f"chat template: {sq.info.template_name}")
         results = [await sq.run_agent("planner", "How many days until 2031-07-01?"),
                    await sq.run_agent("traveller", "Weather in Paris?")]
@@ -88,4 +86,6 @@ async def main(model: str | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or .gguf path (default: the default model)")
-    anyio.run(main, parser.parse_args().model)
+    parser.add_argument("--threads", type=int, default=2, help="llama-server threads (-t)")
+    args = parser.parse_args()
+    anyio.run(main, args.model, args.threads)

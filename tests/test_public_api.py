@@ -5,7 +5,7 @@ import squad
 EXPECTED = {
     "__version__",
     "Agent", "Sampling", "Squad", "run_sync", "AgentResult", "RunResult", "Outcome", "Tool", "tool",
-    "EnginePlan", "plan", "EngineInfo", "Launcher", "attach", "load_recipe", "parse_mentions", "Event",
+    "Call", "Map", "EnginePlan", "plan", "EngineInfo", "Launcher", "attach", "load_recipe", "parse_mentions", "Event",
     "EngineSpec", "EngineSession", "plan_engine", "ChatEngine", "ChatRequest", "ChatResult",
     "SquadError", "UserError", "RecipeError", "MentionError", "PlanError",
     "EngineError", "EngineNotFound", "EngineBuildError", "EngineStartError", "EngineLoadTimeout",

@@ -6,6 +6,8 @@ The public API is ``__all__``; everything else is private. Names are imported on
 - Agents and runs: :class:`Agent`, :class:`Squad`, :func:`run_sync`, :class:`AgentResult`,
   :class:`RunResult` (with its :class:`Outcome`: ok, truncated, empty, failed, cancelled),
   :class:`Tool`, :func:`tool`, :class:`MCPServer` (tools from an MCP server).
+- Workloads (what the engine is planned for, ``Squad(workload=...)``): :class:`Call` (one
+  conversation and its budget), :class:`Map` (a node run over many inputs, ``limit`` at once).
 - Engine: :class:`EngineSpec` (which engine: model and pins, or a URL) -> :func:`plan_engine`
   -> :class:`EnginePlan` (:func:`plan` is the pure planner); :class:`EngineSession` (launches
   or attaches, owns admission and the client); :class:`Launcher` (starts llama-server and
@@ -40,6 +42,8 @@ _LAZY = {
     "Tool": "squad.runtime.tools",
     "MCPServer": "squad.mcp",
     "tool": "squad.runtime.tools",
+    "Call": "squad.sched.workload",
+    "Map": "squad.sched.workload",
     "EnginePlan": "squad.sched.plan",
     "plan": "squad.sched.planner",
     "EngineInfo": "squad.engine.info",
@@ -75,6 +79,7 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.runtime.tools import Tool, tool
     from squad.sched.plan import EnginePlan
     from squad.sched.planner import plan
+    from squad.sched.workload import Call, Map
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 ``import squad.client`` still works: it gives the very module now at ``squad.chat.client``
 (the same object, so patches through either name reach the same code) and emits a
-:class:`DeprecationWarning` naming the new path. The README lists the table.
+:class:`DeprecationWarning` naming the new path. ``docs/moved-paths.md`` lists the table.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine process is squad's and only squad's (issue 11, kind 6; field cases F15, F16).
 
-Each test proves one line of the README's "No engine left behind" section, on the real
+Each test proves one line of the "No engine left behind" table (``docs/troubleshooting.md``), on the real
 ``squad`` command and the real llama-server: SIGINT and SIGTERM of a run (agents cancelled,
 engine and wrapper stopped, trace ended, pid file removed, exit 130/143), SIGKILL of squad
 (the engine behind a wrapper script dies too), an engine killed mid-run (reported with its

@@ -19,8 +19,8 @@ its own test, so a family's row reads as a line of results:
 - info: ``squad models info`` and the plan name each family's template, tool-call style,
   reasoning, counting and call-id rule (no engine).
 
-Each test records what it measured in ``cache_dir()/testing/family-matrix.json`` (the README's
-table is written from it).
+Each test records what it measured in ``cache_dir()/testing/family-matrix.json`` (the table in
+``docs/models.md`` is written from it).
 """
 
 from __future__ import annotations
