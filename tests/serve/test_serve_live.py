@@ -14,8 +14,8 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from live_support import samples, value
 
+from live_support import samples, value
 from squad.engine.session import EngineSpec
 from squad.serve import serving
 from squad.serve.metrics import ServeMetrics, engine_used
@@ -203,8 +203,9 @@ def test_metrics_count_what_the_ledger_counts(requests):
             got = sum(_sample(metrics, f"squad_serve_{name}_total", api=api, client=client)
                       for api in ("chat", "messages"))
             assert got == getattr(counts, field)
-        assert sum(_sample(metrics, "squad_serve_left_total", api=api, client=client, state=state)
-                   for api in ("chat", "messages") for state in ("counting", "queued", "running")) == counts.disconnected
+        left_all = sum(_sample(metrics, "squad_serve_left_total", api=api, client=client, state=state)
+                       for api in ("chat", "messages") for state in ("counting", "queued", "running"))
+        assert left_all == counts.disconnected
     for (client, api), n in admitted.items():
         assert _sample(metrics, "squad_serve_admitted_total", api=api, client=client) == n
         assert _sample(metrics, "squad_serve_queue_wait_seconds_count", api=api, client=client) == n

@@ -12,8 +12,8 @@ import shutil
 import anyio
 import httpx
 import pytest
-from live_support import Dom, chromium, dump_dom, screenshot
 
+from live_support import Dom, chromium, dump_dom, screenshot
 from squad.engine.session import EngineSpec
 from squad.serve import serving
 from squad.testing import FakeEngine

@@ -54,7 +54,7 @@ from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
 from squad.events import Event, EventSink, emit_to
 from squad.sched.admission import Admission, Reservation
-from squad.serve import apis
+from squad.serve import apis, page
 from squad.serve.apis import Api
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
@@ -78,7 +78,6 @@ from squad.serve.http import (
     send_json,
     shaped,
 )
-from squad.serve import page
 from squad.serve.keeper import EngineKeeper
 from squad.serve.metrics import METRICS_PATH, ServeMetrics
 from squad.serve.relay import Relay

@@ -188,7 +188,8 @@ class _Now(Collector):
         yield gauge("squad_serve_slots_busy", "Slots held by admitted requests", admission.in_flight)
         yield gauge("squad_serve_queued", "Requests waiting in admission's queue",
                     sum(1 for r in rows if r.state == "queued"))
-        yield gauge("squad_serve_running", "Requests admitted and running", sum(1 for r in rows if r.state == "running"))
+        yield gauge("squad_serve_running", "Requests admitted and running",
+                    sum(1 for r in rows if r.state == "running"))
         yield gauge("squad_serve_pool_tokens", "The engine's KV pool, in tokens", admission.pool)
         yield gauge("squad_serve_pool_reserved_tokens", "KV tokens admission reserved for the requests it holds",
                     admission.reserved)

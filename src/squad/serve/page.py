@@ -113,9 +113,9 @@ async def answer(scope: dict, receive: Receive, send: Send, *, keys: list[bytes]
         else:
             await _redirect(send, "/squad/", cookie=_set_cookie(key))
     elif path == "/squad/" and method in ("GET", "HEAD"):
-        given = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("key")
-        if given is not None:  # once, from a link: the key leaves the address bar at once
-            key = _known(given[0], keys)
+        linked = parse_qs(scope.get("query_string", b"").decode(errors="replace")).get("key")
+        if linked is not None:  # once, from a link: the key leaves the address bar at once
+            key = _known(linked[0], keys)
             if key is None:
                 await _html(send, 401, _login("That is not the key squad serve printed."))
             else:
