@@ -14,7 +14,10 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
   ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
-- ``GET /squad/status``: slots, pool reservations, queue, per-client counts (JSON).
+- ``GET /squad/status``: slots, pool reservations, queue, per-client counts, recent requests (JSON);
+- ``GET /squad/metrics``: squad serve's own Prometheus metrics (:mod:`squad.serve.metrics`);
+- ``GET /squad/``: the live page, which also takes the key once as ``?key=`` or from a form and then a cookie
+  (:mod:`squad.serve.page`).
 
 One generation request: its body read (at most ``max_body`` bytes, 413; within ``body_timeout``
 seconds, 408) and parsed (off the event loop when large, :mod:`squad.serve.http`), its shape checked
@@ -52,7 +55,7 @@ from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
 from squad.events import Event, EventSink, emit_to
 from squad.sched.admission import Admission, Reservation
-from squad.serve import apis
+from squad.serve import apis, page
 from squad.serve.apis import Api
 from squad.serve.cors import Cors
 from squad.serve.demand import Kind, Refused, error_body
@@ -77,6 +80,7 @@ from squad.serve.http import (
     shaped,
 )
 from squad.serve.keeper import EngineKeeper
+from squad.serve.metrics import METRICS_PATH, ServeMetrics
 from squad.serve.relay import Relay
 from squad.serve.status import Ledger, Live
 from squad.serve.watch import waits_for
@@ -160,6 +164,8 @@ class Gateway:
         self.stopping: str | None = None
         """Why squad serve stops (set by :meth:`end_requests`): requests from then on get 503 with it."""
         self._requests: dict[str, anyio.CancelScope] = {}
+        self.metrics = ServeMetrics(self, version=self._version.decode())
+        """squad serve's own Prometheus metrics, on ``/squad/metrics`` (:mod:`squad.serve.metrics`)."""
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -372,7 +378,10 @@ class Gateway:
                 return
             await self._pass(scope, receive, tagged, timeout=HEALTH_TIMEOUT_S)
             return
-        if not self._authorized(scope):
+        if path in page.PAGE_PATHS:  # the live page checks the key its own ways (squad.serve.page)
+            await page.answer(scope, receive, tagged, keys=self.keys(), authorized=self._authorized(scope))
+            return
+        if not self._authorized(scope) and not page.cookie_authorizes(scope, self.keys()):
             await send_json(tagged, 401, error_body(401, "Invalid API Key: send the key squad serve printed, as "
                                                      "'Authorization: Bearer KEY'", "authentication_error"))
             return
@@ -387,6 +396,8 @@ class Gateway:
                                                             "server_error"))
         elif path == STATUS_PATH and method == "GET":
             await send_json(tagged, 200, self.status())
+        elif path == METRICS_PATH and method == "GET":
+            await self.metrics.answer(tagged)
         elif (path in PASS_GET and method == "GET") or (path in PASS_POST and method == "POST"):
             await self._pass(scope, receive, tagged)
         else:
@@ -406,6 +417,10 @@ class Gateway:
                     return True
             return secrets.compare_digest(value, self._key)
         return False
+
+    def keys(self) -> list[bytes]:
+        """Every key squad serve takes: its own and the labelled ones (``--client-key``)."""
+        return [self._key, *(key for _, key in self._labels)]
 
     # -- /squad/status -------------------------------------------------------------------------------
 

@@ -8,16 +8,20 @@ request, else the peer's address. Times are ``time.monotonic()`` seconds; tokens
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-__all__ = ["Live", "ClientCounts", "Ledger", "Peaks"]
+__all__ = ["Live", "ClientCounts", "Ledger", "Peaks", "LedgerListener", "Outcome", "RECENT"]
 
 State = Literal["counting", "queued", "running"]
+Outcome = Literal["completed", "refused", "failed", "disconnected"]
 
 MAX_CLIENTS = 256
 """Client names /squad/status keeps counts for; later names count together."""
 OTHER_CLIENTS = "(other)"
+RECENT = 50
+"""Ended requests /squad/status keeps (newest first), for the live page (:mod:`squad.serve.page`)."""
 
 
 @dataclass
@@ -35,6 +39,27 @@ class Live:
     stream: bool = False
     api: str = ""
     """The API it came through (``chat``, ``completion``, ``responses``, ``messages``, ``embeddings``)."""
+    opened: float = field(default_factory=time.monotonic)
+    """When squad serve received it (``since`` restarts at each state)."""
+    queued_s: float | None = None
+    """Seconds it waited in the queue, once admitted."""
+
+
+class LedgerListener(Protocol):
+    """Told of each request's moves (squad serve's metrics, :mod:`squad.serve.metrics`); called on the event loop,
+    so each must return at once."""
+
+    def opened(self, live: Live) -> None:
+        """``live`` was received (its body read and parsed)."""
+        ...
+
+    def moved(self, live: Live, before: State) -> None:
+        """``live`` went from ``before`` to ``live.state`` (``live.queued_s`` is set once it left the queue)."""
+        ...
+
+    def closed(self, live: Live, before: State, outcome: Outcome) -> None:
+        """``live`` ended, in state ``before``, with ``outcome``."""
+        ...
 
 
 @dataclass
@@ -73,6 +98,9 @@ class Ledger:
         self.clients: dict[str, ClientCounts] = {}
         self.peaks = Peaks()
         self.started = time.monotonic()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        """The last :data:`RECENT` ended requests, oldest first (``ended``: ``time.monotonic()``)."""
+        self.listeners: list[LedgerListener] = []
 
     def counts(self, client: str) -> ClientCounts:
         """``client``'s counts; past :data:`MAX_CLIENTS` names, new ones count under ``(other)``
@@ -84,11 +112,16 @@ class Ledger:
     def open(self, live: Live) -> None:
         self.live[live.id] = live
         self.counts(live.client).requests += 1
+        for listener in self.listeners:
+            listener.opened(live)
 
     def move(self, live: Live, state: State, *, tokens: int | None = None, slot: int = -1) -> None:
         counts = self.counts(live.client)
+        before, now = live.state, time.monotonic()
+        if before == "queued" and state == "running":
+            live.queued_s = now - live.since
         self._leave(live, counts)
-        live.state, live.since, live.slot = state, time.monotonic(), slot
+        live.state, live.since, live.slot = state, now, slot
         if tokens is not None:
             live.tokens = tokens
         if state == "queued":
@@ -97,13 +130,23 @@ class Ledger:
             counts.running += 1
             counts.reserved += live.tokens
         self._observe()
+        for listener in self.listeners:
+            listener.moved(live, before)
 
-    def close(self, live: Live, outcome: Literal["completed", "refused", "failed", "disconnected"]) -> None:
+    def close(self, live: Live, outcome: Outcome) -> None:
         if self.live.pop(live.id, None) is None:
             return
         counts = self.counts(live.client)
+        before, now = live.state, time.monotonic()
         self._leave(live, counts)
         setattr(counts, outcome, getattr(counts, outcome) + 1)
+        self.recent.append({"id": live.id, "client": live.client, "api": live.api, "stream": live.stream,
+                            "outcome": outcome, "left_while": before if outcome == "disconnected" else None,
+                            "tokens": live.tokens, "slot": live.slot,
+                            "queued_s": None if live.queued_s is None else round(live.queued_s, 3),
+                            "total_s": round(now - live.opened, 3), "ended": now})
+        for listener in self.listeners:
+            listener.closed(live, before, outcome)
 
     def reset_peaks(self) -> Peaks:
         """The peaks so far; starts new ones from what is held now."""
@@ -130,6 +173,8 @@ class Ledger:
             "counting": len([r for r in self.live.values() if r.state == "counting"]),
             "clients": {name: asdict(c) for name, c in self.clients.items()},
             "peaks": asdict(self.peaks),
+            "recent": [{**{k: v for k, v in r.items() if k != "ended"}, "ago_s": round(now - r["ended"], 1)}
+                       for r in reversed(self.recent)],
             "uptime_s": round(now - self.started, 1),
         }
 
