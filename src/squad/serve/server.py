@@ -27,6 +27,7 @@ from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
 from squad.serve.http import BODY_TIMEOUT, MAX_BODY
 from squad.serve.keeper import MAX_RESTARTS, RESTART_WINDOW_S, EngineKeeper
 from squad.serve.replan import Replanner
+from squad.serve.shares import ClientLimit
 
 if TYPE_CHECKING:
     from squad.engine.session import EngineSpec
@@ -101,7 +102,9 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
                   log: Callable[[str], None] | None = None, sock: socket.socket | None = None,
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   max_restarts: int = MAX_RESTARTS, restart_window: float = RESTART_WINDOW_S,
-                  max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT) -> AsyncIterator[Served]:
+                  max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
+                  client_limits: dict[str, ClientLimit] | None = None,
+                  max_queue_wait: float | None = None) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
@@ -111,7 +114,7 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
     counted under that name). ``max_body``: bytes a request body may have (413 beyond);
     ``body_timeout``: seconds it may take to arrive (408 after). ``max_restarts`` deaths of a launched engine
     within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve.
-    Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
+    ``client_limits`` and ``max_queue_wait``: see :class:`~squad.serve.gateway.Gateway`. Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
     (the engine could not be kept up) and the session's errors.
     """
     import uvicorn
@@ -126,7 +129,8 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
             gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
                               request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
                               cors_origins=cors_origins, client_keys=client_keys, max_body=max_body,
-                              body_timeout=body_timeout)
+                              body_timeout=body_timeout, client_limits=client_limits,
+                              max_queue_wait=max_queue_wait)
             config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                     timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
             server = _Server(config)
