@@ -233,7 +233,8 @@ async def test_an_adversarial_flood_cannot_keep_another_clients_main_request_wai
                     r = await editor.post("/v1/chat/completions", headers={"X-Squad-Program": "session-1"},
                                           json={"messages": [{"role": "user", "content": "main"}], "max_tokens": 5})
                     got["queued_ms"] = int(r.headers["x-squad-queued-ms"])
-                    assert r.status_code == 200
+                    got["passed"] = int(r.headers["x-squad-passed"])
+                    assert r.status_code == 200 and r.headers["x-squad-program"] == "editor/session-1"
 
                 async with anyio.create_task_group() as tg:
                     for i in range(12):
@@ -244,6 +245,7 @@ async def test_an_adversarial_flood_cannot_keep_another_clients_main_request_wai
                     await wait_for(lambda: len(served.gateway.admission.queued) == 11)
             order = [r["messages"][0]["content"] for r in fe.requests]
     assert order.index("main") == 2, order  # right after the two that were running when it asked
+    assert got["passed"] == 0
     shares = {row["client"]: row for row in status["shares"]}
     assert shares["flood"]["running"] == 2 and shares["flood"]["queued"] == 10
     (program,) = [p for p in status["programs"] if p["client"] == "flood"]
@@ -303,6 +305,8 @@ async def test_a_streamed_request_whose_prefill_outlasts_the_clients_idle_timeou
                     model="m", messages=[{"role": "user", "content": words}], max_tokens=5, stream=True)
                 async for _ in stream:
                     pass
+            await sdk.close()
+            await direct.close()
     assert any(line.startswith(": prefill ") for line in lines), lines
     assert not any("prompt_progress" in line for line in lines)
     data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]

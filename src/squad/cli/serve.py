@@ -74,6 +74,10 @@ def serve_command(
         "--max-queue-wait", min=0.1, show_default=False,
         help="Seconds a request may wait in the queue; then it gets 503 with Retry-After (default: no limit).")]
     = None,
+    keepalive: Annotated[float, typer.Option(
+        "--keepalive", min=0.05,
+        help="Seconds between two keep-alives (SSE comments; ping events for /v1/messages) a streamed request gets "
+             "while it waits for its first token: counted, queued, or while the engine reads its prompt.")] = 10.0,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0,
         help="Restarts of a launched engine that died, within 10 minutes, before squad serve gives up and exits 1 "
@@ -133,7 +137,8 @@ def serve_command(
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
                                    cors_origins=tuple(cors_origin or ()), client_keys=keys,
                                    max_restarts=max_restarts, max_body=round(max_body * 2**20),
-                                   client_limits=limits, max_queue_wait=max_queue_wait) as served:
+                                   client_limits=limits, max_queue_wait=max_queue_wait,
+                                   keepalive=keepalive) as served:
                     running.append(served)
                     await show(served, loading)
             tg.cancel_scope.cancel()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from squad.sched.room import Reservation
     from squad.serve.demand import Kind
     from squad.serve.programs import Program, Programs
+    from squad.serve.shares import ClientQueue
     from squad.serve.status import Ledger, Live
 
 __all__ = ["Counting", "RelayHost", "Watched", "Fanned"]
@@ -47,6 +48,8 @@ class RelayHost(Counting, Protocol):
 
     ledger: Ledger
     """Where each request stands (queued, running, done), for ``/squad/status``."""
+    shares: ClientQueue
+    """The queue between clients (:mod:`squad.serve.shares`)."""
     programs: Programs
     """The programs seen lately (:mod:`squad.serve.programs`), for ``/squad/status``."""
     max_queue_wait: float | None

@@ -56,6 +56,8 @@ class Relay:
         """The program it belongs to (:mod:`squad.serve.programs`), set by the gateway; None: the request alone."""
         self.early: EarlyStart | None = None
         """A stream's keep-alives until its first token (:mod:`squad.serve.early`)."""
+        self.passed = 0
+        """Requests of other clients admitted while it waited (header ``X-Squad-Passed``)."""
 
     async def watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
         """Cancel the request when the client disconnects (queued, waiting or streaming)."""
@@ -116,6 +118,7 @@ class Relay:
         if program is not None:
             g.programs.queued(program)
         admitted: float | None = None
+        before = g.shares.granted_to_others(origin.agent)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 limit = g.max_queue_wait
@@ -125,6 +128,7 @@ class Relay:
                 if waiting.cancelled_caught:
                     return await self._waited_too_long(send, limit or 0.0)
                 admitted = time.monotonic()
+                self.passed = g.shares.granted_to_others(origin.agent) - before
                 if program is not None:
                     g.programs.admitted(program, held.slot)
                 if early is not None:
@@ -197,7 +201,7 @@ class Relay:
             return await self._assemble(send, response, queued_s, ending, sent)
         first, started = True, False
         try:
-            headers = [*relayed(response.headers.raw), (b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
+            headers = [*relayed(response.headers.raw), *self._waited(queued_s)]
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             started = True
             start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
@@ -248,6 +252,16 @@ class Relay:
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
 
+    def _waited(self, queued_s: float) -> list[tuple[bytes, bytes]]:
+        """Headers of how it waited: ``X-Squad-Queued-Ms``, ``X-Squad-Passed`` (requests of other clients admitted
+        meanwhile), ``X-Squad-Program`` (the program it was counted in)."""
+        out = [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode()),
+               (b"x-squad-passed", str(self.passed).encode())]
+        name = self.program.program if self.program is not None and self.program.source != "request" else ""
+        if name and name.isascii() and name.isprintable():
+            out.append((b"x-squad-program", name.encode()))
+        return out
+
     def _first_event(self, status: int) -> FirstEvent | ResponsesStart | None:
         """The mender of a streamed answer's first event (:mod:`squad.serve.stream_start`), if any."""
         if not self.live.stream or status != 200:
@@ -287,7 +301,7 @@ class Relay:
         status, body = got.answer()
         if not got.done and status == 200:
             status, body = 502, error_body(502, "the engine ended the answer without finishing it", "server_error")
-        headers = [(b"x-squad-queued-ms", str(round(queued_s * 1000)).encode())]
+        headers = self._waited(queued_s)
         if status == 200:
             body = mend_answer(self.asked, body)  # the API's own fields (squad.serve.shapes)
             if self.asked.dropped:

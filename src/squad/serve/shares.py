@@ -134,6 +134,8 @@ class ClientQueue:
         self._of: dict[int, str] = {}  # seq -> client of a waiting call
         self._first: dict[str, int] = {}  # client -> seq of the call that ended its last idle time (it waits since)
         self._passed: tuple[str, int] | None = None  # (client, times) the first client in order was passed
+        self.admitted = 0
+        """Calls granted so far, all clients."""
 
     # -- the books -----------------------------------------------------------------------
 
@@ -239,10 +241,17 @@ class ClientQueue:
         book.running += 1
         book.cells += waiting.reservation.tokens
         book.granted += 1
+        self.admitted += 1
         if self._passed is not None and self._passed[0] == name:
             self._passed = None
         self._left(name, book)
         return waiting
+
+    def granted_to_others(self, name: str) -> int:
+        """Calls granted so far to clients other than ``name`` (a request's difference over its wait: how many
+        requests of other clients went before it)."""
+        book = self._clients.get(name)
+        return self.admitted - (book.granted if book is not None else 0)
 
     def wake_in(self) -> float | None:
         times = [w() for b in self._clients.values() if (w := getattr(b.queue, "wake_in", None)) is not None]
