@@ -199,40 +199,12 @@ class Relay:
         ending.started()
         if self.assembled and response.status_code == 200:
             return await self._assemble(send, response, queued_s, ending, sent)
-        first, started = True, False
+        started = False
         try:
             headers = [*relayed(response.headers.raw), *self._waited(queued_s)]
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             started = True
-            start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
-            # the API's own fields (squad.serve.shapes)
-            shape = stream_mender(self.asked) if live.stream and response.status_code == 200 else None
-            progress = Progress() if self.asks_progress and response.status_code == 200 else None
-            async for chunk in response.aiter_raw():
-                if progress is not None and not progress.answering:
-                    comments, chunk = progress.feed(chunk)
-                    if comments:
-                        await send({"type": "http.response.body", "body": comments, "more_body": True})
-                    if not chunk:
-                        continue
-                if first:
-                    first = False
-                    if self.early is not None:
-                        await self.early.answering()
-                    self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=live.slot)
-                if start is not None:
-                    chunk = start.feed(chunk)
-                if shape is not None and chunk:
-                    chunk = shape.feed(chunk)
-                if not chunk:
-                    continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            ending.done()  # the engine's answer was read to its end: its task is over
-            tail = progress.end() if progress is not None else b""
-            tail = start.feed(tail) + start.end() if start is not None else tail
-            if shape is not None:
-                tail = shape.feed(tail) + shape.end()
-            await send({"type": "http.response.body", "body": tail})
+            await self._relay(send, response, sent, ending)
         except httpx.HTTPError as exc:  # the engine broke off (died, or timed out)
             self._emit(CallFailed, error=type(exc).__name__, message=repr(exc), attempts=1)
             if not started:
@@ -251,6 +223,40 @@ class Relay:
         self._emit(CallFinished, attempts=1, finish_reason=None, prompt_tokens=None, completion_tokens=None,
                    queued_s=queued_s, ttft_s=None, total_s=time.monotonic() - sent, tokens_per_s=None, slot=live.slot)
         return "completed"
+
+    async def _relay(self, send: Send, response: httpx.Response, sent: float, ending: Ending) -> None:
+        """The engine's answer, chunk by chunk as it arrives: its prefill progress as comments
+        (:mod:`squad.serve.progress`), its start and the API's own fields mended (:mod:`squad.serve.stream_start`,
+        :mod:`squad.serve.shapes`); the keep-alives end at its first token."""
+        ok = response.status_code == 200
+        start = self._first_event(response.status_code)  # b11434 can leave a stream's start out
+        shape = stream_mender(self.asked) if self.live.stream and ok else None
+        progress = Progress() if self.asks_progress and ok else None
+        first = True
+        async for chunk in response.aiter_raw():
+            if progress is not None and not progress.answering:
+                comments, chunk = progress.feed(chunk)
+                if comments:
+                    await send({"type": "http.response.body", "body": comments, "more_body": True})
+                if not chunk:
+                    continue
+            if first:
+                first = False
+                if self.early is not None:
+                    await self.early.answering()
+                self._emit(CallFirstToken, ttft_s=time.monotonic() - sent, slot=self.live.slot)
+            if start is not None:
+                chunk = start.feed(chunk)
+            if shape is not None and chunk:
+                chunk = shape.feed(chunk)
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        ending.done()  # the engine's answer was read to its end: its task is over
+        tail = progress.end() if progress is not None else b""
+        tail = start.feed(tail) + start.end() if start is not None else tail
+        if shape is not None:
+            tail = shape.feed(tail) + shape.end()
+        await send({"type": "http.response.body", "body": tail})
 
     def _waited(self, queued_s: float) -> list[tuple[bytes, bytes]]:
         """Headers of how it waited: ``X-Squad-Queued-Ms``, ``X-Squad-Passed`` (requests of other clients admitted

@@ -116,8 +116,9 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
     ``body_timeout``: seconds it may take to arrive (408 after). ``max_restarts`` deaths of a launched engine
     within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve.
     ``client_limits`` and ``max_queue_wait``: see :class:`~squad.serve.gateway.Gateway`; ``keepalive``: seconds
-    between two keep-alives of a waiting stream (None: :data:`squad.serve.early.KEEPALIVE_EVERY`). Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
-    (the engine could not be kept up) and the session's errors.
+    between two keep-alives of a waiting stream (None: :data:`squad.serve.early.KEEPALIVE_EVERY`). Raises
+    :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError` (the engine
+    could not be kept up) and the session's errors.
     """
     import uvicorn
 
