@@ -118,7 +118,7 @@ class Relay:
         if program is not None:
             g.programs.queued(program)
         admitted: float | None = None
-        before = g.shares.granted_to_others(origin.agent)
+        g.shares.watch(live.id, origin.agent)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 limit = g.max_queue_wait
@@ -128,7 +128,7 @@ class Relay:
                 if waiting.cancelled_caught:
                     return await self._waited_too_long(send, limit or 0.0)
                 admitted = time.monotonic()
-                self.passed = g.shares.granted_to_others(origin.agent) - before
+                self.passed = g.shares.passed(live.id)
                 if program is not None:
                     g.programs.admitted(program, held.slot)
                 if early is not None:
@@ -140,6 +140,7 @@ class Relay:
             await send_json(send, 400, error_body(400, str(exc), "exceed_context_size_error"))
             return "refused"
         finally:
+            g.shares.passed(live.id)  # forgotten, whatever happened
             if program is not None:
                 g.programs.left(program, admitted=admitted is not None,
                                 held_s=time.monotonic() - admitted if admitted is not None else 0.0)

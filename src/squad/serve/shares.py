@@ -136,6 +136,7 @@ class ClientQueue:
         self._passed: tuple[str, int] | None = None  # (client, times) the first client in order was passed
         self.admitted = 0
         """Calls granted so far, all clients."""
+        self._watched: dict[str, tuple[int, int | None]] = {}  # call id -> granted_to_others at watch, at grant
 
     # -- the books -----------------------------------------------------------------------
 
@@ -242,6 +243,9 @@ class ClientQueue:
         book.cells += waiting.reservation.tokens
         book.granted += 1
         self.admitted += 1
+        call = waiting.reservation.call
+        if call is not None and call in self._watched:
+            self._watched[call] = (self._watched[call][0], self.granted_to_others(name))
         if self._passed is not None and self._passed[0] == name:
             self._passed = None
         self._left(name, book)
@@ -252,6 +256,17 @@ class ClientQueue:
         requests of other clients went before it)."""
         book = self._clients.get(name)
         return self.admitted - (book.granted if book is not None else 0)
+
+    def watch(self, call: str, client: str) -> None:
+        """Count, for call id ``call`` of ``client``, the calls of other clients granted from now until its own
+        grant (read it with :meth:`passed`)."""
+        self._watched[call] = (self.granted_to_others(client), None)
+
+    def passed(self, call: str) -> int:
+        """Calls of other clients granted between :meth:`watch` and the grant of ``call`` (0 when it was not
+        granted); forgets ``call``."""
+        before, at = self._watched.pop(call, (0, None))
+        return at - before if at is not None else 0
 
     def wake_in(self) -> float | None:
         times = [w() for b in self._clients.values() if (w := getattr(b.queue, "wake_in", None)) is not None]
