@@ -22,8 +22,9 @@ pytestmark = pytest.mark.engine
 KEY = "sharing-test-key-0123456789abcdef"
 KEYS = {"flood": "flood-key-0123456789", "editor": "editor-key-0123456789"}
 KEEPALIVE = 0.2
-"""Seconds between keep-alives (``--keepalive``): the idle timeouts below are scaled down from 30 s to 0.6 s."""
-IDLE = 0.6
+"""Seconds between keep-alives (``--keepalive``): the idle timeouts below are scaled down from 30 s to 2 s (a
+shorter one trips between two generated tokens on a loaded 2-core machine, after the first token)."""
+IDLE = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_a_flood_of_sub_agents_does_not_keep_another_clients_main_request_waitin
     from another: no request of the flood is admitted between the main request's arrival and its admission
     (``X-Squad-Passed: 0``): it waits at most for one running request to end."""
     url = served
-    results: dict[str, list] = {"flood": [], "main": []}
+    results: dict[str, list] = {"flood": [], "editor": []}
 
     def ask(who: str, i: int, headers: dict) -> None:
         with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {KEYS[who]}"}) as c:
@@ -68,7 +69,7 @@ def test_a_flood_of_sub_agents_does_not_keep_another_clients_main_request_waitin
     main.start()
     for t in [*threads, main]:
         t.join(600)
-    ((code, queued_ms, passed, took),) = results["main"]
+    ((code, queued_ms, passed, took),) = results["editor"]
     assert code == 200 and all(r[0] == 200 for r in results["flood"])
     assert passed == 0, results
     flood_waits = sorted(r[1] for r in results["flood"])
@@ -90,7 +91,7 @@ def test_a_stream_whose_prefill_outlasts_the_clients_idle_timeout_completes_thro
     oai = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=openai.Timeout(IDLE, connect=10))
     ant = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=anthropic.Timeout(IDLE, connect=10))
     try:
-        for i in range(2):  # a new prompt each time: nothing of it cached
+        for i in range(1):  # a new prompt each time: nothing of it cached
             t0 = time.monotonic()
             stream = oai.chat.completions.create(
                 model="m", max_tokens=8, stream=True,
