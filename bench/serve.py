@@ -19,8 +19,14 @@
     30 MB valid chat body (read and parsed off the event loop, refused 400: its length alone cannot
     fit) or a 3 MB one (also tokenized, in a worker thread, then refused 400: too long for the
     context). Target: within 1.2x of alone.
+(fair) Two clients on one engine (issue 30; the real engine, ``--slots 2 --ctx 2048``, each client its own key):
+    one floods 12 sub-agent requests of one program (``X-Squad-Priority: -1000``, the best it may ask), the other
+    sends one main request once the flood is queued; and the main request alone. Queue wait
+    (``X-Squad-Queued-Ms``) p50/p95 per client over the repeats, and the requests of the flood admitted while the
+    main request waited (``X-Squad-Passed``). Target (squad.serve.shares): 0 passed, the main request's wait within
+    one running request's end, far below the flood's.
 
-    .venv/bin/python bench/serve.py [--repeats 5] [--parts a,cost,stall]
+    .venv/bin/python bench/serve.py [--repeats 5] [--parts a,cost,stall,fair]
 """
 
 from __future__ import annotations
@@ -308,6 +314,80 @@ async def stall_case(repeats: int) -> list[list[object]]:
     return rows
 
 
+# --- (fair) --------------------------------------------------------------------------------------
+
+FAIR_KEYS = {"flood": "bench-flood-key-0123456789", "editor": "bench-editor-key-0123456789"}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+async def fair_case(repeats: int) -> tuple[list[list[object]], list[int]]:
+    serve = await anyio.to_thread.run_sync(lambda: ServeProcess(
+        "-c", "2048", "-np", "2", "-t", str(THREADS), "--llama-server", str(BINARY), "-m", str(MODEL),
+        *[a for name, key in FAIR_KEYS.items() for a in ("--client-key", f"{name}={key}")]))
+    waits: dict[str, list[float]] = {"main alone": [], "main beside the flood": [], "flood (12 sub-agents)": []}
+    passed: list[int] = []
+    took: list[float] = []
+    try:
+        async with httpx.AsyncClient(timeout=600) as http:
+            async def ask(who: str, i: int, headers: dict) -> httpx.Response:
+                t0 = time.monotonic()
+                r = await http.post(serve.url + "/v1/chat/completions", headers={
+                    "Authorization": f"Bearer {FAIR_KEYS[who]}", **headers}, json={
+                    "messages": [{"role": "user", "content": f"Write item {i} of a list of fruits."}],
+                    "max_tokens": 24, "ignore_eos": True})
+                r.raise_for_status()
+                took.append(time.monotonic() - t0)
+                return r
+
+            def queued(r: httpx.Response) -> float:
+                return float(r.headers["x-squad-queued-ms"])
+
+            main = {"X-Squad-Program": "session-1"}
+            sub = {"X-Squad-Program": "swarm", "X-Squad-Agent": "sub", "X-Squad-Priority": "-1000"}
+            await ask("editor", 0, main)  # warm
+            for _ in range(repeats):
+                waits["main alone"].append(queued(await ask("editor", 1, main)))
+                flood: list[httpx.Response] = []
+                got: list[httpx.Response] = []
+                async with anyio.create_task_group() as tg:
+                    async def one(i: int, flood: list = flood) -> None:
+                        flood.append(await ask("flood", i, sub))
+
+                    for i in range(12):
+                        tg.start_soon(one, i)
+                    while (await http.get(serve.url + "/squad/status", headers={
+                            "Authorization": f"Bearer {KEY}"})).json()["admission"]["queued"] < 8:
+                        await anyio.sleep(0.05)
+
+                    async def editor(got: list = got) -> None:
+                        got.append(await ask("editor", 2, main))
+
+                    tg.start_soon(editor)
+                waits["main beside the flood"].append(queued(got[0]))
+                passed.append(int(got[0].headers["x-squad-passed"]))
+                waits["flood (12 sub-agents)"] += [queued(r) for r in flood]
+    finally:
+        await anyio.to_thread.run_sync(serve.stop)
+    rows = [[who, len(w), f"{_pct(w, 0.5):.0f}", f"{_pct(w, 0.95):.0f}", f"{max(w):.0f}"] for who, w in waits.items()]
+    rows.append(["(one request of 24 tokens, start to end, s)", len(took), f"{_pct(took, 0.5):.2f}",
+                 f"{_pct(took, 0.95):.2f}", f"{max(took):.2f}"])
+    return rows, passed
+
+
+def part_fair(repeats: int) -> str:
+    load0 = os.getloadavg()
+    rows, passed = anyio.run(fair_case, repeats)
+    load1 = os.getloadavg()
+    table = md_table(["client", "requests", "queue wait p50 ms", "p95 ms", "max ms"], rows)
+    return (f"{table}\n\nRequests of the flood admitted while the main request waited (X-Squad-Passed), per repeat: "
+            f"{passed} (target 0). Load average (1, 5, 15 min) at the start: {load0[0]:.2f} {load0[1]:.2f} "
+            f"{load0[2]:.2f}; at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs).")
+
+
 def part_stall(repeats: int) -> str:
     load0 = os.getloadavg()
     rows = anyio.run(stall_case, repeats)
@@ -348,6 +428,9 @@ def main() -> None:
     if "stall" in parts:
         print(f"### (stall) a small request beside large bodies, {args.repeats} repeats (issue 28)\n")
         print(part_stall(args.repeats) + "\n")
+    if "fair" in parts:
+        print(f"### (fair) two clients, one flooding 12 sub-agent requests, {args.repeats} repeats (issue 30)\n")
+        print(part_fair(args.repeats) + "\n")
 
 if __name__ == "__main__":
     main()

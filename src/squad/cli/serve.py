@@ -66,6 +66,18 @@ def serve_command(
     load_timeout: Annotated[float | None, options.load_timeout()] = None,
     request_timeout: Annotated[float | None, options.request_timeout()] = None,
     queue: Annotated[str | None, options.queue()] = None,
+    client_limit: Annotated[list[str] | None, typer.Option(
+        "--client-limit", show_default=False,
+        help="NAME=slots:N,pool:P%: at most N requests of client NAME (its --client-key name, or the name it sends) "
+             "at once, reserving at most P% of the pool; * for every client not named. Repeatable.")] = None,
+    max_queue_wait: Annotated[float | None, typer.Option(
+        "--max-queue-wait", min=0.1, show_default=False,
+        help="Seconds a request may wait in the queue; then it gets 503 with Retry-After (default: no limit).")]
+    = None,
+    keepalive: Annotated[float, typer.Option(
+        "--keepalive", min=0.05,
+        help="Seconds between two keep-alives (SSE comments; ping events for /v1/messages) a streamed request gets "
+             "while it waits for its first token: counted, queued, or while the engine reads its prompt.")] = 10.0,
     max_restarts: Annotated[int, typer.Option(
         "--max-restarts", min=0,
         help="Restarts of a launched engine that died, within 10 minutes, before squad serve gives up and exits 1 "
@@ -106,6 +118,9 @@ def serve_command(
             raise UserError(f"--client-key {item!r}: write NAME=KEY, with a key of at least 8 characters "
                             "(e.g. --client-key editor=$(openssl rand -hex 16))")
         keys[name.strip()] = key.strip()
+    from squad.serve.shares import client_limits
+
+    limits = client_limits(client_limit)
     if host not in LOOPBACK:
         err_console.print(f"[yellow]warning:[/] listening on {host}: other machines can reach squad serve "
                           "(they still need the key)")
@@ -126,7 +141,8 @@ def serve_command(
                                    replan_interval=replan_interval, on_event=loading if watch else None, log=say,
                                    cors_origins=tuple(cors_origin or ()), client_keys=keys,
                                    max_restarts=max_restarts, max_body=round(max_body * 2**20),
-                                   hung_after=hung_after) as served:
+                                   hung_after=hung_after, client_limits=limits, max_queue_wait=max_queue_wait,
+                                   keepalive=keepalive) as served:
                     running.append(served)
                     await show(served, loading)
             tg.cancel_scope.cancel()

@@ -151,7 +151,9 @@ class _Fanout:
 
     async def _one(self, index: int, part: dict[str, Any], tokens: int, scope: anyio.CancelScope) -> None:
         g, live = self.g, self.relay.live
-        origin = Origin(live.client, conversation=live.id)
+        program = self.relay.program  # its client's share and its program's order (squad.serve.shares)
+        origin = (Origin(program.client, conversation=f"{live.id}.{index}", parent=program.program)
+                  if program is not None else Origin(live.client, conversation=live.id))
         call = f"{live.id}.{index}"
         try:
             async with g.admission.reserve(tokens, agent=origin, priority=live.priority, call=call) as held:

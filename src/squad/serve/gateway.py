@@ -42,7 +42,7 @@ import re
 import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import httpx
@@ -55,6 +55,7 @@ from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
 from squad.events import Event, EventSink, emit_to
 from squad.sched.admission import Admission, Reservation
+from squad.sched.policy import DEFAULT_QUEUE, QUEUE_POLICIES, QueuePolicy
 from squad.serve import apis, page
 from squad.serve.apis import Api
 from squad.serve.cors import Cors
@@ -81,7 +82,9 @@ from squad.serve.http import (
 )
 from squad.serve.keeper import EngineKeeper
 from squad.serve.metrics import METRICS_PATH, ServeMetrics
+from squad.serve.programs import Programs, program_of
 from squad.serve.relay import Relay
+from squad.serve.shares import ClientLimit, ClientQueue
 from squad.serve.status import Ledger, Live
 from squad.serve.watch import waits_for
 
@@ -121,7 +124,10 @@ class Gateway:
     - ``on_event``: receives ``call.first_token``/``call.finished``/``call.failed`` (admission's
       own events reach the session's sinks);
     - ``max_body``: bytes a request body may have (413 beyond); ``body_timeout``: seconds it may take
-      to arrive (408 after).
+      to arrive (408 after);
+    - ``client_limits``: caps per client (``--client-limit``, :mod:`squad.serve.shares`);
+      ``max_queue_wait``: seconds a request may wait in the queue before it gets 503 with ``Retry-After``
+      (``--max-queue-wait``; None: no limit).
 
     Raises :class:`~squad.errors.UserError` for a session without admission (its engine admits
     on its own: another squad serve).
@@ -131,7 +137,8 @@ class Gateway:
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, request_timeout: float = 600.0,
                  on_event: EventSink | None = None, version: str = "", cors_origins: tuple[str, ...] = (),
                  client_keys: dict[str, str] | None = None, max_body: int = MAX_BODY,
-                 body_timeout: float = BODY_TIMEOUT) -> None:
+                 body_timeout: float = BODY_TIMEOUT, client_limits: dict[str, ClientLimit] | None = None,
+                 max_queue_wait: float | None = None) -> None:
         if session.admission is None:
             raise UserError(f"the engine at {session.info.base_url} admits on its own (it is a squad serve "
                             "endpoint already): point clients at it directly")
@@ -166,6 +173,30 @@ class Gateway:
         self._requests: dict[str, anyio.CancelScope] = {}
         self.metrics = ServeMetrics(self, version=self._version.decode())
         """squad serve's own Prometheus metrics, on ``/squad/metrics`` (:mod:`squad.serve.metrics`)."""
+        self.programs = Programs()
+        """The programs seen lately (:mod:`squad.serve.programs`)."""
+        self.max_queue_wait = max_queue_wait
+        self.early_after: float | None = None
+        """Seconds a stream waits before its answer starts early (None: :data:`squad.serve.early.EARLY_AFTER`)."""
+        self.keepalive_every: float | None = None
+        """Seconds between two keep-alives (None: :data:`squad.serve.early.KEEPALIVE_EVERY`)."""
+        inner = self.admission.queue.name
+        self.shares = ClientQueue(
+            lambda: QUEUE_POLICIES[inner if inner in QUEUE_POLICIES else DEFAULT_QUEUE](), limits=client_limits)
+        """The queue between clients (:mod:`squad.serve.shares`), each client's own ordered by squad's policy."""
+        self._share_queue()
+
+    def _share_queue(self) -> None:
+        """Put :attr:`shares` in as the admission's queue (again after the engine was opened anew), while empty."""
+        admission = self.admission
+        if admission.queue is not self.shares and not len(admission.queue):  # type: ignore[arg-type]
+            admission.queue = cast("QueuePolicy", self.shares)
+
+    @property
+    def pins(self) -> bool:
+        """Whether requests are pinned (``id_slot``) to the slot admission granted: a llama-server squad serve
+        launched (no one else sends it requests)."""
+        return self.session.launcher is not None and self.engine.kind == "llama.cpp"
 
     # -- the engine ---------------------------------------------------------------------------
 
@@ -443,7 +474,10 @@ class Gateway:
                        "reasons": list(plan.reasons) if plan is not None else []},
             "admission": {"slots": admission.slots, "busy": admission.in_flight, "pool": admission.pool,
                           "reserved": admission.reserved, "settling": admission.settling, "limit": admission.limit,
-                          "queued": len(admission.queued)},
+                          "queued": len(admission.queued), "queue": admission.queue.name,
+                          "max_queue_wait": self.max_queue_wait},
+            "shares": self.shares.view(admission.pool),
+            "programs": self.programs.view(),
             "default_max_tokens": self.default_max_tokens,
             "reloading": self.reloading,
             **ledger,
@@ -526,6 +560,10 @@ class Gateway:
                     stream=bool(body.get("stream")), api=api.name)
         self.ledger.open(live)
         relay = Relay(self, live, scope, body, raw, api)
+        relay.program = program = program_of(scope, body, scope.get("squad.key_label") or live.client, live.id)
+        if program.sub and header(scope, PRIORITY_HEADER.encode()) is None:
+            live.priority = 1  # a sub-agent's request after its program's main thread
+        self._share_queue()
         outcome = "failed"
         started = False
 

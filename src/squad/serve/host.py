@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from squad.sched.admission import Admission
     from squad.sched.room import Reservation
     from squad.serve.demand import Kind
+    from squad.serve.programs import Program, Programs
+    from squad.serve.shares import ClientQueue
     from squad.serve.status import Ledger, Live
 
 __all__ = ["Counting", "RelayHost", "Watched", "Fanned"]
@@ -46,6 +48,21 @@ class RelayHost(Counting, Protocol):
 
     ledger: Ledger
     """Where each request stands (queued, running, done), for ``/squad/status``."""
+    shares: ClientQueue
+    """The queue between clients (:mod:`squad.serve.shares`)."""
+    programs: Programs
+    """The programs seen lately (:mod:`squad.serve.programs`), for ``/squad/status``."""
+    max_queue_wait: float | None
+    """Seconds a request may wait in the queue before it gets 503 with ``Retry-After`` (None: no limit)."""
+    early_after: float | None
+    """Seconds a stream waits before its answer starts early (:mod:`squad.serve.early`)."""
+    keepalive_every: float | None
+    """Seconds between two keep-alives of a waiting stream."""
+
+    @property
+    def pins(self) -> bool:
+        """Whether requests are pinned (``id_slot``) to the slot admission granted."""
+        ...
 
     @property
     def observed(self) -> bool:
@@ -86,3 +103,5 @@ class Fanned(Protocol):
     """The request's API (:mod:`squad.serve.apis`)."""
     big: bool
     """Whether its body is large enough to be counted off the event loop."""
+    program: Program | None
+    """The program it belongs to (:mod:`squad.serve.programs`)."""

@@ -23,10 +23,12 @@ import anyio
 from squad.engine.session import EngineSession
 from squad.errors import EngineError, UserError
 from squad.events import EventSink
+from squad.serve.early import EARLY_AFTER
 from squad.serve.gateway import DEFAULT_MAX_TOKENS, Gateway
 from squad.serve.http import BODY_TIMEOUT, MAX_BODY
 from squad.serve.keeper import HUNG_AFTER_S, MAX_RESTARTS, PROBE_S, RESTART_WINDOW_S, EngineKeeper
 from squad.serve.replan import Replanner
+from squad.serve.shares import ClientLimit
 
 if TYPE_CHECKING:
     from squad.engine.session import EngineSpec
@@ -102,7 +104,8 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
                   cors_origins: tuple[str, ...] = (), client_keys: dict[str, str] | None = None,
                   max_restarts: int = MAX_RESTARTS, restart_window: float = RESTART_WINDOW_S,
                   max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
-                  hung_after: float = HUNG_AFTER_S) -> AsyncIterator[Served]:
+                  hung_after: float = HUNG_AFTER_S, client_limits: dict[str, ClientLimit] | None = None,
+                  max_queue_wait: float | None = None, keepalive: float | None = None) -> AsyncIterator[Served]:
     """Serve ``engine`` (a spec to launch or attach, or an open session) on ``host:port``.
 
     ``replan_interval``: seconds between re-plans when the spec leaves slots or context to
@@ -113,8 +116,10 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
     ``body_timeout``: seconds it may take to arrive (408 after). ``max_restarts`` deaths of a launched engine
     within ``restart_window`` seconds are restarted (:mod:`squad.serve.keeper`); one more stops squad serve. One
     that lives but has not answered ``/health`` for ``hung_after`` seconds is killed and restarted.
-    Raises :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError`
-    (the engine could not be kept up) and the session's errors.
+    ``client_limits`` and ``max_queue_wait``: see :class:`~squad.serve.gateway.Gateway`; ``keepalive``: seconds
+    between two keep-alives of a waiting stream (None: :data:`squad.serve.early.KEEPALIVE_EVERY`). Raises
+    :class:`UserError` (port taken, or the engine at the URL admits on its own), :class:`EngineError` (the engine
+    could not be kept up) and the session's errors.
     """
     import uvicorn
 
@@ -128,7 +133,10 @@ async def serving(engine: EngineSpec | EngineSession, *, host: str = HOST, port:
             gateway = Gateway(session, api_key=api_key, default_max_tokens=default_max_tokens,
                               request_timeout=(spec.request_timeout if spec else None) or 600.0, on_event=on_event,
                               cors_origins=cors_origins, client_keys=client_keys, max_body=max_body,
-                              body_timeout=body_timeout)
+                              body_timeout=body_timeout, client_limits=client_limits,
+                              max_queue_wait=max_queue_wait)
+            if keepalive is not None:
+                gateway.keepalive_every, gateway.early_after = keepalive, min(keepalive, EARLY_AFTER)
             config = uvicorn.Config(gateway, log_level="warning", access_log=False, lifespan="off", http="h11",
                                     timeout_graceful_shutdown=SHUTDOWN_GRACE, timeout_keep_alive=30)
             server = _Server(config)
