@@ -77,9 +77,9 @@ class AdmittedChatEngine(WrapperChatEngine):
             refuse_oversized(request, engine.pool)
             prompt, local = await self.counter(self._messages(request), request.tools)
             # An agent's budget holds exact counts. On a kind with no tokenize endpoint the count is an
-            # estimate that runs high on purpose (squad.chat.counting.estimate_chat_tokens): it still
+            # estimate that runs high on purpose (squad.engine.kinds.counting.Estimate): it still
             # bounds the reservation and the engine's own limit, but would refuse calls that fit.
-            if local or engine.count_with != "estimate":
+            if local or engine.counting.exact:
                 refuse_over_budget(request, prompt, engine.n_ctx_train)
             need = prompt + request.max_tokens
             group, shared = await self._shares(call)

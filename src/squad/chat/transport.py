@@ -28,14 +28,13 @@ from tenacity import AsyncRetrying, stop_after_attempt
 
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.call import Call, call_for, emit
-from squad.chat.counting import PromptCounter, estimate_chat_tokens
+from squad.chat.counting import PromptCounter
 from squad.chat.deadline import CallWatch, EngineDeadlines, EngineSpeed
 from squad.chat.retrying import COUNT_ATTEMPTS, WAITS, retry_idempotent
 from squad.chat.settle import EngineSlots
 from squad.chat.stream import Loading, StreamAssembly, classify, error_message
 from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
-from squad.engine.kinds import thinking_fields
 from squad.engine.template_profile import fit_call_ids
 from squad.errors import EngineError, EngineGone
 from squad.events import CallFirstToken, EventSink
@@ -43,7 +42,7 @@ from squad.events import CallFirstToken, EventSink
 if TYPE_CHECKING:
     from squad.engine.tokens import TokenCounter
 
-__all__ = ["LlamaServerTransport", "KEEPALIVE_S", "AUX_TIMEOUT_S", "PROGRESS_KINDS"]
+__all__ = ["LlamaServerTransport", "KEEPALIVE_S", "AUX_TIMEOUT_S"]
 
 KEEPALIVE_S = 2.0
 """Seconds an idle connection to the engine stays pooled (below cpp-httplib's 5 s keep-alive)."""
@@ -53,9 +52,6 @@ AUX_TIMEOUT_S = 600.0
 
 COUNT_CONCURRENCY = 16
 """Token-count requests to one engine at once (the rest wait in an ``anyio.CapacityLimiter``, O(1) per waiter)."""
-
-PROGRESS_KINDS = ("llama.cpp", "squad-serve")
-"""Engine kinds asked for ``return_progress`` (llama-server's prompt-progress chunks)."""
 
 
 class LlamaServerTransport:
@@ -160,15 +156,12 @@ class LlamaServerTransport:
     async def _count_remote(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
         """The engine's count. Idempotent, so a dropped connection is resent (field case F22): up to
         :data:`~squad.chat.retrying.COUNT_ATTEMPTS` attempts before :class:`EngineGone`."""
-        how = self._engine.count_with
-        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang, unknown): a high estimate
-            return estimate_chat_tokens(messages, tools)
-        body: dict[str, Any] = {"messages": messages}
-        if tools:
-            body["tools"] = tools
-        path = "/v1/chat/completions/input_tokens"
-        if how == "tokenize":  # vLLM: POST /tokenize with the chat messages -> {"count", "max_model_len", "tokens"}
-            body["model"], path = self._engine.model_alias, "/tokenize"
+        engine = self._engine
+        return await engine.counting.chat(self._post_count, messages, tools, engine.model_alias)
+
+    async def _post_count(self, path: str, body: dict[str, Any]) -> Any:
+        """POST a count request to the engine (the kind's counter says which, :attr:`EngineInfo.counting`): the JSON of
+        its answer. Raises ``Loading`` (503), :class:`EngineGone`, :class:`EngineError`."""
         try:
             async with self._counting:
                 r = await retry_idempotent(lambda: self.http.post(path, json=body))
@@ -181,8 +174,7 @@ class LlamaServerTransport:
             raise Loading(error_message(r.json() if r.content else {}, "Loading model"))
         if r.status_code != 200:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
-        answer = r.json()
-        return int(answer["count"] if how == "tokenize" else answer["input_tokens"])
+        return r.json()
 
     # -- one attempt ----------------------------------------------------------------------
 
@@ -212,12 +204,12 @@ class LlamaServerTransport:
         if call.upstream:  # the endpoint admits (squad serve): say who asks, and how urgently
             kwargs["extra_headers"] = {"X-Squad-Client": call.agent, "X-Squad-Priority": str(req.priority)}
         extra = dict(req.sampling or {})
-        if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.chat.deadline)
+        if self._engine.engine_kind.progress:  # prompt processing shows as progress (squad.chat.deadline)
             extra.setdefault("return_progress", True)
         if call.pin is not None:  # the slot admission granted: the conversation's prefix, or a fan-out's restored one
             extra["id_slot"] = call.pin
         # a thinking budget as this kind reads it (none it can take: the runtime warned, it thinks within max_tokens)
-        extra.update(thinking_fields(self._engine.kind, req.thinking_budget) or {})
+        extra.update(self._engine.engine_kind.thinking_fields(req.thinking_budget) or {})
         return dict(model=self._engine.model_alias or "default", messages=self.messages(req),
                     max_tokens=req.max_tokens, stream=True, stream_options={"include_usage": True}, extra_body=extra,
                     **kwargs)

@@ -21,7 +21,6 @@ from squad.chat import ChatEngine
 from squad.chat.routing import EngineGroup
 from squad.chat.structured import OutputSchema
 from squad.engine.info import EngineInfo
-from squad.engine.kinds import thinking_fields
 from squad.engine.session import EngineSession
 from squad.errors import (
     AgentRunError,
@@ -285,13 +284,13 @@ class Conversations:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url,
                                      warning=no_tool_template(agent.name, tools)))
-        if (agent.thinking_budget is not None and thinking_fields(self.info.kind, agent.thinking_budget) is None
+        if (agent.thinking_budget is not None and self.info.engine_kind.thinking_fields(agent.thinking_budget) is None
                 and f"thinking:{agent.name}" not in self._tool_warned):
             self._tool_warned.add(f"thinking:{agent.name}")  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=(
                 f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
-                "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
-                "model pleases, still within max_tokens")))
+                "server takes no per-request thinking budget (its squad.engine.kinds record); its calls "
+                "think as the model pleases, still within max_tokens")))
         system = with_shared(shared, self._system(agent, variables))  # the author's declared layout only
         result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
                                 history=history, tools=tools, priority=priority,

@@ -45,7 +45,6 @@ import httpx
 
 from squad._version import __version__
 from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
-from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
 from squad.chat.settle import Ending, EngineSlots, until_engine_free
 from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
@@ -254,22 +253,19 @@ class Gateway:
             if big or len(prompt) >= OFF_LOOP_BYTES:
                 return await anyio.to_thread.run_sync(local.count_text, prompt) + 1
             return local.count_text(prompt) + 1
-        how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
-        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-            return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
-        # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
-        # {"model", "prompt", "add_special_tokens"} -> {"count", "tokens", ...}
-        body = ({"model": self.engine.model_alias, "prompt": prompt, "add_special_tokens": True} if how == "tokenize"
-                else {"content": prompt, "add_special": True})
+        return await self.engine.counting.text(self._post_tokenize, prompt, self.engine.model_alias)
+
+    async def _post_tokenize(self, path: str, body: dict[str, Any]) -> Any:
+        """POST a count request of the engine kind's counter (:attr:`EngineInfo.counting`): its JSON answer."""
         try:
-            r = await self.upstream.post("/tokenize", json=body)
+            r = await self.upstream.post(path, json=body)
         except httpx.TransportError as exc:
             raise EngineGone(f"engine at {self.engine.base_url} is not answering ({exc!r})") from exc
         if r.status_code == 503:
             raise Refused(503, "Loading model", "unavailable_error")
         if r.status_code != 200:
-            raise EngineError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
-        return len(r.json()["tokens"])
+            raise EngineError(f"{path} answered HTTP {r.status_code}: {r.text[:200]}")
+        return r.json()
 
     @property
     def observed(self) -> bool:
