@@ -85,7 +85,7 @@ class PromptCounter:
                 self._ready = True
 
     def _find_local(self) -> TokenCounter | None:
-        if self._local_arg != "auto":
+        if not isinstance(self._local_arg, str):  # the counter given (or None), not "auto"
             return self._local_arg
         path = Path(self.model_path) if self.model_path else None
         if path is None or not path.is_file():

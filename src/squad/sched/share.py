@@ -240,7 +240,8 @@ class ShareGroup:
         ``/tokenize``. 0 when the engine cannot tell."""
         async with self._probe_lock:
             if self.tokens is None:
-                self.tokens = []
+                tokens: list[int] = []
+                self.tokens = tokens
                 with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
                     runs = []
                     for tail in ("A", "Z"):
@@ -258,7 +259,8 @@ class ShareGroup:
                         if a != b:
                             break
                         n += 1
-                    self.tokens = runs[0][: max(0, n - _TRIM_TOKENS)]
+                    tokens = runs[0][: max(0, n - _TRIM_TOKENS)]
+                self.tokens = tokens
             return len(self.tokens)
 
     async def enter(self, http: httpx.AsyncClient, slot: int, save_dir: str | None, *,
