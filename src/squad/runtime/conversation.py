@@ -51,10 +51,10 @@ from squad.runtime.blocks import stopped_by as operation_stopped_by
 from squad.runtime.outcome import Outcome, fix_for
 from squad.runtime.progress import MapProgressMeter
 from squad.runtime.results import AgentResult, AgentTimings, cancelled_result
-from squad.runtime.tools import Tool, ToolError
 from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
 from squad.sched.share import ShareGroup, board_group, common_prefixes, joined, share_mode, with_shared
 from squad.sched.workload import Call
+from squad.tools import Tool, ToolError
 
 __all__ = ["Conversations", "incomplete_answer"]
 

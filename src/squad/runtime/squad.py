@@ -52,9 +52,9 @@ from squad.runtime.mention import Dispatch, parse_mentions, unmark
 from squad.runtime.outcome import Outcome
 from squad.runtime.results import AgentResult, RunResult, first_failure
 from squad.runtime.toolroom import MAX_TOOL_ROUNDS
-from squad.runtime.tools import Tool
 from squad.sched.share import SHARE_MODES
 from squad.sched.workload import Call, Delegate, Node, Parallel
+from squad.tools import Tool
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload", "incomplete_answer"]
 

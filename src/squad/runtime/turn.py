@@ -1,7 +1,7 @@
 """One agent turn: the model call, and the tool-calling loop when the agent has tools.
 
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
-when the model asks for tools it runs them (:func:`squad.runtime.tools.run_tool_calls`), appends the
+when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
 round offers no tools, so the model must answer. Every round sends the same tool definitions and
 system message (a round that offers none says ``tool_choice: "none"``, which llama-server b11434
@@ -38,7 +38,7 @@ from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.runtime.handback import TextCounter
 from squad.runtime.results import AgentResult, slot_of, timings_of, usage_of
 from squad.runtime.toolroom import Cut, fit_results, request_limit
-from squad.runtime.tools import Tool, arguments_for_history, run_tool_calls
+from squad.tools import Tool, arguments_for_history, run_tool_calls
 
 __all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
 
