@@ -70,3 +70,20 @@ async def test_each_call_gets_its_own_id_and_its_attempts_come_back_on_the_resul
     assert [e.data["attempts"] for e in finished] == [2] and finished[0].call == first.call
     assert [e.data["attempts"] for e in failures] == [2] and "this call" in str(failed.value)
     assert f"(this call {first.reserved_tokens}: prompt + max_tokens)" in str(failed.value)  # the need came back up
+
+
+async def test_a_fan_out_members_calls_carry_its_share_group_and_no_one_elses():
+    """The runtime hands the admitted layer a member's share group on the request (``ChatRequest.share``),
+    not through a context variable: each member's call carries the one group, a lone call none."""
+    from squad import Agent, Squad
+    from squad.testing import ScriptedEngine
+
+    shared = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(60))  # over MIN_SHARED_CHARS
+    agents = [Agent(name=n, instructions=f"You review for {n}.", max_tokens=8) for n in ("a", "b")]
+    engine = ScriptedEngine(responder=lambda req: "ok", slots=2, n_ctx=65536)
+    async with Squad(agents, engine=engine, shared_input="prefix") as sq:
+        await sq.parallel([("a", "Review it."), ("b", "Review it.")], check=True, shared=shared)
+        members = list(engine.requests)
+        await sq.run("Review it.")  # the main agent (a), alone
+    assert len(members) == 2 and members[0].share is not None and members[0].share is members[1].share
+    assert engine.requests[-1].share is None

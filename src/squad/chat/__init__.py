@@ -22,6 +22,7 @@ from squad.events import Origin
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
+    from squad.sched.share import ShareGroup
 
 __all__ = ["ChatEngine", "ChatRequest", "ChatResult", "Usage", "ToolCall", "CallTimings"]
 
@@ -48,6 +49,9 @@ class ChatRequest:
       ``max_tokens`` already bounds.
     - ``call``: the call id its events carry; the client sets a fresh one for each call
       (:func:`squad.chat.call.with_call_id`); None: the layer that needs one makes it.
+    - ``share``: the fan-out share group whose member's conversation this call is
+      (:mod:`squad.sched.share`: the admitted layer restores the common prefix into its slot once),
+      or None.
     """
 
     origin: Origin
@@ -63,6 +67,7 @@ class ChatRequest:
     on_delta: Callable[[str], None] | None = None
     thinking_budget: int | None = None
     call: str | None = None
+    share: ShareGroup | None = None
 
     @property
     def agent(self) -> str:

@@ -31,7 +31,7 @@ from squad.chat.stream import InnocentOverflow
 from squad.chat.wrapper import WrapperChatEngine
 from squad.events import EngineWarning, EventSink, ShareSkipped
 from squad.sched.admission import Admission, Reservation
-from squad.sched.share import MIN_SHARED_TOKENS, ShareGroup, request_shares
+from squad.sched.share import MIN_SHARED_TOKENS, ShareGroup
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,8 +135,8 @@ class AdmittedChatEngine(WrapperChatEngine):
         the first call of a fan-out member whose messages begin with the group's prefix, only on an
         engine squad gave a slot save directory; else ``(None, 0)``, with a ``share.skipped`` once
         per group when it cannot be used."""
-        group = request_shares(request)
-        if group is None or self.admission is None:
+        group = request.share  # the runtime's: the member's first call holding the prefix goes through it
+        if group is None or not group.claim(request.origin.conversation, request.messages) or self.admission is None:
             return None, 0
         if not self.engine.slot_save_dir:
             group.tell_once("the engine has no slot save directory (squad did not launch it); each member "
