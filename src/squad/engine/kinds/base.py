@@ -109,6 +109,8 @@ class EngineKind:
     - ``probe_order``: probes run lowest first (the catch-all ``openai-compatible`` last).
     - ``truncates``: it cuts a too-long prompt silently instead of failing it (squad refuses one itself).
     - ``progress``: it streams prompt-processing progress when asked (``return_progress``).
+    - ``llama_server``: it is llama-server, or squad serve in front of one: its capacity is read back
+      from ``/props``, its busy slots from ``/slots``, its build from the binary.
     - ``thinking``: how it takes an agent's ``thinking_budget``, in words (None: it takes none);
       ``thinking_request``: the request fields for a budget (None: not this budget).
     """
@@ -120,6 +122,7 @@ class EngineKind:
     probe_order: int = 50
     truncates: bool = False
     progress: bool = False
+    llama_server: bool = False
     thinking: str | None = None
     thinking_request: Callable[[int], dict[str, Any] | None] | None = None
 

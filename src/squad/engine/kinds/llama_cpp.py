@@ -14,6 +14,7 @@ KIND = EngineKind(
     policy="reserve by pool: llama-server fails every running request when its KV pool overflows",
     counting=INPUT_TOKENS,
     progress=True,
+    llama_server=True,
     thinking="a hard cap per request: thinking_budget_tokens (the end tag is forced at the budget)",
     thinking_request=lambda budget: {THINKING_BUDGET_FIELD: budget},
 )

@@ -14,6 +14,7 @@ KIND = EngineKind(
     policy="the squad serve endpoint admits every request itself; squad sends without reserving",
     counting=INPUT_TOKENS,
     progress=True,
+    llama_server=True,
     thinking="passed on to its llama-server: thinking_budget_tokens",
     thinking_request=lambda budget: {THINKING_BUDGET_FIELD: budget},
 )
