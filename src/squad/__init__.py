@@ -39,9 +39,9 @@ _LAZY = {
     "AgentResult": "squad.runtime.results",
     "RunResult": "squad.runtime.results",
     "Outcome": "squad.runtime.outcome",
-    "Tool": "squad.runtime.tools",
+    "Tool": "squad.tools",
     "MCPServer": "squad.mcp",
-    "tool": "squad.runtime.tools",
+    "tool": "squad.tools",
     "Call": "squad.sched.workload",
     "Map": "squad.sched.workload",
     "EnginePlan": "squad.sched.plan",
@@ -76,10 +76,10 @@ if TYPE_CHECKING:  # precise names for type checkers; imported lazily at run tim
     from squad.runtime.outcome import Outcome
     from squad.runtime.results import AgentResult, RunResult
     from squad.runtime.squad import Squad, run_sync
-    from squad.runtime.tools import Tool, tool
     from squad.sched.plan import EnginePlan
     from squad.sched.planner import plan
     from squad.sched.workload import Call, Map
+    from squad.tools import Tool, tool
 
 
 def __getattr__(name: str) -> Any:

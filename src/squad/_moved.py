@@ -45,7 +45,6 @@ MOVED: dict[str, str] = {
     "squad.structured": "squad.chat.structured",
     "squad.summary": "squad.events.summary",
     "squad.toolroom": "squad.runtime.toolroom",
-    "squad.tools": "squad.runtime.tools",
     "squad.trace": "squad.events.jsonl",
     "squad.turn": "squad.runtime.turn",
     "squad.verify": "squad.engine.verify",

@@ -152,6 +152,7 @@ def test_a_joiner_is_a_name_character_exactly_where_unicodes_identifier_rules_al
     joiner = data.draw(st.sampled_from(["\u200c", "\u200d"]))
     name = text[:at] + joiner + text[at:]
     assume(normalize(name) == name and len(name) <= 64 and name_problem(text) is None)
+    assume("\u200c" not in text and "\u200d" not in text)  # one joiner: names() may draw some (each then judged)
     problem = name_problem(name)
     if idna.valid_contextj(name, at):
         assert problem is None

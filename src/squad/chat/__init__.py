@@ -22,6 +22,7 @@ from squad.events import Origin
 
 if TYPE_CHECKING:
     from squad.engine.info import EngineInfo
+    from squad.sched.share import ShareGroup
 
 __all__ = ["ChatEngine", "ChatRequest", "ChatResult", "Usage", "ToolCall", "CallTimings"]
 
@@ -46,6 +47,11 @@ class ChatRequest:
       thinking; None: as the model and engine please), sent as the engine's kind reads it
       (:func:`squad.engine.kinds.thinking_fields`); it never raises the reservation, which
       ``max_tokens`` already bounds.
+    - ``call``: the call id its events carry; the client sets a fresh one for each call
+      (:func:`squad.chat.call.with_call_id`); None: the layer that needs one makes it.
+    - ``share``: the fan-out share group whose member's conversation this call is
+      (:mod:`squad.sched.share`: the admitted layer restores the common prefix into its slot once),
+      or None.
     """
 
     origin: Origin
@@ -60,6 +66,8 @@ class ChatRequest:
     priority: int = 0
     on_delta: Callable[[str], None] | None = None
     thinking_budget: int | None = None
+    call: str | None = None
+    share: ShareGroup | None = None
 
     @property
     def agent(self) -> str:
@@ -105,7 +113,8 @@ class ChatResult:
     """A finished call: the answer (never partial), reasoning kept apart, tool calls, usage.
 
     ``call`` is the call id its events carry; ``reserved_tokens`` what admission held;
-    ``slot`` squad's slot number (-1 when the engine admits on its own). ``engine``: the base URL
+    ``slot`` squad's slot number (-1 when the engine admits on its own); ``shared_tokens``: tokens of a
+    fan-out's common prefix restored into its slot (0: none). ``engine``: the base URL
     of the engine that served it (set by :class:`squad.chat.routing.Router`, None on one engine);
     ``rerun_from``: the engine whose stream died under this call, after which it was re-run from
     its start on ``engine`` (the cut text was dropped: this answer is whole), else None.
@@ -122,6 +131,7 @@ class ChatResult:
     reserved_tokens: int = 0
     attempts: int = 1
     slot: int = -1
+    shared_tokens: int = 0
     call: str | None = None
     engine: str | None = None
     rerun_from: str | None = None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from squad.chat import ChatRequest, ChatResult
 from squad.chat.admitted import AdmittedChatEngine
-from squad.chat.call import emit, opened
+from squad.chat.call import emit, with_call_id
 from squad.chat.counting import PromptCounter
 from squad.chat.deadline import Deadlines, EngineDeadlines
 from squad.chat.retrying import RetryingChatEngine
@@ -182,29 +182,29 @@ class EngineClient(WrapperChatEngine):
         :class:`EngineGone`, :class:`AgentRunError`; each carries ``call_id``, the id its
         ``call.failed`` event names.
         """
-        with opened(request) as call:
-            try:
-                result = await self.inner.complete(request)
-            except SquadError as exc:
-                if isinstance(exc, (EngineGone, TruncatedStream)) and self._gone_reason is not None:
-                    reason = await self._gone_reason()
-                    if reason and exc.args:
-                        exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
-                emit(self._on_event, CallFailed, call, self.engine.base_url, error=type(exc).__name__,
-                     message=str(exc), attempts=call.attempts)
-                # the call its events name, for squad.chat.routing's call.moved
-                exc.call_id = call.id  # type: ignore[attr-defined]
-                raise
-        result.attempts, result.call = call.attempts, call.id
+        request, started = with_call_id(request, fresh=True), time.monotonic()  # each call its own id
+        try:
+            result = await self.inner.complete(request)
+        except SquadError as exc:
+            if isinstance(exc, (EngineGone, TruncatedStream)) and self._gone_reason is not None:
+                reason = await self._gone_reason()
+                if reason and exc.args:
+                    exc.args = (f"{exc.args[0]}; {reason}", *exc.args[1:])
+            emit(self._on_event, CallFailed, request, self.engine.base_url, error=type(exc).__name__,
+                 message=str(exc), attempts=getattr(exc, "attempts", 1))
+            # the call its events name, for squad.chat.routing's call.moved
+            exc.call_id = request.call  # type: ignore[attr-defined]
+            raise
+        result.call = request.call
         timings = result.timings
-        timings.total_s = time.monotonic() - call.started
+        timings.total_s = time.monotonic() - started
         usage = result.usage
         cached = _cache_n(timings.engine)
-        emit(self._on_event, CallFinished, call, self.engine.base_url, attempts=call.attempts,
+        emit(self._on_event, CallFinished, request, self.engine.base_url, attempts=result.attempts,
              finish_reason=result.finish_reason, prompt_tokens=usage.prompt_tokens if usage else None,
              completion_tokens=usage.completion_tokens if usage else None, queued_s=timings.queued_s,
              ttft_s=timings.ttft_s, total_s=timings.total_s, tokens_per_s=timings.tokens_per_s, slot=result.slot,
-             cached_tokens=cached, shared_tokens=min(cached or 0, call.shared))
+             cached_tokens=cached, shared_tokens=min(cached or 0, result.shared_tokens))
         return result
 
 

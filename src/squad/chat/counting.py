@@ -26,6 +26,7 @@ from typing import Literal
 
 import anyio
 
+from squad.engine.kinds.counting import ESTIMATE_OVERHEAD, estimate_chat_tokens, estimate_tokens
 from squad.engine.template_profile import call_id_length, fit_call_ids
 from squad.engine.tokens import NotExact, TokenCounter, counter_for_model
 from squad.errors import SquadError
@@ -40,35 +41,6 @@ MAX_BYTES_PER_TOKEN = 8
 """A prompt above this many UTF-8 bytes per token of the context it must fit is refused without
 counting it: no tokenizer packs more than a few bytes into one token of ordinary text, so it
 cannot fit, and counting 100 MB would take minutes (field case F18)."""
-
-ESTIMATE_OVERHEAD = 8
-"""Tokens :func:`estimate_chat_tokens` adds per message and once per prompt (role markers and the
-assistant opener of a chat template; real templates spend 3-6)."""
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens of ``text`` estimated without a tokenizer: UTF-8 bytes / 2, rounded up (a lone
-    surrogate counts as its 3 bytes instead of failing)."""
-    return (len(text.encode("utf-8", "surrogatepass")) + 1) // 2
-
-
-def estimate_chat_tokens(messages: list[dict], tools: list[dict] | None = None) -> int:
-    """Prompt tokens of a chat request estimated without a tokenizer, for a server that has no
-    tokenize endpoint for chat (Ollama, LM Studio, SGLang, an unknown server): the messages' and
-    tools' UTF-8 bytes / 2 (:func:`estimate_tokens`; tokenizers spend 3-4
-    bytes per token of ordinary text, so this counts high) plus :data:`ESTIMATE_OVERHEAD` per
-    message and per prompt. High on purpose: admission must not reserve less than the server
-    uses. It is not a bound for unusual text (a tokenizer may spend one token per byte)."""
-    n = ESTIMATE_OVERHEAD
-    for message in messages:
-        n += ESTIMATE_OVERHEAD + estimate_tokens(json.dumps(message.get("content") or "", ensure_ascii=False))
-        for key in ("tool_calls", "reasoning_content"):
-            if message.get(key):
-                n += estimate_tokens(json.dumps(message[key], ensure_ascii=False))
-    if tools:
-        n += estimate_tokens(json.dumps(tools, ensure_ascii=False))
-    return n
-
 
 Remote = Callable[[list[dict], "list[dict] | None"], Awaitable[int]]
 
@@ -113,7 +85,7 @@ class PromptCounter:
                 self._ready = True
 
     def _find_local(self) -> TokenCounter | None:
-        if self._local_arg != "auto":
+        if not isinstance(self._local_arg, str):  # the counter given (or None), not "auto"
             return self._local_arg
         path = Path(self.model_path) if self.model_path else None
         if path is None or not path.is_file():

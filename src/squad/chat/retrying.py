@@ -41,17 +41,18 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from squad.chat import ChatEngine, ChatRequest, ChatResult
-from squad.chat.call import Call, emit, opened
+from squad.chat.call import Call, emit, with_call_id
 from squad.chat.stream import InnocentOverflow, Loading
 from squad.chat.wrapper import WrapperChatEngine
 from squad.engine.info import EngineInfo
 from squad.engine.llama import CONTEXT_EXCEEDED
-from squad.errors import AgentRunError, ContextExceeded, EngineGone, EngineLoadTimeout
+from squad.errors import AgentRunError, ContextExceeded, EngineGone, EngineLoadTimeout, SquadError
 from squad.events import CallRetried, EventSink
 
 __all__ = ["RetryingChatEngine", "WAITS", "COUNT_ATTEMPTS", "retry_idempotent"]
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 COUNT_ATTEMPTS = 4
 """Attempts for an idempotent request (a token count) that hit a transport error (F22)."""
@@ -106,32 +107,45 @@ class RetryingChatEngine(WrapperChatEngine):
         """``inner.complete(request)``, resent by the policy; raises what it raises, the retried kinds
         turned into :class:`EngineLoadTimeout`, :class:`AgentRunError` (the engine answers
         ``/health``) and :class:`ContextExceeded` once the policy gives up."""
-        with opened(request) as call:
-            call.attempts += 1
+        request = with_call_id(request)
+        call = Call(request, request.call or "")
+        call.attempts += 1
+        try:
             try:  # the common path: one attempt, no retry machinery
-                return await self.inner.complete(request)
+                result = await self.inner.complete(request)
             except _RETRIED as exc:
-                first: BaseException = exc
-            try:
-                return await self._resend(call, first)
-            except Loading as exc:
-                raise EngineLoadTimeout(
-                    f"engine at {self.engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
-                    f"while agent '{call.agent}' waited: wait for the model to load or raise load_deadline"
-                ) from exc
-            except EngineGone as exc:
-                if await self.inner.engine_up():  # not gone: the connection failed, the engine did not
-                    raise AgentRunError(
-                        f"agent '{call.agent}': the connection to the engine failed {call.gone} times before the "
-                        f"first token although the engine answers /health ({exc}); try again",
-                        agent=call.agent) from exc
-                raise
-            except InnocentOverflow as exc:
-                raise ContextExceeded(
-                    f"agent '{call.agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} "
-                    f"attempts although this process had at most {call.held} of the engine's {self.engine.pool} "
-                    f"tokens reserved (this call {call.need}: prompt + max_tokens): another client is using this "
-                    "engine's pool; give squad its own engine or raise the context", agent=call.agent) from exc
+                self._overflowed(call, exc)
+                result = await self._resend(call, exc)
+        except Loading as exc:
+            raise _tallied(EngineLoadTimeout(
+                f"engine at {self.engine.base_url} still answered 503 ({exc}) after {self.load_deadline:.0f} s "
+                f"while agent '{call.agent}' waited: wait for the model to load or raise load_deadline"
+            ), call) from exc
+        except EngineGone as exc:
+            if await self.inner.engine_up():  # not gone: the connection failed, the engine did not
+                raise _tallied(AgentRunError(
+                    f"agent '{call.agent}': the connection to the engine failed {call.gone} times before the "
+                    f"first token although the engine answers /health ({exc}); try again",
+                    agent=call.agent), call) from exc
+            _tallied(exc, call)
+            raise
+        except InnocentOverflow as exc:
+            raise _tallied(ContextExceeded(
+                f"agent '{call.agent}': the engine kept failing with '{CONTEXT_EXCEEDED}' over {call.overflows} "
+                f"attempts although this process had at most {call.held} of the engine's {self.engine.pool} "
+                f"tokens reserved (this call {call.need}: prompt + max_tokens): another client is using this "
+                "engine's pool; give squad its own engine or raise the context", agent=call.agent), call) from exc
+        except SquadError as exc:
+            _tallied(exc, call)
+            raise
+        result.attempts = call.attempts
+        return result
+
+    @staticmethod
+    def _overflowed(call: Call, exc: BaseException) -> None:
+        """Note an overflow's reservations on ``call`` (read from the error the admitted layer raised)."""
+        if isinstance(exc, InnocentOverflow):
+            call.held, call.need = max(call.held, exc.reserved), exc.need or call.need
 
     async def _resend(self, call: Call, first: BaseException) -> ChatResult:
         pending: BaseException | None = first
@@ -141,7 +155,11 @@ class RetryingChatEngine(WrapperChatEngine):
                     failed, pending = pending, None
                     raise failed
                 call.attempts += 1
-                return await self.inner.complete(call.request)
+                try:
+                    return await self.inner.complete(call.request)
+                except _RETRIED as exc:
+                    self._overflowed(call, exc)
+                    raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def policy(self, call: Call) -> AsyncRetrying:
@@ -184,6 +202,12 @@ class RetryingChatEngine(WrapperChatEngine):
 
         return AsyncRetrying(retry=retry_if_exception(lambda e: isinstance(e, _RETRIED)),
                              stop=stop, wait=wait, before_sleep=before_sleep, sleep=anyio.sleep, reraise=True)
+
+
+def _tallied(exc: E, call: Call) -> E:
+    """``exc`` carrying the attempts ``call`` made (``attempts``: the client's ``call.failed`` reads it)."""
+    exc.attempts = call.attempts  # type: ignore[attr-defined]
+    return exc
 
 
 def _attempt_no(state: RetryCallState, n: int) -> RetryCallState:

@@ -50,10 +50,11 @@ class Loading(EngineError):
 class InnocentOverflow(ContextExceeded):
     """The pool overflowed although squad's reservations fit it: another client did it.
     ``reserved``: tokens this process's admission held when it happened (this call's
-    reservation and its siblings'), for the message: never the pool's size (F20)."""
+    reservation and its siblings'), for the message: never the pool's size (F20); ``need``: the
+    call's own reservation (prompt + max_tokens), set by the admitted layer (0: not known)."""
 
-    def __init__(self, message: str, *, agent: str, reserved: int) -> None:
-        self.reserved = reserved
+    def __init__(self, message: str, *, agent: str, reserved: int, need: int = 0) -> None:
+        self.reserved, self.need = reserved, need
         super().__init__(message, agent=agent)
 
 

@@ -71,9 +71,10 @@ class OutputSchema:
             return spec
         if isinstance(spec, dict):
             import jsonschema
+            from jsonschema.validators import validator_for
 
             try:
-                jsonschema.validators.validator_for(spec).check_schema(spec)
+                validator_for(spec).check_schema(spec)
             except jsonschema.SchemaError as exc:
                 raise UserError("the output schema is not a valid JSON schema: "
                                 f"{exc.message}; fix the schema") from None

@@ -27,15 +27,14 @@ import openai
 from tenacity import AsyncRetrying, stop_after_attempt
 
 from squad.chat import ChatRequest, ChatResult
-from squad.chat.call import Call, call_for, emit
-from squad.chat.counting import PromptCounter, estimate_chat_tokens
+from squad.chat.call import Admitted, emit, with_call_id
+from squad.chat.counting import PromptCounter
 from squad.chat.deadline import CallWatch, EngineDeadlines, EngineSpeed
 from squad.chat.retrying import COUNT_ATTEMPTS, WAITS, retry_idempotent
 from squad.chat.settle import EngineSlots
 from squad.chat.stream import Loading, StreamAssembly, classify, error_message
 from squad.engine.control import NO_PUBLIC_HEALTH
 from squad.engine.info import EngineInfo
-from squad.engine.kinds import thinking_fields
 from squad.engine.template_profile import fit_call_ids
 from squad.errors import EngineError, EngineGone
 from squad.events import CallFirstToken, EventSink
@@ -43,7 +42,7 @@ from squad.events import CallFirstToken, EventSink
 if TYPE_CHECKING:
     from squad.engine.tokens import TokenCounter
 
-__all__ = ["LlamaServerTransport", "KEEPALIVE_S", "AUX_TIMEOUT_S", "PROGRESS_KINDS"]
+__all__ = ["LlamaServerTransport", "KEEPALIVE_S", "AUX_TIMEOUT_S"]
 
 KEEPALIVE_S = 2.0
 """Seconds an idle connection to the engine stays pooled (below cpp-httplib's 5 s keep-alive)."""
@@ -53,9 +52,6 @@ AUX_TIMEOUT_S = 600.0
 
 COUNT_CONCURRENCY = 16
 """Token-count requests to one engine at once (the rest wait in an ``anyio.CapacityLimiter``, O(1) per waiter)."""
-
-PROGRESS_KINDS = ("llama.cpp", "squad-serve")
-"""Engine kinds asked for ``return_progress`` (llama-server's prompt-progress chunks)."""
 
 
 class LlamaServerTransport:
@@ -160,15 +156,12 @@ class LlamaServerTransport:
     async def _count_remote(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
         """The engine's count. Idempotent, so a dropped connection is resent (field case F22): up to
         :data:`~squad.chat.retrying.COUNT_ATTEMPTS` attempts before :class:`EngineGone`."""
-        how = self._engine.count_with
-        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang, unknown): a high estimate
-            return estimate_chat_tokens(messages, tools)
-        body: dict[str, Any] = {"messages": messages}
-        if tools:
-            body["tools"] = tools
-        path = "/v1/chat/completions/input_tokens"
-        if how == "tokenize":  # vLLM: POST /tokenize with the chat messages -> {"count", "max_model_len", "tokens"}
-            body["model"], path = self._engine.model_alias, "/tokenize"
+        engine = self._engine
+        return await engine.counting.chat(self._post_count, messages, tools, engine.model_alias)
+
+    async def _post_count(self, path: str, body: dict[str, Any]) -> Any:
+        """POST a count request to the engine (the kind's counter says which, :attr:`EngineInfo.counting`): the JSON of
+        its answer. Raises ``Loading`` (503), :class:`EngineGone`, :class:`EngineError`."""
         try:
             async with self._counting:
                 r = await retry_idempotent(lambda: self.http.post(path, json=body))
@@ -181,25 +174,29 @@ class LlamaServerTransport:
             raise Loading(error_message(r.json() if r.content else {}, "Loading model"))
         if r.status_code != 200:
             raise EngineError(f"engine refused to count tokens: HTTP {r.status_code} {r.text[:300]}")
-        answer = r.json()
-        return int(answer["count"] if how == "tokenize" else answer["input_tokens"])
+        return r.json()
 
     # -- one attempt ----------------------------------------------------------------------
 
     async def complete(self, request: ChatRequest) -> ChatResult:
-        """Send ``request`` once and read its stream, within its deadlines. Raises the errors of
-        :func:`squad.chat.stream.classify` and :class:`~squad.errors.CallTimeout`."""
-        call = call_for(request)
-        prompt = call.prompt if call.prompt is not None else await self.count(self.messages(request), request.tools)
-        with self.deadlines.watch(prompt, request.max_tokens, queued_upstream=call.upstream) as watch:
-            result = await self._stream(call, watch)
+        """Send ``request`` once, not admitted by squad (:meth:`send` with nothing counted or reserved)."""
+        return await self.send(request, Admitted())
+
+    async def send(self, request: ChatRequest, admitted: Admitted) -> ChatResult:
+        """Send ``request`` once and read its stream, within its deadlines; ``admitted``: what the
+        admitted layer counted and reserved for it (:class:`~squad.chat.call.Admitted`). Raises the
+        errors of :func:`squad.chat.stream.classify` and :class:`~squad.errors.CallTimeout`."""
+        request = with_call_id(request)
+        prompt = (admitted.prompt if admitted.prompt is not None
+                  else await self.count(self.messages(request), request.tools))
+        with self.deadlines.watch(prompt, request.max_tokens, queued_upstream=admitted.upstream) as watch:
+            result = await self._stream(request, admitted, watch)
         if watch.expired:
-            raise watch.error(call.agent, self._engine.describe_process())
+            raise watch.error(request.agent, self._engine.describe_process())
         self.deadlines.speed.observe(result.timings.engine)
         return result
 
-    def _body(self, call: Call) -> dict[str, Any]:
-        req = call.request
+    def _body(self, req: ChatRequest, admitted: Admitted) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if req.tools:
             kwargs["tools"] = req.tools
@@ -209,30 +206,30 @@ class LlamaServerTransport:
                 kwargs["parallel_tool_calls"] = req.parallel_tool_calls
         if req.response_format is not None:
             kwargs["response_format"] = req.response_format
-        if call.upstream:  # the endpoint admits (squad serve): say who asks, and how urgently
-            kwargs["extra_headers"] = {"X-Squad-Client": call.agent, "X-Squad-Priority": str(req.priority)}
+        if admitted.upstream:  # the endpoint admits (squad serve): say who asks, and how urgently
+            kwargs["extra_headers"] = {"X-Squad-Client": req.agent, "X-Squad-Priority": str(req.priority)}
         extra = dict(req.sampling or {})
-        if self._engine.kind in PROGRESS_KINDS:  # prompt processing shows as progress (squad.chat.deadline)
+        if self._engine.engine_kind.progress:  # prompt processing shows as progress (squad.chat.deadline)
             extra.setdefault("return_progress", True)
-        if call.pin is not None:  # the slot admission granted: the conversation's prefix, or a fan-out's restored one
-            extra["id_slot"] = call.pin
+        if admitted.pin is not None:  # the granted slot: the conversation's prefix, or a fan-out's restored one
+            extra["id_slot"] = admitted.pin
         # a thinking budget as this kind reads it (none it can take: the runtime warned, it thinks within max_tokens)
-        extra.update(thinking_fields(self._engine.kind, req.thinking_budget) or {})
+        extra.update(self._engine.engine_kind.thinking_fields(req.thinking_budget) or {})
         return dict(model=self._engine.model_alias or "default", messages=self.messages(req),
                     max_tokens=req.max_tokens, stream=True, stream_options={"include_usage": True}, extra_body=extra,
                     **kwargs)
 
-    async def _stream(self, call: Call, watch: CallWatch) -> ChatResult:
-        agent, ending, on_delta = call.agent, call.ending, call.request.on_delta
+    async def _stream(self, req: ChatRequest, admitted: Admitted, watch: CallWatch) -> ChatResult:
+        agent, ending, on_delta = req.agent, admitted.ending, req.on_delta
         sent = time.monotonic()
         got = StreamAssembly()
         ending.sent()
         try:
-            stream = await self.openai.chat.completions.create(**self._body(call))
+            stream = await self.openai.chat.completions.create(**self._body(req, admitted))
         except openai.APIError as exc:
             if isinstance(exc, openai.APIStatusError):  # the engine answered: its task is over
                 ending.done()
-            raise self._classify(call, exc, started=False) from exc
+            raise self._classify(req, admitted, exc, started=False) from exc
         watch.started()
         ending.started()
         try:
@@ -241,15 +238,15 @@ class LlamaServerTransport:
                     watch.token()
                     if got.first_at is None:
                         got.first_at = time.monotonic()
-                        emit(self.on_event, CallFirstToken, call, self._engine.base_url, ttft_s=got.first_at - sent,
-                             slot=call.slot)
+                        emit(self.on_event, CallFirstToken, req, self._engine.base_url, ttft_s=got.first_at - sent,
+                             slot=admitted.slot)
                 elif chunk.model_extra and isinstance(progress := chunk.model_extra.get("prompt_progress"), dict):
                     watch.progress(progress)
             ending.done()
         except openai.APIError as exc:
             if not isinstance(exc, openai.APIConnectionError):  # an error frame: the engine ended the task
                 ending.done()
-            raise self._classify(call, exc, started=got.first_at is not None, partial=got.content) from exc
+            raise self._classify(req, admitted, exc, started=got.first_at is not None, partial=got.content) from exc
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.close()  # on cancellation too: the engine frees the slot
@@ -267,9 +264,10 @@ class LlamaServerTransport:
             return [*messages, {"role": "assistant", "content": prefix}]
         return messages
 
-    def _classify(self, call: Call, exc: openai.APIError, *, started: bool, partial: str = "") -> Exception:
-        admission, pool = call.admission, self._engine.pool
-        return classify(exc, call.agent, base_url=self._engine.base_url, engine_pool=pool,
+    def _classify(self, req: ChatRequest, admitted: Admitted, exc: openai.APIError, *, started: bool,
+                  partial: str = "") -> Exception:
+        admission, pool = admitted.admission, self._engine.pool
+        return classify(exc, req.agent, base_url=self._engine.base_url, engine_pool=pool,
                         squad_pool=admission.pool if admission else pool,
                         squad_reserved=admission.reserved if admission else 0,
                         request_timeout=self.deadlines.policy.longest_call, started=started, partial=partial)

@@ -163,7 +163,6 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
 
     from squad.config import api_key_for
     from squad.engine.control import attach, pool_warning
-    from squad.engine.kinds import THINKING
 
     info = anyio.run(lambda: attach(url, api_key_for(url, api_key)))
     warnings = [*info.warnings, *filter(None, [pool_warning(info)])]
@@ -173,23 +172,19 @@ def _server_info(url: str, api_key: str | None, as_json: bool) -> None:
     if as_json:
         out = {"url": info.base_url, "kind": info.kind, "version": info.version or None, "model": info.model_alias
                or info.model_path or None, "slots": info.slots, "n_ctx": info.n_ctx, "pool": info.pool,
-               "sources": info.sources, "admission": info.policy, "counting": info.count_with,
-               "admits": info.admits, "thinking_budget": THINKING.get(info.kind), "warnings": warnings,
+               "sources": info.sources, "admission": info.policy, "counting": info.counting.name,
+               "admits": info.admits, "thinking_budget": info.engine_kind.thinking, "warnings": warnings,
                "note": unknown}
         console.print_json(json.dumps(out))
         return
-    counting = {"input_tokens": "POST /v1/chat/completions/input_tokens (exact)",
-                "tokenize": "POST /tokenize with the chat messages (exact)",
-                "estimate": "squad's estimate: UTF-8 bytes / 2 + 8 per message (the server has no chat "
-                            "tokenize endpoint)"}
     rows = [("url", info.base_url), ("kind", info.kind + (f" {info.version}" if info.version else "")),
             ("model", info.model_alias or info.model_path or "(not reported)"),
             ("slots", f"{info.slots}  <- {info.sources.get('slots', '?')}"),
             ("n_ctx", f"{info.n_ctx} tokens per request  <- {info.sources.get('ctx', '?')}"),
             ("pool", f"{info.pool} tokens held together  <- {info.sources.get('pool', '?')}"),
-            ("admission", info.policy), ("counting", counting.get(info.count_with, info.count_with)),
-            ("thinking", THINKING.get(info.kind, "no per-request thinking budget: an agent's thinking_budget is not "
-                                                 "sent (squad warns)"))]
+            ("admission", info.policy), ("counting", info.counting.describe),
+            ("thinking", info.engine_kind.thinking or "no per-request thinking budget: an agent's thinking_budget "
+                                                      "is not sent (squad warns)")]
     for name, value in rows:
         console.print(f"{name:<10} {value}", highlight=False, markup=False)
     if unknown:

@@ -226,7 +226,7 @@ def _own_build(info: EngineInfo, pid: int | None) -> EngineInfo:
 
     from squad.engine.binary import engine_binary_of, known_build
 
-    if info.kind not in ("llama.cpp", "squad-serve") or known_build(info.build_info, None) != info.build_info \
+    if not info.engine_kind.llama_server or known_build(info.build_info, None) != info.build_info \
             or not info.build_info:
         return info  # a build it names itself (or a kind that reports none)
     if pid is None:
@@ -261,7 +261,7 @@ async def _status(url: str, api_key: str | None) -> tuple[EngineInfo, int | None
     """``(info, busy slots)``; busy is read from llama-server's ``/slots`` (also through squad
     serve), None for the other kinds, which do not report it per slot."""
     info = await attach(url, api_key)
-    if info.kind not in ("llama.cpp", "squad-serve"):
+    if not info.engine_kind.llama_server:
         return info, None
     async with control_client(info.base_url, info.api_key) as client:
         state = await read_engine(client)

@@ -183,7 +183,7 @@ def _summary(rows: list[Any], result: RecipeRun, lost: Sequence[dict[str, Any]] 
         which = f" {result.info.base_url} (the one left)" if lost else ""
         err_console.print(f"engine{esc(which)}: {result.info.slots} slots sharing a pool of {result.info.pool:,} "
                           f"tokens, {result.info.n_ctx:,} per request (" + (
-                              "read back from /props)" if result.info.kind in ("llama.cpp", "squad-serve")
+                              "read back from /props)" if result.info.engine_kind.llama_server
                               else f"as the {result.info.kind} server reported them or squad assumed: "
                                    "squad engine info --url shows where each came from)"))
     for e in lost:

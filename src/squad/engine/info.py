@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from squad.engine.chat_templates import call_id_length, call_prefix, describe
-from squad.engine.kinds import COUNT_WITH, POLICIES, TRUNCATING
+from squad.engine.kinds import EngineKind, kind_of
+from squad.engine.kinds.counting import PromptCounting
 
 __all__ = ["EngineInfo"]
 
@@ -37,15 +38,17 @@ class EngineInfo:
     - ``admits``: the URL is a ``squad serve`` endpoint in front of the engine (it answers
       ``/squad/status``): it admits every request itself, so a client must not reserve again
       (field case F20).
-    - ``kind``: what answers at ``base_url`` (:data:`squad.engine.kinds.KINDS`): ``llama.cpp``,
-      ``vllm``, ``sglang``, ``ollama``, ``lmstudio``, ``openai-compatible``, ``squad-serve``.
+    - ``kind``: what answers at ``base_url`` (:data:`squad.engine.kinds.ENGINE_KINDS`; its record:
+      :attr:`engine_kind`): ``llama.cpp``, ``vllm``, ``sglang``, ``ollama``, ``lmstudio``,
+      ``openai-compatible``, ``squad-serve``.
       For kinds other than llama.cpp, ``slots``/``n_ctx``/``pool`` are what that server reports
       (:mod:`squad.engine.kinds`) and ``model_alias`` is the model name requests carry.
     - ``sources``: where each of ``slots``, ``ctx``, ``pool`` came from, in words.
-    - ``count_with``: how prompts are counted when the model file is not on this machine:
+    - ``counting`` (its name: ``count_with``): how prompts are counted when the model file is not
+      on this machine:
       ``"input_tokens"`` (llama-server ``POST /v1/chat/completions/input_tokens``), ``"tokenize"``
       (vLLM ``POST /tokenize`` with the chat messages), ``"estimate"`` (no endpoint: squad's
-      estimate, :func:`squad.chat.counting.estimate_chat_tokens`, which counts high on purpose).
+      estimate, :func:`squad.engine.kinds.counting.estimate_chat_tokens`, which counts high on purpose).
     - ``version``: the server's version when it reports one; ``warnings``: what the probe found
       worth telling (a default used, a pin above a reported limit).
     """
@@ -85,21 +88,31 @@ class EngineInfo:
         return f"the engine at {self.base_url} ({', '.join(p for p in parts if p)})"
 
     @property
+    def engine_kind(self) -> EngineKind:
+        """The record of :attr:`kind` (:func:`squad.engine.kinds.kind_of`): how squad detects, admits
+        within, counts for and sends to this kind of server."""
+        return kind_of(self.kind)
+
+    @property
     def policy(self) -> str:
-        """How squad admits calls to this kind of server, in words (:data:`squad.engine.kinds.POLICIES`)."""
-        return POLICIES.get(self.kind, POLICIES["openai-compatible"])
+        """How squad admits calls to this kind of server, in words (:attr:`EngineKind.policy`)."""
+        return self.engine_kind.policy
+
+    @property
+    def counting(self) -> PromptCounting:
+        """How prompts are counted when the model file is not here (:attr:`EngineKind.counting`)."""
+        return self.engine_kind.counting
 
     @property
     def count_with(self) -> str:
-        """How prompts are counted when the model file is not here (class docstring), by kind
-        (:data:`squad.engine.kinds.COUNT_WITH`)."""
-        return COUNT_WITH.get(self.kind, "estimate")
+        """The name of :attr:`counting` (class docstring)."""
+        return self.counting.name
 
     @property
     def truncates(self) -> bool:
         """True for a server that silently cuts a prompt longer than its context (Ollama, LM Studio):
         squad must refuse such a request itself."""
-        return self.kind in TRUNCATING
+        return self.engine_kind.truncates
 
     @property
     def template_name(self) -> str:

@@ -22,7 +22,7 @@ from squad.engine.process import describe_exit
 from squad.errors import MCPServerError
 from squad.mcp.server import MCPServer, model_name
 from squad.mcp.tool import AnyArguments, MCPTool, never_called, result_text
-from squad.runtime.tools import ToolOutcome
+from squad.tools import ToolOutcome
 
 __all__ = ["Connection", "StdoutNoise", "OPENING", "hook_spawn", "failed", "stderr_tail", "describe"]
 

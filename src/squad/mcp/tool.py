@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from squad.runtime.tools import Tool, ToolOutcome
+from squad.tools import Tool, ToolOutcome
 
 __all__ = ["MCPTool", "ToolCaller", "AnyArguments", "never_called", "result_text"]
 

@@ -3,7 +3,7 @@
 - ``squad``: :class:`~squad.runtime.squad.Squad`, the run; ``agent``: who an agent is;
 - ``turn``: one model call and its tool loop; ``blocks``: parallel blocks and their failure policy;
 - ``mention``: @mention parsing; ``handback``: sub-agent answers handed back to the main agent;
-- ``tools`` / ``toolroom``: function tools and the room their results get;
+- ``toolroom``: the room tool results get (the tools themselves: :mod:`squad.tools`);
 - ``outcome`` / ``results``: what a conversation and a run produced; ``chatloop``: ``squad chat``.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -22,7 +22,6 @@ from squad.chat.routing import EngineGroup
 from squad.chat.structured import OutputSchema
 from squad.engine.chat_templates import template_thinks
 from squad.engine.info import EngineInfo
-from squad.engine.kinds import thinking_fields
 from squad.engine.session import EngineSession
 from squad.errors import (
     AgentRunError,
@@ -53,10 +52,10 @@ from squad.runtime.blocks import stopped_by as operation_stopped_by
 from squad.runtime.outcome import Outcome, fix_for
 from squad.runtime.progress import MapProgressMeter
 from squad.runtime.results import AgentResult, AgentTimings, cancelled_result
-from squad.runtime.tools import Tool, ToolError
 from squad.runtime.turn import SubAgentBound, agent_tools, no_tool_template, run_turn
-from squad.sched.share import ShareGroup, board_group, common_prefixes, joined, share_mode, with_shared
+from squad.sched.share import ShareGroup, board_group, common_prefixes, share_mode, with_shared
 from squad.sched.workload import Call
+from squad.tools import Tool, ToolError
 
 __all__ = ["Conversations", "incomplete_answer"]
 
@@ -92,6 +91,8 @@ class Conversations:
     _sinks: list[EventSink]
     _tool_warned: set[str]
     _conversations: itertools.count[int]
+    _share_member: dict[str, ShareGroup]
+    """conversation id -> the fan-out share group it is a member of (its calls carry it: ``ChatRequest.share``)."""
 
     @property
     def info(self) -> EngineInfo:
@@ -192,7 +193,7 @@ class Conversations:
             item = (item_ids[i] if item_ids is not None else first_item + i) if items else None
             origin = self._origin(agent, parent, item)
             assert origin.conversation is not None  # _origin names every conversation
-            with joined(groups[i] or board_group(systems[i]), origin.conversation):
+            with self._member(groups[i] or board_group(systems[i]), origin.conversation):
                 result = await self._recorded(agent, pairs[i][1], priority=priority, variables=variables,
                                               limiter=limiter, cancel_reason=reason, origin=origin,
                                               record=record, fail_on=fail_on, output=output, shared=shares[i])
@@ -216,6 +217,20 @@ class Conversations:
         finally:
             for group in {id(g): g for g in groups if g is not None}.values():
                 group.close()
+
+    @contextlib.contextmanager
+    def _member(self, group: ShareGroup | None, conversation: str) -> Iterator[None]:
+        """Run the block with ``conversation`` a member of ``group`` (None: no group): its calls carry the
+        group (:meth:`_converse`), for the admitted layer to restore the prefix once (:mod:`squad.sched.share`)."""
+        if group is None:
+            yield
+            return
+        group.join(conversation)
+        self._share_member[conversation] = group
+        try:
+            yield
+        finally:
+            self._share_member.pop(conversation, None)
 
     def _share_groups(self, systems: Sequence[str], prompts: Sequence[str]) -> list[ShareGroup | None]:
         """Each member's share group (:mod:`squad.sched.share`): the subsets of the fan-out whose
@@ -299,23 +314,24 @@ class Conversations:
             self._tool_warned.add(agent.name)  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url,
                                      warning=no_tool_template(agent.name, tools)))
-        if (agent.thinking_budget is not None and thinking_fields(self.info.kind, agent.thinking_budget) is None
+        if (agent.thinking_budget is not None and self.info.engine_kind.thinking_fields(agent.thinking_budget) is None
                 and f"thinking:{agent.name}" not in self._tool_warned):
             self._tool_warned.add(f"thinking:{agent.name}")  # once per agent
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=(
                 f"agent '{agent.name}': thinking_budget {agent.thinking_budget} is not sent: a {self.info.kind} "
-                "server takes no per-request thinking budget (squad.engine.kinds.THINKING); its calls think as the "
-                "model pleases, still within max_tokens")))
+                "server takes no per-request thinking budget (its squad.engine.kinds record); its calls "
+                "think as the model pleases, still within max_tokens")))
         elif (agent.thinking_budget is not None and template_thinks(self.info.chat_template) is False
                 and "thinking-model" not in self._tool_warned):
             self._tool_warned.add("thinking-model")  # once: it is the model's, not the agent's
             self._emit(EngineWarning(agent=agent.name, engine=self.info.base_url, warning=thinks_not(
                 agent.name, agent.thinking_budget, self.info.model_alias or self.info.model_path)))
         system = with_shared(shared, self._system(agent, variables))  # the author's declared layout only
+        share = self._share_member.get(origin.conversation or "")  # a fan-out member's group, its calls carry it
         result = await run_turn(self.chat, self._resolved(agent), origin, system=system, prompt=prompt,
                                 history=history, tools=tools, priority=priority,
                                 max_tool_rounds=agent.max_tool_rounds or self.max_tool_rounds, on_event=self._emit,
-                                output=output or agent.output_type)
+                                output=output or agent.output_type, share=share)
         result.subs, result.notes = subs, [*notes, *result.notes]
         return result
 

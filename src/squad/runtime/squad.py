@@ -52,9 +52,9 @@ from squad.runtime.mention import Dispatch, parse_mentions, unmark
 from squad.runtime.outcome import Outcome
 from squad.runtime.results import AgentResult, RunResult, first_failure
 from squad.runtime.toolroom import MAX_TOOL_ROUNDS
-from squad.runtime.tools import Tool
-from squad.sched.share import SHARE_MODES
+from squad.sched.share import SHARE_MODES, ShareGroup
 from squad.sched.workload import Call, Delegate, Node, Parallel
+from squad.tools import Tool
 
 __all__ = ["Squad", "Policy", "run_sync", "default_workload", "incomplete_answer"]
 
@@ -162,6 +162,7 @@ class Squad(Conversations):
                 raise UserError(f"{name} must be a whole number of at least 1, got {value!r}")
         self.max_sub_depth, self.max_sub_calls = max_sub_depth, max_sub_calls
         self._tool_warned: set[str] = set()
+        self._share_member: dict[str, ShareGroup] = {}
         self._sinks: list[EventSink] = [] if on_event is None else (
             list(on_event) if isinstance(on_event, (list, tuple)) else [on_event]  # type: ignore[list-item]
         )

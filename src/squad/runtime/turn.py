@@ -1,7 +1,7 @@
 """One agent turn: the model call, and the tool-calling loop when the agent has tools.
 
 :func:`run_turn` sends the agent's conversation through a :class:`~squad.chat.ChatEngine`;
-when the model asks for tools it runs them (:func:`squad.runtime.tools.run_tool_calls`), appends the
+when the model asks for tools it runs them (:func:`squad.tools.run_tool_calls`), appends the
 results as ``tool`` messages and asks again, at most ``max_tool_rounds`` times; the last
 round offers no tools, so the model must answer. Every round sends the same tool definitions and
 system message (a round that offers none says ``tool_choice: "none"``, which llama-server b11434
@@ -38,7 +38,8 @@ from squad.runtime.agent import MAX_SUB_CALLS, MAX_SUB_DEPTH, Agent
 from squad.runtime.handback import TextCounter
 from squad.runtime.results import AgentResult, slot_of, timings_of, usage_of
 from squad.runtime.toolroom import Cut, fit_results, request_limit
-from squad.runtime.tools import Tool, arguments_for_history, run_tool_calls
+from squad.sched.share import ShareGroup
+from squad.tools import Tool, arguments_for_history, run_tool_calls
 
 __all__ = ["run_turn", "agent_tools", "forced_choice", "no_tool_template", "SubAgentBound", "Refusal"]
 
@@ -164,13 +165,15 @@ async def run_turn(
     max_tool_rounds: int,
     on_event: EventSink,
     output: OutputSchema | None = None,
+    share: ShareGroup | None = None,
 ) -> AgentResult:
     """One turn of ``agent`` on ``prompt`` after ``history`` (OpenAI-style messages).
 
     ``system`` is its rendered system message ("" for none); ``tools`` the tools it may call
     by name. ``output``: the schema its answer must match (:mod:`squad.chat.structured`): sent as
     ``response_format`` in rounds that offer no tools; the answer is validated into
-    ``AgentResult.output_value`` (its ``output`` is then that value as JSON). Returns its
+    ``AgentResult.output_value`` (its ``output`` is then that value as JSON). ``share``: the fan-out
+    share group the conversation is a member of (its calls carry it, ``ChatRequest.share``). Returns its
     :class:`AgentResult` with the conversation in ``history``; raises the call's
     :class:`~squad.errors.AgentRunError`, and :class:`~squad.errors.InvalidOutput` when the
     answer misses ``output`` also when asked once more.
@@ -194,6 +197,7 @@ async def run_turn(
             max_tokens=agent.max_tokens, budget=agent.fixed_budget, tools=sent, tool_choice=choice,
             parallel_tool_calls=None if agent.parallel_tool_calls or not sent else False, response_format=fmt,
             sampling=agent.sampling.as_params() or None, priority=priority, thinking_budget=agent.thinking_budget,
+            share=share,
         ))
         calls.append(reply)
         return reply

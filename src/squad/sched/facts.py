@@ -75,7 +75,8 @@ class PlanFacts:
     def __post_init__(self) -> None:
         """Raises :class:`~squad.errors.PlanError` for an unknown KV cache type or a pin out of
         range (slots 1..8, context >= 1, MLX max batch >= 1)."""
-        check_cache_type(self.cache_type_k), check_cache_type(self.cache_type_v)
+        check_cache_type(self.cache_type_k)
+        check_cache_type(self.cache_type_v)
         if self.pin_slots is not None and not 1 <= self.pin_slots <= MAX_SLOTS:
             raise PlanError(f"slots {self.pin_slots} is out of range: use 1 to {MAX_SLOTS} "
                             f"(the cap is fixed; more agents than slots are queued by the runtime)")

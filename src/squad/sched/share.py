@@ -31,13 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 import httpx
-
-if TYPE_CHECKING:
-    from squad.chat import ChatRequest
 
 __all__ = [
     "MIN_SHARED_CHARS",
@@ -49,8 +46,6 @@ __all__ = [
     "ShareMode",
     "board_group",
     "common_prefixes",
-    "current_group",
-    "joined",
     "share_mode",
     "sharing",
     "with_shared",
@@ -72,7 +67,6 @@ _TRIM_TOKENS = 2
 """Tokens dropped from the end of the probed prefix (where the text next to it may merge with it)."""
 
 _IDS = itertools.count(1)
-_GROUP: ContextVar[ShareGroup | None] = ContextVar("squad_share_group", default=None)
 _BOARD: ContextVar[dict[str, ShareGroup] | None] = ContextVar("squad_share_board", default=None)
 
 
@@ -242,7 +236,8 @@ class ShareGroup:
         ``/tokenize``. 0 when the engine cannot tell."""
         async with self._probe_lock:
             if self.tokens is None:
-                self.tokens = []
+                tokens: list[int] = []
+                self.tokens = tokens
                 with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
                     runs = []
                     for tail in ("A", "Z"):
@@ -260,7 +255,8 @@ class ShareGroup:
                         if a != b:
                             break
                         n += 1
-                    self.tokens = runs[0][: max(0, n - _TRIM_TOKENS)]
+                    tokens = runs[0][: max(0, n - _TRIM_TOKENS)]
+                self.tokens = tokens
             return len(self.tokens)
 
     async def enter(self, http: httpx.AsyncClient, slot: int, save_dir: str | None, *,
@@ -351,30 +347,3 @@ def board_group(system: str) -> ShareGroup | None:
         return None
     held = [t for t in board if system.startswith(t)]
     return board[max(held, key=len)] if held else None
-
-
-def current_group() -> ShareGroup | None:
-    """The share group of the fan-out this task runs in, if any."""
-    return _GROUP.get()
-
-
-@contextlib.contextmanager
-def joined(group: ShareGroup | None, conversation: str) -> Any:
-    """Run the block as member ``conversation`` of ``group`` (None: no group)."""
-    if group is None:
-        yield
-        return
-    group.join(conversation)
-    token = _GROUP.set(group)
-    try:
-        yield
-    finally:
-        _GROUP.reset(token)
-
-
-def request_shares(req: ChatRequest) -> ShareGroup | None:
-    """The group ``req`` goes through: its conversation's first call, when it holds the group's prefix."""
-    group = _GROUP.get()
-    if group is not None and group.claim(req.origin.conversation, req.messages):
-        return group
-    return None

@@ -24,7 +24,7 @@ counted and sent:
 - a call in the history whose arguments are not a JSON object (a reply cut by ``max_tokens``
   mid-call, which clients send back as they got it: LangChain's ``invalid_tool_calls``, LiteLLM's
   message dump) goes back with ``{}`` (:func:`repair_history`), as squad's own runtime sends it
-  (:func:`squad.runtime.tools.arguments_for_history`): b11434 refuses the whole request over it.
+  (:func:`squad.tools.arguments_for_history`): b11434 refuses the whole request over it.
 
 Each function returns the body to send (a new dict when anything changed, else ``body`` itself)
 and raises :class:`~squad.serve.demand.Refused` (400) for a named tool that is not offered.
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from squad.runtime.tools import arguments_for_history
 from squad.serve.demand import Refused
 from squad.serve.shapes import OUTPUT_TOOL
+from squad.tools import arguments_for_history
 
 __all__ = ["force_chat", "force_responses", "force_messages", "repair_history", "output_format"]
 

@@ -14,10 +14,8 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
 - passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
   ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
   ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
-- ``GET /squad/status``: slots, pool reservations, queue, per-client counts, recent requests (JSON);
-- ``GET /squad/metrics``: squad serve's own Prometheus metrics (:mod:`squad.serve.metrics`);
-- ``GET /squad/``: the live page, which also takes the key once as ``?key=`` or from a form and then a cookie
-  (:mod:`squad.serve.page`).
+- ``GET /squad/status`` (JSON: slots, pool, queue, clients, recent requests), ``/squad/metrics`` (Prometheus,
+  :mod:`squad.serve.metrics`), ``/squad/`` (the live page, :mod:`squad.serve.page`).
 
 One generation request: its body read (at most ``max_body`` bytes, 413; within ``body_timeout``
 seconds, 408) and parsed (off the event loop when large, :mod:`squad.serve.http`), its shape checked
@@ -29,8 +27,8 @@ noticed at once (the ASGI ``receive`` is watched): it leaves the queue, or its u
 closed so llama-server stops the task, and its reservation is released once the engine's ``/slots``
 shows the slot free (:func:`squad.chat.settle.until_engine_free`: the engine notices a closed
 connection of a request it does not stream only at its next look, every 1 s). Every response carries
-``X-Squad-Serve: <version>`` so squad's own client knows not to admit again.
-The request itself is :class:`squad.serve.relay.Relay`; ASGI plumbing is :mod:`squad.serve.http`.
+``X-Squad-Serve: <version>`` so squad's own client knows not to admit again. The request itself is
+:class:`squad.serve.relay.Relay`; ASGI plumbing is :mod:`squad.serve.http`.
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ import httpx
 
 from squad._version import __version__
 from squad.chat.client import KEEPALIVE_S  # below cpp-httplib's 5 s keep-alive
-from squad.chat.counting import ESTIMATE_OVERHEAD, estimate_tokens
 from squad.chat.settle import Ending, EngineSlots, until_engine_free
 from squad.chat.stream import Loading
 from squad.errors import EngineError, EngineGone, UserError
@@ -292,22 +289,19 @@ class Gateway:
             if big or len(prompt) >= OFF_LOOP_BYTES:
                 return await anyio.to_thread.run_sync(local.count_text, prompt) + 1
             return local.count_text(prompt) + 1
-        how = self.engine.count_with  # as the kind counts chat (squad.engine.kinds.COUNT_WITH)
-        if how == "estimate":  # no tokenize endpoint (Ollama, LM Studio, SGLang's takes no chat, unknown)
-            return estimate_tokens(prompt) + ESTIMATE_OVERHEAD
-        # llama-server: {"content", "add_special"} -> {"tokens"}; vLLM (TokenizeCompletionRequest):
-        # {"model", "prompt", "add_special_tokens"} -> {"count", "tokens", ...}
-        body = ({"model": self.engine.model_alias, "prompt": prompt, "add_special_tokens": True} if how == "tokenize"
-                else {"content": prompt, "add_special": True})
+        return await self.engine.counting.text(self._post_tokenize, prompt, self.engine.model_alias)
+
+    async def _post_tokenize(self, path: str, body: dict[str, Any]) -> Any:
+        """POST a count request of the engine kind's counter (:attr:`EngineInfo.counting`): its JSON answer."""
         try:
-            r = await self.upstream.post("/tokenize", json=body)
+            r = await self.upstream.post(path, json=body)
         except httpx.TransportError as exc:
             raise EngineGone(f"engine at {self.engine.base_url} is not answering ({exc!r})") from exc
         if r.status_code == 503:
             raise Refused(503, "Loading model", "unavailable_error")
         if r.status_code != 200:
-            raise EngineError(f"/tokenize answered HTTP {r.status_code}: {r.text[:200]}")
-        return len(r.json()["tokens"])
+            raise EngineError(f"{path} answered HTTP {r.status_code}: {r.text[:200]}")
+        return r.json()
 
     @property
     def observed(self) -> bool:
