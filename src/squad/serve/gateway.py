@@ -10,9 +10,8 @@ Routes (all but ``/health`` need ``Authorization: Bearer <key>``, or ``X-Api-Key
   (its paths, its shape check, its count, its generation limit, its error shape); tool
   choice and schemas rewritten as the engine honours them, :mod:`squad.serve.forcing`; a list of
   prompts or ``n`` > 1 is one reservation per completion (:mod:`squad.serve.fanout`);
-- ``OPTIONS`` (a CORS preflight, no key): :mod:`squad.serve.cors`;
-- passed through to the engine as they are: ``GET /health`` (no key), ``/props``, ``/slots``,
-  ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
+- ``OPTIONS`` (CORS, :mod:`squad.serve.cors`); passed through as they are: ``GET /health`` (no key), ``/props``,
+  ``/slots``, ``/metrics``, ``/v1/models``; ``POST /tokenize``, ``/detokenize``, ``/apply-template``,
   ``/v1/chat/completions/input_tokens``, ``/v1/responses/input_tokens``, ``/v1/messages/count_tokens``;
 - ``GET /squad/status`` (JSON: slots, pool, queue, clients, recent requests), ``/squad/metrics`` (Prometheus,
   :mod:`squad.serve.metrics`), ``/squad/`` (the live page, :mod:`squad.serve.page`).
