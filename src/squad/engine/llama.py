@@ -65,13 +65,25 @@ CTX_ROUND = 256
 HOST = "127.0.0.1"
 """squad binds every engine it starts to loopback only."""
 
-ENGINE_ENV: dict[str, str] = {}
-"""Environment every engine squad starts gets unless squad's own environment sets it: nothing by
-default. Measured (bench/engines.py, bench/results.md): ``OMP_WAIT_POLICY=passive`` (threads sleep
-at barriers instead of spinning) kept generation going on a machine whose cores were busy with
-other work (26 against 0.4 tokens/s), but on an idle machine it cut one stream from 131 to 45
-tokens/s; so libgomp's default stays, and a user on a busy machine sets ``OMP_WAIT_POLICY=passive``
-(squad passes it on)."""
+def _cpu_has_amx() -> bool:
+    """Whether this CPU reports Intel AMX (``amx_tile`` in ``/proc/cpuinfo``; False where that cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            return any(line.startswith("flags") and " amx_tile" in line for line in info)
+    except OSError:
+        return False
+
+
+ENGINE_ENV: dict[str, str] = {"LLAMA_ARG_REPACK": "false"} if _cpu_has_amx() else {}
+"""Environment every engine squad starts gets unless squad's own environment sets it. On a CPU with Intel AMX:
+``LLAMA_ARG_REPACK=false`` (llama-server's ``--no-repack``, read from its environment, ``common/arg.cpp``): a
+llama-server built from source with ``-march=native`` (b11434) dies with SIGSEGV right after
+``llama threadpool init`` on such a machine (seen 2026-12-05 on a 2-core Xeon VM with amx_tile/amx_int8,
+in ggml-cpu's AMX buffer type); without the repacked/AMX buffers it runs. Otherwise nothing.
+Measured (bench/engines.py, bench/results.md): ``OMP_WAIT_POLICY=passive`` (threads sleep at barriers
+instead of spinning) kept generation going on a machine whose cores were busy with other work (26 against 0.4
+tokens/s), but on an idle machine it cut one stream from 131 to 45 tokens/s; so libgomp's default stays, and a user
+on a busy machine sets ``OMP_WAIT_POLICY=passive`` (squad passes it on)."""
 
 CONTEXT_EXCEEDED = "Context size has been exceeded."
 """llama-server's message when the unified KV pool is exhausted by the requests running
