@@ -26,7 +26,7 @@ OPTION_NAMES: dict[str, str | None] = {
     # serve
     "--host": None, "--engine-api-key": None, "--default-max-tokens": None, "--replan-interval": None,
     "--max-body": None, "--watch": None, "--cors-origin": None, "--client-key": None, "--max-restarts": None,
-    "--hung-after": None,
+    "--hung-after": None, "--client-limit": None, "--max-queue-wait": None, "--keepalive": None,
     # recipes and runs
     "--param": "-p", "--out": "-o", "--trace": None, "--quiet": "-q", "--json": None,
     "--recipe": None, "--agent-file": None, "--main": None, "--replan": None, "--check-mcp": None, "--otel": None,
