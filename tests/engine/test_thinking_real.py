@@ -54,8 +54,8 @@ def sent(monkeypatch) -> list[dict[str, Any]]:
     bodies: list[dict[str, Any]] = []
     build = LlamaServerTransport._body
 
-    def spy(self, call):
-        body = build(self, call)
+    def spy(self, *args):  # the request, and what the admitted layer hands the transport
+        body = build(self, *args)
         bodies.append(body)
         return body
 
