@@ -332,18 +332,7 @@ class Gateway:
         """Whether the engine squad serve launched has exited (its process ended within ``settle`` seconds of a
         broken answer; a process whose socket closed first takes a moment to end), or restarts already. False for
         an engine squad serve attached to (it cannot tell)."""
-        if self.keeper is None or self.keeper.session.launcher is None:
-            return False
-        if not self.keeper.up:
-            return True
-        launcher = self.keeper.session.launcher
-        with anyio.move_on_after(settle):
-            while launcher.running:
-                await anyio.sleep(0.02)
-        if not launcher.running:
-            self.keeper.check()
-            return True
-        return False
+        return self.keeper is not None and await self.keeper.exited(settle)
 
     def engine_state(self) -> tuple[str, str]:
         """``(state, detail)``: ``up``, ``restarting`` or ``down`` (:mod:`squad.serve.keeper`), ``stopping``."""

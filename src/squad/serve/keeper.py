@@ -107,20 +107,32 @@ class EngineKeeper:
         """After a request's connection to the engine failed: True when the engine had died and is up again
         (restarted: the request may be sent again), False when it did not die (the connection failed, not the
         engine) or could not be restarted."""
-        launcher = self.session.launcher
-        if launcher is None:
+        if self.session.launcher is None:
             return False
         if self.up:
-            with anyio.move_on_after(settle):  # a process whose socket closed first takes a moment to end
-                while launcher.running:
-                    await anyio.sleep(0.02)
-            if launcher.running:
+            if not await self.exited(settle):
                 return False
-            self.check()
             with anyio.move_on_after(POLL_S * 4):  # the keeper takes it from here
                 while self.up:
                     await anyio.sleep(0.02)
         return await self.wait_up()
+
+    async def exited(self, settle: float = 0.5) -> bool:
+        """Whether the launched engine's process has ended, waiting up to ``settle`` seconds (a process whose socket
+        closed first takes a moment to end); True at once while it restarts; False for an engine squad did not
+        launch. An ended one is looked at now (:meth:`check`)."""
+        launcher = self.session.launcher
+        if launcher is None:
+            return False
+        if not self.up:
+            return True
+        with anyio.move_on_after(settle):
+            while launcher.running:
+                await anyio.sleep(0.02)
+        if launcher.running:
+            return False
+        self.check()
+        return True
 
     async def run(self) -> None:
         """Watch the engine until cancelled, or until it gave up (returns then)."""
